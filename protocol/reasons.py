@@ -1,0 +1,37 @@
+"""Machine-readable `reason` strings shared by both services.
+
+The same string appears in the JSON error body, the log line and the metric label. The coordinator
+reads a worker's refusal reason to decide whether another worker may succeed (`RETRYABLE_ON_OTHER_WORKER`).
+"""
+
+from __future__ import annotations
+
+# 400
+INVALID_REQUEST = "invalid_request"
+# 401
+UNAUTHORIZED = "unauthorized"
+# 404
+UNKNOWN_MODEL = "unknown_model"
+UNKNOWN_SESSION = "unknown_session"
+SESSION_EXPIRED = "session_expired"
+# 409
+SESSION_BUSY = "session_busy"
+# 413
+PROMPT_TOO_LONG = "prompt_too_long"
+# 503: capacity
+NO_WORKERS = "no_workers"
+MODEL_UNAVAILABLE = "model_unavailable"
+SESSIONS_FULL = "sessions_full"
+KV_FULL = "kv_full"
+QUEUE_FULL = "queue_full"
+LOADING = "loading"
+DRAINING = "draining"
+# 502 / stream errors
+WORKER_UNAVAILABLE = "worker_unavailable"
+WORKER_FAILED = "worker_failed"
+SLOW_CONSUMER = "slow_consumer"
+ENGINE_FAILED = "engine_failed"
+INTERNAL = "internal"
+
+# A worker refusing for one of these says nothing about the other workers: try the next one.
+RETRYABLE_ON_OTHER_WORKER = frozenset({SESSIONS_FULL, KV_FULL, QUEUE_FULL, LOADING, DRAINING})
