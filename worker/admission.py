@@ -1,0 +1,85 @@
+"""The edge of the worker: turns a validated `InferRequest` into an admitted `Job`, or refuses it.
+
+Owns: the checks that decide the HTTP status before the first byte (model name, session state,
+prompt length against the session's KV limit, KV and sequence capacity), prompt construction
+(chat template over the session's history, or raw text) and the reuse of a session's cached tokens.
+Must not: run inference or free KV itself; it hands jobs and frees to the engine in FIFO order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from protocol import reasons
+from protocol.inference import InferRequest
+from worker.channel import TokenChannel
+from worker.engine import Engine, Job, StreamItem
+from worker.errors import WorkerError
+from worker.model import Message, Model
+from worker.sessions import Session, SessionTable
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Gate:
+    def __init__(self, model: Model, table: SessionTable, engine: Engine, *, stream_buffer: int,
+                 clock: Callable[[], float]) -> None:
+        self.model = model
+        self.table = table
+        self.engine = engine
+        self.stream_buffer = stream_buffer
+        self.draining = False
+        self._clock = clock
+
+    async def admit(self, request: InferRequest, request_id: str) -> Job:
+        if self.draining:
+            raise WorkerError(503, reasons.DRAINING, "worker is draining")
+        if request.model is not None and request.model != self.model.name:
+            raise WorkerError(404, reasons.UNKNOWN_MODEL,
+                              f"model {request.model!r} is not served here (this worker serves {self.model.name!r})")
+        known = self.table.lookup(request.session_id) if request.session_id else None
+        if known is not None and known.busy:
+            raise WorkerError(409, reasons.SESSION_BUSY, f"session {request.session_id!r} is generating")
+        turns = len(known.messages) if known else 0
+        history = [*known.messages, Message("user", request.prompt)] if known else [Message("user", request.prompt)]
+        cached_view = list(known.tokens) if known else []
+        tokens = await asyncio.to_thread(self._prompt_tokens, request, history, cached_view)
+        limit = self.table.limits.session_max_tokens
+        if len(tokens) >= limit:
+            raise WorkerError(413, reasons.PROMPT_TOO_LONG,
+                              f"prompt is {len(tokens)} tokens; a session holds at most {limit} tokens "
+                              "including the output")
+        need = min(limit, len(tokens) + request.max_tokens)
+        admission = self.table.admit(request.session_id, need)
+        session = admission.session
+        if known is not None and (session is not known or len(session.messages) != turns):
+            # Another turn ran or the session was deleted while we tokenized: our prompt is stale.
+            self.engine.free(admission.freed_seq_ids)
+            self._undo(session, keep_kv=session is known)
+            raise WorkerError(409, reasons.SESSION_BUSY, f"session {request.session_id!r} changed meanwhile")
+        cached = min(common_prefix(session.tokens, tokens), len(tokens) - 1)
+        loop = asyncio.get_running_loop()
+        job = Job(request_id=request_id, request=request, session=session, prompt_tokens=tokens,
+                  cached_tokens=cached, history=history if not request.raw else [],
+                  channel=TokenChannel[StreamItem](loop, self.stream_buffer), admitted_at=self._clock())
+        self.engine.submit(job, admission.freed_seq_ids)
+        return job
+
+    def _undo(self, session: Session, *, keep_kv: bool) -> None:
+        seq_id = self.table.release(session, keep_kv=keep_kv)
+        if seq_id is not None:
+            self.engine.free([seq_id])
+
+    def _prompt_tokens(self, request: InferRequest, history: list[Message], cached: list[int]) -> list[int]:
+        if request.raw:
+            if cached:  # a raw session continues exactly where its KV ends
+                return cached + self.model.tokenize(request.prompt, add_special=False)
+            return self.model.tokenize(request.prompt, add_special=True)
+        return self.model.tokenize(self.model.render_chat(history), add_special=True)

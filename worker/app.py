@@ -1,0 +1,193 @@
+"""The worker's HTTP API: generate (SSE), health, sessions, metrics.
+
+Owns: routes, request ids, turning engine stream items into SSE events, the per-request log line.
+Must not: decide admission (admission.Gate does) or touch llama.cpp. The status code is fixed before
+the first byte; once the stream has started, failures are `error` events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from sse_starlette.sse import EventSourceResponse
+
+from protocol import reasons
+from protocol.health import SessionList, WorkerHealth
+from protocol.inference import (
+    EVENT_DONE,
+    EVENT_ERROR,
+    EVENT_TOKEN,
+    DoneEvent,
+    ErrorEvent,
+    InferRequest,
+    Timings,
+    TokenEvent,
+    Usage,
+)
+from worker.engine import Failed, Finished, Job
+from worker.errors import WorkerError
+from worker.metrics import WorkerMetrics
+from worker.model import Model
+from worker.runtime import WorkerRuntime
+from worker.settings import WorkerSettings
+
+log = logging.getLogger("worker.requests")
+
+
+def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.monotonic,
+               transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.runtime = None
+        app.state.metrics = WorkerMetrics()
+        loading = asyncio.create_task(_load(app))
+        yield
+        loading.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await loading
+        if app.state.runtime is not None:
+            await app.state.runtime.stop()
+
+    async def _load(app: FastAPI) -> None:
+        try:
+            model = await asyncio.to_thread(Model, settings.model_path)
+            runtime = await asyncio.to_thread(WorkerRuntime, settings, model, app.state.metrics, clock=clock)
+            await runtime.start(transport)
+        except Exception:
+            log.exception("worker failed to start")
+            raise
+        app.state.runtime = runtime
+        log.info(json.dumps({"event": "ready", "worker_id": settings.worker_id, "model": model.name,
+                             "kv_capacity_tokens": runtime.table.limits.capacity_tokens,
+                             "session_max_tokens": runtime.table.limits.session_max_tokens}))
+
+    app = FastAPI(title="llm-pool worker", lifespan=lifespan)
+
+    def runtime_of(request: Request) -> WorkerRuntime:
+        runtime: WorkerRuntime | None = request.app.state.runtime
+        if runtime is None:
+            raise WorkerError(503, reasons.LOADING, "the model is still loading")
+        return runtime
+
+    @app.exception_handler(WorkerError)
+    async def _worker_error(request: Request, exc: WorkerError) -> JSONResponse:
+        request_id = getattr(request.state, "request_id", "") or _request_id(request)
+        request.app.state.metrics.admission.labels("rejected", exc.reason).inc()
+        return exc.to_response(request_id)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}"
+                             for e in exc.errors())
+        return WorkerError(400, reasons.INVALID_REQUEST, problems).to_response(_request_id(request))
+
+    @app.post("/worker/generate")
+    async def generate(body: InferRequest, request: Request) -> Response:
+        request_id = request.state.request_id = _request_id(request)
+        runtime = runtime_of(request)
+        job = await runtime.gate.admit(body, request_id)
+        runtime.metrics.admission.labels("admitted", "").inc()
+        headers = {"X-Request-ID": request_id, "X-Worker-ID": settings.worker_id,
+                   "X-Prompt-Tokens": str(len(job.prompt_tokens))}
+        return EventSourceResponse(_events(runtime, job), headers=headers, ping=15,
+                                   send_timeout=settings.slow_consumer_deadline)
+
+    @app.get("/worker/health")
+    async def health(request: Request) -> JSONResponse:
+        runtime: WorkerRuntime | None = request.app.state.runtime
+        if runtime is None:
+            body = WorkerHealth(status="loading", worker_id=settings.worker_id, model=settings.model_path.stem)
+            return JSONResponse(body.model_dump(), status_code=503)
+        status = "draining" if runtime.gate.draining else "ok"
+        body = WorkerHealth(status=status, worker_id=settings.worker_id, model=runtime.model.name,
+                            load=runtime.load(), batch_steps=runtime.engine.steps)
+        return JSONResponse(body.model_dump())
+
+    @app.get("/worker/sessions")
+    async def sessions(request: Request) -> SessionList:
+        runtime = runtime_of(request)
+        return SessionList(ttl_seconds=runtime.table.ttl, sessions=runtime.table.describe())
+
+    @app.delete("/worker/sessions/{session_id}", status_code=204)
+    async def delete_session(session_id: str, request: Request) -> Response:
+        runtime = runtime_of(request)
+        session = runtime.table.delete(session_id)
+        if session.busy:
+            # Its stream is cancelled now; the engine frees the sequence at its next step.
+            runtime.engine.cancel_session(session)
+        else:
+            runtime.engine.free([session.seq_id])
+        return Response(status_code=204)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+def _request_id(request: Request) -> str:
+    given = request.headers.get("x-request-id", "")
+    return given[:128] if given else uuid.uuid4().hex
+
+
+async def _events(runtime: WorkerRuntime, job: Job) -> AsyncIterator[dict[str, str]]:
+    """The SSE events of one job. If the client goes away, the job is cancelled and its KV freed."""
+    outcome: Finished | Failed | None = None
+    try:
+        while outcome is None:
+            item = await job.channel.get()
+            if isinstance(item, Finished):
+                outcome = item
+                yield {"event": EVENT_DONE, "data": _done(runtime, job, item).model_dump_json()}
+            elif isinstance(item, Failed):
+                outcome = item
+                event = ErrorEvent(error=item.message, reason=item.reason, request_id=job.request_id)
+                yield {"event": EVENT_ERROR, "data": event.model_dump_json()}
+            else:
+                event = TokenEvent(token=item.text, index=item.index, probability=item.probability)
+                yield {"event": EVENT_TOKEN, "data": event.model_dump_json()}
+    finally:
+        if outcome is None:
+            job.channel.cancel()
+            runtime.engine.poke()
+        _log_request(runtime, job, outcome)
+
+
+def _done(runtime: WorkerRuntime, job: Job, item: Finished) -> DoneEvent:
+    decode_s = item.total_s - item.ttft_s
+    tps = (item.completion_tokens - 1) / decode_s if item.completion_tokens > 1 and decode_s > 0 else 0.0
+    return DoneEvent(
+        finish_reason=item.reason,  # type: ignore[arg-type]
+        usage=Usage(prompt_tokens=item.prompt_tokens, cached_tokens=item.cached_tokens,
+                    completion_tokens=item.completion_tokens,
+                    total_tokens=item.prompt_tokens + item.completion_tokens),
+        timings=Timings(queue_ms=item.queue_s * 1e3, prefill_ms=item.prefill_s * 1e3, ttft_ms=item.ttft_s * 1e3,
+                        total_ms=item.total_s * 1e3, tokens_per_second=tps),
+        request_id=job.request_id, worker_id=runtime.settings.worker_id, model=runtime.model.name,
+        session_id=job.request.session_id)
+
+
+def _log_request(runtime: WorkerRuntime, job: Job, outcome: Finished | Failed | None) -> None:
+    line: dict[str, object] = {"event": "request", "request_id": job.request_id,
+                               "worker_id": runtime.settings.worker_id, "model": runtime.model.name,
+                               "session_id": job.request.session_id, "prompt_tokens": len(job.prompt_tokens)}
+    if isinstance(outcome, Finished):
+        line.update(finish_reason=outcome.reason, cached_tokens=outcome.cached_tokens,
+                    completion_tokens=outcome.completion_tokens, ttft_ms=round(outcome.ttft_s * 1e3, 2),
+                    duration_ms=round(outcome.total_s * 1e3, 2))
+    elif isinstance(outcome, Failed):
+        line.update(finish_reason="error", reason=outcome.reason)
+    else:
+        line.update(finish_reason="client_gone")
+    log.info(json.dumps(line))

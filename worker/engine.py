@@ -1,0 +1,390 @@
+"""The continuously batched decode loop: one thread, one llama.cpp context, every request in one batch.
+
+Owns: the llama.cpp context and its batch, the running sequences, prefill chunking, sampling, ending
+a sequence (EOG, max_tokens, KV limit, stop string, cancel, slow consumer) and freeing its KV cells.
+Must not: block on a consumer or touch asyncio objects other than through `TokenChannel` and
+`loop.call_soon_threadsafe`. Each step puts one token of every generating sequence, plus at most
+`prefill_chunk` prompt tokens of joining sequences, into a single `llama_decode` call.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import ctypes
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import llama_cpp as ll
+
+from protocol import reasons
+from protocol.inference import InferRequest
+from worker.channel import TokenChannel
+from worker.model import Message, Model
+from worker.sampling import Sampler, SamplingParams
+from worker.sessions import Session, SessionTable
+from worker.textstream import Piece, TextAssembler
+
+log = logging.getLogger("worker.engine")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    ctx_size: int
+    max_sessions: int
+    threads: int
+    prefill_chunk: int = 256
+    kv_unified: bool = False
+    slow_consumer_deadline: float = 10.0
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str  # stop | length | cancelled
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    queue_s: float
+    prefill_s: float
+    ttft_s: float
+    total_s: float
+
+
+@dataclass(frozen=True)
+class Failed:
+    reason: str
+    message: str
+
+
+StreamItem = Piece | Finished | Failed
+
+
+@dataclass(eq=False)
+class Job:
+    """An admitted request, built at the edge and handed to the engine thread."""
+
+    request_id: str
+    request: InferRequest
+    session: Session
+    prompt_tokens: list[int]  # what the sequence must hold before the first generated token
+    cached_tokens: int  # leading prompt tokens already in the session's KV
+    history: list[Message]  # the conversation including this turn's prompt (chat mode)
+    channel: TokenChannel[StreamItem]
+    admitted_at: float
+
+
+@dataclass(eq=False)
+class _Running:
+    job: Job
+    sampler: Sampler
+    text: TextAssembler
+    todo: list[int]
+    started_at: float
+    next_token: int | None = None  # sampled, not yet decoded
+    generated: int = 0
+    output: list[str] = field(default_factory=list)
+    first_token_at: float | None = None
+
+
+class EngineObserver:
+    """Hooks the metrics module implements; the default does nothing."""
+
+    def step(self, sequences: int, prefill_tokens: int, seconds: float) -> None: ...
+    def finished(self, job: Job, item: Finished | Failed) -> None: ...
+
+
+class Engine:
+    def __init__(self, model: Model, config: EngineConfig, *,
+                 observer: EngineObserver | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.model = model
+        self.config = config
+        self.table: SessionTable | None = None  # bound once the limits are known from this context
+        self._observer = observer or EngineObserver()
+        self._clock = clock
+        params = ll.llama_context_default_params()
+        params.n_ctx = config.ctx_size
+        params.n_batch = params.n_ubatch = config.prefill_chunk + config.max_sessions
+        params.n_seq_max = config.max_sessions
+        params.n_threads = params.n_threads_batch = config.threads
+        params.kv_unified = config.kv_unified
+        params.type_k = params.type_v = model.kv_type
+        params.no_perf = True
+        self._ctx = ll.llama_init_from_model(model.handle, params)
+        if not self._ctx:
+            raise RuntimeError("llama.cpp could not create a context with these settings")
+        self._mem = ll.llama_get_memory(self._ctx)
+        self._n_batch = params.n_batch
+        self._batch = ll.llama_batch_init(self._n_batch, 0, 1)
+        self._cond = threading.Condition()
+        self._inbox: collections.deque[Job | tuple[str, Any]] = collections.deque()
+        self._running: list[_Running] = []
+        self._loop: Any = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.steps = 0
+
+    # -- facts the admission needs -------------------------------------------------------------------
+
+    @property
+    def ctx_tokens(self) -> int:
+        return ll.llama_n_ctx(self._ctx)
+
+    @property
+    def seq_tokens(self) -> int:
+        """Cells one sequence can reach: the whole context if unified, else its equal share."""
+        return ll.llama_n_ctx_seq(self._ctx)
+
+    @property
+    def queue_depth(self) -> int:
+        return sum(1 for item in list(self._inbox) if isinstance(item, Job))
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def active(self) -> int:
+        return len(self._running) + self.queue_depth
+
+    def bind(self, table: SessionTable) -> None:
+        self.table = table
+
+    # -- control (any thread) ------------------------------------------------------------------------
+
+    def start(self, loop: Any) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        ll.llama_batch_free(self._batch)
+        ll.llama_free(self._ctx)
+        self._ctx = None
+
+    def submit(self, job: Job, free_first: tuple[int, ...] = ()) -> None:
+        with self._cond:
+            if free_first:
+                self._inbox.append(("free", free_first))
+            self._inbox.append(job)
+            self._cond.notify()
+
+    def free(self, seq_ids: list[int] | tuple[int, ...]) -> None:
+        if seq_ids:
+            with self._cond:
+                self._inbox.append(("free", tuple(seq_ids)))
+                self._cond.notify()
+
+    def cancel_session(self, session: Session) -> None:
+        """Cancels whatever request is generating on `session` (at the engine's next step)."""
+        with self._cond:
+            self._inbox.append(("cancel", session))
+            self._cond.notify()
+
+    def poke(self) -> None:
+        """A consumer cancelled or drained its channel: look again now rather than at the next poll."""
+        with self._cond:
+            self._cond.notify()
+
+    def call(self, fn: Callable[[Any], T]) -> concurrent.futures.Future[T]:
+        """Runs `fn(ctx)` on the engine thread between two steps (for reads of llama.cpp state)."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        with self._cond:
+            self._inbox.append(("call", (fn, future)))
+            self._cond.notify()
+        return future
+
+    # -- the loop (engine thread) --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if not self._inbox and not self._running and not self._stopping:
+                    self._cond.wait(timeout=1.0)
+                if self._stopping:
+                    break
+                inbox, self._inbox = self._inbox, collections.deque()
+            touched: set[TokenChannel[StreamItem]] = set()
+            try:
+                for item in inbox:
+                    self._take(item, touched)
+                if self._running and not self._step(touched):
+                    with self._cond:  # every sequence waits for its consumer: poll gently
+                        self._cond.wait(timeout=0.005)
+            except Exception as exc:  # a bug or llama.cpp failure must not leave streams hanging
+                log.exception("engine step failed")
+                for run in list(self._running):
+                    self._end(run, Failed(reasons.ENGINE_FAILED, f"engine failure: {exc}"), touched)
+            if touched:
+                self._loop.call_soon_threadsafe(_wake_all, list(touched))
+        for run in list(self._running):
+            self._end(run, Failed(reasons.DRAINING, "worker is shutting down"), set())
+
+    def _take(self, item: Job | tuple[str, Any], touched: set[TokenChannel[StreamItem]]) -> None:
+        if isinstance(item, Job):
+            self._begin(item, touched)
+        elif item[0] == "free":
+            for seq_id in item[1]:
+                ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+        elif item[0] == "cancel":
+            for run in self._running:
+                if run.job.session is item[1]:
+                    run.job.channel.cancel()
+            for queued in self._inbox:
+                if isinstance(queued, Job) and queued.session is item[1]:
+                    queued.channel.cancel()
+        elif item[0] == "call":
+            fn, future = item[1]
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(self._ctx))
+                except Exception as exc:  # noqa: BLE001 - any failure belongs to the caller's future
+                    future.set_exception(exc)
+
+    def _begin(self, job: Job, touched: set[TokenChannel[StreamItem]]) -> None:
+        session, keep = job.session, job.cached_tokens
+        if job.channel.cancelled:
+            self._release(job, keep_kv=session.session_id is not None)
+            return
+        if not ll.llama_memory_seq_rm(self._mem, session.seq_id, keep, -1):
+            keep = 0  # this memory type cannot drop a tail: start the sequence over
+            ll.llama_memory_seq_rm(self._mem, session.seq_id, -1, -1)
+        del session.tokens[keep:]
+        request = job.request
+        params = SamplingParams(request.temperature, request.top_p, request.top_k, request.seed,
+                                self.model.eog_tokens if request.ignore_eos else ())
+        run = _Running(job=job, sampler=Sampler(params, self.model.shape.n_vocab),
+                       text=TextAssembler(request.stop), todo=job.prompt_tokens[keep:],
+                       started_at=self._clock())
+        self._running.append(run)
+
+    def _step(self, touched: set[TokenChannel[StreamItem]]) -> bool:
+        """Decodes one batch; returns False when nothing could be scheduled."""
+        now = self._clock()
+        batch, rows = self._batch, []
+        n = 0
+        for run in list(self._running):
+            channel = run.job.channel
+            if channel.cancelled:
+                self._end(run, self._finished(run, "cancelled"), touched)
+            elif run.next_token is not None:
+                if not channel.has_room():
+                    channel.full_since = channel.full_since or now
+                    if now - channel.full_since > self.config.slow_consumer_deadline:
+                        self._end(run, Failed(reasons.SLOW_CONSUMER, "consumer stopped reading"), touched)
+                    continue
+                channel.full_since = None
+                self._put(n, run.next_token, len(run.job.session.tokens), run.job.session.seq_id, True)
+                run.job.session.tokens.append(run.next_token)
+                run.next_token = None
+                rows.append((run, n))
+                n += 1
+        decoding = n
+        sequences = n
+        budget = min(self.config.prefill_chunk, self._n_batch - n)
+        for run in self._running:
+            if not run.todo or budget <= 0:
+                continue
+            chunk, run.todo = run.todo[:budget], run.todo[budget:]
+            sequences += 1
+            session = run.job.session
+            for i, token in enumerate(chunk):
+                last = not run.todo and i == len(chunk) - 1
+                self._put(n, token, len(session.tokens), session.seq_id, last)
+                session.tokens.append(token)
+                if last:
+                    rows.append((run, n))
+                n += 1
+            budget -= len(chunk)
+        if n == 0:
+            return False
+        batch.n_tokens = n
+        started = time.perf_counter()
+        status = ll.llama_decode(self._ctx, batch)
+        if status != 0:
+            raise RuntimeError(f"llama_decode returned {status}")
+        self.steps += 1
+        self._observer.step(sequences, n - decoding, time.perf_counter() - started)
+        for run, row in rows:
+            self._sample(run, row, touched)
+        return True
+
+    def _put(self, i: int, token: int, pos: int, seq_id: int, logits: bool) -> None:
+        batch = self._batch
+        batch.token[i] = token
+        batch.pos[i] = pos
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = seq_id
+        batch.logits[i] = logits
+
+    def _sample(self, run: _Running, row: int, touched: set[TokenChannel[StreamItem]]) -> None:
+        token, probability = run.sampler.sample(self._ctx, row)
+        now = self._clock()
+        if run.first_token_at is None:
+            run.first_token_at = now
+        job = run.job
+        if not job.request.ignore_eos and self.model.is_eog(token):
+            self._end(run, self._finished(run, "stop"), touched)
+            return
+        index = run.generated
+        run.generated += 1
+        for piece in run.text.push(self.model.piece(token), index, probability):
+            run.output.append(piece.text)
+            job.channel.push(piece)
+            touched.add(job.channel)
+        if run.text.stopped:
+            self._end(run, self._finished(run, "stop"), touched)
+        elif run.generated >= job.request.max_tokens or len(job.session.tokens) + 1 > job.session.reserved_tokens:
+            self._end(run, self._finished(run, "length"), touched)
+        else:
+            run.next_token = token
+
+    def _finished(self, run: _Running, reason: str) -> Finished:
+        now = self._clock()
+        job = run.job
+        first = run.first_token_at if run.first_token_at is not None else now
+        return Finished(reason=reason, prompt_tokens=len(job.prompt_tokens), cached_tokens=job.cached_tokens,
+                        completion_tokens=run.generated, queue_s=run.started_at - job.admitted_at,
+                        prefill_s=first - run.started_at, ttft_s=first - job.admitted_at,
+                        total_s=now - job.admitted_at)
+
+    def _end(self, run: _Running, outcome: Finished | Failed, touched: set[TokenChannel[StreamItem]]) -> None:
+        self._running.remove(run)
+        run.sampler.close()
+        job = run.job
+        completed = isinstance(outcome, Finished) and outcome.reason != "cancelled"
+        if completed:
+            for piece in run.text.finish():
+                run.output.append(piece.text)
+                job.channel.push(piece)
+            job.session.messages = [*job.history, Message("assistant", "".join(run.output))]
+        self._release(job, keep_kv=completed)
+        job.channel.push(outcome, terminal=True)
+        touched.add(job.channel)
+        self._observer.finished(job, outcome)
+
+    def _release(self, job: Job, *, keep_kv: bool) -> None:
+        assert self.table is not None, "Engine.bind(table) must be called before start()"
+        seq_id = self.table.release(job.session, keep_kv=keep_kv)
+        if seq_id is not None:
+            ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+            job.session.tokens.clear()
+
+
+def _wake_all(channels: list[TokenChannel[StreamItem]]) -> None:
+    for channel in channels:
+        channel.wake()
+
+
+def state_seq_size(seq_id: int) -> Callable[[Any], int]:
+    """For `Engine.call`: llama.cpp's own byte size of one sequence's saved state."""
+    return lambda ctx: int(ll.llama_state_seq_get_size(ctx, ctypes.c_int32(seq_id)))

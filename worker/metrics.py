@@ -1,0 +1,92 @@
+"""Prometheus metrics of one worker, in a registry of its own (two apps can share a process).
+
+Owns: metric names, help texts, buckets, and the engine observer that feeds them.
+Must not: hold state the worker needs to run; gauges read live values through callbacks.
+Names follow vLLM's and llama.cpp server's where the meaning is the same (see docs/metrics.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from worker.engine import EngineObserver, Failed, Finished, Job
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 64, 128, 256)
+
+
+class WorkerMetrics(EngineObserver):
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.prompt_tokens = Counter("worker_prompt_tokens", "Prompt tokens prefilled (cached ones excluded)",
+                                     registry=r)
+        self.cached_tokens = Counter("worker_cached_prompt_tokens", "Prompt tokens reused from a session's KV",
+                                     registry=r)
+        self.generation_tokens = Counter("worker_generation_tokens", "Tokens generated", registry=r)
+        self.requests_finished = Counter("worker_requests_finished", "Requests ended, by finish reason or error reason",
+                                ["finish_reason"], registry=r)
+        self.admission = Counter("worker_admission_decisions", "Admission decisions by outcome and reason",
+                                 ["outcome", "reason"], registry=r)
+        self.steps = Counter("worker_decode_steps", "llama_decode calls made by the batch loop", registry=r)
+        self.batch_size = Histogram("worker_batch_size", "Sequences in one llama_decode call",
+                                    buckets=BATCH_BUCKETS, registry=r)
+        self.step_seconds = Histogram("worker_decode_step_seconds", "Duration of one llama_decode call",
+                                      buckets=TOKEN_LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("worker_time_to_first_token_seconds", "Admission to first token",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("worker_time_per_output_token_seconds",
+                              "Mean time between output tokens of one request", buckets=TOKEN_LATENCY_BUCKETS,
+                              registry=r)
+        self.e2e = Histogram("worker_e2e_request_latency_seconds", "Admission to last token",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram("worker_request_queue_time_seconds", "Admission to first decode step",
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.running = Gauge("worker_num_requests_running", "Requests in the decode batch", registry=r)
+        self.waiting = Gauge("worker_num_requests_waiting", "Admitted requests not yet in the batch", registry=r)
+        self.kv_usage = Gauge("worker_kv_cache_usage_ratio", "KV cells holding tokens / all KV cells", registry=r)
+        self.kv_reserved = Gauge("worker_kv_cache_reserved_ratio", "KV cells promised to requests / all",
+                                 registry=r)
+        self.sessions = Gauge("worker_sessions", "Sequences holding KV (streaming or kept)", registry=r)
+        self.sessions_expired = Gauge("worker_sessions_expired_total", "Idle sessions dropped by TTL", registry=r)
+        self.sessions_evicted = Gauge("worker_sessions_evicted_total", "Idle sessions evicted for room",
+                                      registry=r)
+
+    def bind(self, *, running: Callable[[], float], waiting: Callable[[], float],
+             kv_usage: Callable[[], float], kv_reserved: Callable[[], float], sessions: Callable[[], float],
+             expired: Callable[[], float], evicted: Callable[[], float]) -> None:
+        self.running.set_function(running)
+        self.waiting.set_function(waiting)
+        self.kv_usage.set_function(kv_usage)
+        self.kv_reserved.set_function(kv_reserved)
+        self.sessions.set_function(sessions)
+        self.sessions_expired.set_function(expired)
+        self.sessions_evicted.set_function(evicted)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # -- EngineObserver (engine thread; prometheus-client is thread-safe) ----------------------------
+
+    def step(self, sequences: int, prefill_tokens: int, seconds: float) -> None:
+        self.steps.inc()
+        self.batch_size.observe(sequences)
+        self.step_seconds.observe(seconds)
+
+    def finished(self, job: Job, item: Finished | Failed) -> None:
+        if isinstance(item, Failed):
+            self.requests_finished.labels(item.reason).inc()
+            return
+        self.requests_finished.labels(item.reason).inc()
+        self.prompt_tokens.inc(item.prompt_tokens - item.cached_tokens)
+        self.cached_tokens.inc(item.cached_tokens)
+        self.generation_tokens.inc(item.completion_tokens)
+        self.queue_time.observe(item.queue_s)
+        if item.completion_tokens:
+            self.ttft.observe(item.ttft_s)
+            self.e2e.observe(item.total_s)
+        if item.completion_tokens > 1:
+            self.tpot.observe((item.total_s - item.ttft_s) / (item.completion_tokens - 1))

@@ -1,0 +1,174 @@
+"""The loaded GGUF model: weights, vocabulary, chat template and the facts admission needs.
+
+Owns: loading a model through llama.cpp's low-level API, tokenizing, rendering chat prompts,
+turning tokens into bytes, and the KV bytes one token takes (read from the model's own shape).
+Must not: own a decode context or run inference; the engine does. Everything here only reads the
+model and vocabulary, which llama.cpp allows from any thread, so the asyncio side may tokenize
+(in a worker thread) while the engine thread decodes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as ll
+
+_log = logging.getLogger("worker.llama")
+_GGML_LOG_LEVEL_WARN = 3
+_GGML_LOG_LEVEL_CONT = 5
+
+
+def _forward_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    # llama.cpp logs every tensor at load time; keep warnings and errors only.
+    if _GGML_LOG_LEVEL_WARN <= level < _GGML_LOG_LEVEL_CONT:
+        _log.warning("%s", text.decode("utf-8", errors="replace").rstrip())
+
+
+# A ctypes callback must outlive every call into llama.cpp, so it is created once, here.
+_LLAMA_LOG_CALLBACK = ll.llama_log_callback(_forward_llama_log)
+
+# ggml element sizes (bytes per value) of the cache types we allow.
+KV_ELEMENT_BYTES = {ll.GGML_TYPE_F16: 2, ll.GGML_TYPE_F32: 4}
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_embd: int
+    head_dim_k: int
+    head_dim_v: int
+    n_ctx_train: int
+    n_vocab: int
+
+    def kv_bytes_per_token(self, element_bytes: int) -> int:
+        """K and V rows of every layer for one token: layers x KV heads x (K dim + V dim) x element size."""
+        return self.n_layer * self.n_head_kv * (self.head_dim_k + self.head_dim_v) * element_bytes
+
+
+class Model:
+    """A GGUF model loaded once per worker process."""
+
+    def __init__(self, path: Path, *, kv_type: int = ll.GGML_TYPE_F16) -> None:
+        if not path.is_file():
+            raise FileNotFoundError(f"model file not found: {path}")
+        if kv_type not in KV_ELEMENT_BYTES:
+            raise ValueError(f"unsupported KV cache type {kv_type}")
+        ll.llama_log_set(_LLAMA_LOG_CALLBACK, ctypes.c_void_p(0))
+        ll.llama_backend_init()  # idempotent: timers and lookup tables only
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = 0
+        self._handle = ll.llama_model_load_from_file(str(path).encode(), params)
+        if not self._handle:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        self.path = path
+        self.name = path.stem
+        self.kv_type = kv_type
+        self.vocab = ll.llama_model_get_vocab(self._handle)
+        self.shape = self._read_shape()
+        self.bytes_per_token = self.shape.kv_bytes_per_token(KV_ELEMENT_BYTES[kv_type])
+        self.eog_tokens = tuple(t for t in range(self.shape.n_vocab) if ll.llama_vocab_is_eog(self.vocab, t))
+        template = ll.llama_model_chat_template(self._handle, None)
+        self._chat_template: bytes | None = template or None
+        self._piece_buf = threading.local()
+
+    @property
+    def handle(self) -> ll.llama_model_p:
+        return self._handle
+
+    def _meta_int(self, key: str) -> int | None:
+        buf = ctypes.create_string_buffer(64)
+        if ll.llama_model_meta_val_str(self._handle, key.encode(), buf, len(buf)) < 0:
+            return None
+        try:
+            return int(buf.value.decode())
+        except ValueError:
+            return None
+
+    def _read_shape(self) -> ModelShape:
+        n_head = ll.llama_model_n_head(self._handle)
+        n_embd = ll.llama_model_n_embd(self._handle)
+        arch_buf = ctypes.create_string_buffer(64)
+        ll.llama_model_meta_val_str(self._handle, b"general.architecture", arch_buf, len(arch_buf))
+        arch = arch_buf.value.decode()
+        # Head sizes are explicit in the metadata of models whose heads are not n_embd / n_head.
+        head_k = self._meta_int(f"{arch}.attention.key_length") or n_embd // n_head
+        head_v = self._meta_int(f"{arch}.attention.value_length") or n_embd // n_head
+        return ModelShape(
+            n_layer=ll.llama_model_n_layer(self._handle),
+            n_head=n_head,
+            n_head_kv=ll.llama_model_n_head_kv(self._handle),
+            n_embd=n_embd,
+            head_dim_k=head_k,
+            head_dim_v=head_v,
+            n_ctx_train=ll.llama_model_n_ctx_train(self._handle),
+            n_vocab=ll.llama_vocab_n_tokens(self.vocab),
+        )
+
+    # -- text <-> tokens ---------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 16
+        tokens = (ll.llama_token * capacity)()
+        n = ll.llama_tokenize(self.vocab, data, len(data), tokens, capacity, add_special, True)
+        if n < 0:  # buffer too small: llama.cpp returns minus the size it needs
+            capacity = -n
+            tokens = (ll.llama_token * capacity)()
+            n = ll.llama_tokenize(self.vocab, data, len(data), tokens, capacity, add_special, True)
+        return list(tokens[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The raw bytes of one token; may be part of a multi-byte UTF-8 character."""
+        buf = getattr(self._piece_buf, "buf", None)
+        if buf is None:
+            buf = self._piece_buf.buf = ctypes.create_string_buffer(256)
+        n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            bigger = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self.vocab, token, bigger, len(bigger), 0, False)
+            return bigger.raw[:n]
+        return buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self.vocab, token))
+
+    # -- prompts -----------------------------------------------------------------------------------
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self._chat_template is not None
+
+    def render_chat(self, messages: list[Message]) -> str:
+        """The conversation as the model expects it, ending with the assistant's turn opened."""
+        if self._chat_template is None:
+            # No template in the GGUF: plain turns, so chat requests still work on base models.
+            return "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant:"
+        keep = [(m.role.encode(), m.content.encode()) for m in messages]
+        chat = (ll.llama_chat_message * len(keep))(*(ll.llama_chat_message(r, c) for r, c in keep))
+        size = sum(len(r) + len(c) for r, c in keep) * 2 + 256
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = ll.llama_chat_apply_template(self._chat_template, chat, len(keep), True, buf, size)
+            if n < 0:
+                raise ValueError("the model's chat template is not supported by llama.cpp")
+            if n <= size:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            size = n
+        raise RuntimeError("chat template output kept growing")
+
+    def close(self) -> None:
+        if self._handle:
+            ll.llama_model_free(self._handle)
+            self._handle = None

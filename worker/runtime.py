@@ -1,0 +1,97 @@
+"""Assembles a running worker from its settings: model, engine, session table, gate, background tasks.
+
+Owns: start-up order (load the model off the event loop, size the KV limits from the real context,
+start the engine thread, the expiry sweeper and the heartbeats) and shutdown in reverse.
+Must not: serve HTTP; app.py does, reading `WorkerRuntime` from `app.state`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import httpx
+
+from protocol.health import WorkerLoad
+from worker.admission import Gate
+from worker.engine import Engine, EngineConfig
+from worker.heartbeat import HeartbeatSender
+from worker.metrics import WorkerMetrics
+from worker.model import Model
+from worker.sessions import KvLimits, SessionTable
+from worker.settings import WorkerSettings
+
+log = logging.getLogger("worker.runtime")
+
+
+class WorkerRuntime:
+    def __init__(self, settings: WorkerSettings, model: Model, metrics: WorkerMetrics, *,
+                 clock: Callable[[], float]) -> None:
+        self.settings = settings
+        self.model = model
+        self.metrics = metrics
+        config = EngineConfig(ctx_size=settings.ctx_size, max_sessions=settings.max_sessions,
+                              threads=settings.threads, prefill_chunk=settings.prefill_chunk,
+                              kv_unified=settings.kv_unified,
+                              slow_consumer_deadline=settings.slow_consumer_deadline)
+        # The table is sized from the context llama.cpp actually made, not from what we asked for.
+        self.engine = Engine(model, config, observer=metrics, clock=clock)
+        limits = KvLimits(capacity_tokens=self.engine.ctx_tokens,
+                          session_max_tokens=min(settings.session_max_tokens, self.engine.seq_tokens,
+                                                 model.shape.n_ctx_train),
+                          max_sessions=settings.max_sessions, bytes_per_token=model.bytes_per_token)
+        self.table = SessionTable(limits, clock, ttl=settings.session_ttl)
+        self.engine.bind(self.table)
+        self.gate = Gate(model, self.table, self.engine, stream_buffer=settings.stream_buffer, clock=clock)
+        self._tasks: list[asyncio.Task[None]] = []
+        self.heartbeats: HeartbeatSender | None = None
+        metrics.bind(
+            running=lambda: self.engine.running, waiting=lambda: self.engine.queue_depth,
+            kv_usage=lambda: self.table.stats()[1] / limits.capacity_tokens,
+            kv_reserved=lambda: self.table.stats()[2] / limits.capacity_tokens,
+            sessions=lambda: self.table.stats()[0], expired=lambda: self.table.expired_total,
+            evicted=lambda: self.table.evicted_total)
+
+    def load(self) -> WorkerLoad:
+        sessions, used, reserved = self.table.stats()
+        limits = self.table.limits
+        return WorkerLoad(
+            sessions=sessions, max_sessions=limits.max_sessions, active_streams=self.engine.active,
+            queue_depth=self.engine.queue_depth, kv_used_bytes=used * limits.bytes_per_token,
+            kv_reserved_bytes=reserved * limits.bytes_per_token,
+            kv_capacity_bytes=limits.capacity_tokens * limits.bytes_per_token,
+            bytes_per_token=limits.bytes_per_token, session_max_tokens=limits.session_max_tokens,
+            draining=self.gate.draining)
+
+    async def start(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.engine.start(asyncio.get_running_loop())
+        self._tasks.append(asyncio.create_task(self._sweep(), name="session-sweeper"))
+        s = self.settings
+        if s.coordinator_url:
+            self.heartbeats = HeartbeatSender(
+                coordinator_url=s.coordinator_url, worker_id=s.worker_id, worker_url=s.worker_url,
+                model=self.model.name, token=s.worker_token, interval=s.heartbeat_interval,
+                load=self.load, transport=transport)
+            self._tasks.append(asyncio.create_task(self.heartbeats.run(), name="heartbeats"))
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.sweep_interval)
+            expired = self.table.expire_idle()
+            if expired:
+                self.engine.free(expired)
+                log.info('{"event": "sessions_expired", "count": %d}', len(expired))
+
+    async def stop(self) -> None:
+        self.gate.draining = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.heartbeats is not None:
+            await self.heartbeats.aclose()
+        await asyncio.to_thread(self.engine.stop)
+        self.model.close()

@@ -1,0 +1,194 @@
+"""Sessions and KV accounting: who holds which llama.cpp sequence and how much KV is promised.
+
+Owns: the table of sessions (named ones kept between turns, one-shot ones freed at stream end), the
+pool of sequence ids, KV reservations against the total budget, idle-session expiry and eviction,
+and tombstones of expired sessions (so a late turn gets 404 instead of silently starting afresh).
+Must not: call llama.cpp. Freeing a sequence's cells is the engine's job: every method that gives
+a sequence up returns its id, and the caller queues the free on the engine *before* any request that
+could reuse that id (the engine's inbox is FIFO).
+
+Thread safety: admission runs on the event loop, release on the engine thread; one lock guards all.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from protocol import reasons
+from protocol.health import SessionInfo
+from worker.errors import WorkerError
+from worker.model import Message
+
+
+@dataclass(frozen=True)
+class KvLimits:
+    capacity_tokens: int  # KV cells of the whole llama.cpp context
+    session_max_tokens: int  # cells one session may hold: prompt + generated
+    max_sessions: int  # llama.cpp sequences, busy or idle
+    bytes_per_token: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.session_max_tokens <= self.capacity_tokens:
+            raise ValueError("session_max_tokens must be between 1 and the context size")
+
+
+@dataclass(eq=False)
+class Session:
+    seq_id: int
+    session_id: str | None  # None: one-shot, freed when its stream ends
+    last_used: float
+    tokens: list[int] = field(default_factory=list)  # what the sequence's KV cells hold, in order
+    messages: list[Message] = field(default_factory=list)  # chat history, for templated turns
+    reserved_tokens: int = 0
+    busy: bool = False
+
+
+@dataclass(frozen=True)
+class Admission:
+    session: Session
+    freed_seq_ids: tuple[int, ...]  # evicted idle sessions: free these on the engine first
+
+
+class SessionTable:
+    def __init__(self, limits: KvLimits, clock: Callable[[], float], *, ttl: float,
+                 tombstones: int = 4096) -> None:
+        self.limits = limits
+        self.ttl = ttl
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._free_seq_ids = collections.deque(range(limits.max_sessions))
+        self._named: dict[str, Session] = {}
+        self._live: set[Session] = set()
+        self._idle_lru: collections.OrderedDict[int, Session] = collections.OrderedDict()  # by seq_id
+        self._reserved_tokens = 0
+        self._expired: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._tombstone_limit = tombstones
+        self.evicted_total = 0
+        self.expired_total = 0
+
+    # -- admission (event loop) --------------------------------------------------------------------
+
+    def lookup(self, session_id: str) -> Session | None:
+        """The idle or busy session of that id; raises 404 if it expired or was evicted."""
+        with self._lock:
+            if session_id in self._expired:
+                raise WorkerError(404, reasons.SESSION_EXPIRED, f"session {session_id!r} expired")
+            return self._named.get(session_id)
+
+    def admit(self, session_id: str | None, need_tokens: int) -> Admission:
+        """Reserves a sequence and `need_tokens` of KV for one request, or raises 409/503."""
+        if need_tokens > self.limits.session_max_tokens:
+            raise ValueError("need_tokens is above the session limit; validate before admitting")
+        with self._lock:
+            session = self._named.get(session_id) if session_id else None
+            if session is not None and session.busy:
+                raise WorkerError(409, reasons.SESSION_BUSY, f"session {session_id!r} is generating")
+            freed: list[int] = []
+            held = session.reserved_tokens if session else 0
+            while self._reserved_tokens - held + need_tokens > self.limits.capacity_tokens:
+                if not self._evict_one(keep=session, into=freed):
+                    raise WorkerError(503, reasons.KV_FULL, "not enough KV cache left for this request")
+            if session is None:
+                while not self._free_seq_ids:
+                    if not self._evict_one(keep=None, into=freed):
+                        raise WorkerError(503, reasons.SESSIONS_FULL, "every sequence slot is in use")
+                session = Session(seq_id=self._free_seq_ids.popleft(), session_id=session_id,
+                                  last_used=self._clock())
+                self._live.add(session)
+                if session_id:
+                    self._named[session_id] = session
+            else:
+                self._idle_lru.pop(session.seq_id, None)
+            self._reserved_tokens += need_tokens - session.reserved_tokens
+            session.reserved_tokens = need_tokens
+            session.busy = True
+            return Admission(session, tuple(freed))
+
+    def _evict_one(self, *, keep: Session | None, into: list[int]) -> bool:
+        """Drops the least recently used idle named session (never `keep`); False if none."""
+        for seq_id, candidate in self._idle_lru.items():
+            if candidate is not keep:
+                del self._idle_lru[seq_id]
+                self._drop(candidate)
+                into.append(seq_id)
+                self.evicted_total += 1
+                return True
+        return False
+
+    # -- release (engine thread, or event loop when a request never started) -------------------------
+
+    def release(self, session: Session, *, keep_kv: bool) -> int | None:
+        """The request on `session` ended. Returns the seq id to free on the engine, or None if kept."""
+        with self._lock:
+            session.busy = False
+            session.last_used = self._clock()
+            named = session.session_id is not None and self._named.get(session.session_id) is session
+            if keep_kv and named and session in self._live:
+                self._reserved_tokens += len(session.tokens) - session.reserved_tokens
+                session.reserved_tokens = len(session.tokens)
+                self._idle_lru[session.seq_id] = session
+                return None
+            if session in self._live:
+                self._drop(session)
+                return session.seq_id
+            return None
+
+    def _drop(self, session: Session, *, tombstone: bool = True) -> None:
+        self._live.discard(session)
+        self._reserved_tokens -= session.reserved_tokens
+        session.reserved_tokens = 0
+        self._free_seq_ids.append(session.seq_id)
+        if session.session_id is not None and self._named.get(session.session_id) is session:
+            del self._named[session.session_id]
+        if session.session_id is not None and tombstone:
+            self._expired[session.session_id] = None
+            while len(self._expired) > self._tombstone_limit:
+                self._expired.popitem(last=False)
+
+    # -- expiry and deletion -----------------------------------------------------------------------
+
+    def expire_idle(self) -> list[int]:
+        """Drops idle sessions unused for longer than the TTL; returns their seq ids to free."""
+        cutoff = self._clock() - self.ttl
+        with self._lock:
+            stale = [s for s in self._idle_lru.values() if s.last_used <= cutoff]
+            for session in stale:
+                del self._idle_lru[session.seq_id]
+                self._drop(session)
+            self.expired_total += len(stale)
+            return [s.seq_id for s in stale]
+
+    def delete(self, session_id: str) -> Session:
+        """Forgets a named session (its id may start a new one at once).
+
+        An idle session is dropped here and its seq id must be freed by the caller; a busy one is
+        returned for cancelling, and its release will free it instead of keeping it.
+        """
+        with self._lock:
+            session = self._named.pop(session_id, None)
+            if session is None:
+                raise WorkerError(404, reasons.UNKNOWN_SESSION, f"no session {session_id!r}")
+            if not session.busy:
+                self._idle_lru.pop(session.seq_id, None)
+                self._drop(session, tombstone=False)
+            return session
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    def stats(self) -> tuple[int, int, int]:
+        """(sessions holding a sequence, tokens in KV, tokens reserved)."""
+        with self._lock:
+            return len(self._live), sum(len(s.tokens) for s in self._live), self._reserved_tokens
+
+    def describe(self) -> list[SessionInfo]:
+        now = self._clock()
+        bpt = self.limits.bytes_per_token
+        with self._lock:
+            return [
+                SessionInfo(session_id=s.session_id, tokens=len(s.tokens), kv_bytes=len(s.tokens) * bpt,
+                            idle_seconds=0.0 if s.busy else max(0.0, now - s.last_used), busy=s.busy)
+                for s in self._named.values()
+            ]

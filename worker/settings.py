@@ -1,0 +1,99 @@
+"""Worker settings: one validated model, read from the environment and command-line flags.
+
+Owns: every tunable of a worker, its default, its environment name and its flag.
+Must not: read the environment anywhere else; `create_app` receives a `WorkerSettings`.
+Flags win over environment variables, which win over defaults. Invalid values are all reported at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from worker.provision import DEFAULT_MODEL_PATH
+
+# field name -> environment variable (design.md keeps the original system's names where it has them)
+ENV_NAMES = {
+    "model_path": "MODEL_PATH",
+    "worker_id": "WORKER_ID",
+    "worker_url": "WORKER_URL",
+    "coordinator_url": "COORDINATOR_URL",
+    "worker_token": "WORKER_TOKEN",
+    "host": "WORKER_HOST",
+    "port": "WORKER_PORT",
+    "threads": "WORKER_THREADS",
+    "ctx_size": "WORKER_CTX_SIZE",
+    "max_sessions": "WORKER_MAX_SESSIONS",
+    "session_max_tokens": "WORKER_SESSION_MAX_TOKENS",
+    "kv_unified": "WORKER_KV_UNIFIED",
+    "prefill_chunk": "WORKER_PREFILL_CHUNK",
+    "session_ttl": "WORKER_SESSION_TTL",
+    "sweep_interval": "WORKER_SWEEP_INTERVAL",
+    "heartbeat_interval": "HEARTBEAT_INTERVAL",
+    "stream_buffer": "WORKER_STREAM_BUFFER",
+    "slow_consumer_deadline": "WORKER_SLOW_CONSUMER_DEADLINE",
+    "log_level": "LOG_LEVEL",
+}
+
+
+class WorkerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_path: Path = Field(default=DEFAULT_MODEL_PATH, description="GGUF file to serve")
+    worker_id: str = Field(default="", max_length=128, description="default: worker-<port>")
+    worker_url: str = Field(default="", description="URL the coordinator uses; default http://host:port")
+    coordinator_url: str = Field(default="http://127.0.0.1:1337", description="empty: no heartbeats")
+    worker_token: str = Field(default="", description="shared secret sent with heartbeats")
+    host: str = "127.0.0.1"
+    port: int = Field(default=3001, ge=0, le=65535)
+    threads: int = Field(default=os.cpu_count() or 1, ge=1, le=256, description="llama.cpp threads")
+    ctx_size: int = Field(default=0, ge=0, description="KV cells in all; 0: derived from the limits")
+    max_sessions: int = Field(default=16, ge=1, le=256, description="llama.cpp sequences, busy or idle")
+    session_max_tokens: int = Field(default=2048, ge=16, description="KV cells one session may hold")
+    kv_unified: bool = Field(default=False, description="one KV buffer shared by all sequences")
+    prefill_chunk: int = Field(default=256, ge=16, le=8192, description="prompt tokens per decode step")
+    session_ttl: float = Field(default=300.0, gt=0, description="idle seconds before a session expires")
+    sweep_interval: float = Field(default=1.0, gt=0, description="seconds between expiry sweeps")
+    heartbeat_interval: float = Field(default=10.0, gt=0)
+    stream_buffer: int = Field(default=64, ge=1, le=65536, description="items buffered per stream")
+    slow_consumer_deadline: float = Field(default=10.0, gt=0, description="seconds a full stream may wait")
+    log_level: str = Field(default="info", pattern="^(debug|info|warning|error)$")
+
+    @model_validator(mode="after")
+    def _derive(self) -> WorkerSettings:
+        if not self.worker_id:
+            object.__setattr__(self, "worker_id", f"worker-{self.port}")
+        if not self.worker_url:
+            object.__setattr__(self, "worker_url", f"http://{self.host}:{self.port}")
+        if self.ctx_size == 0:
+            # Split KV: each sequence owns ctx/max_sessions cells. Unified: sessions share one pool.
+            per_session = self.session_max_tokens if not self.kv_unified else self.session_max_tokens // 2
+            object.__setattr__(self, "ctx_size", max(self.session_max_tokens, per_session * self.max_sessions))
+        return self
+
+    @classmethod
+    def load(cls, argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> WorkerSettings:
+        environ = os.environ if environ is None else environ
+        values: dict[str, object] = {
+            field: environ[env] for field, env in ENV_NAMES.items() if environ.get(env, "") != ""
+        }
+        flags = _parser().parse_args(argv)
+        values.update({k: v for k, v in vars(flags).items() if v is not None})
+        return cls.model_validate(values)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llm-worker", description="A llama.cpp inference worker.")
+    for name, info in WorkerSettings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        help_text = f"{info.description or name} (env {ENV_NAMES[name]}, default {info.default!r})"
+        if info.annotation is bool:
+            parser.add_argument(flag, dest=name, default=None, action=argparse.BooleanOptionalAction,
+                                help=help_text)
+        else:
+            parser.add_argument(flag, dest=name, default=None, help=help_text)
+    return parser
