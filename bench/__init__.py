@@ -1,0 +1,1 @@
+"""Benchmarks: measure the project against peers in one run on one machine (not tests)."""
