@@ -1,0 +1,40 @@
+"""`llm-coordinator` / `python -m coordinator`: read settings, set up logging, serve with uvicorn.
+
+Owns: the process entry point. Must not: hold any logic the tests need (that is in create_app).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import uvicorn
+
+from coordinator.app import create_app
+from coordinator.server import DropAbandonedResponse, bounded_protocol
+from coordinator.settings import Settings
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = Settings.load(os.environ, sys.argv[1:] if argv is None else argv)
+    level = settings.log_level.upper()
+    # Request lines are JSON objects already: print them as they are, one per line.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    requests_log = logging.getLogger("coordinator.requests")
+    requests_log.addHandler(handler)
+    requests_log.setLevel(level)
+    requests_log.propagate = False
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = uvicorn.Config(
+        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+        http=bounded_protocol(settings.client_send_buffer_bytes), access_log=False,
+        timeout_graceful_shutdown=5)
+    # After Config: it applies uvicorn's logging config, which would not keep a filter added before.
+    logging.getLogger("uvicorn.error").addFilter(DropAbandonedResponse())
+    uvicorn.Server(config).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Admission: the O(1) capacity check before a worker is chosen, and the in-flight KV reservations.
+
+Owns: `check` (reads only the registry's aggregates: no loop over workers, so a rejection costs the
+same with 1 or 1,000 workers), the reservation ledger and its running totals.
+Must not: choose a worker (scheduler.py) or talk to one (dispatch.py).
+
+A reservation lives from the moment a worker is chosen until its stream ends, whatever the ending.
+It first holds the upper bound from `Demand.tokens`, then the exact size once the worker reports
+`X-Prompt-Tokens`. It reaches the scheduler through a registry correction on that worker.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from coordinator.clock import Clock
+from coordinator.demand import Demand
+from coordinator.errors import CoordinatorError
+from coordinator.registry import Correction, Registry, WorkerRecord
+from protocol import reasons
+
+
+@dataclass(slots=True)
+class Reservation:
+    key: int
+    worker_id: str
+    demand: Demand
+    kv_bytes: int
+    sessions: int
+    confirmed: bool = False
+    released: bool = False
+
+
+class Admission:
+    def __init__(self, registry: Registry, clock: Clock, *, retry_after: int) -> None:
+        self._registry = registry
+        self._clock = clock
+        self._retry_after = retry_after
+        self._keys = itertools.count(1)
+        self.in_flight = 0
+        self.in_flight_kv_bytes = 0
+
+    def check(self, demand: Demand, model: str | None) -> None:
+        """Raise a `CoordinatorError` when no alive worker can possibly take this request. O(1)."""
+        self._registry.sweep(self._clock.monotonic())
+        if self._registry.alive_count == 0:
+            raise self._overloaded(reasons.NO_WORKERS, "no worker is alive")
+        totals = self._registry.totals(model)
+        if totals is None:
+            if model is not None and self._registry.knows_model(model):
+                raise self._overloaded(reasons.MODEL_UNAVAILABLE, f"no alive worker serves {model!r} now")
+            raise CoordinatorError(reasons.UNKNOWN_MODEL, f"no worker serves model {model!r}")
+        if demand.new_session and totals.free_sessions <= 0:
+            raise self._overloaded(reasons.SESSIONS_FULL, "every worker's sessions are in use")
+        # Distinct values, not workers: one per model in practice.
+        need = demand.tokens(max(totals.session_max_tokens)) * max(totals.bytes_per_token)
+        if totals.free_kv_bytes < need:
+            raise self._overloaded(reasons.KV_FULL, "not enough free KV cache on any worker")
+
+    def reserve(self, worker: WorkerRecord, demand: Demand) -> Reservation:
+        kv_bytes = demand.tokens(worker.session_max_tokens) * worker.bytes_per_token
+        res = Reservation(next(self._keys), worker.worker_id, demand, kv_bytes, int(demand.new_session))
+        self._registry.correct(res.worker_id, res.key, Correction(kv_bytes, res.sessions))
+        self.in_flight += 1
+        self.in_flight_kv_bytes += kv_bytes
+        return res
+
+    def confirm(self, res: Reservation, prompt_tokens: int | None) -> None:
+        """The worker admitted it: shrink to the exact size and start waiting for a heartbeat to show it."""
+        worker = self._registry.get(res.worker_id)
+        if worker is not None and prompt_tokens is not None:
+            exact = res.demand.exact_tokens(prompt_tokens, worker.session_max_tokens) * worker.bytes_per_token
+            self.in_flight_kv_bytes += min(exact, res.kv_bytes) - res.kv_bytes
+            res.kv_bytes = min(exact, res.kv_bytes)
+        res.confirmed = True
+        self._registry.correct(res.worker_id, res.key,
+                               Correction(res.kv_bytes, res.sessions, stamp=self._clock.time()))
+
+    def release(self, res: Reservation, *, keeps_session: bool = False) -> None:
+        """Idempotent; call it on every ending (done, error, client gone, worker gone, timeout)."""
+        if res.released:
+            return
+        res.released = True
+        self.in_flight -= 1
+        self.in_flight_kv_bytes -= res.kv_bytes
+        if self._registry.drop_correction(res.worker_id, res.key):
+            return
+        if res.confirmed and not keeps_session:
+            # A heartbeat already counts it: subtract it until one made after now shows it freed.
+            # A kept session still holds its KV, so then we wait for the worker's next report.
+            freed = Correction(-res.kv_bytes, -res.sessions, stamp=self._clock.time())
+            self._registry.correct(res.worker_id, next(self._keys), freed)
+
+    def _overloaded(self, reason: str, message: str) -> CoordinatorError:
+        return CoordinatorError(reason, message, retry_after=self._retry_after)

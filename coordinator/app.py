@@ -1,0 +1,84 @@
+"""The coordinator's FastAPI app: `create_app(settings, clock=..., transport=...)`.
+
+Owns: the lifespan that builds `app.state.coordinator`, the routers, `/metrics`, and the one place
+where errors become HTTP responses (`CoordinatorError` -> JSON `ErrorBody` with the status from
+errors.STATUS_BY_REASON, `X-Request-ID`, and `Retry-After` on 503).
+Must not: read the environment or hold module-level state; everything comes in through arguments.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from coordinator import health, infer
+from coordinator.clock import Clock, SystemClock
+from coordinator.errors import CoordinatorError
+from coordinator.settings import Settings
+from coordinator.state import CoordinatorState, build_state
+from coordinator.validate import request_id_of
+from protocol import reasons
+from protocol.inference import ErrorBody
+
+log = logging.getLogger("coordinator")
+
+
+def create_app(settings: Settings, *, clock: Clock | None = None,
+               transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
+    """`transport` replaces the network to workers (tests pass an `httpx.MockTransport`)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = build_state(settings, clock or SystemClock(), transport)
+        app.state.coordinator = state
+        try:
+            yield
+        finally:
+            await state.client.aclose()
+
+    app = FastAPI(title="llm-pool coordinator", lifespan=lifespan)
+    app.include_router(health.router)
+    app.include_router(infer.router)
+    app.add_exception_handler(CoordinatorError, _coordinator_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _unexpected)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        state: CoordinatorState = request.app.state.coordinator
+        state.registry.sweep(state.clock.monotonic())
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+def error_response(request: Request, exc: CoordinatorError) -> JSONResponse:
+    request_id = request_id_of(request)
+    headers = {"x-request-id": request_id}
+    if exc.retry_after is not None:
+        headers["retry-after"] = str(exc.retry_after)
+    if exc.status == 401:
+        headers["www-authenticate"] = "Bearer"
+    body = ErrorBody(error=exc.message, reason=exc.reason, request_id=request_id)
+    return JSONResponse(body.model_dump(), status_code=exc.status, headers=headers)
+
+
+async def _coordinator_error(request: Request, exc: CoordinatorError) -> JSONResponse:
+    return error_response(request, exc)
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    # Unknown routes and methods still get the one JSON error shape.
+    reason = reasons.INVALID_REQUEST if exc.status_code < 500 else reasons.INTERNAL
+    return error_response(request, CoordinatorError(reason, str(exc.detail), status=exc.status_code))
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unexpected error", exc_info=exc)
+    return error_response(request, CoordinatorError(reasons.INTERNAL, "internal error"))

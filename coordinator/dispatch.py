@@ -1,0 +1,146 @@
+"""Dispatch: send one admitted request to the ranked workers until one of them starts streaming.
+
+Owns: the HTTP call to `POST /worker/generate` up to the worker's first SSE event, failover before
+the first token (bounded attempts), reservations made and released per attempt, and turning a
+worker's refusal into a `CoordinatorError` (400/404/409/413 pass through with the worker's reason;
+503 refusals and unreachable workers move on to the next worker).
+Must not: relay events after the first one (relay.py) or rank workers (scheduler.py).
+
+The client's status line waits for the worker's first event, not just its headers, so a worker that
+dies during prefill is still failed over: no byte has reached the client yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import httpx
+from pydantic import ValidationError
+
+from coordinator.admission import Admission, Reservation
+from coordinator.errors import CoordinatorError
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.registry import WorkerRecord
+from coordinator.sse import SseEvent, SseParser, SseTooLarge
+from coordinator.validate import ValidRequest
+from protocol import reasons
+from protocol.inference import EVENT_ERROR, ErrorBody
+
+
+class WorkerStreamError(Exception):
+    """The worker's stream broke (connection lost, timeout, garbage)."""
+
+
+class _Failover(Exception):
+    def __init__(self, reason: str, refused: bool, retry_after: int | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.refused = refused  # True: the worker said 503; False: it failed or could not be reached
+        self.retry_after = retry_after
+
+
+@dataclass(slots=True)
+class OpenStream:
+    worker: WorkerRecord
+    response: httpx.Response
+    events: AsyncIterator[SseEvent]
+    first: SseEvent
+    reservation: Reservation
+    attempts: int
+
+    async def close(self) -> None:
+        """Closing the response closes the connection, which cancels the request on the worker."""
+        await self.response.aclose()
+
+
+async def worker_events(response: httpx.Response) -> AsyncIterator[SseEvent]:
+    parser = SseParser()
+    try:
+        async for chunk in response.aiter_raw():
+            for event in parser.feed(chunk):
+                yield event
+    except (httpx.HTTPError, SseTooLarge) as exc:
+        raise WorkerStreamError(f"{type(exc).__name__}: {exc}") from exc
+
+
+class Dispatcher:
+    def __init__(self, client: httpx.AsyncClient, admission: Admission, metrics: CoordinatorMetrics, *,
+                 max_attempts: int, first_event_timeout: float, retry_after: int) -> None:
+        self._client = client
+        self._admission = admission
+        self._metrics = metrics
+        self._max_attempts = max_attempts
+        self._first_event_timeout = first_event_timeout
+        self._retry_after = retry_after
+
+    async def open(self, valid: ValidRequest, ranked: Sequence[WorkerRecord]) -> OpenStream:
+        last: _Failover | None = None
+        refused_only = True
+        for attempt, worker in enumerate(ranked[: self._max_attempts], start=1):
+            reservation = self._admission.reserve(worker, valid.demand)
+            try:
+                stream = await self._attempt(worker, valid, reservation)
+            except _Failover as failover:
+                self._admission.release(reservation)
+                self._metrics.failovers.labels(reason=failover.reason).inc()
+                last, refused_only = failover, refused_only and failover.refused
+                continue
+            except BaseException:
+                self._admission.release(reservation)
+                raise
+            stream.attempts = attempt
+            return stream
+        if last is not None and refused_only:
+            raise CoordinatorError(last.reason, f"every eligible worker refused: {last.reason}",
+                                   retry_after=last.retry_after or self._retry_after)
+        raise CoordinatorError(reasons.WORKER_UNAVAILABLE,
+                               f"no worker could start the request ({last.reason if last else 'none tried'})")
+
+    async def _attempt(self, worker: WorkerRecord, valid: ValidRequest, res: Reservation) -> OpenStream:
+        request = self._client.build_request(
+            "POST", f"{worker.url.rstrip('/')}/worker/generate", content=valid.payload,
+            headers={"content-type": "application/json", "x-request-id": valid.request_id})
+        response: httpx.Response | None = None
+        try:
+            async with asyncio.timeout(self._first_event_timeout):
+                response = await self._client.send(request, stream=True)
+                if response.status_code != 200:
+                    raise await self._refusal(response)
+                self._admission.confirm(res, _int_header(response, "x-prompt-tokens"))
+                events = worker_events(response)
+                first = await anext(events, None)
+        except (httpx.HTTPError, WorkerStreamError, TimeoutError) as exc:
+            if response is not None:
+                await response.aclose()
+            reason = reasons.WORKER_UNAVAILABLE if response is None else reasons.WORKER_FAILED
+            raise _Failover(reason, refused=False) from exc
+        except BaseException:
+            if response is not None:
+                await response.aclose()
+            raise
+        if first is None or first.event == EVENT_ERROR:
+            # Nothing reached the client yet, so another worker may still serve it.
+            await response.aclose()
+            raise _Failover(reasons.WORKER_FAILED, refused=False)
+        return OpenStream(worker, response, events, first, res, attempts=1)
+
+    @staticmethod
+    async def _refusal(response: httpx.Response) -> Exception:
+        raw = await response.aread()
+        await response.aclose()
+        try:
+            body = ErrorBody.model_validate_json(raw)
+        except ValidationError:
+            return _Failover(reasons.WORKER_FAILED, refused=False)
+        if response.status_code == 503 or body.reason in reasons.RETRYABLE_ON_OTHER_WORKER:
+            return _Failover(body.reason, refused=True, retry_after=_int_header(response, "retry-after"))
+        if response.status_code >= 500:
+            return _Failover(body.reason, refused=False)
+        return CoordinatorError(body.reason, body.error, status=response.status_code)
+
+
+def _int_header(response: httpx.Response, name: str) -> int | None:
+    value = response.headers.get(name, "")
+    return int(value) if value.isdigit() else None

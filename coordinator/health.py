@@ -1,0 +1,94 @@
+"""Worker-facing and operator-facing health: heartbeats in, registry listings out.
+
+Owns: `POST /coordinator/health/heartbeat` (token check, timestamp sanity, upsert),
+`GET /coordinator/health` and `GET /coordinator/health/workers`.
+Must not: schedule or admit requests.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import APIRouter, Request
+from pydantic import ValidationError
+
+from coordinator import scheduler
+from coordinator.errors import CoordinatorError
+from coordinator.registry import ALIVE, WorkerRecord
+from coordinator.state import CoordinatorState
+from coordinator.validate import describe
+from protocol import reasons
+from protocol.coordinator import CoordinatorHealth, HeartbeatAck, WorkerCounts, WorkerStatus, WorkerStatusList
+from protocol.health import Heartbeat
+
+router = APIRouter()
+
+
+@router.post("/coordinator/health/heartbeat")
+async def heartbeat(request: Request) -> HeartbeatAck:
+    state: CoordinatorState = request.app.state.coordinator
+    settings = state.settings
+    if settings.worker_token:
+        given = request.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, f"Bearer {settings.worker_token}".encode()):
+            state.metrics.heartbeats.labels(outcome="unauthorized").inc()
+            raise CoordinatorError(reasons.UNAUTHORIZED, "heartbeat without the right worker token")
+    try:
+        beat = Heartbeat.model_validate_json(await request.body())
+        _check(beat, now_wall=state.clock.time(), max_skew=settings.heartbeat_max_skew,
+               max_age=settings.dead_after)
+    except ValidationError as exc:
+        state.metrics.heartbeats.labels(outcome="invalid").inc()
+        raise CoordinatorError(reasons.INVALID_REQUEST, describe(exc)) from None
+    except CoordinatorError:
+        state.metrics.heartbeats.labels(outcome="invalid").inc()
+        raise
+    now = state.clock.monotonic()
+    record = state.registry.upsert(beat, now)
+    state.registry.sweep(now)
+    state.metrics.heartbeats.labels(outcome="accepted").inc()
+    return HeartbeatAck(worker_id=record.worker_id, state="alive",
+                        heartbeat_interval=settings.heartbeat_interval)
+
+
+def _check(beat: Heartbeat, *, now_wall: float, max_skew: float, max_age: float) -> None:
+    if not beat.url.startswith(("http://", "https://")):
+        raise CoordinatorError(reasons.INVALID_REQUEST, "url: must be an http:// or https:// URL")
+    if beat.timestamp > now_wall + max_skew:
+        raise CoordinatorError(reasons.INVALID_REQUEST,
+                               f"timestamp: {beat.timestamp - now_wall:.1f} s in the future")
+    if beat.timestamp < now_wall - max_age:
+        raise CoordinatorError(reasons.INVALID_REQUEST, f"timestamp: {now_wall - beat.timestamp:.1f} s old")
+
+
+@router.get("/coordinator/health")
+async def health(request: Request) -> CoordinatorHealth:
+    state: CoordinatorState = request.app.state.coordinator
+    registry = state.registry
+    registry.sweep(state.clock.monotonic())
+    counts = WorkerCounts(alive=registry.alive_count, stale=registry.stale_count,
+                          total=registry.alive_count + registry.stale_count)
+    return CoordinatorHealth(status="ok" if counts.alive else "no_workers", workers=counts,
+                             models=registry.alive_models(),
+                             requests_running=state.admission.in_flight,
+                             kv_reserved_bytes=max(0, state.admission.in_flight_kv_bytes))
+
+
+@router.get("/coordinator/health/workers")
+async def workers(request: Request) -> WorkerStatusList:
+    state: CoordinatorState = request.app.state.coordinator
+    now = state.clock.monotonic()
+    state.registry.sweep(now)
+    return WorkerStatusList(workers=[_status(w, now) for w in sorted(state.registry.all(),
+                                                                     key=lambda w: w.worker_id)])
+
+
+def _status(w: WorkerRecord, now: float) -> WorkerStatus:
+    load = w.load
+    return WorkerStatus(
+        worker_id=w.worker_id, url=w.url, model=w.model, state="alive" if w.state == ALIVE else "stale",
+        heartbeat_age_s=max(0.0, now - w.last_seen), sessions=w.sessions, max_sessions=w.max_sessions,
+        active_streams=load.active_streams, queue_depth=load.queue_depth, kv_used_bytes=load.kv_used_bytes,
+        kv_reserved_bytes=w.kv_reserved_bytes, kv_capacity_bytes=w.kv_capacity_bytes,
+        bytes_per_token=w.bytes_per_token, session_max_tokens=w.session_max_tokens, draining=w.draining,
+        score=round(scheduler.score(w), 6) if w.state == ALIVE else None)

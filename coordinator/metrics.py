@@ -1,0 +1,60 @@
+"""Prometheus metrics of one coordinator app, in a `CollectorRegistry` of its own.
+
+Owns: metric names, labels and buckets, and one named helper per event. Names follow vLLM's where
+the meaning matches (requests running, time to first token, end-to-end latency).
+Must not: touch prometheus_client's global default registry (two apps in one test process must not
+share counters) or decide anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+FILL_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
+
+
+class CoordinatorMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests_running = Gauge("coordinator_requests_running", "Streams being relayed now", registry=r)
+        self.admission = Counter("coordinator_admission_decisions", "Admission decisions",
+                                 ["outcome", "reason"], registry=r)
+        self.finished = Counter("coordinator_request_finished", "Requests whose stream ended",
+                                ["finish_reason"], registry=r)
+        self.failovers = Counter("coordinator_failovers", "Workers given up on before the first token",
+                                 ["reason"], registry=r)
+        self.slow_clients = Counter("coordinator_slow_client_disconnects",
+                                    "Clients disconnected for not reading past the write deadline", registry=r)
+        self.client_disconnects = Counter("coordinator_client_disconnects",
+                                          "Clients that went away before their stream ended", registry=r)
+        self.heartbeats = Counter("coordinator_heartbeats", "Heartbeats received", ["outcome"], registry=r)
+        self.workers = Gauge("coordinator_workers", "Registered workers by state", ["state"], registry=r)
+        self.reserved_kv = Gauge("coordinator_kv_reserved_bytes", "KV bytes reserved by in-flight requests",
+                                 registry=r)
+        self.buffer_fill = Histogram("coordinator_relay_buffer_fill_ratio",
+                                     "Fill of a stream's relay buffer when an event is queued",
+                                     buckets=FILL_BUCKETS, registry=r)
+        self.ttft = Histogram("coordinator_time_to_first_token_seconds", "Request received to first token sent",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("coordinator_e2e_request_latency_seconds", "Request received to stream end",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.generation_tokens = Counter("coordinator_generation_tokens", "Token events relayed", registry=r)
+
+    def watch(self, alive: Callable[[], int], stale: Callable[[], int], reserved_kv: Callable[[], int]) -> None:
+        """Gauges read at scrape time from O(1) counts."""
+        self.workers.labels(state="alive").set_function(alive)
+        self.workers.labels(state="stale").set_function(stale)
+        self.reserved_kv.set_function(reserved_kv)
+
+    def admitted(self) -> None:
+        self.admission.labels(outcome="admitted", reason="").inc()
+
+    def rejected(self, reason: str) -> None:
+        self.admission.labels(outcome="rejected", reason=reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,280 @@
+"""Heartbeat registry: every known worker, its state, and O(1) sums of the alive workers' capacity.
+
+Owns: worker records; the alive -> stale -> removed transitions; per-model and global aggregates,
+kept up to date on every change so reading them never loops over workers; and *corrections*, the
+coordinator's in-flight reservations laid on top of a worker's last reported load until a later
+heartbeat shows them.
+Must not: decide admission, pick workers or do I/O (admission.py, scheduler.py, dispatch.py do).
+
+Why corrections: a heartbeat says what a worker held when it was made. A reservation made after
+that is invisible to it, so without a correction two requests in the same interval would both see
+an idle worker. A correction is dropped as soon as a heartbeat stamped after it arrives (the
+worker's own numbers then include it), or after two heartbeats whatever their stamps (so a worker
+with a slow clock cannot pin one forever).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from protocol.health import Heartbeat, WorkerLoad
+
+ALIVE = "alive"
+STALE = "stale"
+
+
+@dataclass(slots=True)
+class Correction:
+    kv_bytes: int
+    sessions: int
+    stamp: float = math.inf  # wall time after which the worker's numbers include it
+    seen: int = 0  # heartbeats received since the stamp was set
+
+
+@dataclass(slots=True)
+class WorkerRecord:
+    worker_id: str
+    url: str
+    model: str
+    load: WorkerLoad
+    last_seen: float  # coordinator monotonic seconds
+    state: str = ALIVE
+    extra_kv_bytes: int = 0
+    extra_sessions: int = 0
+    corrections: dict[int, Correction] = field(default_factory=dict)
+    # What this record added to the aggregates while alive, so it can be taken out exactly.
+    counted: tuple[int, ...] = ()
+
+    @property
+    def sessions(self) -> int:
+        return max(0, self.load.sessions + self.extra_sessions)
+
+    @property
+    def max_sessions(self) -> int:
+        return self.load.max_sessions
+
+    @property
+    def kv_reserved_bytes(self) -> int:
+        reported = max(self.load.kv_reserved_bytes, self.load.kv_used_bytes)
+        return max(0, reported + self.extra_kv_bytes)
+
+    @property
+    def kv_capacity_bytes(self) -> int:
+        return self.load.kv_capacity_bytes
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.load.bytes_per_token
+
+    @property
+    def session_max_tokens(self) -> int:
+        return self.load.session_max_tokens
+
+    @property
+    def draining(self) -> bool:
+        return self.load.draining
+
+    def contribution(self) -> tuple[int, ...]:
+        """What this worker adds to the sums: (workers, free sessions, session capacity, free KV
+        bytes, KV capacity, bytes per token, session max tokens)."""
+        free_sessions = max(0, self.max_sessions - self.sessions)
+        free_kv = max(0, self.kv_capacity_bytes - self.kv_reserved_bytes)
+        return (1, free_sessions, self.max_sessions, free_kv, self.kv_capacity_bytes,
+                self.bytes_per_token, self.session_max_tokens)
+
+
+@dataclass(slots=True)
+class Totals:
+    """Sums over alive workers; `bytes_per_token` and `session_max_tokens` count distinct values
+    (one per model in practice), so their max is O(distinct values), not O(workers)."""
+
+    workers: int = 0
+    free_sessions: int = 0
+    max_sessions: int = 0
+    free_kv_bytes: int = 0
+    kv_capacity_bytes: int = 0
+    bytes_per_token: Counter[int] = field(default_factory=Counter)
+    session_max_tokens: Counter[int] = field(default_factory=Counter)
+
+    def apply(self, values: tuple[int, ...], sign: int) -> None:
+        self.workers += sign * values[0]
+        self.free_sessions += sign * values[1]
+        self.max_sessions += sign * values[2]
+        self.free_kv_bytes += sign * values[3]
+        self.kv_capacity_bytes += sign * values[4]
+        for counter, key in ((self.bytes_per_token, values[5]), (self.session_max_tokens, values[6])):
+            counter[key] += sign
+            if counter[key] <= 0:
+                del counter[key]
+
+
+class Registry:
+    def __init__(self, *, stale_after: float, dead_after: float,
+                 on_removed: Callable[[WorkerRecord], None] | None = None) -> None:
+        self.stale_after = stale_after
+        self.dead_after = dead_after
+        self._on_removed = on_removed
+        self._workers: dict[str, WorkerRecord] = {}
+        # Both ordered by last_seen (a heartbeat moves its worker to the end), so a sweep only
+        # looks at the workers that are about to change state.
+        self._alive: OrderedDict[str, WorkerRecord] = OrderedDict()
+        self._stale: OrderedDict[str, WorkerRecord] = OrderedDict()
+        self._alive_by_model: dict[str, dict[str, WorkerRecord]] = {}
+        self._models_known: Counter[str] = Counter()
+        self.total = Totals()
+        self._by_model: dict[str, Totals] = {}
+
+    # --- reads (O(1)) -----------------------------------------------------------------------
+    def get(self, worker_id: str) -> WorkerRecord | None:
+        return self._workers.get(worker_id)
+
+    def totals(self, model: str | None) -> Totals | None:
+        return self.total if model is None else self._by_model.get(model)
+
+    def knows_model(self, model: str) -> bool:
+        """Some worker (alive or stale) serves it."""
+        return model in self._models_known
+
+    def alive_models(self) -> list[str]:
+        return sorted(self._alive_by_model)
+
+    @property
+    def alive_count(self) -> int:
+        return len(self._alive)
+
+    @property
+    def stale_count(self) -> int:
+        return len(self._stale)
+
+    # --- reads (O(n), for scheduling and listings) -------------------------------------------
+    def alive(self, model: str | None = None) -> Iterable[WorkerRecord]:
+        if model is None:
+            return self._alive.values()
+        return self._alive_by_model.get(model, {}).values()
+
+    def all(self) -> Iterable[WorkerRecord]:
+        return self._workers.values()
+
+    # --- writes -------------------------------------------------------------------------------
+    def upsert(self, hb: Heartbeat, now: float) -> WorkerRecord:
+        rec = self._workers.get(hb.worker_id)
+        if rec is None:
+            rec = WorkerRecord(hb.worker_id, hb.url, hb.model, hb.load, now, state=STALE)
+            self._workers[hb.worker_id] = rec
+            self._models_known[rec.model] += 1
+        else:
+            self._leave(rec)
+            if rec.model != hb.model:
+                self._forget_model(rec.model)
+                self._models_known[hb.model] += 1
+            rec.url, rec.model, rec.load, rec.last_seen = hb.url, hb.model, hb.load, now
+            self._reflect(rec, hb.timestamp)
+        self._join(rec)
+        return rec
+
+    def sweep(self, now: float) -> None:
+        """Move workers whose heartbeats stopped to stale, then out; amortized O(1) per heartbeat."""
+        while self._alive:
+            rec = next(iter(self._alive.values()))
+            if now - rec.last_seen < self.stale_after:
+                break
+            self._leave(rec)
+            rec.state = STALE
+            self._stale[rec.worker_id] = rec
+        while self._stale:
+            rec = next(iter(self._stale.values()))
+            if now - rec.last_seen < self.dead_after:
+                break
+            self.remove(rec.worker_id)
+
+    def remove(self, worker_id: str) -> None:
+        rec = self._workers.pop(worker_id, None)
+        if rec is None:
+            return
+        self._leave(rec)
+        self._stale.pop(worker_id, None)
+        self._forget_model(rec.model)
+        if self._on_removed is not None:
+            self._on_removed(rec)
+
+    def correct(self, worker_id: str, key: int, correction: Correction) -> None:
+        """Add (or replace) one correction on a worker's load."""
+        rec = self._workers.get(worker_id)
+        if rec is None:
+            return
+        self._update(rec, lambda: self._set_correction(rec, key, correction))
+
+    def drop_correction(self, worker_id: str, key: int) -> bool:
+        """Remove a correction; False when a heartbeat had already made it part of the report."""
+        rec = self._workers.get(worker_id)
+        if rec is None or key not in rec.corrections:
+            return False
+        self._update(rec, lambda: self._set_correction(rec, key, None))
+        return True
+
+    # --- internals ----------------------------------------------------------------------------
+    def _update(self, rec: WorkerRecord, change: Callable[[], None]) -> None:
+        alive = rec.state == ALIVE
+        if alive:
+            self._count(rec, -1)
+        change()
+        if alive:
+            self._count(rec, +1)
+
+    @staticmethod
+    def _set_correction(rec: WorkerRecord, key: int, new: Correction | None) -> None:
+        old = rec.corrections.pop(key, None)
+        if old is not None:
+            rec.extra_kv_bytes -= old.kv_bytes
+            rec.extra_sessions -= old.sessions
+        if new is not None:
+            rec.corrections[key] = new
+            rec.extra_kv_bytes += new.kv_bytes
+            rec.extra_sessions += new.sessions
+
+    @staticmethod
+    def _reflect(rec: WorkerRecord, stamp: float) -> None:
+        """Drop corrections the heartbeat stamped `stamp` already includes (record not counted now)."""
+        for key, corr in list(rec.corrections.items()):
+            if corr.stamp == math.inf:
+                continue  # the worker has not admitted it yet: no heartbeat can include it
+            corr.seen += 1
+            if corr.stamp <= stamp or corr.seen >= 2:
+                Registry._set_correction(rec, key, None)
+
+    def _join(self, rec: WorkerRecord) -> None:
+        self._stale.pop(rec.worker_id, None)
+        rec.state = ALIVE
+        self._alive[rec.worker_id] = rec
+        self._alive.move_to_end(rec.worker_id)
+        self._alive_by_model.setdefault(rec.model, {})[rec.worker_id] = rec
+        self._count(rec, +1)
+
+    def _leave(self, rec: WorkerRecord) -> None:
+        if rec.state != ALIVE:
+            return
+        self._count(rec, -1)
+        del self._alive[rec.worker_id]
+        peers = self._alive_by_model[rec.model]
+        del peers[rec.worker_id]
+        if not peers:
+            del self._alive_by_model[rec.model]
+        rec.state = STALE
+
+    def _count(self, rec: WorkerRecord, sign: int) -> None:
+        values = rec.contribution() if sign > 0 else rec.counted
+        per_model = self._by_model.setdefault(rec.model, Totals())
+        self.total.apply(values, sign)
+        per_model.apply(values, sign)
+        if per_model.workers == 0:
+            del self._by_model[rec.model]
+        if sign > 0:
+            rec.counted = values
+
+    def _forget_model(self, model: str) -> None:
+        self._models_known[model] -= 1
+        if self._models_known[model] <= 0:
+            del self._models_known[model]

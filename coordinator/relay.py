@@ -1,0 +1,109 @@
+"""Relay: moves one worker stream into one bounded per-client buffer, never dropping an event.
+
+Owns: the reader task (worker -> buffer), the write deadline on a full buffer, turning a broken
+worker stream into a final `error` event, and what the stream told us (finish reason, usage, token
+count) for the log line and metrics.
+Must not: write to the client (response.py does) or retry on another worker: once the first event
+has been taken, a failure ends the stream with an `error` event.
+
+Why a queue between the two sides: the reader keeps draining the worker at the worker's pace while
+the client's socket is busy, up to `buffer_events`. When the buffer stays full past the deadline
+the client is not reading; rather than drop tokens or buffer without bound, the relay gives up on
+the client (`slow` is set) and closes the worker request, which frees its KV cache at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from coordinator.dispatch import OpenStream, WorkerStreamError
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.sse import SseEvent
+from protocol import reasons
+from protocol.inference import EVENT_DONE, EVENT_ERROR, EVENT_TOKEN, DoneEvent, ErrorEvent
+
+TERMINAL = frozenset({EVENT_DONE, EVENT_ERROR})
+
+
+class _SlowConsumer(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class Outcome:
+    tokens: int = 0
+    done: DoneEvent | None = None
+    error_reason: str | None = None
+    first_token_at: float | None = None  # set by the writer when the first token reached the socket
+
+
+class Relay:
+    def __init__(self, stream: OpenStream, *, request_id: str, buffer_events: int, write_deadline: float,
+                 metrics: CoordinatorMetrics) -> None:
+        self.stream = stream
+        self.request_id = request_id
+        self.queue: asyncio.Queue[SseEvent] = asyncio.Queue(buffer_events)
+        self.write_deadline = write_deadline
+        self.slow = asyncio.Event()
+        self.outcome = Outcome()
+        self._metrics = metrics
+
+    async def run(self) -> None:
+        """The reader task. Always closes the worker response, however it ends."""
+        try:
+            if await self._relay(self.stream.first):
+                return
+            try:
+                async for event in self.stream.events:
+                    if await self._relay(event):
+                        return
+                message = "the worker's stream ended without a done event"
+            except WorkerStreamError as exc:
+                message = f"the worker's stream broke: {exc}"
+            await self._relay(self._error(reasons.WORKER_FAILED, message))
+        except _SlowConsumer:
+            self.slow.set()
+        finally:
+            await self.stream.close()
+
+    async def _relay(self, event: SseEvent) -> bool:
+        """Queue one event; True when it ends the stream."""
+        if event.event == EVENT_TOKEN:
+            self.outcome.tokens += 1
+        elif event.event == EVENT_DONE:
+            self.outcome.done = _parse_done(event.data)
+        elif event.event == EVENT_ERROR:
+            self.outcome.error_reason = _error_reason(event.data)
+        else:
+            return False  # an event type this coordinator does not know: not the client's business
+        try:
+            self.queue.put_nowait(event)
+        except asyncio.QueueFull:
+            try:
+                async with asyncio.timeout(self.write_deadline):
+                    await self.queue.put(event)
+            except TimeoutError:
+                raise _SlowConsumer from None
+        self._metrics.buffer_fill.observe(self.queue.qsize() / self.queue.maxsize)
+        return event.event in TERMINAL
+
+    def _error(self, reason: str, message: str) -> SseEvent:
+        return SseEvent(EVENT_ERROR, ErrorEvent(error=message, reason=reason,
+                                                request_id=self.request_id).model_dump_json())
+
+
+def _parse_done(data: str) -> DoneEvent | None:
+    try:
+        return DoneEvent.model_validate_json(data)
+    except ValidationError:
+        return None
+
+
+def _error_reason(data: str) -> str:
+    try:
+        return ErrorEvent.model_validate_json(data).reason
+    except ValidationError:
+        return reasons.WORKER_FAILED

@@ -1,0 +1,112 @@
+"""The client side of a relayed stream: an ASGI response that writes the relay's buffer to the socket.
+
+Owns: the SSE status line and headers, writing each event with a deadline, pings while idle,
+noticing the client leave, and deciding how the stream ended (`Ending`).
+Must not: read the worker (relay.py) or release reservations (the `on_end` callback does).
+
+Deliberate deviation from sse-starlette's EventSourceResponse: a slow client must be cut off
+without one more byte (the socket is full) and without an exception traceback, and the writer must
+race the reader's slow-consumer signal. So on a slow client this response returns without
+completing the body; uvicorn then closes the connection (server.py silences its log line for it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Callable
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from coordinator.clock import Clock
+from coordinator.relay import TERMINAL, Relay
+from coordinator.sse import PING, encode
+from protocol.inference import EVENT_TOKEN
+
+
+class Ending(enum.Enum):
+    COMPLETE = "complete"  # the done or error event reached the client
+    CLIENT_GONE = "client_gone"
+    SLOW_CLIENT = "slow_client"
+
+
+class _SendTimeout(Exception):
+    pass
+
+
+class RelayResponse(Response):
+    media_type = "text/event-stream"
+
+    def __init__(self, relay: Relay, *, headers: dict[str, str], ping_interval: float, clock: Clock,
+                 on_end: Callable[[Ending], None]) -> None:
+        super().__init__(content=None, status_code=200,
+                         headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers})
+        self.relay = relay
+        self.ping_interval = ping_interval
+        self.clock = clock
+        self.on_end = on_end
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ending = Ending.CLIENT_GONE
+        reader = asyncio.create_task(self.relay.run())
+        writer = asyncio.create_task(self._write(send))
+        watchers = {writer, asyncio.create_task(self._client_left(receive)),
+                    asyncio.create_task(self.relay.slow.wait())}
+        try:
+            await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
+            if writer.done() and not writer.cancelled():
+                error = writer.exception()
+                if error is None:
+                    ending = Ending.COMPLETE
+                elif isinstance(error, _SendTimeout):
+                    ending = Ending.SLOW_CLIENT
+            elif self.relay.slow.is_set():
+                ending = Ending.SLOW_CLIENT
+        finally:
+            for task in watchers:
+                task.cancel()
+            if ending is not Ending.COMPLETE:
+                reader.cancel()  # closes the worker response: the worker cancels and frees the KV
+            await asyncio.gather(reader, *watchers, return_exceptions=True)
+            self.on_end(ending)
+        if ending is Ending.COMPLETE:
+            try:
+                await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})
+            except _SendTimeout:
+                pass  # every event was delivered; uvicorn closes the connection we could not finish
+
+    async def _write(self, send: Send) -> None:
+        await self._send(send, {"type": "http.response.start", "status": self.status_code,
+                                "headers": self.raw_headers})
+        queue = self.relay.queue
+        while True:
+            try:
+                event = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                try:
+                    async with asyncio.timeout(self.ping_interval):
+                        event = await queue.get()
+                except TimeoutError:
+                    await self._body(send, PING)
+                    continue
+            await self._body(send, encode(event.event, event.data))
+            if event.event == EVENT_TOKEN and self.relay.outcome.first_token_at is None:
+                self.relay.outcome.first_token_at = self.clock.monotonic()
+            if event.event in TERMINAL:
+                return
+
+    async def _body(self, send: Send, body: bytes) -> None:
+        await self._send(send, {"type": "http.response.body", "body": body, "more_body": True})
+
+    async def _send(self, send: Send, message: dict) -> None:  # type: ignore[type-arg]
+        try:
+            async with asyncio.timeout(self.relay.write_deadline):
+                await send(message)  # type: ignore[arg-type]
+        except TimeoutError:
+            raise _SendTimeout from None
+
+    @staticmethod
+    async def _client_left(receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass

@@ -1,0 +1,47 @@
+"""Serving the app with uvicorn, with a bounded send buffer on every client connection.
+
+Owns: the uvicorn protocol class and the log filter that go with the relay's slow-client cut-off.
+Must not: build the app or read settings beyond what it is given.
+
+Why bound the send buffer: a client that stops reading should fill its relay buffer (where the
+write deadline sees it) within a few dozen events. Left alone, Linux autotunes a loopback socket's
+send buffer to megabytes and asyncio's transport holds 64 KiB more, so thousands of tokens would
+vanish into buffers before the coordinator noticed. SSE token events are ~100 bytes, so 32 KiB is
+plenty for a reading client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+try:  # uvicorn prefers httptools when it is installed; keep that choice
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Base
+except ImportError:  # pragma: no cover - depends on the environment
+    _Base = H11Protocol  # type: ignore[assignment,misc]
+
+
+def bounded_protocol(send_buffer_bytes: int) -> type[asyncio.Protocol]:
+    class BoundedSendProtocol(_Base):  # type: ignore[valid-type,misc]
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            if send_buffer_bytes <= 0:
+                return
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_bytes)
+            transport.set_write_buffer_limits(high=send_buffer_bytes)
+
+    return BoundedSendProtocol
+
+
+class DropAbandonedResponse(logging.Filter):
+    """A slow client's stream is abandoned on purpose (response.py) and logged by the coordinator
+    as `slow_consumer`; uvicorn's generic error line for it would only be noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "ASGI callable returned without completing response."

@@ -1,0 +1,91 @@
+"""Coordinator settings: one pydantic model, read from the environment and command-line flags.
+
+Owns: every tunable of the coordinator, its default, its environment name and its flag.
+Must not: read the environment anywhere else; the app receives a `Settings` instance.
+
+Each field `name` is read from the environment variable `NAME` (upper case) and from the flag
+`--name` (dashes); a flag wins over the environment, which wins over the default. All validation
+errors are reported together by pydantic at start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field(default="127.0.0.1", description="address to listen on")
+    port: int = Field(default=1337, ge=0, le=65535)
+    worker_token: str | None = Field(
+        default=None, description="shared secret workers must send as `Authorization: Bearer ...`"
+    )
+    heartbeat_interval: float = Field(default=10.0, gt=0, description="seconds between worker heartbeats")
+    stale_after_intervals: float = Field(default=3, gt=0, description="no heartbeat this long: not scheduled")
+    dead_after_intervals: float = Field(default=6, gt=0, description="no heartbeat this long: removed")
+    heartbeat_max_skew: float = Field(
+        default=30.0, gt=0, description="seconds a heartbeat timestamp may be ahead of the coordinator's clock"
+    )
+    max_failover_attempts: int = Field(default=3, ge=1, le=16, description="workers tried before the first token")
+    relay_buffer_events: int = Field(default=64, ge=1, le=100_000, description="events buffered per client stream")
+    relay_write_deadline: float = Field(
+        default=10.0, gt=0, description="seconds a client may leave its buffer full before it is disconnected"
+    )
+    client_send_buffer_bytes: int = Field(
+        default=32_768, ge=0, description="socket and transport send buffer per client connection (0: OS default)"
+    )
+    ping_interval: float = Field(default=15.0, gt=0, description="seconds of silence before an SSE comment ping")
+    worker_connect_timeout: float = Field(default=2.0, gt=0)
+    worker_first_event_timeout: float = Field(
+        default=120.0, gt=0, description="seconds from sending a request to a worker until its first event"
+    )
+    worker_read_timeout: float = Field(
+        default=60.0, gt=0, description="longest silence in a worker stream (workers ping every 15 s)"
+    )
+    worker_max_connections: int = Field(default=1_000, ge=1)
+    retry_after: int = Field(default=1, ge=0, description="seconds in the Retry-After header of a 503")
+    session_table_size: int = Field(default=100_000, ge=1, description="session-to-worker entries remembered")
+    max_body_bytes: int = Field(default=4_194_304, ge=1024)
+    log_level: str = Field(default="info", pattern=r"^(?i:debug|info|warning|error|critical)$")
+
+    @model_validator(mode="after")
+    def _dead_after_stale(self) -> Settings:
+        if self.dead_after_intervals < self.stale_after_intervals:
+            raise ValueError("dead_after_intervals must be >= stale_after_intervals")
+        return self
+
+    @property
+    def stale_after(self) -> float:
+        return self.heartbeat_interval * self.stale_after_intervals
+
+    @property
+    def dead_after(self) -> float:
+        return self.heartbeat_interval * self.dead_after_intervals
+
+    @classmethod
+    def load(cls, environ: Mapping[str, str], argv: Sequence[str] | None = None) -> Settings:
+        """Build settings from an environment mapping and flags (argv without the program name)."""
+        values: dict[str, str] = {}
+        for name in cls.model_fields:
+            if name.upper() in environ and environ[name.upper()] != "":
+                values[name] = environ[name.upper()]
+        flags = _parser().parse_args(list(argv or []))
+        values.update({k: v for k, v in vars(flags).items() if v is not None})
+        return cls.model_validate(values)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llm-coordinator", description="LLM inference coordinator")
+    for name, field in Settings.model_fields.items():
+        default = field.default
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            default=None,
+            help=f"{field.description or ''} (env {name.upper()}, default {default})",
+        )
+    return parser

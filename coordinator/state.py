@@ -1,0 +1,56 @@
+"""Everything one coordinator app holds at run time, built in its lifespan and kept on `app.state`.
+
+Owns: wiring the parts together (registry -> session table on worker removal, metrics gauges).
+Must not: hold behaviour of its own; no module-level instances, so two apps can run side by side.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import httpx
+
+from coordinator.admission import Admission
+from coordinator.clock import Clock
+from coordinator.dispatch import Dispatcher
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.registry import Registry, WorkerRecord
+from coordinator.sessions import SessionTable
+from coordinator.settings import Settings
+
+
+@dataclass(slots=True)
+class CoordinatorState:
+    settings: Settings
+    clock: Clock
+    registry: Registry
+    sessions: SessionTable
+    admission: Admission
+    metrics: CoordinatorMetrics
+    client: httpx.AsyncClient
+    dispatcher: Dispatcher
+    log: logging.Logger
+
+
+def build_state(settings: Settings, clock: Clock, transport: httpx.AsyncBaseTransport | None) -> CoordinatorState:
+    sessions = SessionTable(settings.session_table_size)
+
+    def on_removed(worker: WorkerRecord) -> None:
+        sessions.forget_worker(worker.worker_id)
+
+    registry = Registry(stale_after=settings.stale_after, dead_after=settings.dead_after, on_removed=on_removed)
+    admission = Admission(registry, clock, retry_after=settings.retry_after)
+    metrics = CoordinatorMetrics()
+    metrics.watch(alive=lambda: registry.alive_count, stale=lambda: registry.stale_count,
+                  reserved_kv=lambda: admission.in_flight_kv_bytes)
+    timeout = httpx.Timeout(connect=settings.worker_connect_timeout, read=settings.worker_read_timeout,
+                            write=settings.worker_read_timeout, pool=settings.worker_connect_timeout)
+    limits = httpx.Limits(max_connections=settings.worker_max_connections,
+                          max_keepalive_connections=min(100, settings.worker_max_connections))
+    client = httpx.AsyncClient(transport=transport, timeout=timeout, limits=limits, trust_env=False)
+    dispatcher = Dispatcher(client, admission, metrics, max_attempts=settings.max_failover_attempts,
+                            first_event_timeout=settings.worker_first_event_timeout,
+                            retry_after=settings.retry_after)
+    return CoordinatorState(settings, clock, registry, sessions, admission, metrics, client, dispatcher,
+                            logging.getLogger("coordinator.requests"))

@@ -1,0 +1,60 @@
+"""Wire types only the coordinator serves: heartbeat acknowledgements and its health listings.
+
+Owns: the bodies of `POST /coordinator/health/heartbeat` (200), `GET /coordinator/health` and
+`GET /coordinator/health/workers`. Must not: hold logic; the coordinator fills these in.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+WorkerState = Literal["alive", "stale"]
+
+
+class HeartbeatAck(BaseModel):
+    """The coordinator's answer to a heartbeat it accepted."""
+
+    worker_id: str
+    state: WorkerState
+    heartbeat_interval: float = Field(description="seconds the coordinator expects between heartbeats")
+
+
+class WorkerCounts(BaseModel):
+    alive: int = Field(ge=0, description="heartbeating now: schedulable")
+    stale: int = Field(ge=0, description="missed heartbeats: not scheduled, removed when dead")
+    total: int = Field(ge=0)
+
+
+class CoordinatorHealth(BaseModel):
+    """`GET /coordinator/health`: 200 while the coordinator runs, whatever its workers' state."""
+
+    status: Literal["ok", "no_workers"]
+    workers: WorkerCounts
+    models: list[str] = Field(description="models served by at least one alive worker")
+    requests_running: int = Field(ge=0)
+    kv_reserved_bytes: int = Field(ge=0, description="KV bytes reserved by the coordinator's in-flight requests")
+
+
+class WorkerStatus(BaseModel):
+    worker_id: str
+    url: str
+    model: str
+    state: WorkerState
+    heartbeat_age_s: float = Field(ge=0.0, description="seconds since its last heartbeat arrived")
+    sessions: int = Field(ge=0, description="last reported sessions plus the coordinator's unreported ones")
+    max_sessions: int
+    active_streams: int
+    queue_depth: int
+    kv_used_bytes: int = Field(description="as last reported")
+    kv_reserved_bytes: int = Field(description="last reported reservation plus the coordinator's unreported ones")
+    kv_capacity_bytes: int
+    bytes_per_token: int
+    session_max_tokens: int
+    draining: bool
+    score: float | None = Field(description="0.6 x session load + 0.4 x KV load (lower is better); null if stale")
+
+
+class WorkerStatusList(BaseModel):
+    workers: list[WorkerStatus]

@@ -1,0 +1,128 @@
+"""Fakes for the coordinator's unit tests: heartbeats, fake workers behind httpx.MockTransport,
+and an app running in-process with its lifespan entered."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from coordinator.app import create_app
+from coordinator.clock import ManualClock
+from coordinator.settings import Settings
+from protocol.health import Heartbeat, WorkerLoad
+
+MODEL = "smol"
+
+
+def load(**over: Any) -> WorkerLoad:
+    values: dict[str, Any] = dict(sessions=0, max_sessions=4, active_streams=0, queue_depth=0, kv_used_bytes=0,
+                                  kv_reserved_bytes=0, kv_capacity_bytes=1_000_000, bytes_per_token=100,
+                                  session_max_tokens=2_000)
+    values.update(over)
+    return WorkerLoad(**values)
+
+
+def heartbeat(worker_id: str, *, timestamp: float, model: str = MODEL, url: str | None = None,
+              **load_over: Any) -> Heartbeat:
+    return Heartbeat(worker_id=worker_id, url=url or f"http://{worker_id}.test", model=model,
+                     load=load(**load_over), timestamp=timestamp)
+
+
+def sse(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\r\ndata: {json.dumps(data)}\r\n\r\n".encode()
+
+
+def token(i: int, text: str = "x") -> bytes:
+    return sse("token", {"token": text, "index": i, "probability": 0.5, "finished": False})
+
+
+def done(request_id: str = "r", worker_id: str = "w1", n: int = 3, reason: str = "stop") -> bytes:
+    return sse("done", {
+        "finished": True, "finish_reason": reason,
+        "usage": {"prompt_tokens": 5, "cached_tokens": 0, "completion_tokens": n, "total_tokens": 5 + n},
+        "timings": {"queue_ms": 0, "prefill_ms": 1, "ttft_ms": 1, "total_ms": 2, "tokens_per_second": 10},
+        "request_id": request_id, "worker_id": worker_id, "model": MODEL})
+
+
+Behaviour = Callable[[httpx.Request], httpx.Response]
+
+
+@dataclass
+class FakeWorkers:
+    """Workers by host name; each answers /worker/generate with its behaviour."""
+
+    behaviours: dict[str, Behaviour] = field(default_factory=dict)
+    calls: list[tuple[str, httpx.Request]] = field(default_factory=list)
+
+    def transport(self) -> httpx.MockTransport:
+        async def handle(request: httpx.Request) -> httpx.Response:
+            host = request.url.host.removesuffix(".test")
+            self.calls.append((host, request))
+            behaviour = self.behaviours.get(host)
+            if behaviour is None:
+                raise httpx.ConnectError("connection refused", request=request)
+            return behaviour(request)
+
+        return httpx.MockTransport(handle)
+
+    def hosts_called(self) -> list[str]:
+        return [host for host, _ in self.calls]
+
+
+def streaming(chunks: list[bytes], *, prompt_tokens: int = 5, worker_id: str = "w1",
+              fail_after: bool = False) -> Behaviour:
+    """A worker that answers 200 and streams `chunks` (optionally breaking the connection after)."""
+
+    def behaviour(request: httpx.Request) -> httpx.Response:
+        async def body() -> AsyncIterator[bytes]:
+            for chunk in chunks:
+                yield chunk
+            if fail_after:
+                raise httpx.ReadError("connection reset", request=request)
+
+        return httpx.Response(200, headers={"content-type": "text/event-stream", "x-prompt-tokens":
+                                            str(prompt_tokens), "x-worker-id": worker_id,
+                                            "x-request-id": request.headers.get("x-request-id", "")},
+                              content=body())
+
+    return behaviour
+
+
+def refusing(status: int, reason: str, retry_after: int | None = None) -> Behaviour:
+    def behaviour(request: httpx.Request) -> httpx.Response:
+        headers = {"retry-after": str(retry_after)} if retry_after is not None else {}
+        return httpx.Response(status, headers=headers, json={"error": reason, "reason": reason,
+                                                             "request_id": "x"})
+
+    return behaviour
+
+
+@asynccontextmanager
+async def running_app(settings: Settings, fakes: FakeWorkers, clock: ManualClock
+                      ) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(settings, clock=clock, transport=fakes.transport())
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://coord") as client:
+            client.app = app  # type: ignore[attr-defined]
+            yield client
+
+
+async def register(client: httpx.AsyncClient, hb: Heartbeat, token: str | None = None) -> httpx.Response:
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    return await client.post("/coordinator/health/heartbeat", content=hb.model_dump_json(), headers=headers)
+
+
+def events_of(text: str) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        lines = [line for line in block.split("\n") if line and not line.startswith(":")]
+        if not lines:
+            continue
+        name = next(line[7:] for line in lines if line.startswith("event: "))
+        data = "\n".join(line[6:] for line in lines if line.startswith("data: "))
+        out.append((name, json.loads(data)))
+    return out

@@ -1,0 +1,113 @@
+"""Admission: the O(1) check's reasons, and reservations that always return to zero."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.admission import Admission
+from coordinator.clock import ManualClock
+from coordinator.demand import TEMPLATE_TOKENS, Demand
+from coordinator.errors import CoordinatorError
+from coordinator.registry import Registry
+from protocol import reasons
+
+from tests.coordinator.fakes import heartbeat
+
+
+def setup(*beats: dict) -> tuple[Registry, Admission, ManualClock]:  # type: ignore[type-arg]
+    clock = ManualClock()
+    reg = Registry(stale_after=3.0, dead_after=6.0)
+    for i, over in enumerate(beats):
+        reg.upsert(heartbeat(f"w{i}", timestamp=clock.time(), **over), now=clock.monotonic())
+    return reg, Admission(reg, clock, retry_after=2), clock
+
+
+def reason_of(adm: Admission, demand: Demand, model: str | None = None) -> str | None:
+    try:
+        adm.check(demand, model)
+    except CoordinatorError as exc:
+        return exc.reason
+    return None
+
+
+SMALL = Demand(prompt_bytes=10, max_tokens=100)
+
+
+@pytest.mark.parametrize(("beats", "demand", "model", "expected"), [
+    ([], SMALL, None, reasons.NO_WORKERS),
+    ([{}], SMALL, None, None),
+    ([{}], SMALL, "smol", None),
+    ([{}], SMALL, "other", reasons.UNKNOWN_MODEL),
+    ([{"sessions": 4}], SMALL, None, reasons.SESSIONS_FULL),
+    ([{"sessions": 4}], Demand(10, 100, new_session=False), None, None),
+    ([{"sessions": 4}, {}], SMALL, None, None),
+    ([{"kv_reserved_bytes": 1_000_000 - 17_399}], SMALL, None, reasons.KV_FULL),  # needs 174 x 100
+    ([{"kv_reserved_bytes": 1_000_000 - 17_400}], SMALL, None, None),
+    # The estimate never exceeds one session's limit (2,000 tokens here).
+    ([{"kv_reserved_bytes": 800_000}], Demand(900_000, 100), None, None),
+    ([{"kv_reserved_bytes": 800_001}], Demand(900_000, 100), None, reasons.KV_FULL),
+])
+def test_check(beats: list[dict], demand: Demand, model: str | None, expected: str | None) -> None:  # type: ignore[type-arg]
+    _, adm, _ = setup(*beats)
+    assert reason_of(adm, demand, model) == expected
+
+
+def test_overloaded_carries_retry_after_and_unknown_model_does_not() -> None:
+    _, adm, _ = setup({"sessions": 4})
+    with pytest.raises(CoordinatorError) as full:
+        adm.check(SMALL, None)
+    assert (full.value.status, full.value.retry_after) == (503, 2)
+    with pytest.raises(CoordinatorError) as unknown:
+        adm.check(SMALL, "nope")
+    assert (unknown.value.status, unknown.value.retry_after) == (404, None)
+
+
+def test_stale_model_is_unavailable_not_unknown() -> None:
+    reg, adm, clock = setup({"model": "x"}, {"model": "y"})
+    clock.advance(2.0)
+    reg.upsert(heartbeat("w1", timestamp=clock.time(), model="y"), now=clock.monotonic())
+    clock.advance(1.5)  # w0 (model x) is stale now, w1 is not
+    assert reason_of(adm, SMALL, "x") == reasons.MODEL_UNAVAILABLE
+
+
+def test_reservations_fill_capacity_then_release_to_zero() -> None:
+    reg, adm, clock = setup({"max_sessions": 2})
+    worker = reg.get("w0")
+    assert worker is not None
+    first, second = adm.reserve(worker, SMALL), adm.reserve(worker, SMALL)
+    assert reason_of(adm, SMALL) == reasons.SESSIONS_FULL
+    adm.confirm(first, prompt_tokens=20)
+    assert first.kv_bytes == (20 + 100) * 100 and second.kv_bytes == (10 + TEMPLATE_TOKENS + 100) * 100
+    assert adm.in_flight == 2 and adm.in_flight_kv_bytes == first.kv_bytes + second.kv_bytes
+    adm.release(first)
+    adm.release(first)  # idempotent
+    adm.release(second)
+    assert adm.in_flight == 0 and adm.in_flight_kv_bytes == 0
+    assert worker.kv_reserved_bytes == 0 and worker.sessions == 0 and worker.corrections == {}
+    assert reason_of(adm, SMALL) is None
+
+
+def test_release_after_a_heartbeat_counted_it_frees_until_the_next_heartbeat() -> None:
+    reg, adm, clock = setup({"max_sessions": 1})
+    worker = reg.get("w0")
+    assert worker is not None
+    res = adm.reserve(worker, SMALL)
+    adm.confirm(res, prompt_tokens=10)
+    clock.advance(0.5)  # the worker's next heartbeat includes the stream
+    reg.upsert(heartbeat("w0", timestamp=clock.time(), max_sessions=1, sessions=1, kv_reserved_bytes=11_000),
+               now=clock.monotonic())
+    assert worker.sessions == 1 and worker.kv_reserved_bytes == 11_000
+    assert reason_of(adm, SMALL) == reasons.SESSIONS_FULL
+    adm.release(res)  # stream ended: admits at once, before the next heartbeat
+    assert worker.sessions == 0 and worker.kv_reserved_bytes == 0
+    assert reason_of(adm, SMALL) is None
+    clock.advance(0.5)
+    reg.upsert(heartbeat("w0", timestamp=clock.time(), max_sessions=1), now=clock.monotonic())
+    assert worker.sessions == 0 and worker.corrections == {}
+
+
+def test_rejection_cost_does_not_grow_with_workers() -> None:
+    """O(1): the check reads sums, so it never iterates the registry."""
+    reg, adm, _ = setup(*[{"sessions": 4} for _ in range(1_000)])
+    reg.alive = None  # type: ignore[assignment,method-assign]  # any loop over workers would now fail
+    assert reason_of(adm, SMALL) == reasons.SESSIONS_FULL

@@ -1,0 +1,121 @@
+"""Registry: states by heartbeat age, O(1) aggregates kept equal to a from-scratch sum, corrections."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from coordinator.registry import ALIVE, STALE, Correction, Registry
+
+from tests.coordinator.fakes import heartbeat
+
+
+def fresh(removed: list[str] | None = None) -> Registry:
+    return Registry(stale_after=3.0, dead_after=6.0,
+                    on_removed=(lambda w: removed.append(w.worker_id)) if removed is not None else None)
+
+
+def recomputed(reg: Registry, model: str | None = None) -> tuple[int, int, int, int, int]:
+    alive = list(reg.alive(model))
+    return (len(alive), sum(max(0, w.max_sessions - w.sessions) for w in alive),
+            sum(w.max_sessions for w in alive),
+            sum(max(0, w.kv_capacity_bytes - w.kv_reserved_bytes) for w in alive),
+            sum(w.kv_capacity_bytes for w in alive))
+
+
+def summed(reg: Registry, model: str | None = None) -> tuple[int, int, int, int, int]:
+    t = reg.totals(model)
+    if t is None:
+        return (0, 0, 0, 0, 0)
+    return (t.workers, t.free_sessions, t.max_sessions, t.free_kv_bytes, t.kv_capacity_bytes)
+
+
+def test_upsert_then_update_keeps_one_record() -> None:
+    reg = fresh()
+    reg.upsert(heartbeat("a", timestamp=1, sessions=1), now=0.0)
+    reg.upsert(heartbeat("a", timestamp=2, sessions=3), now=1.0)
+    assert reg.alive_count == 1
+    assert reg.get("a").sessions == 3  # type: ignore[union-attr]
+    assert summed(reg) == (1, 1, 4, 1_000_000, 1_000_000)
+
+
+def test_alive_stale_dead_by_heartbeat_age() -> None:
+    removed: list[str] = []
+    reg = fresh(removed)
+    reg.upsert(heartbeat("a", timestamp=1), now=0.0)
+    reg.upsert(heartbeat("b", timestamp=1), now=2.0)
+    reg.sweep(2.99)
+    assert (reg.get("a").state, reg.get("b").state) == (ALIVE, ALIVE)  # type: ignore[union-attr]
+    reg.sweep(3.0)
+    assert reg.get("a").state == STALE  # type: ignore[union-attr]
+    assert summed(reg) == recomputed(reg) and reg.totals(None).workers == 1  # type: ignore[union-attr]
+    reg.sweep(6.0)
+    assert removed == ["a"] and reg.get("a") is None
+    assert reg.get("b").state == STALE  # type: ignore[union-attr]
+    reg.upsert(heartbeat("b", timestamp=9), now=7.0)  # a stale worker that heartbeats again is back
+    assert reg.get("b").state == ALIVE and reg.alive_count == 1  # type: ignore[union-attr]
+
+
+def test_model_known_while_stale_and_forgotten_when_removed() -> None:
+    reg = fresh()
+    reg.upsert(heartbeat("a", timestamp=1, model="x"), now=0.0)
+    reg.sweep(4.0)
+    assert reg.totals("x") is None and reg.knows_model("x")
+    reg.sweep(7.0)
+    assert not reg.knows_model("x")
+
+
+def test_aggregates_match_recomputation_under_random_changes() -> None:
+    rng = random.Random(7)
+    reg = fresh()
+    now = 0.0
+    for step in range(2_000):
+        now += rng.random() * 0.1
+        action = rng.random()
+        wid = f"w{rng.randrange(12)}"
+        if action < 0.5:
+            reg.upsert(heartbeat(wid, timestamp=step, model=rng.choice(["x", "y"]),
+                                 sessions=rng.randrange(5), kv_reserved_bytes=rng.randrange(1_200_000)), now=now)
+        elif action < 0.7:
+            reg.correct(wid, step, Correction(rng.randrange(-50_000, 200_000), rng.choice([0, 1]),
+                                              stamp=rng.choice([math.inf, step])))
+        elif action < 0.8 and reg.get(wid) is not None and reg.get(wid).corrections:  # type: ignore[union-attr]
+            reg.drop_correction(wid, rng.choice(list(reg.get(wid).corrections)))  # type: ignore[union-attr]
+        else:
+            reg.sweep(now)
+        for model in (None, "x", "y"):
+            assert summed(reg, model) == recomputed(reg, model), step
+
+
+def test_correction_counts_until_a_later_heartbeat_shows_it() -> None:
+    reg = fresh()
+    reg.upsert(heartbeat("a", timestamp=100.0), now=0.0)
+    reg.correct("a", 1, Correction(50_000, 1))  # not yet admitted by the worker: stamp is infinite
+    reg.upsert(heartbeat("a", timestamp=101.0), now=1.0)
+    reg.upsert(heartbeat("a", timestamp=102.0), now=2.0)
+    assert reg.get("a").kv_reserved_bytes == 50_000  # type: ignore[union-attr]
+    reg.correct("a", 1, Correction(40_000, 1, stamp=102.5))  # admitted at 102.5
+    reg.upsert(heartbeat("a", timestamp=102.4, kv_reserved_bytes=0), now=2.5)  # made before: still counts
+    assert reg.get("a").kv_reserved_bytes == 40_000 and reg.get("a").sessions == 1  # type: ignore[union-attr]
+    reg.upsert(heartbeat("a", timestamp=103.0, kv_reserved_bytes=40_000, sessions=1), now=3.0)
+    assert reg.get("a").kv_reserved_bytes == 40_000 and reg.get("a").sessions == 1  # type: ignore[union-attr]
+    assert reg.get("a").corrections == {}  # type: ignore[union-attr]
+
+
+def test_correction_dropped_after_two_heartbeats_whatever_their_stamps() -> None:
+    reg = fresh()
+    reg.upsert(heartbeat("a", timestamp=100.0), now=0.0)
+    reg.correct("a", 1, Correction(10, 0, stamp=500.0))  # worker clock far behind ours
+    reg.upsert(heartbeat("a", timestamp=101.0), now=1.0)
+    assert 1 in reg.get("a").corrections  # type: ignore[union-attr]
+    reg.upsert(heartbeat("a", timestamp=102.0), now=2.0)
+    assert reg.get("a").corrections == {}  # type: ignore[union-attr]
+
+
+def test_corrections_on_stale_worker_leave_aggregates_alone() -> None:
+    reg = fresh()
+    reg.upsert(heartbeat("a", timestamp=1), now=0.0)
+    reg.sweep(4.0)
+    reg.correct("a", 1, Correction(10_000, 1))
+    assert summed(reg) == (0, 0, 0, 0, 0)
+    assert reg.drop_correction("a", 1) and not reg.drop_correction("a", 1)

@@ -1,0 +1,1 @@
+"""Integration tests: the real coordinator and real workers on loopback."""
