@@ -69,6 +69,7 @@ async def _admit(state: CoordinatorState, valid: ValidRequest) -> tuple[ValidReq
         candidates, now=state.clock.monotonic(), stale_after=state.settings.stale_after)
     if decision.reason is not None:
         if decision.reason == reasons.UNKNOWN_SESSION:
+            state.sessions.forget(body.session_id or "")  # said once; the id may now start afresh
             raise CoordinatorError(reasons.UNKNOWN_SESSION,
                                    f"session {body.session_id!r} lived on a worker that is gone; start a new one")
         raise CoordinatorError(decision.reason, f"no worker can take it now: {decision.reason}",

@@ -42,6 +42,8 @@ class RelayResponse(Response):
                  on_end: Callable[[Ending], None]) -> None:
         super().__init__(content=None, status_code=200,
                          headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers})
+        # Response.__init__ adds `content-length: 0` for a bodiless response; a stream must not have one.
+        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
         self.relay = relay
         self.ping_interval = ping_interval
         self.clock = clock

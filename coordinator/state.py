@@ -1,6 +1,6 @@
 """Everything one coordinator app holds at run time, built in its lifespan and kept on `app.state`.
 
-Owns: wiring the parts together (registry -> session table on worker removal, metrics gauges).
+Owns: wiring the parts together (shared clock, metrics gauges reading the registry and admission).
 Must not: hold behaviour of its own; no module-level instances, so two apps can run side by side.
 """
 
@@ -15,7 +15,7 @@ from coordinator.admission import Admission
 from coordinator.clock import Clock
 from coordinator.dispatch import Dispatcher
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.registry import Registry, WorkerRecord
+from coordinator.registry import Registry
 from coordinator.sessions import SessionTable
 from coordinator.settings import Settings
 
@@ -35,11 +35,7 @@ class CoordinatorState:
 
 def build_state(settings: Settings, clock: Clock, transport: httpx.AsyncBaseTransport | None) -> CoordinatorState:
     sessions = SessionTable(settings.session_table_size)
-
-    def on_removed(worker: WorkerRecord) -> None:
-        sessions.forget_worker(worker.worker_id)
-
-    registry = Registry(stale_after=settings.stale_after, dead_after=settings.dead_after, on_removed=on_removed)
+    registry = Registry(stale_after=settings.stale_after, dead_after=settings.dead_after)
     admission = Admission(registry, clock, retry_after=settings.retry_after)
     metrics = CoordinatorMetrics()
     metrics.watch(alive=lambda: registry.alive_count, stale=lambda: registry.stale_count,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
 from coordinator.app import create_app
 from coordinator.clock import ManualClock
 from coordinator.settings import Settings
@@ -19,9 +20,9 @@ MODEL = "smol"
 
 
 def load(**over: Any) -> WorkerLoad:
-    values: dict[str, Any] = dict(sessions=0, max_sessions=4, active_streams=0, queue_depth=0, kv_used_bytes=0,
-                                  kv_reserved_bytes=0, kv_capacity_bytes=1_000_000, bytes_per_token=100,
-                                  session_max_tokens=2_000)
+    values: dict[str, Any] = {"sessions": 0, "max_sessions": 4, "active_streams": 0, "queue_depth": 0, "kv_used_bytes": 0,
+                                  "kv_reserved_bytes": 0, "kv_capacity_bytes": 1_000_000, "bytes_per_token": 100,
+                                  "session_max_tokens": 2_000}
     values.update(over)
     return WorkerLoad(**values)
 
@@ -105,10 +106,10 @@ def refusing(status: int, reason: str, retry_after: int | None = None) -> Behavi
 async def running_app(settings: Settings, fakes: FakeWorkers, clock: ManualClock
                       ) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(settings, clock=clock, transport=fakes.transport())
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://coord") as client:
-            client.app = app  # type: ignore[attr-defined]
-            yield client
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport,
+                                                                   base_url="http://coord") as client:
+        yield client
 
 
 async def register(client: httpx.AsyncClient, hb: Heartbeat, token: str | None = None) -> httpx.Response:

@@ -10,7 +10,6 @@ from coordinator.demand import TEMPLATE_TOKENS, Demand
 from coordinator.errors import CoordinatorError
 from coordinator.registry import Registry
 from protocol import reasons
-
 from tests.coordinator.fakes import heartbeat
 
 
@@ -71,7 +70,7 @@ def test_stale_model_is_unavailable_not_unknown() -> None:
 
 
 def test_reservations_fill_capacity_then_release_to_zero() -> None:
-    reg, adm, clock = setup({"max_sessions": 2})
+    reg, adm, _clock = setup({"max_sessions": 2})
     worker = reg.get("w0")
     assert worker is not None
     first, second = adm.reserve(worker, SMALL), adm.reserve(worker, SMALL)

@@ -6,7 +6,6 @@ import math
 import random
 
 from coordinator.registry import ALIVE, STALE, Correction, Registry
-
 from tests.coordinator.fakes import heartbeat
 
 

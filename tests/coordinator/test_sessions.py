@@ -3,16 +3,15 @@ from __future__ import annotations
 from coordinator.sessions import SessionTable
 
 
-def test_remember_forget_and_worker_removal() -> None:
+def test_remember_move_and_forget() -> None:
     table = SessionTable(capacity=10)
     table.remember("s1", "a")
     table.remember("s2", "a")
-    table.remember("s3", "b")
-    assert table.worker_of("s1") == "a"
-    table.forget_worker("a")
-    assert (table.worker_of("s1"), table.worker_of("s2"), table.worker_of("s3")) == (None, None, "b")
-    table.forget("s3")
-    assert len(table) == 0
+    table.remember("s1", "b")
+    assert (table.worker_of("s1"), table.worker_of("s2"), table.worker_of("s3")) == ("b", "a", None)
+    table.forget("s1")
+    table.forget("never")
+    assert len(table) == 1
 
 
 def test_least_recently_used_is_evicted_first() -> None:
@@ -22,11 +21,3 @@ def test_least_recently_used_is_evicted_first() -> None:
     table.remember("s1", "a")  # used again: now the most recent
     table.remember("s3", "b")
     assert (table.worker_of("s1"), table.worker_of("s2"), table.worker_of("s3")) == ("a", None, "b")
-
-
-def test_moving_a_session_reindexes_it() -> None:
-    table = SessionTable(capacity=5)
-    table.remember("s1", "a")
-    table.remember("s1", "b")
-    table.forget_worker("a")
-    assert table.worker_of("s1") == "b"

@@ -1,0 +1,290 @@
+"""The whole app in-process: fake workers behind httpx.MockTransport, a manual clock."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from coordinator.clock import ManualClock
+from coordinator.settings import Settings
+from tests.coordinator.fakes import (
+    FakeWorkers,
+    done,
+    events_of,
+    heartbeat,
+    refusing,
+    register,
+    running_app,
+    sse,
+    streaming,
+    token,
+)
+
+pytestmark = pytest.mark.anyio
+
+SETTINGS = Settings(heartbeat_interval=1.0, retry_after=3)
+STREAM = [token(0, "He"), token(1, "llo"), token(2, "!"), done()]
+
+
+async def infer(client: httpx.AsyncClient, body: dict | None = None, **kw: object) -> httpx.Response:  # type: ignore[type-arg]
+    payload = json.dumps(body if body is not None else {"prompt": "hi", "max_tokens": 5})
+    return await client.post("/coordinator/infer", content=payload, **kw)  # type: ignore[arg-type]
+
+
+async def metric(client: httpx.AsyncClient, line_start: str) -> float:
+    text = (await client.get("/metrics")).text
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_start)]
+    return sum(values)
+
+
+async def test_streams_tokens_then_done_and_releases_everything() -> None:
+    clock, fakes = ManualClock(), FakeWorkers({"w1": streaming(STREAM)})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        assert (await register(client, heartbeat("w1", timestamp=clock.time()))).status_code == 200
+        response = await infer(client, headers={"x-request-id": "req-1"})
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert (response.headers["x-request-id"], response.headers["x-worker-id"]) == ("req-1", "w1")
+        assert "content-length" not in response.headers
+        events = events_of(response.text)
+        assert [name for name, _ in events] == ["token", "token", "token", "done"]
+        assert "".join(d["token"] for n, d in events if n == "token") == "Hello!"
+        sent = fakes.calls[0][1]
+        assert sent.headers["x-request-id"] == "req-1"
+        assert json.loads(sent.content) == {"prompt": "hi", "max_tokens": 5}
+        health = (await client.get("/coordinator/health")).json()
+        assert (health["requests_running"], health["kv_reserved_bytes"]) == (0, 0)
+        assert await metric(client, 'coordinator_admission_decisions_total{outcome="admitted"') == 1
+        assert await metric(client, 'coordinator_request_finished_total{finish_reason="stop"}') == 1
+        assert await metric(client, "coordinator_generation_tokens_total") == 3
+        assert await metric(client, "coordinator_time_to_first_token_seconds_count") == 1
+
+
+async def test_worker_stream_split_into_tiny_reads_is_relayed_whole() -> None:
+    whole = b"".join(STREAM)
+    pieces = [whole[i:i + 3] for i in range(0, len(whole), 3)]
+    clock, fakes = ManualClock(), FakeWorkers({"w1": streaming(pieces)})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+        assert events_of((await infer(client)).text) == events_of(whole.decode())
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ("{not json", "body"),
+    (json.dumps({"max_tokens": 5}), "prompt"),
+    (json.dumps({"prompt": "x", "max_tokens": 0}), "max_tokens"),
+    (json.dumps({"prompt": "x", "temperature": -1}), "temperature"),
+    (json.dumps({"prompt": "x", "surprise": 1}), "surprise"),
+])
+async def test_bad_input_is_400_naming_the_field(body: str, field: str) -> None:
+    clock, fakes = ManualClock(), FakeWorkers({"w1": streaming(STREAM)})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+        response = await client.post("/coordinator/infer", content=body, headers={"x-request-id": "bad-1"})
+        assert response.status_code == 400
+        assert response.json() == {"error": response.json()["error"], "reason": "invalid_request",
+                                   "request_id": "bad-1"}
+        assert response.json()["error"].startswith(field)
+        assert fakes.calls == []
+
+
+async def test_oversized_body_is_413() -> None:
+    settings = Settings(max_body_bytes=2048)
+    clock, fakes = ManualClock(), FakeWorkers()
+    async with running_app(settings, fakes, clock) as client:
+        response = await infer(client, {"prompt": "x" * 5000})
+        assert (response.status_code, response.json()["reason"]) == (413, "prompt_too_long")
+
+
+async def test_no_workers_is_503_with_retry_after() -> None:
+    async with running_app(SETTINGS, FakeWorkers(), ManualClock()) as client:
+        response = await infer(client)
+        assert response.status_code == 503
+        assert response.headers["retry-after"] == "3"
+        body = response.json()
+        assert body["reason"] == "no_workers" and body["request_id"] == response.headers["x-request-id"]
+        assert await metric(client, 'coordinator_admission_decisions_total{outcome="rejected",reason="no_workers"}') == 1
+
+
+async def test_unknown_model_is_404() -> None:
+    clock = ManualClock()
+    async with running_app(SETTINGS, FakeWorkers(), clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+        response = await infer(client, {"prompt": "x", "model": "llama-70b"})
+        assert (response.status_code, response.json()["reason"]) == (404, "unknown_model")
+
+
+async def test_full_sessions_is_503_sessions_full() -> None:
+    clock = ManualClock()
+    async with running_app(SETTINGS, FakeWorkers(), clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=4))
+        response = await infer(client)
+        assert (response.status_code, response.json()["reason"]) == (503, "sessions_full")
+
+
+@pytest.mark.parametrize("first", [refusing(503, "kv_full", retry_after=1), None])
+async def test_fails_over_when_the_best_worker_refuses_or_is_unreachable(first: object) -> None:
+    clock = ManualClock()
+    fakes = FakeWorkers({"w2": streaming(STREAM, worker_id="w2")})
+    if first is not None:
+        fakes.behaviours["w1"] = first  # type: ignore[assignment]
+    async with running_app(SETTINGS, fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+        await register(client, heartbeat("w2", timestamp=clock.time(), sessions=1))
+        response = await infer(client)
+        assert response.status_code == 200 and response.headers["x-worker-id"] == "w2"
+        assert fakes.hosts_called() == ["w1", "w2"]
+        assert await metric(client, "coordinator_failovers_total") == 1
+        assert (await client.get("/coordinator/health")).json()["kv_reserved_bytes"] == 0
+
+
+async def test_all_refusing_is_503_with_their_reason_and_unreachable_is_502() -> None:
+    clock = ManualClock()
+    fakes = FakeWorkers({"w1": refusing(503, "queue_full", retry_after=7), "w2": refusing(503, "queue_full")})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        for w in ("w1", "w2"):
+            await register(client, heartbeat(w, timestamp=clock.time()))
+        response = await infer(client)
+        assert (response.status_code, response.json()["reason"]) == (503, "queue_full")
+        assert response.headers["retry-after"] in ("3", "7")
+        fakes.behaviours.clear()
+        response = await infer(client)
+        assert (response.status_code, response.json()["reason"]) == (502, "worker_unavailable")
+        assert (await client.get("/coordinator/health")).json()["kv_reserved_bytes"] == 0
+
+
+async def test_failover_attempts_are_bounded() -> None:
+    clock, fakes = ManualClock(), FakeWorkers()
+    async with running_app(Settings(max_failover_attempts=2), fakes, clock) as client:
+        for w in ("w1", "w2", "w3"):
+            await register(client, heartbeat(w, timestamp=clock.time()))
+        assert (await infer(client)).status_code == 502
+        assert fakes.hosts_called() == ["w1", "w2"]
+
+
+@pytest.mark.parametrize(("status", "reason"), [
+    (400, "invalid_request"), (404, "session_expired"), (409, "session_busy"), (413, "prompt_too_long"),
+])
+async def test_worker_client_errors_pass_through_without_retry(status: int, reason: str) -> None:
+    clock = ManualClock()
+    fakes = FakeWorkers({"w1": refusing(status, reason), "w2": streaming(STREAM)})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        for w in ("w1", "w2"):
+            await register(client, heartbeat(w, timestamp=clock.time()))
+        response = await infer(client, headers={"x-request-id": "pass"})
+        assert response.status_code == status
+        assert response.json() == {"error": reason, "reason": reason, "request_id": "pass"}
+        assert fakes.hosts_called() == ["w1"]
+
+
+@pytest.mark.parametrize("chunks", [[token(0), token(1)], [token(0), b"event: tok"]])
+async def test_worker_failing_mid_stream_ends_with_an_error_event(chunks: list[bytes]) -> None:
+    clock = ManualClock()
+    fakes = FakeWorkers({"w1": streaming(chunks, fail_after=True), "w2": streaming(STREAM)})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        for w in ("w1", "w2"):
+            await register(client, heartbeat(w, timestamp=clock.time()))
+        response = await infer(client, headers={"x-request-id": "mid"})
+        events = events_of(response.text)
+        assert response.status_code == 200 and [n for n, _ in events][-1] == "error"
+        assert events[-1][1]["reason"] == "worker_failed" and events[-1][1]["request_id"] == "mid"
+        assert fakes.hosts_called() == ["w1"]  # a started stream is never retried elsewhere
+        assert (await client.get("/coordinator/health")).json()["kv_reserved_bytes"] == 0
+
+
+async def test_stream_ending_without_done_is_an_error() -> None:
+    clock, fakes = ManualClock(), FakeWorkers({"w1": streaming([token(0)])})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+        events = events_of((await infer(client)).text)
+        assert [n for n, _ in events] == ["token", "error"]
+
+
+async def test_worker_failing_before_its_first_event_is_failed_over() -> None:
+    clock = ManualClock()
+    error = sse("error", {"error": "boom", "reason": "engine_failed", "request_id": "x", "finished": True})
+    fakes = FakeWorkers({"w1": streaming([error]), "w2": streaming(STREAM)})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        for w in ("w1", "w2"):
+            await register(client, heartbeat(w, timestamp=clock.time()))
+        response = await infer(client)
+        assert response.status_code == 200 and fakes.hosts_called() == ["w1", "w2"]
+        assert [n for n, _ in events_of(response.text)][-1] == "done"
+
+
+async def test_session_affinity_and_unknown_session_when_its_worker_is_gone() -> None:
+    clock = ManualClock()
+    fakes = FakeWorkers({"w1": streaming(STREAM), "w2": streaming(STREAM, worker_id="w2")})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+        await register(client, heartbeat("w2", timestamp=clock.time()))
+        first = await infer(client, {"prompt": "hi", "session_id": "chat-1"})
+        assert first.headers["x-worker-id"] == "w1"
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=3, kv_reserved_bytes=900_000))
+        again = await infer(client, {"prompt": "more", "session_id": "chat-1"})
+        assert again.headers["x-worker-id"] == "w1"  # despite w2 being idle
+        other = await infer(client, {"prompt": "hi", "session_id": "chat-2"})
+        assert other.headers["x-worker-id"] == "w2"
+        clock.advance(7.0)  # w1 and w2 dead and removed; w2 comes back
+        await register(client, heartbeat("w2", timestamp=clock.time()))
+        gone = await infer(client, {"prompt": "more", "session_id": "chat-1"})
+        assert (gone.status_code, gone.json()["reason"]) == (404, "unknown_session")
+        fresh = await infer(client, {"prompt": "new start", "session_id": "chat-1"})  # told once, then afresh
+        assert (fresh.status_code, fresh.headers["x-worker-id"]) == (200, "w2")
+
+
+async def test_stale_worker_is_not_scheduled_and_dead_one_is_removed() -> None:
+    clock = ManualClock()
+    fakes = FakeWorkers({"w1": streaming(STREAM), "w2": streaming(STREAM, worker_id="w2")})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+        await register(client, heartbeat("w2", timestamp=clock.time(), sessions=2))
+        clock.advance(2.0)
+        await register(client, heartbeat("w2", timestamp=clock.time(), sessions=2))
+        clock.advance(1.0)  # w1: 3 s without a heartbeat (3 intervals): stale
+        listing = {w["worker_id"]: w for w in (await client.get("/coordinator/health/workers")).json()["workers"]}
+        assert listing["w1"]["state"] == "stale" and listing["w1"]["score"] is None
+        assert listing["w2"]["state"] == "alive" and listing["w2"]["score"] == pytest.approx(0.3)
+        response = await infer(client)
+        assert response.headers["x-worker-id"] == "w2" and fakes.hosts_called() == ["w2"]
+        clock.advance(3.0)
+        workers = (await client.get("/coordinator/health/workers")).json()["workers"]
+        assert [w["worker_id"] for w in workers] == ["w2"]
+        assert await metric(client, 'coordinator_workers{state="stale"}') == 1
+
+
+async def test_heartbeat_token_is_required_when_configured() -> None:
+    clock = ManualClock()
+    async with running_app(Settings(worker_token="s3cret"), FakeWorkers(), clock) as client:
+        for token_ in (None, "wrong"):
+            refused = await register(client, heartbeat("w1", timestamp=clock.time()), token=token_)
+            assert (refused.status_code, refused.json()["reason"]) == (401, "unauthorized")
+        assert (await client.get("/coordinator/health")).json()["workers"]["total"] == 0
+        accepted = await register(client, heartbeat("w1", timestamp=clock.time()), token="s3cret")
+        assert accepted.status_code == 200 and accepted.json()["state"] == "alive"
+        assert (await client.get("/coordinator/health")).json()["workers"]["alive"] == 1
+
+
+@pytest.mark.parametrize("offset", [31.0, -61.0])
+async def test_heartbeat_from_the_future_or_far_past_is_400(offset: float) -> None:
+    clock = ManualClock()
+    async with running_app(Settings(), FakeWorkers(), clock) as client:
+        response = await register(client, heartbeat("w1", timestamp=clock.time() + offset))
+        assert (response.status_code, response.json()["reason"]) == (400, "invalid_request")
+        assert response.json()["error"].startswith("timestamp")
+        assert (await client.get("/coordinator/health")).json()["workers"]["total"] == 0
+
+
+async def test_malformed_heartbeat_is_400() -> None:
+    async with running_app(Settings(), FakeWorkers(), ManualClock()) as client:
+        response = await client.post("/coordinator/health/heartbeat", content=b'{"worker_id": "w"}')
+        assert response.status_code == 400 and response.json()["reason"] == "invalid_request"
+
+
+async def test_unknown_route_gets_the_json_error_shape() -> None:
+    async with running_app(Settings(), FakeWorkers(), ManualClock()) as client:
+        response = await client.get("/nope")
+        assert response.status_code == 404
+        assert set(response.json()) == {"error", "reason", "request_id"}
