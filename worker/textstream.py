@@ -37,10 +37,14 @@ class TextAssembler:
         return self._release(final=False)
 
     def finish(self) -> list[Piece]:
-        """Generation ended for a reason other than a stop string: send whatever is held."""
+        """Generation ended for a reason other than a stop string: send whatever is held.
+
+        Bytes of a character the model never finished (generation cut mid-character) are dropped
+        rather than sent as U+FFFD: they are counted as tokens but were never text.
+        """
         if self.stopped:
             return []
-        self._pending += self._decoder.decode(b"", final=True)
+        self._decoder.reset()
         return self._release(final=True)
 
     def _release(self, *, final: bool) -> list[Piece]:

@@ -1,0 +1,77 @@
+"""A real worker (uvicorn + the real model) in a background thread of the test process.
+
+Tests talk to it over loopback HTTP like the coordinator does, and can also reach its runtime
+(for reads of llama.cpp's own state through `Engine.call`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import uvicorn
+
+from tests.conftest import free_port
+from worker.app import create_app
+from worker.runtime import WorkerRuntime
+from worker.settings import WorkerSettings
+
+
+class RunningWorker:
+    def __init__(self, settings: WorkerSettings, app: Any, server: uvicorn.Server) -> None:
+        self.settings = settings
+        self.app = app
+        self.server = server
+        self.url = f"http://127.0.0.1:{settings.port}"
+
+    @property
+    def runtime(self) -> WorkerRuntime:
+        return self.app.state.runtime
+
+    def health(self) -> dict[str, Any]:
+        return httpx.get(self.url + "/worker/health", timeout=5).json()
+
+    def load(self) -> dict[str, Any]:
+        return self.health()["load"]
+
+    def metric(self, name: str) -> float:
+        text = httpx.get(self.url + "/metrics", timeout=5).text
+        for line in text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        raise KeyError(name)
+
+
+@contextmanager
+def running_worker(model_path: Any, **overrides: Any) -> Iterator[RunningWorker]:
+    values: dict[str, Any] = dict(model_path=model_path, port=free_port(), coordinator_url="", threads=2,
+                                  max_sessions=8, session_max_tokens=512, log_level="warning")
+    values.update(overrides)
+    settings = WorkerSettings(**values)
+    app = create_app(settings)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning",
+                                           lifespan="on"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    worker = RunningWorker(settings, app, server)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(worker.url + "/worker/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    else:
+        server.should_exit = True
+        raise RuntimeError("worker did not become healthy within 60 s")
+    try:
+        yield worker
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)

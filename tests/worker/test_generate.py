@@ -1,0 +1,160 @@
+"""The worker's generate API over real HTTP with the real SmolLM2 model."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.sse import generate
+from tests.worker.server import RunningWorker, running_worker
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(scope="module")
+def worker(model_path: Path) -> Iterator[RunningWorker]:
+    with running_worker(model_path) as running:
+        yield running
+
+
+def wait_until(predicate, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_stream_order_and_fields(worker: RunningWorker) -> None:
+    stream = generate(worker.url, {"prompt": "Name three colors.", "max_tokens": 24, "temperature": 0},
+                      headers={"X-Request-ID": "req-order-1"})
+    assert stream.status == 200
+    assert stream.headers["x-request-id"] == "req-order-1"
+    assert stream.headers["x-worker-id"] == worker.settings.worker_id
+    tokens = stream.tokens
+    assert tokens, "no token events"
+    assert [event for event, _ in stream.events[:-1]] == ["token"] * len(tokens)
+    indexes = [t["index"] for t in tokens]
+    assert indexes == sorted(set(indexes)) and indexes[0] == 0
+    for t in tokens:
+        assert set(t) == {"token", "index", "probability", "finished"}
+        assert t["finished"] is False and 0.0 < t["probability"] <= 1.0 and t["token"]
+    event, done = stream.last
+    assert event == "done" and done["finished"] is True
+    assert done["finish_reason"] in {"stop", "length"}
+    assert done["request_id"] == "req-order-1" and done["worker_id"] == worker.settings.worker_id
+    assert done["usage"]["prompt_tokens"] == int(stream.headers["x-prompt-tokens"])
+    assert done["usage"]["completion_tokens"] >= indexes[-1] + 1
+    assert done["usage"]["completion_tokens"] <= 24
+    assert done["timings"]["ttft_ms"] <= done["timings"]["total_ms"]
+
+
+def test_max_tokens_ends_with_length_and_counts_exactly(worker: RunningWorker) -> None:
+    stream = generate(worker.url, {"prompt": "Count upwards: 1, 2, 3,", "raw": True, "max_tokens": 17,
+                                   "ignore_eos": True, "temperature": 0})
+    _, done = stream.last
+    assert done["finish_reason"] == "length"
+    assert done["usage"]["completion_tokens"] == 17
+    assert stream.tokens[-1]["index"] <= 16
+
+
+def test_same_seed_same_text_greedy_is_deterministic(worker: RunningWorker) -> None:
+    sampled = {"prompt": "Write a word.", "max_tokens": 12, "temperature": 1.0, "seed": 1234}
+    assert generate(worker.url, sampled).text == generate(worker.url, sampled).text
+    greedy = {"prompt": "Write a word.", "max_tokens": 12, "temperature": 0}
+    assert generate(worker.url, greedy).text == generate(worker.url, greedy).text
+
+
+def test_stop_string_cuts_the_output(worker: RunningWorker) -> None:
+    free = generate(worker.url, {"prompt": "Count upwards: 1, 2, 3,", "raw": True, "max_tokens": 12,
+                                 "temperature": 0})
+    assert " 5," in free.text, free.text  # the premise: the model counts on
+    stopped = generate(worker.url, {"prompt": "Count upwards: 1, 2, 3,", "raw": True, "max_tokens": 12,
+                                    "temperature": 0, "stop": [" 5,"]})
+    assert stopped.last[1]["finish_reason"] == "stop"
+    assert stopped.text == free.text[: free.text.index(" 5,")]
+
+
+def test_eight_concurrent_requests_complete_in_shared_batches(worker: RunningWorker) -> None:
+    steps_before = worker.metric("worker_batch_size_count")
+    seqs_before = worker.metric("worker_batch_size_sum")
+    payloads = [{"prompt": f"Say something about the number {i}.", "max_tokens": 32, "ignore_eos": True,
+                 "temperature": 0.7, "seed": i} for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        streams = list(pool.map(lambda p: generate(worker.url, p), payloads))
+    for stream in streams:
+        assert stream.last[0] == "done" and stream.last[1]["usage"]["completion_tokens"] == 32
+    steps = worker.metric("worker_batch_size_count") - steps_before
+    sequences = worker.metric("worker_batch_size_sum") - seqs_before
+    # 8 x 32 tokens decoded one sequence per step would take >= 256 steps; batching needs far fewer.
+    assert sequences / steps > 4, f"{sequences} sequence-steps in {steps} decode calls"
+    assert steps < 256 / 2
+
+
+def test_cancel_frees_kv_within_a_step(worker: RunningWorker) -> None:
+    cancelled_before = _finished(worker, "cancelled")
+    with httpx.Client(timeout=30) as client, client.stream(
+            "POST", worker.url + "/worker/generate",
+            json={"prompt": "Tell a very long story.", "max_tokens": 400, "ignore_eos": True}) as response:
+        seen = 0
+        for line in response.iter_lines():
+            seen += line.startswith("event: token")
+            if seen == 3:
+                assert worker.load()["kv_used_bytes"] > 0
+                break  # leaving the iterator closes the response: the client is gone
+    assert wait_until(lambda: worker.load()["kv_used_bytes"] == 0 and worker.load()["sessions"] == 0, 3.0)
+    assert worker.load()["kv_reserved_bytes"] == 0
+    assert _finished(worker, "cancelled") == cancelled_before + 1
+
+
+def _finished(worker: RunningWorker, reason: str) -> float:
+    try:
+        return worker.metric(f'worker_requests_finished_total{{finish_reason="{reason}"}}')
+    except KeyError:
+        return 0.0
+
+
+def test_utf8_output_is_intact(worker: RunningWorker) -> None:
+    # Greedy SmolLM2 answers this with emoji, each of which spans several tokens.
+    stream = generate(worker.url, {"prompt": "Emoji party: 🎉🎉🎉 日本語 ", "raw": True, "max_tokens": 30,
+                                   "temperature": 0})
+    text = stream.text
+    assert any(ord(ch) > 0xFFFF for ch in text), f"premise: expected emoji in {text!r}"
+    assert "\ufffd" not in text
+    indexes = [t["index"] for t in stream.tokens]
+    assert any(b - a > 1 for a, b in zip(indexes, indexes[1:])), "some event must join several tokens"
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "reason", "field"),
+    [
+        ({}, 400, "invalid_request", "prompt"),
+        ({"prompt": ""}, 400, "invalid_request", "prompt"),
+        ({"prompt": "hi", "temperature": -1}, 400, "invalid_request", "temperature"),
+        ({"prompt": "hi", "max_tokens": 0}, 400, "invalid_request", "max_tokens"),
+        ({"prompt": "hi", "surprise": 1}, 400, "invalid_request", "surprise"),
+        ({"prompt": "hi", "session_id": "bad id!"}, 400, "invalid_request", "session_id"),
+        ({"prompt": "hi", "model": "gpt-17"}, 404, "unknown_model", "gpt-17"),
+        ({"prompt": "word " * 600, "raw": True}, 413, "prompt_too_long", "512"),
+    ],
+)
+def test_bad_input_is_refused_before_any_work(worker: RunningWorker, payload: dict, status: int,
+                                              reason: str, field: str) -> None:
+    steps = worker.health()["batch_steps"]
+    stream = generate(worker.url, payload, headers={"X-Request-ID": "bad-1"})
+    assert stream.status == status
+    assert stream.body is not None and stream.body["reason"] == reason and stream.body["request_id"] == "bad-1"
+    assert field in stream.body["error"]
+    assert worker.health()["batch_steps"] == steps
+
+
+def test_malformed_json_is_400(worker: RunningWorker) -> None:
+    response = httpx.post(worker.url + "/worker/generate", content=b"{not json",
+                          headers={"Content-Type": "application/json"})
+    assert response.status_code == 400 and response.json()["reason"] == "invalid_request"
