@@ -42,15 +42,15 @@ class RunningWorker:
     def metric(self, name: str) -> float:
         text = httpx.get(self.url + "/metrics", timeout=5).text
         for line in text.splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
+            if line.startswith((name + " ", name + "{")):
                 return float(line.rsplit(" ", 1)[1])
         raise KeyError(name)
 
 
 @contextmanager
 def running_worker(model_path: Any, **overrides: Any) -> Iterator[RunningWorker]:
-    values: dict[str, Any] = dict(model_path=model_path, port=free_port(), coordinator_url="", threads=2,
-                                  max_sessions=8, session_max_tokens=512, log_level="warning")
+    values: dict[str, Any] = {"model_path": model_path, "port": free_port(), "coordinator_url": "", "threads": 2,
+                                  "max_sessions": 8, "session_max_tokens": 512, "log_level": "warning"}
     values.update(overrides)
     settings = WorkerSettings(**values)
     app = create_app(settings)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -128,7 +129,7 @@ def test_utf8_output_is_intact(worker: RunningWorker) -> None:
     assert any(ord(ch) > 0xFFFF for ch in text), f"premise: expected emoji in {text!r}"
     assert "\ufffd" not in text
     indexes = [t["index"] for t in stream.tokens]
-    assert any(b - a > 1 for a, b in zip(indexes, indexes[1:])), "some event must join several tokens"
+    assert any(b - a > 1 for a, b in itertools.pairwise(indexes)), "some event must join several tokens"
 
 
 @pytest.mark.parametrize(
