@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Starts one coordinator and N workers on localhost; Ctrl+C (or SIGTERM) stops them all.
+#
+#   ./start.sh                      # coordinator on 1337, workers on 3001 and 3002
+#   ./start.sh --workers 3 --threads 2 --model modelFiles/other.gguf
+#
+# Flags (environment variable in brackets):
+#   --workers N        workers to start [WORKERS, default 2]
+#   --port P           coordinator port [PORT, default 1337]
+#   --worker-port P    first worker port; the others follow [WORKER_BASE_PORT, default 3001]
+#   --threads T        llama.cpp threads per worker [WORKER_THREADS, default 1: one per core on a
+#                      2-core machine leaves the other for the coordinator and the second worker]
+#   --model PATH       GGUF model for every worker [MODEL_PATH, default: the provisioned SmolLM2]
+#   --host H           address everything listens on [HOST, default 127.0.0.1]
+# WORKER_TOKEN, when set, is shared by the coordinator and the workers for heartbeats.
+# Logs go to $LOG_DIR (default: a new temporary directory, printed at start).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$root"
+
+workers="${WORKERS:-2}"
+port="${PORT:-1337}"
+worker_port="${WORKER_BASE_PORT:-3001}"
+threads="${WORKER_THREADS:-1}"
+model="${MODEL_PATH:-}"
+host="${HOST:-127.0.0.1}"
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --workers) workers="$2"; shift 2 ;;
+        --port) port="$2"; shift 2 ;;
+        --worker-port) worker_port="$2"; shift 2 ;;
+        --threads) threads="$2"; shift 2 ;;
+        --model) model="$2"; shift 2 ;;
+        --host) host="$2"; shift 2 ;;
+        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "start.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
+    esac
+done
+
+scripts/bootstrap.sh
+
+log_dir="${LOG_DIR:-$(mktemp -d -t llm-pool.XXXXXX)}"
+mkdir -p "$log_dir"
+pids=()
+stop_all() {
+    trap - INT TERM EXIT
+    if [ ${#pids[@]} -gt 0 ]; then
+        echo
+        echo "start.sh: stopping ${#pids[@]} processes"
+        kill -TERM "${pids[@]}" 2>/dev/null || true
+        for _ in $(seq 1 50); do
+            alive=0
+            for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+            [ "$alive" = 0 ] && break
+            sleep 0.1
+        done
+        kill -KILL "${pids[@]}" 2>/dev/null || true
+        wait 2>/dev/null || true
+    fi
+}
+trap 'stop_all; exit 130' INT
+trap 'stop_all; exit 143' TERM
+trap 'stop_all' EXIT
+
+coordinator_url="http://$host:$port"
+echo "start.sh: logs in $log_dir"
+HOST="$host" PORT="$port" .venv/bin/python -m coordinator > "$log_dir/coordinator.log" 2>&1 &
+pids+=($!)
+for i in $(seq 1 "$workers"); do
+    p=$((worker_port + i - 1))
+    args=(--host "$host" --port "$p" --worker-id "worker-$i" --worker-url "http://$host:$p"
+          --coordinator-url "$coordinator_url" --threads "$threads")
+    [ -n "$model" ] && args+=(--model-path "$model")
+    .venv/bin/python -m worker "${args[@]}" > "$log_dir/worker-$i.log" 2>&1 &
+    pids+=($!)
+done
+
+# Healthy = the coordinator answers and counts every worker alive (each heartbeats once loaded).
+.venv/bin/python - "$coordinator_url" "$workers" <<'PY' || { echo "start.sh: not healthy in time; see $log_dir" >&2; exit 1; }
+import json, sys, time, urllib.request
+url, want = sys.argv[1], int(sys.argv[2])
+deadline = time.monotonic() + 180
+while time.monotonic() < deadline:
+    try:
+        with urllib.request.urlopen(url + "/coordinator/health", timeout=2) as r:
+            alive = json.load(r)["workers"]["alive"]
+        if alive >= want:
+            sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(0.5)
+sys.exit(1)
+PY
+
+echo
+echo "Coordinator: $coordinator_url   (health: $coordinator_url/coordinator/health, workers: $coordinator_url/coordinator/health/workers, metrics: $coordinator_url/metrics)"
+for i in $(seq 1 "$workers"); do
+    p=$((worker_port + i - 1))
+    echo "Worker $i:    http://$host:$p   (health: http://$host:$p/worker/health)"
+done
+cat <<EOM
+
+Try it:
+  curl -N $coordinator_url/coordinator/infer -H 'content-type: application/json' \\
+       -d '{"prompt": "Write a haiku about the sea", "max_tokens": 64}'
+  .venv/bin/python test_inference.py "Write a haiku about the sea" 64
+
+Press Ctrl+C to stop everything.
+EOM
+# Wait until a child exits or a signal arrives (wait -n returns on either).
+set +e
+wait -n "${pids[@]}"
+status=$?
+echo "start.sh: a process exited (status $status); stopping the rest. Logs: $log_dir" >&2
+exit "$status"
