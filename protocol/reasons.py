@@ -30,6 +30,7 @@ DRAINING = "draining"
 WORKER_UNAVAILABLE = "worker_unavailable"
 WORKER_FAILED = "worker_failed"
 SLOW_CONSUMER = "slow_consumer"
+DEADLINE_EXCEEDED = "deadline_exceeded"
 ENGINE_FAILED = "engine_failed"
 INTERNAL = "internal"
 

@@ -41,6 +41,7 @@ class EngineConfig:
     prefill_chunk: int = 256
     kv_unified: bool = False
     slow_consumer_deadline: float = 10.0
+    request_timeout: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -276,6 +277,9 @@ class Engine:
             channel = run.job.channel
             if channel.cancelled:
                 self._end(run, self._finished(run, "cancelled"), touched)
+            elif now - run.job.admitted_at > self.config.request_timeout:
+                self._end(run, Failed(reasons.DEADLINE_EXCEEDED,
+                                      f"request ran past {self.config.request_timeout:g} s"), touched)
             elif run.next_token is not None:
                 if not channel.has_room():
                     channel.full_since = channel.full_since or now

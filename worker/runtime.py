@@ -35,7 +35,8 @@ class WorkerRuntime:
         config = EngineConfig(ctx_size=settings.ctx_size, max_sessions=settings.max_sessions,
                               threads=settings.threads, prefill_chunk=settings.prefill_chunk,
                               kv_unified=settings.kv_unified,
-                              slow_consumer_deadline=settings.slow_consumer_deadline)
+                              slow_consumer_deadline=settings.slow_consumer_deadline,
+                              request_timeout=settings.request_timeout)
         # The table is sized from the context llama.cpp actually made, not from what we asked for.
         self.engine = Engine(model, config, observer=metrics, clock=clock)
         limits = KvLimits(capacity_tokens=self.engine.ctx_tokens,

@@ -36,6 +36,7 @@ ENV_NAMES = {
     "heartbeat_interval": "HEARTBEAT_INTERVAL",
     "stream_buffer": "WORKER_STREAM_BUFFER",
     "slow_consumer_deadline": "WORKER_SLOW_CONSUMER_DEADLINE",
+    "request_timeout": "WORKER_REQUEST_TIMEOUT",
     "log_level": "LOG_LEVEL",
 }
 
@@ -61,6 +62,7 @@ class WorkerSettings(BaseModel):
     heartbeat_interval: float = Field(default=10.0, gt=0)
     stream_buffer: int = Field(default=64, ge=1, le=65536, description="items buffered per stream")
     slow_consumer_deadline: float = Field(default=10.0, gt=0, description="seconds a full stream may wait")
+    request_timeout: float = Field(default=600.0, gt=0, description="seconds a request may run in all")
     log_level: str = Field(default="info", pattern="^(debug|info|warning|error)$")
 
     @model_validator(mode="after")

@@ -202,3 +202,13 @@ def test_unreachable_coordinator_is_not_fatal(model_path: Path) -> None:
     with running_worker(model_path, coordinator_url="http://127.0.0.1:9", heartbeat_interval=0.1) as worker:
         time.sleep(0.5)
         assert generate(worker.url, {"prompt": "Still fine?", "max_tokens": 4}).last[0] == "done"
+
+
+def test_request_past_its_deadline_ends_with_an_error_event_and_frees_kv(model_path: Path) -> None:
+    with running_worker(model_path, request_timeout=0.5) as worker:
+        stream = generate(worker.url, {"prompt": "Tell a long story.", "max_tokens": 2000, "ignore_eos": True,
+                                       "session_id": "late"})
+        event, data = stream.last
+        assert event == "error" and data["reason"] == "deadline_exceeded"
+        assert 0 < len(stream.tokens) < 2000
+        assert worker.load()["kv_used_bytes"] == 0 and worker.load()["sessions"] == 0

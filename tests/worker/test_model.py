@@ -1,0 +1,26 @@
+import pytest
+
+from worker.model import Message, ModelShape
+
+pytestmark = pytest.mark.model
+
+
+def test_kv_bytes_per_token_comes_from_the_models_shape(model) -> None:  # type: ignore[no-untyped-def]
+    shape = model.shape
+    # SmolLM2-135M: 30 layers, 3 KV heads of 64 dims; K and V in f16 -> 30*3*(64+64)*2 = 23040 bytes.
+    assert (shape.n_layer, shape.n_head_kv, shape.head_dim_k, shape.head_dim_v) == (30, 3, 64, 64)
+    assert model.bytes_per_token == 23040
+
+
+def test_kv_formula() -> None:
+    shape = ModelShape(n_layer=22, n_head=32, n_head_kv=4, n_embd=2048, head_dim_k=64, head_dim_v=64,
+                       n_ctx_train=2048, n_vocab=32000)  # TinyLlama 1.1B's shape
+    assert shape.kv_bytes_per_token(2) == 22 * 4 * 128 * 2
+
+
+def test_chat_template_and_tokens(model) -> None:  # type: ignore[no-untyped-def]
+    rendered = model.render_chat([Message("user", "Hi")])
+    assert rendered.startswith("<|im_start|>user\nHi<|im_end|>") and rendered.endswith("assistant\n")
+    tokens = model.tokenize(rendered, add_special=True)
+    assert b"".join(model.piece(t) for t in tokens) == b"user\nHi\nassistant\n"  # specials render empty
+    assert model.eog_tokens and all(model.is_eog(t) for t in model.eog_tokens)

@@ -1,0 +1,24 @@
+import pytest
+from pydantic import ValidationError
+
+from worker.settings import WorkerSettings
+
+
+def test_defaults_and_derived_values() -> None:
+    s = WorkerSettings.load([], environ={})
+    assert (s.port, s.worker_id, s.worker_url) == (3001, "worker-3001", "http://127.0.0.1:3001")
+    assert s.ctx_size == s.max_sessions * s.session_max_tokens  # split KV: every session its own cells
+    assert s.session_ttl == 300 and s.heartbeat_interval == 10
+
+
+def test_flags_win_over_environment() -> None:
+    env = {"WORKER_PORT": "3005", "WORKER_ID": "from-env", "MODEL_PATH": "/m.gguf", "WORKER_KV_UNIFIED": "1"}
+    s = WorkerSettings.load(["--worker-id", "from-flag", "--no-kv-unified"], environ=env)
+    assert (s.port, s.worker_id, str(s.model_path), s.kv_unified) == (3005, "from-flag", "/m.gguf", False)
+
+
+def test_every_invalid_value_is_reported_at_once() -> None:
+    with pytest.raises(ValidationError) as bad:
+        WorkerSettings.load(["--port", "70000", "--threads", "0", "--session-ttl", "-1"], environ={})
+    fields = {e["loc"][0] for e in bad.value.errors()}
+    assert fields == {"port", "threads", "session_ttl"}
