@@ -77,18 +77,29 @@ class Admission:
         self._registry.correct(res.worker_id, res.key,
                                Correction(res.kv_bytes, res.sessions, stamp=self._clock.time()))
 
-    def release(self, res: Reservation, *, keeps_session: bool = False) -> None:
-        """Idempotent; call it on every ending (done, error, client gone, worker gone, timeout)."""
+    def release(self, res: Reservation, *, kept_tokens: int | None = None) -> None:
+        """Idempotent; call it on every ending (done, error, client gone, worker gone, timeout).
+
+        `kept_tokens`: the stream ended normally and its named session keeps that many tokens of
+        KV on the worker, so the worker is not as free as the ended stream would suggest.
+        """
         if res.released:
             return
         res.released = True
         self.in_flight -= 1
         self.in_flight_kv_bytes -= res.kv_bytes
-        if self._registry.drop_correction(res.worker_id, res.key):
+        pending = self._registry.has_correction(res.worker_id, res.key)
+        worker = self._registry.get(res.worker_id)
+        if kept_tokens is not None:
+            if pending and worker is not None:
+                # No heartbeat has shown the session yet: keep counting what it holds until one does.
+                kept = Correction(kept_tokens * worker.bytes_per_token, res.sessions, stamp=self._clock.time())
+                self._registry.correct(res.worker_id, res.key, kept)
             return
-        if res.confirmed and not keeps_session:
+        if pending:
+            self._registry.drop_correction(res.worker_id, res.key)
+        elif res.confirmed:
             # A heartbeat already counts it: subtract it until one made after now shows it freed.
-            # A kept session still holds its KV, so then we wait for the worker's next report.
             freed = Correction(-res.kv_bytes, -res.sessions, stamp=self._clock.time())
             self._registry.correct(res.worker_id, next(self._keys), freed)
 

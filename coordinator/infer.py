@@ -87,8 +87,8 @@ def _finish(state: CoordinatorState, valid: ValidRequest, relay: Relay, ending: 
     """Runs once per admitted request, whatever the ending: release, count, log."""
     outcome, stream = relay.outcome, relay.stream
     done = outcome.done
-    keeps_session = valid.body.session_id is not None and done is not None
-    state.admission.release(stream.reservation, keeps_session=keeps_session)
+    kept = done.usage.total_tokens if valid.body.session_id is not None and done is not None else None
+    state.admission.release(stream.reservation, kept_tokens=kept)
     now = state.clock.monotonic()
     metrics = state.metrics
     metrics.requests_running.dec()

@@ -207,6 +207,10 @@ class Registry:
             return
         self._update(rec, lambda: self._set_correction(rec, key, correction))
 
+    def has_correction(self, worker_id: str, key: int) -> bool:
+        rec = self._workers.get(worker_id)
+        return rec is not None and key in rec.corrections
+
     def drop_correction(self, worker_id: str, key: int) -> bool:
         """Remove a correction; False when a heartbeat had already made it part of the report."""
         rec = self._workers.get(worker_id)

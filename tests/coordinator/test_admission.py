@@ -110,3 +110,18 @@ def test_rejection_cost_does_not_grow_with_workers() -> None:
     reg, adm, _ = setup(*[{"sessions": 4} for _ in range(1_000)])
     reg.alive = None  # type: ignore[assignment,method-assign]  # any loop over workers would now fail
     assert reason_of(adm, SMALL) == reasons.SESSIONS_FULL
+
+
+def test_a_kept_session_keeps_counting_until_a_heartbeat_shows_it() -> None:
+    reg, adm, clock = setup({"max_sessions": 2})
+    worker = reg.get("w0")
+    assert worker is not None
+    res = adm.reserve(worker, SMALL)
+    adm.confirm(res, prompt_tokens=10)
+    adm.release(res, kept_tokens=30)  # ended before any heartbeat; its session stays on the worker
+    assert (worker.sessions, worker.kv_reserved_bytes) == (1, 3_000)
+    assert adm.in_flight == 0 and adm.in_flight_kv_bytes == 0
+    clock.advance(0.5)
+    reg.upsert(heartbeat("w0", timestamp=clock.time(), max_sessions=2, sessions=1, kv_used_bytes=3_000,
+                         kv_reserved_bytes=3_000), now=clock.monotonic())
+    assert (worker.sessions, worker.kv_reserved_bytes, worker.corrections) == (1, 3_000, {})

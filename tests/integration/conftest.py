@@ -1,0 +1,174 @@
+"""Process fixtures for integration tests: the real coordinator and two real workers on loopback.
+
+One cluster serves the whole integration session (loading the model twice costs ~2 s; starting it
+per test would dominate the run). Tests that kill or stop a worker leave it to `cluster.ensure()`,
+which runs before every test, to bring the cluster back to two idle, alive workers.
+Every wait here has a deadline; every process is killed at teardown.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from coordinator.settings import Settings
+from tests.conftest import free_port
+
+TOKEN = "integration-secret"
+COORDINATOR_HEARTBEAT = 1.0  # stale after 3 s, removed after 6 s
+WORKER_HEARTBEAT = 0.5
+# Small enough that capacity runs out with a handful of streams: 1,024 KV cells shared by at most
+# 4 sessions of at most 512 tokens each.
+WORKER_LIMITS = ["--kv-unified", "--ctx-size", "1024", "--max-sessions", "4", "--session-max-tokens", "512"]
+
+
+def clean_env() -> dict[str, str]:
+    """The environment without anything either service would read as configuration."""
+    names = {name.upper() for name in Settings.model_fields} | {"MODEL_PATH", "COORDINATOR_URL"}
+    return {k: v for k, v in os.environ.items() if k not in names and not k.startswith("WORKER_")}
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = self.log_path.open("ab")
+        self.popen = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, env=clean_env(),
+                                      start_new_session=True)
+        log.close()
+
+    @property
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.running:
+            assert self.popen is not None
+            os.kill(self.popen.pid, sig)
+
+    def stop(self) -> None:
+        if self.popen is None:
+            return
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(timeout=5)
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def wait_until(check, timeout: float, what: str, interval: float = 0.1):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+            if last:
+                return last
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            last = exc
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+
+
+def start_coordinator(log_dir: Path, name: str, *extra: str) -> tuple[Proc, str]:
+    port = free_port()
+    proc = Proc(name, [sys.executable, "-m", "coordinator", "--port", str(port), *extra], log_dir / f"{name}.log")
+    proc.start()
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: httpx.get(url + "/coordinator/health", timeout=1).status_code == 200, 30,
+               f"{name} to answer")
+    return proc, url
+
+
+@dataclass
+class Cluster:
+    log_dir: Path
+    model_path: Path
+    coordinator: Proc
+    url: str
+    workers: dict[str, Proc] = field(default_factory=dict)
+    worker_urls: dict[str, str] = field(default_factory=dict)
+
+    def start_worker(self, worker_id: str) -> None:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = Proc(worker_id, [
+            sys.executable, "-m", "worker", "--host", "127.0.0.1", "--port", str(port), "--worker-id", worker_id,
+            "--worker-url", url, "--coordinator-url", self.url, "--threads", "1",
+            "--heartbeat-interval", str(WORKER_HEARTBEAT), "--worker-token", TOKEN,
+            "--model-path", str(self.model_path), *WORKER_LIMITS], self.log_dir / f"{worker_id}.log")
+        proc.start()
+        self.workers[worker_id], self.worker_urls[worker_id] = proc, url
+
+    def states(self) -> dict[str, dict]:  # type: ignore[type-arg]
+        listing = httpx.get(self.url + "/coordinator/health/workers", timeout=2).json()["workers"]
+        return {w["worker_id"]: w for w in listing}
+
+    def worker_load(self, worker_id: str) -> dict:  # type: ignore[type-arg]
+        return httpx.get(self.worker_urls[worker_id] + "/worker/health", timeout=2).json()["load"]
+
+    def coordinator_health(self) -> dict:  # type: ignore[type-arg]
+        return httpx.get(self.url + "/coordinator/health", timeout=2).json()
+
+    def ensure(self) -> None:
+        """Two alive, idle workers and no request in flight, whatever the last test did."""
+        assert self.coordinator.running, self.coordinator.log_tail()
+        for worker_id, proc in self.workers.items():
+            proc.signal(signal.SIGCONT)
+            if not proc.running:
+                self.start_worker(worker_id)
+        for worker_id in self.workers:
+            wait_until(lambda w=worker_id: self.states().get(w, {}).get("state") == "alive", 60,
+                       f"{worker_id} to be alive", interval=0.2)
+            wait_until(lambda w=worker_id: self.worker_load(w)["active_streams"] == 0, 30, f"{worker_id} idle")
+        wait_until(lambda: self.coordinator_health()["requests_running"] == 0, 10, "no request in flight")
+
+    def stop(self) -> None:
+        for proc in [*self.workers.values(), self.coordinator]:
+            proc.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster_session(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    log_dir = tmp_path_factory.mktemp("cluster-logs")
+    coordinator, url = start_coordinator(
+        log_dir, "coordinator", "--heartbeat-interval", str(COORDINATOR_HEARTBEAT), "--worker-token", TOKEN,
+        "--relay-buffer-events", "16", "--relay-write-deadline", "2", "--worker-first-event-timeout", "20",
+        "--retry-after", "1")
+    cluster = Cluster(log_dir, model_path, coordinator, url)
+    try:
+        for worker_id in ("w1", "w2"):
+            cluster.start_worker(worker_id)
+        cluster.ensure()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def cluster(cluster_session: Cluster) -> Cluster:
+    cluster_session.ensure()
+    return cluster_session
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
