@@ -13,6 +13,8 @@ dies during prefill is still failed over: no byte has reached the client yet.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
@@ -27,6 +29,8 @@ from coordinator.sse import SseEvent, SseParser, SseTooLarge
 from coordinator.validate import ValidRequest
 from protocol import reasons
 from protocol.inference import EVENT_ERROR, ErrorBody
+
+log = logging.getLogger("coordinator.requests")
 
 
 class WorkerStreamError(Exception):
@@ -85,6 +89,9 @@ class Dispatcher:
             except _Failover as failover:
                 self._admission.release(reservation)
                 self._metrics.failovers.labels(reason=failover.reason).inc()
+                log.warning(json.dumps({"event": "failover", "request_id": valid.request_id,
+                                        "worker_id": worker.worker_id, "reason": failover.reason,
+                                        "detail": repr(failover.__cause__) if failover.__cause__ else None}))
                 last, refused_only = failover, refused_only and failover.refused
                 continue
             except BaseException:

@@ -47,6 +47,9 @@ class Settings(BaseModel):
         default=60.0, gt=0, description="longest silence in a worker stream (workers ping every 15 s)"
     )
     worker_max_connections: int = Field(default=1_000, ge=1)
+    worker_keepalive_expiry: float = Field(
+        default=2.0, ge=0, description="seconds an idle connection to a worker is kept; below the worker's "
+        "own keep-alive timeout (uvicorn: 5 s) so we never send on a connection it is closing")
     retry_after: int = Field(default=1, ge=0, description="seconds in the Retry-After header of a 503")
     session_table_size: int = Field(default=100_000, ge=1, description="session-to-worker entries remembered")
     max_body_bytes: int = Field(default=4_194_304, ge=1024)

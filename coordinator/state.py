@@ -43,7 +43,8 @@ def build_state(settings: Settings, clock: Clock, transport: httpx.AsyncBaseTran
     timeout = httpx.Timeout(connect=settings.worker_connect_timeout, read=settings.worker_read_timeout,
                             write=settings.worker_read_timeout, pool=settings.worker_connect_timeout)
     limits = httpx.Limits(max_connections=settings.worker_max_connections,
-                          max_keepalive_connections=min(100, settings.worker_max_connections))
+                          max_keepalive_connections=min(100, settings.worker_max_connections),
+                          keepalive_expiry=settings.worker_keepalive_expiry)
     client = httpx.AsyncClient(transport=transport, timeout=timeout, limits=limits, trust_env=False)
     dispatcher = Dispatcher(client, admission, metrics, max_attempts=settings.max_failover_attempts,
                             first_event_timeout=settings.worker_first_event_timeout,
