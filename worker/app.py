@@ -40,6 +40,7 @@ from worker.metrics import WorkerMetrics
 from worker.model import Model
 from worker.runtime import WorkerRuntime
 from worker.settings import WorkerSettings
+from worker.simulated import SimulatedModel
 
 log = logging.getLogger("worker.requests")
 
@@ -60,7 +61,7 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
 
     async def _load(app: FastAPI) -> None:
         try:
-            model = await asyncio.to_thread(Model, settings.model_path)
+            model = await asyncio.to_thread(load_model, settings)
             runtime = await asyncio.to_thread(WorkerRuntime, settings, model, app.state.metrics, clock=clock)
             await runtime.start(transport)
         except Exception:
@@ -134,6 +135,12 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
         return Response(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app
+
+
+def load_model(settings: WorkerSettings) -> Model | SimulatedModel:
+    if settings.engine == "simulated":
+        return SimulatedModel(bytes_per_token=settings.sim_bytes_per_token)
+    return Model(settings.model_path)
 
 
 def _request_id(request: Request) -> str:

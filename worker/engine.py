@@ -90,12 +90,14 @@ class _Running:
     generated: int = 0
     output: list[str] = field(default_factory=list)
     first_token_at: float | None = None
+    last_token_at: float = 0.0
 
 
 class EngineObserver:
     """Hooks the metrics module implements; the default does nothing."""
 
     def step(self, sequences: int, prefill_tokens: int, seconds: float) -> None: ...
+    def token_gap(self, seconds: float) -> None: ...
     def finished(self, job: Job, item: Finished | Failed) -> None: ...
 
 
@@ -335,6 +337,9 @@ class Engine:
         now = self._clock()
         if run.first_token_at is None:
             run.first_token_at = now
+        else:
+            self._observer.token_gap(now - run.last_token_at)
+        run.last_token_at = now
         job = run.job
         if not job.request.ignore_eos and self.model.is_eog(token):
             self._end(run, self._finished(run, "stop"), touched)

@@ -41,6 +41,8 @@ class WorkerMetrics(EngineObserver):
         self.tpot = Histogram("worker_time_per_output_token_seconds",
                               "Mean time between output tokens of one request", buckets=TOKEN_LATENCY_BUCKETS,
                               registry=r)
+        self.itl = Histogram("worker_inter_token_latency_seconds", "Time between two tokens of one request",
+                             buckets=TOKEN_LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("worker_e2e_request_latency_seconds", "Admission to last token",
                              buckets=LATENCY_BUCKETS, registry=r)
         self.queue_time = Histogram("worker_request_queue_time_seconds", "Admission to first decode step",
@@ -75,6 +77,9 @@ class WorkerMetrics(EngineObserver):
         self.steps.inc()
         self.batch_size.observe(sequences)
         self.step_seconds.observe(seconds)
+
+    def token_gap(self, seconds: float) -> None:
+        self.itl.observe(seconds)
 
     def finished(self, job: Job, item: Finished | Failed) -> None:
         if isinstance(item, Failed):

@@ -22,12 +22,13 @@ from worker.metrics import WorkerMetrics
 from worker.model import Model
 from worker.sessions import KvLimits, SessionTable
 from worker.settings import WorkerSettings
+from worker.simulated import SimulatedEngine, SimulatedModel
 
 log = logging.getLogger("worker.runtime")
 
 
 class WorkerRuntime:
-    def __init__(self, settings: WorkerSettings, model: Model, metrics: WorkerMetrics, *,
+    def __init__(self, settings: WorkerSettings, model: Model | SimulatedModel, metrics: WorkerMetrics, *,
                  clock: Callable[[], float]) -> None:
         self.settings = settings
         self.model = model
@@ -38,7 +39,12 @@ class WorkerRuntime:
                               slow_consumer_deadline=settings.slow_consumer_deadline,
                               request_timeout=settings.request_timeout)
         # The table is sized from the context llama.cpp actually made, not from what we asked for.
-        self.engine = Engine(model, config, observer=metrics, clock=clock)
+        self.engine: Engine | SimulatedEngine
+        if isinstance(model, SimulatedModel):
+            self.engine = SimulatedEngine(model, config, token_rate=settings.sim_token_rate,
+                                          prefill_rate=settings.sim_prefill_rate, observer=metrics, clock=clock)
+        else:
+            self.engine = Engine(model, config, observer=metrics, clock=clock)
         limits = KvLimits(capacity_tokens=self.engine.ctx_tokens,
                           session_max_tokens=min(settings.session_max_tokens, self.engine.seq_tokens,
                                                  model.shape.n_ctx_train),

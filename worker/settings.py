@@ -11,6 +11,7 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -38,6 +39,10 @@ ENV_NAMES = {
     "slow_consumer_deadline": "WORKER_SLOW_CONSUMER_DEADLINE",
     "request_timeout": "WORKER_REQUEST_TIMEOUT",
     "log_level": "LOG_LEVEL",
+    "engine": "WORKER_ENGINE",
+    "sim_token_rate": "SIM_TOKEN_RATE",
+    "sim_prefill_rate": "SIM_PREFILL_RATE",
+    "sim_bytes_per_token": "SIM_BYTES_PER_TOKEN",
 }
 
 
@@ -64,6 +69,11 @@ class WorkerSettings(BaseModel):
     slow_consumer_deadline: float = Field(default=10.0, gt=0, description="seconds a full stream may wait")
     request_timeout: float = Field(default=600.0, gt=0, description="seconds a request may run in all")
     log_level: str = Field(default="info", pattern="^(debug|info|warning|error)$")
+    engine: Literal["llama", "simulated"] = Field(
+        default="llama", description="llama: the real model; simulated: timed tokens, no model (benchmarks)")
+    sim_token_rate: float = Field(default=50.0, gt=0, le=10_000, description="simulated tokens/s per stream")
+    sim_prefill_rate: float = Field(default=5000.0, gt=0, description="simulated prompt tokens/s")
+    sim_bytes_per_token: int = Field(default=23040, ge=1, description="simulated KV bytes per token")
 
     @model_validator(mode="after")
     def _derive(self) -> WorkerSettings:
@@ -93,7 +103,9 @@ def _parser() -> argparse.ArgumentParser:
     for name, info in WorkerSettings.model_fields.items():
         flag = "--" + name.replace("_", "-")
         help_text = f"{info.description or name} (env {ENV_NAMES[name]}, default {info.default!r})"
-        if info.annotation is bool:
+        if name == "engine":
+            parser.add_argument(flag, dest=name, default=None, choices=["llama", "simulated"], help=help_text)
+        elif info.annotation is bool:
             parser.add_argument(flag, dest=name, default=None, action=argparse.BooleanOptionalAction,
                                 help=help_text)
         else:

@@ -1,0 +1,187 @@
+"""SIMULATED engine and model: tokens at a configured rate, no model, for measuring the coordinator.
+
+Never the default: a worker runs this only with `--engine simulated` (or `python -m worker.simulate`).
+It stands behind the same API as the real engine and uses the same session table, admission, KV
+accounting (bytes per token as configured) and bounded channels, so the coordinator sees exactly what
+a real worker would show: the same events, the same 503/409/413 refusals, the same heartbeats.
+It runs on the event loop (no thread), so many simulated workers can share one process.
+
+Owns: a stand-in tokenizer (one token per 4 UTF-8 bytes), the pacing of tokens and prefill.
+Must not: pretend to be a model in any default path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from protocol import reasons
+from worker.channel import TokenChannel
+from worker.engine import EngineConfig, EngineObserver, Failed, Finished, Job, StreamItem
+from worker.model import Message, ModelShape
+from worker.sessions import Session, SessionTable
+from worker.textstream import Piece
+
+T = TypeVar("T")
+WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "runs", "away")
+
+
+class SimulatedModel:
+    """Just enough of `worker.model.Model` for admission: a name, a KV size and a tokenizer."""
+
+    kv_type = 1
+
+    def __init__(self, *, name: str = "simulated", bytes_per_token: int = 23040, n_ctx_train: int = 1 << 20) -> None:
+        self.name = name
+        self.bytes_per_token = bytes_per_token
+        self.shape = ModelShape(n_layer=0, n_head=0, n_head_kv=0, n_embd=0, head_dim_k=0, head_dim_v=0,
+                                n_ctx_train=n_ctx_train, n_vocab=len(WORDS))
+        self.eog_tokens: tuple[int, ...] = ()
+        self.has_chat_template = False
+
+    def tokenize(self, text: str, *, add_special: bool) -> list[int]:
+        data = text.encode()
+        return [1] * int(add_special) + [data[i] % len(WORDS) for i in range(0, len(data), 4)]
+
+    def render_chat(self, messages: list[Message]) -> str:
+        return "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant:"
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(eq=False)
+class _Running:
+    job: Job
+    ready_at: float  # prefill done
+    generated: int = 0
+    first_token_at: float | None = None
+
+
+class SimulatedEngine:
+    """Produces one token per running sequence every 1/token_rate seconds, after a simulated prefill."""
+
+    def __init__(self, model: SimulatedModel, config: EngineConfig, *, token_rate: float, prefill_rate: float,
+                 observer: EngineObserver | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.model = model
+        self.config = config
+        self.token_rate = token_rate
+        self.prefill_rate = prefill_rate
+        self.table: SessionTable | None = None
+        self._observer = observer or EngineObserver()
+        self._clock = clock
+        self._inbox: collections.deque[Job] = collections.deque()
+        self._running: list[_Running] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.steps = 0
+
+    ctx_tokens = property(lambda self: self.config.ctx_size)
+    seq_tokens = property(lambda self: self.config.ctx_size if self.config.kv_unified
+                          else self.config.ctx_size // self.config.max_sessions)
+    queue_depth = property(lambda self: len(self._inbox))
+    running = property(lambda self: len(self._running))
+    active = property(lambda self: len(self._running) + len(self._inbox))
+
+    def bind(self, table: SessionTable) -> None:
+        self.table = table
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._task = loop.create_task(self._run(), name="simulated-engine")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self._task is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._task.cancel)
+
+    def submit(self, job: Job, free_first: tuple[int, ...] = ()) -> None:
+        self._inbox.append(job)
+        self._wake.set()
+
+    def free(self, seq_ids: list[int] | tuple[int, ...]) -> None:
+        pass  # no KV cells to clear; the session table already counts them free
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    def cancel_session(self, session: Session) -> None:
+        for run in self._running:
+            if run.job.session is session:
+                run.job.channel.cancel()
+        self._wake.set()
+
+    def call(self, fn: Callable[[Any], T]) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        future.set_result(fn(None))
+        return future
+
+    async def _run(self) -> None:
+        period = 1.0 / self.token_rate
+        while True:
+            if not self._running and not self._inbox:
+                self._wake.clear()
+                await self._wake.wait()
+            now = self._clock()
+            while self._inbox:
+                job = self._inbox.popleft()
+                todo = len(job.prompt_tokens) - job.cached_tokens
+                del job.session.tokens[job.cached_tokens:]
+                job.session.tokens.extend(job.prompt_tokens[job.cached_tokens:])
+                self._running.append(_Running(job, ready_at=now + todo / self.prefill_rate))
+            touched: set[TokenChannel[StreamItem]] = set()
+            for run in list(self._running):
+                self._advance(run, now, touched)
+            self.steps += 1
+            self._observer.step(len(self._running), 0, 0.0)
+            for channel in touched:
+                channel.wake()
+            await asyncio.sleep(period)
+
+    def _advance(self, run: _Running, now: float, touched: set[TokenChannel[StreamItem]]) -> None:
+        job, channel = run.job, run.job.channel
+        if channel.cancelled:
+            self._end(run, self._finished(run, "cancelled", now), touched)
+        elif now - job.admitted_at > self.config.request_timeout:
+            self._end(run, Failed(reasons.DEADLINE_EXCEEDED, "request ran past its deadline"), touched)
+        elif now < run.ready_at:
+            return
+        elif not channel.has_room():
+            channel.full_since = channel.full_since or now
+            if now - channel.full_since > self.config.slow_consumer_deadline:
+                self._end(run, Failed(reasons.SLOW_CONSUMER, "consumer stopped reading"), touched)
+        else:
+            channel.full_since = None
+            run.first_token_at = run.first_token_at or now
+            channel.push(Piece(" " + WORDS[run.generated % len(WORDS)], run.generated, 0.5))
+            touched.add(channel)
+            run.generated += 1
+            if run.generated >= job.request.max_tokens or len(job.session.tokens) + 1 > job.session.reserved_tokens:
+                self._end(run, self._finished(run, "length", now), touched)
+            else:
+                job.session.tokens.append(run.generated)
+
+    def _finished(self, run: _Running, reason: str, now: float) -> Finished:
+        job, first = run.job, run.first_token_at or now
+        return Finished(reason=reason, prompt_tokens=len(job.prompt_tokens), cached_tokens=job.cached_tokens,
+                        completion_tokens=run.generated, queue_s=0.0, prefill_s=max(0.0, first - job.admitted_at),
+                        ttft_s=first - job.admitted_at, total_s=now - job.admitted_at)
+
+    def _end(self, run: _Running, outcome: Finished | Failed, touched: set[TokenChannel[StreamItem]]) -> None:
+        self._running.remove(run)
+        job = run.job
+        completed = isinstance(outcome, Finished) and outcome.reason != "cancelled"
+        if completed:
+            text = "".join(" " + WORDS[i % len(WORDS)] for i in range(run.generated))
+            job.session.messages = [*job.history, Message("assistant", text)]
+        assert self.table is not None
+        if self.table.release(job.session, keep_kv=completed) is not None:
+            job.session.tokens.clear()
+        job.channel.push(outcome, terminal=True)
+        touched.add(job.channel)
+        self._observer.finished(job, outcome)
