@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from tests.sse import generate
 from tests.worker.server import running_worker
 from tests.worker.test_generate import wait_until
