@@ -26,6 +26,7 @@ from protocol import reasons
 from protocol.inference import EVENT_DONE, EVENT_ERROR, EVENT_TOKEN, DoneEvent, ErrorEvent
 
 TERMINAL = frozenset({EVENT_DONE, EVENT_ERROR})
+DRAIN_TIMEOUT = 1.0
 
 
 class _SlowConsumer(Exception):
@@ -55,10 +56,12 @@ class Relay:
         """The reader task. Always closes the worker response, however it ends."""
         try:
             if await self._relay(self.stream.first):
+                await self._drain()
                 return
             try:
                 async for event in self.stream.events:
                     if await self._relay(event):
+                        await self._drain()
                         return
                 message = "the worker's stream ended without a done event"
             except WorkerStreamError as exc:
@@ -68,6 +71,17 @@ class Relay:
             self.slow.set()
         finally:
             await self.stream.close()
+
+    async def _drain(self) -> None:
+        """Read the stream's end (the last chunk follows the final event at once), so closing the
+        response hands the connection back to the pool instead of dropping it: a new TCP
+        connection per request would cost every request a handshake."""
+        try:
+            async with asyncio.timeout(DRAIN_TIMEOUT):
+                async for _ in self.stream.events:
+                    pass
+        except (TimeoutError, WorkerStreamError):
+            pass  # then closing drops the connection, which is all a stuck worker deserves
 
     async def _relay(self, event: SseEvent) -> bool:
         """Queue one event; True when it ends the stream."""

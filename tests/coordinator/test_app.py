@@ -288,3 +288,21 @@ async def test_unknown_route_gets_the_json_error_shape() -> None:
         response = await client.get("/nope")
         assert response.status_code == 404
         assert set(response.json()) == {"error", "reason", "request_id"}
+
+
+async def test_worker_response_is_read_to_its_end_so_the_connection_is_reused() -> None:
+    finished: list[bool] = []
+
+    def worker(request: httpx.Request) -> httpx.Response:
+        async def body():  # type: ignore[no-untyped-def]
+            yield b"".join(STREAM)
+            yield b": trailing comment after done\r\n\r\n"
+            finished.append(True)  # only reached when the coordinator reads past the done event
+
+        return httpx.Response(200, headers={"x-prompt-tokens": "5"}, content=body())
+
+    clock = ManualClock()
+    async with running_app(SETTINGS, FakeWorkers({"w1": worker}), clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+        assert [n for n, _ in events_of((await infer(client)).text)][-1] == "done"
+    assert finished == [True]

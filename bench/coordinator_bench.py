@@ -1,0 +1,271 @@
+"""Coordinator benchmark: O(1) rejection latency, and the time to first token the coordinator adds.
+
+Owns: two measurements and the table it prints.
+Must not: change coordinator or worker code. Only 127.0.0.1 is used, and every process it starts is
+stopped by its own pid in a `finally` block.
+
+1. Rejection latency with 1 and with 1,000 registered workers. Every worker heartbeats a full load
+   (all sequence slots taken), so each request is refused with 503 `sessions_full` by admission.
+   Measured two ways, in-process: the whole HTTP path through the ASGI app (httpx.ASGITransport, no
+   sockets), and `Admission.check` alone. O(1) means the two worker counts give the same times within
+   noise.
+2. Added time to first token against a stub worker: a tiny asyncio HTTP server in this process that
+   answers `/worker/generate` at once with one token and `done`. Without llama.cpp's prefill in the
+   way, the difference between calling it directly and through the coordinator is the coordinator's
+   own cost (two more loopback hops, HTTP parsing, admission, scheduling, relay).
+3. Added time to first token: one real worker (`python -m worker`, `--threads` llama.cpp threads) and
+   one real coordinator (`python -m coordinator`) on loopback. The same greedy prompt is streamed
+   `--samples` times straight from the worker and `--samples` times through the coordinator,
+   interleaved, with keep-alive clients; TTFT is request sent to first token event read.
+
+    .venv/bin/python -m bench.coordinator_bench [--rejections 2000] [--stub-samples 500] [--samples 60] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from coordinator.app import create_app
+from coordinator.demand import Demand
+from coordinator.errors import CoordinatorError
+from coordinator.settings import Settings
+from protocol.health import Heartbeat, WorkerLoad
+from tests.conftest import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+FULL = WorkerLoad(sessions=16, max_sessions=16, active_streams=16, queue_depth=0, kv_used_bytes=0,
+                  kv_reserved_bytes=0, kv_capacity_bytes=754_974_720, bytes_per_token=23_040,
+                  session_max_tokens=2_048)
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+
+# -- 1. rejection latency -------------------------------------------------------------------------
+
+
+async def rejection(workers: int, requests: int) -> dict[str, float]:
+    app = create_app(Settings(heartbeat_interval=300.0))
+    body = json.dumps({"prompt": "Hello there", "max_tokens": 16}).encode()
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://coordinator") as client:
+        for i in range(workers):
+            beat = Heartbeat(worker_id=f"w{i}", url=f"http://127.0.0.1:{10_000 + i}", model="smol",
+                             load=FULL, timestamp=time.time())
+            assert (await client.post("/coordinator/health/heartbeat", content=beat.model_dump_json())
+                    ).status_code == 200
+        http_us = []
+        for _ in range(requests // 10):  # warm-up
+            await client.post("/coordinator/infer", content=body)
+        for _ in range(requests):
+            started = time.perf_counter()
+            response = await client.post("/coordinator/infer", content=body)
+            http_us.append((time.perf_counter() - started) * 1e6)
+            assert response.status_code == 503 and response.json()["reason"] == "sessions_full"
+        admission = app.state.coordinator.admission
+        demand = Demand(prompt_bytes=11, max_tokens=16)
+        check_us = []
+        for _ in range(requests):
+            started = time.perf_counter()
+            try:
+                admission.check(demand, None)
+            except CoordinatorError:
+                pass
+            check_us.append((time.perf_counter() - started) * 1e6)
+    http_med, http_p99 = percentiles(http_us)
+    check_med, check_p99 = percentiles(check_us)
+    return {"workers": workers, "http_median_us": http_med, "http_p99_us": http_p99,
+            "check_median_us": check_med, "check_p99_us": check_p99}
+
+
+# -- 2 and 3. added time to first token -----------------------------------------------------------
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+STUB_BODY = (
+    _chunk(b'event: token\r\ndata: {"token":"Paris","index":0,"probability":0.9,"finished":false}\r\n\r\n')
+    + _chunk(b'event: done\r\ndata: {"finished":true,"finish_reason":"length","usage":{"prompt_tokens":10,'
+             b'"cached_tokens":0,"completion_tokens":1,"total_tokens":11},"timings":{"queue_ms":0,"prefill_ms":0,'
+             b'"ttft_ms":0,"total_ms":0,"tokens_per_second":0},"request_id":"x","worker_id":"stub",'
+             b'"model":"stub"}\r\n\r\n')
+    + b"0\r\n\r\n")
+STUB_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nx-prompt-tokens: 10\r\n"
+             b"x-worker-id: stub\r\ntransfer-encoding: chunked\r\n\r\n")
+
+
+async def _stub_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), 0)
+            await reader.readexactly(length)
+            writer.write(STUB_HEAD + STUB_BODY)
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        writer.close()
+
+
+@contextmanager
+def stub_worker(port: int) -> Iterator[None]:
+    """The stub runs on its own thread's event loop so the benchmark's blocking client can call it."""
+    import threading
+
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(asyncio.start_server(_stub_connection, "127.0.0.1", port))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        loop.call_soon_threadsafe(server.close)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+
+
+def added_ttft_stub(samples: int) -> dict[str, float]:
+    coordinator_port, stub_port = free_port(), free_port()
+    coordinator, stub = f"http://127.0.0.1:{coordinator_port}", f"http://127.0.0.1:{stub_port}"
+    body: dict[str, object] = {"prompt": "What is the capital of France?", "max_tokens": 1}
+    with stub_worker(stub_port), process(
+            [sys.executable, "-m", "coordinator", "--port", str(coordinator_port), "--log-level", "warning",
+             "--heartbeat-interval", "600"], coordinator + "/coordinator/health", "coordinator"):
+        load = WorkerLoad(sessions=0, max_sessions=16, active_streams=0, queue_depth=0, kv_used_bytes=0,
+                          kv_reserved_bytes=0, kv_capacity_bytes=754_974_720, bytes_per_token=23_040,
+                          session_max_tokens=2_048)
+        beat = Heartbeat(worker_id="stub", url=stub, model="stub", load=load, timestamp=time.time())
+        httpx.post(coordinator + "/coordinator/health/heartbeat", content=beat.model_dump_json(), timeout=5)
+        direct, via = [], []
+        with httpx.Client(timeout=30) as direct_client, httpx.Client(timeout=30) as via_client:
+            for _ in range(20):
+                first_token_ms(direct_client, stub + "/worker/generate", body)
+                first_token_ms(via_client, coordinator + "/coordinator/infer", body)
+            for _ in range(samples):
+                direct.append(first_token_ms(direct_client, stub + "/worker/generate", body))
+                via.append(first_token_ms(via_client, coordinator + "/coordinator/infer", body))
+    return {"direct_median_ms": statistics.median(direct), "via_median_ms": statistics.median(via),
+            "added_median_ms": statistics.median(via) - statistics.median(direct), "samples": samples}
+
+
+
+@contextmanager
+def process(argv: list[str], ready_url: str, name: str) -> Iterator[None]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PORT", "HOST", "WORKER_TOKEN", "COORDINATOR_URL")}
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(ready_url, timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"{name} did not become ready")
+            time.sleep(0.2)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def first_token_ms(client: httpx.Client, url: str, body: dict[str, object]) -> float:
+    started = time.perf_counter()
+    with client.stream("POST", url, json=body) as response:
+        assert response.status_code == 200, response.read()
+        lines = response.iter_lines()
+        for line in lines:
+            if line.startswith(("event: token", "event:token")):
+                ttft = (time.perf_counter() - started) * 1000
+                break
+        else:
+            raise AssertionError("no token event")
+        for _ in lines:  # read to the end so the connection is reused
+            pass
+    return ttft
+
+
+def added_ttft(samples: int, threads: int) -> dict[str, float]:
+    coordinator_port, worker_port = free_port(), free_port()
+    coordinator = f"http://127.0.0.1:{coordinator_port}"
+    worker = f"http://127.0.0.1:{worker_port}"
+    body: dict[str, object] = {"prompt": "What is the capital of France?", "max_tokens": 2, "temperature": 0}
+    with process([sys.executable, "-m", "coordinator", "--port", str(coordinator_port), "--log-level", "warning"],
+                 coordinator + "/coordinator/health", "coordinator"), \
+            process([sys.executable, "-m", "worker", "--port", str(worker_port), "--worker-id", "bench",
+                     "--coordinator-url", coordinator, "--threads", str(threads), "--heartbeat-interval", "1",
+                     "--log-level", "warning"], worker + "/worker/health", "worker"):
+        while httpx.get(coordinator + "/coordinator/health", timeout=2).json()["workers"]["alive"] < 1:
+            time.sleep(0.1)
+        direct, via = [], []
+        with httpx.Client(timeout=30) as direct_client, httpx.Client(timeout=30) as via_client:
+            for _ in range(5):  # warm-up: connections, caches, the worker's first decode
+                first_token_ms(direct_client, worker + "/worker/generate", body)
+                first_token_ms(via_client, coordinator + "/coordinator/infer", body)
+            for _ in range(samples):
+                direct.append(first_token_ms(direct_client, worker + "/worker/generate", body))
+                via.append(first_token_ms(via_client, coordinator + "/coordinator/infer", body))
+    pairs = [v - d for d, v in zip(direct, via, strict=True)]
+    return {"direct_median_ms": statistics.median(direct), "via_median_ms": statistics.median(via),
+            "added_median_ms": statistics.median(via) - statistics.median(direct),
+            "paired_added_median_ms": statistics.median(pairs), "samples": samples, "threads": threads}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rejections", type=int, default=2000, help="refused requests timed per worker count")
+    parser.add_argument("--workers", default="1,1000", help="registered worker counts to compare")
+    parser.add_argument("--samples", type=int, default=60, help="TTFT samples per path")
+    parser.add_argument("--stub-samples", type=int, default=500, help="TTFT samples per path against the stub")
+    parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads of the benchmark's worker")
+    parser.add_argument("--skip-ttft", action="store_true")
+    args = parser.parse_args()
+
+    rows = [asyncio.run(rejection(int(n), args.rejections)) for n in args.workers.split(",")]
+    print(f"Rejection latency (503 sessions_full), {args.rejections} requests each, in-process ASGI, one event loop")
+    print(f"{'workers':>8} {'HTTP median':>12} {'HTTP p99':>10} {'check median':>13} {'check p99':>10}")
+    for r in rows:
+        print(f"{r['workers']:>8} {r['http_median_us']:>10.1f}us {r['http_p99_us']:>8.1f}us "
+              f"{r['check_median_us']:>11.2f}us {r['check_p99_us']:>8.2f}us")
+    base, last = rows[0], rows[-1]
+    print(f"ratio {last['workers']}/{base['workers']} workers: HTTP median x{last['http_median_us'] / base['http_median_us']:.2f}, "
+          f"check median x{last['check_median_us'] / base['check_median_us']:.2f}")
+    if args.skip_ttft:
+        return
+    stub = added_ttft_stub(args.stub_samples)
+    print(f"\nTime to first token against a stub worker (no model), {stub['samples']} interleaved samples per path")
+    print(f"  stub direct:         median {stub['direct_median_ms']:.3f} ms")
+    print(f"  through coordinator: median {stub['via_median_ms']:.3f} ms")
+    print(f"  added by the coordinator: {stub['added_median_ms']:.3f} ms (difference of medians)")
+    t = added_ttft(args.samples, args.threads)
+    print(f"\nTime to first token, {t['samples']} interleaved samples per path, greedy, max_tokens 2, "
+          f"worker with {t['threads']} llama.cpp thread(s), coordinator 1 process / 1 event loop")
+    print(f"  worker direct:       median {t['direct_median_ms']:.2f} ms")
+    print(f"  through coordinator: median {t['via_median_ms']:.2f} ms")
+    print(f"  added: {t['added_median_ms']:.2f} ms (difference of medians), "
+          f"{t['paired_added_median_ms']:.2f} ms (median of paired differences); target < 2 ms")
+
+
+if __name__ == "__main__":
+    main()
