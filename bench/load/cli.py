@@ -1,0 +1,161 @@
+"""Flags of `python -m bench.load`, validated once into an `Options`, every problem reported at once.
+
+Owns: flag names, defaults, the loopback-only rule for targets, and turning sweeps into `Point`s.
+Must not: send requests or print results (command.py does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from bench.load.runner import Point
+from bench.load.workload import PROMPTS
+
+LOOPBACK_NAMES = {"localhost"}
+DEFAULT_DURATION_S = 10.0
+
+
+class UsageError(ValueError):
+    """Flags that cannot make a run; the message lists every problem."""
+
+
+def check_loopback(url: str) -> str | None:
+    """The problem with `url` as a target, or None: only 127.0.0.1, ::1 and localhost are allowed here."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError as exc:
+        return f"--url {url!r} is not a URL: {exc}"
+    if parts.scheme not in ("http", "https"):
+        return f"--url {url!r} must start with http:// or https://"
+    if host.lower() in LOOPBACK_NAMES:
+        return None
+    try:
+        if ipaddress.ip_address(host) in (ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1")):
+            return None
+    except ValueError:
+        pass
+    return (f"--url {url!r}: only loopback targets are allowed (127.0.0.1, localhost, ::1); "
+            f"host {host!r} is not one")
+
+
+def parse_list(text: str, kind: type[int | float], flag: str) -> list[float]:
+    try:
+        values = [float(kind(v)) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: expected a comma-separated list of numbers") from None
+    if not values or any(v <= 0 for v in values):
+        raise UsageError(f"{flag} {text!r}: every value must be positive")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.load", description=(
+        "Load-test a streaming LLM endpoint (this project's SSE API or OpenAI /v1/completions): "
+        "TTFT, TPOT, ITL, e2e percentiles, throughput and goodput per concurrency or arrival rate."))
+    t = p.add_argument_group("target")
+    t.add_argument("--url", required=True, help="base URL, loopback only, e.g. http://127.0.0.1:1337")
+    t.add_argument("--api", choices=("infer", "worker", "openai"), default="infer",
+                   help="infer: POST /coordinator/infer; worker: POST /worker/generate; "
+                        "openai: POST /v1/completions (stream)")
+    t.add_argument("--model", help="model name to send (openai: default the first of GET /v1/models)")
+    t.add_argument("--timeout", type=float, default=120.0, help="per-request deadline, seconds")
+    w = p.add_argument_group("workload")
+    w.add_argument("--mode", choices=("closed", "open"),
+                   help="closed: N users back to back; open: Poisson arrivals (default: open if --rate)")
+    w.add_argument("--concurrency", default="1", help="closed loop: users per point, e.g. 1,8,16")
+    w.add_argument("--rate", help="open loop: requests/s per point, e.g. 2,4,8")
+    w.add_argument("--requests", type=int, help="requests per point")
+    w.add_argument("--duration", type=float,
+                   help=f"seconds per point (default {DEFAULT_DURATION_S:g} if --requests is not given)")
+    w.add_argument("--request-cap", type=int, default=10_000, help="hard cap on requests over the whole run")
+    w.add_argument("--warmup", type=int, default=0, help="unmeasured requests sent first, one at a time")
+    w.add_argument("--prompt", action="append", help="a prompt (repeat for several; default: 8 built-in)")
+    w.add_argument("--seed", type=int, default=0, help="seeds prompt order, arrivals and sampling seeds")
+    s = p.add_argument_group("sampling")
+    s.add_argument("--max-tokens", type=int, default=64)
+    s.add_argument("--temperature", type=float, default=0.8)
+    s.add_argument("--top-p", type=float, default=0.95)
+    s.add_argument("--top-k", type=int, default=40)
+    s.add_argument("--ignore-eos", action="store_true", help="generate max-tokens every time")
+    s.add_argument("--logit-bias-ban", help="openai: token ids to ban (its stand-in for --ignore-eos), "
+                                             "e.g. 0,2; default with --model-path: the model's end tokens")
+    s.add_argument("--raw", action="store_true", help="ours: send raw=true (no chat template)")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", type=Path, help="write every point's summary as JSON here")
+    o.add_argument("--plot", type=Path, help="write a PNG: throughput and latency against the sweep")
+    o.add_argument("--slo-ttft-ms", type=float, help="goodput: TTFT at most this")
+    o.add_argument("--slo-tpot-ms", type=float, help="goodput: TPOT at most this")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c = p.add_argument_group("comparison with llama_cpp.server")
+    c.add_argument("--compare-llama-cpp-server", action="store_true",
+                   help="also start `python -m llama_cpp.server` and run the same points against it")
+    c.add_argument("--model-path", type=Path, help="GGUF the peer serves (the same one as ours)")
+    c.add_argument("--threads", type=int, help="peer threads (start ours with the same --threads)")
+    c.add_argument("--peer-port", type=int, help="default: a free port")
+    c.add_argument("--peer-ctx", type=int, default=2048, help="peer n_ctx")
+    c.add_argument("--no-chat-template", action="store_true",
+                   help="send the prompts as raw text to both, instead of the model's chat template")
+    return p
+
+
+@dataclass(frozen=True)
+class Options:
+    args: argparse.Namespace
+    points: list[Point]
+    banned_tokens: tuple[int, ...]
+    prompts: tuple[str, ...]
+
+
+def validate(args: argparse.Namespace) -> Options:
+    problems: list[str] = []
+    if (problem := check_loopback(args.url)) is not None:
+        problems.append(problem)
+    mode = args.mode or ("open" if args.rate else "closed")
+    levels: list[float] = []
+    try:
+        if mode == "open":
+            if not args.rate:
+                raise UsageError("--mode open needs --rate, e.g. --rate 2,4,8")
+            levels = parse_list(args.rate, float, "--rate")
+        else:
+            if args.rate:
+                raise UsageError("--rate is for --mode open; use --concurrency for a closed loop")
+            levels = parse_list(args.concurrency, int, "--concurrency")
+    except UsageError as exc:
+        problems.append(str(exc))
+    for flag, value in (("--requests", args.requests), ("--duration", args.duration),
+                        ("--timeout", args.timeout), ("--max-tokens", args.max_tokens),
+                        ("--request-cap", args.request_cap)):
+        if value is not None and value <= 0:
+            problems.append(f"{flag} must be positive")
+    if args.warmup < 0:
+        problems.append("--warmup must be 0 or more")
+    banned: tuple[int, ...] = ()
+    if args.logit_bias_ban:
+        try:
+            banned = tuple(int(v) for v in args.logit_bias_ban.split(",") if v.strip())
+        except ValueError:
+            problems.append(f"--logit-bias-ban {args.logit_bias_ban!r}: expected token ids like 0,2")
+    if args.compare_llama_cpp_server:
+        if args.api == "openai":
+            problems.append("--compare-llama-cpp-server measures ours: use --api infer or worker")
+        if args.model_path is None or not args.model_path.is_file():
+            problems.append(f"--compare-llama-cpp-server needs --model-path to a GGUF file (got {args.model_path})")
+        if args.threads is None or args.threads < 1:
+            problems.append("--compare-llama-cpp-server needs --threads (the same as ours)")
+    elif args.api == "openai" and args.ignore_eos and not banned and args.model_path is None:
+        problems.append("--ignore-eos with --api openai needs --logit-bias-ban IDS or --model-path "
+                        "(OpenAI servers have no ignore_eos)")
+    if problems:
+        raise UsageError("\n".join(problems))
+    duration = args.duration
+    if args.requests is None and duration is None:
+        duration = DEFAULT_DURATION_S
+    points = [Point(mode, level, args.requests, duration) for level in levels]  # type: ignore[arg-type]
+    return Options(args, points, banned, tuple(args.prompt) if args.prompt else PROMPTS)

@@ -1,0 +1,100 @@
+"""The peer for comparison runs: `python -m llama_cpp.server`, started and stopped by the tool.
+
+Owns: the server's command line, its readiness wait (`GET /v1/models`), its log file, and stopping it.
+Must not: run workloads (compare.py does).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LlamaCppServer:
+    """`with LlamaCppServer(model, threads=2) as peer:` ... `peer.url` is its loopback base URL."""
+
+    def __init__(self, model_path: Path, *, threads: int, port: int | None = None, n_ctx: int = 2048,
+                 python: str = sys.executable, startup_timeout: float = 120.0) -> None:
+        self.model_path = model_path
+        self.threads = threads
+        self.port = port or free_port()
+        self.n_ctx = n_ctx
+        self.python = python
+        self.startup_timeout = startup_timeout
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(tempfile.gettempdir()) / f"bench-load-llama-cpp-server-{self.port}.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def argv(self) -> list[str]:
+        t = str(self.threads)
+        return [self.python, "-m", "llama_cpp.server", "--model", str(self.model_path),
+                "--n_threads", t, "--n_threads_batch", t, "--n_ctx", str(self.n_ctx),
+                "--host", "127.0.0.1", "--port", str(self.port),
+                # By default a new request cuts the running stream short ("[DONE]" early), which would
+                # count truncated answers as successes; off, requests wait their turn instead.
+                "--interrupt_requests", "False", "--verbose", "False"]
+
+    def start(self) -> None:
+        with self.log_path.open("wb") as log:
+            self._proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
+        try:
+            self._wait_ready()
+        except BaseException:  # Ctrl+C while it loads included: never leave it running
+            self.stop()
+            raise
+
+    def _wait_ready(self) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"llama_cpp.server exited with {self._proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/v1/models", timeout=2, trust_env=False).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError(f"llama_cpp.server not ready after {self.startup_timeout:.0f} s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
