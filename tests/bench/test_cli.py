@@ -1,0 +1,73 @@
+"""bench.load.cli: the loopback-only rule, sweeps into points, every flag problem reported at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.load.cli import DEFAULT_DURATION_S, UsageError, build_parser, check_loopback, validate
+from bench.load.command import main
+
+
+@pytest.mark.parametrize("url,allowed", [
+    ("http://127.0.0.1:1337", True),
+    ("http://localhost:3001", True),
+    ("http://LOCALHOST", True),
+    ("https://[::1]:8000", True),
+    ("http://127.0.0.2:1337", False),
+    ("http://0.0.0.0:1337", False),
+    ("http://10.0.0.5:1337", False),
+    ("http://example.com", False),
+    ("http://localhost.example.com", False),
+    ("http://127.0.0.1.nip.io", False),
+    ("ftp://127.0.0.1", False),
+    ("127.0.0.1:1337", False),
+    ("http://127.0.0.1:notaport", False),
+])
+def test_only_loopback_targets(url: str, allowed: bool) -> None:
+    assert (check_loopback(url) is None) is allowed
+
+
+def options(*argv: str):  # type: ignore[no-untyped-def]
+    return validate(build_parser().parse_args(["--url", "http://127.0.0.1:1", *argv]))
+
+
+def test_closed_sweep_points() -> None:
+    o = options("--concurrency", "1,8,16", "--requests", "20")
+    assert [(p.mode, p.level, p.requests, p.duration) for p in o.points] == [
+        ("closed", 1, 20, None), ("closed", 8, 20, None), ("closed", 16, 20, None)]
+    assert [p.label for p in o.points] == ["c=1", "c=8", "c=16"]
+
+
+def test_rate_means_open_loop_and_a_point_always_has_a_bound() -> None:
+    o = options("--rate", "2,4.5")
+    assert [(p.mode, p.level, p.requests, p.duration) for p in o.points] == [
+        ("open", 2.0, None, DEFAULT_DURATION_S), ("open", 4.5, None, DEFAULT_DURATION_S)]
+    assert o.points[1].label == "rate=4.5/s"
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    with pytest.raises(UsageError) as info:
+        validate(build_parser().parse_args(["--url", "http://192.168.1.2:1337", "--concurrency", "0,4",
+                                            "--max-tokens", "0", "--logit-bias-ban", "a,b"]))
+    message = str(info.value)
+    for part in ("only loopback", "--concurrency", "--max-tokens", "--logit-bias-ban"):
+        assert part in message
+
+
+@pytest.mark.parametrize("argv,problem", [
+    (["--mode", "open"], "needs --rate"),
+    (["--mode", "closed", "--rate", "2"], "--rate is for --mode open"),
+    (["--api", "openai", "--ignore-eos"], "--logit-bias-ban"),
+    (["--compare-llama-cpp-server"], "--model-path"),
+    (["--compare-llama-cpp-server", "--api", "openai"], "use --api infer or worker"),
+])
+def test_inconsistent_flags(argv: list[str], problem: str) -> None:
+    with pytest.raises(UsageError, match=problem):
+        options(*argv)
+
+
+def test_command_refuses_a_remote_url_before_sending_anything(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--url", "http://8.8.8.8", "--requests", "1"])
+    assert info.value.code == 2
+    assert "only loopback targets are allowed" in capsys.readouterr().err

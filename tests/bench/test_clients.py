@@ -1,0 +1,236 @@
+"""bench.load.clients over httpx.MockTransport: both stream formats, every failure kind, request bodies."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import pytest
+
+from bench.load.clients import InferClient, OpenAIClient, Sampling, StreamClient, error_reason
+from bench.load.record import Failure, RequestRecord
+from bench.load.sse import SseEvent, SseLines
+from bench.load.workload import WorkItem
+from protocol.inference import InferRequest
+
+ITEM = WorkItem(index=3, prompt="Hello there", seed=42)
+
+
+def sse(event: str, data: object) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def chunk(data: object) -> bytes:
+    return f"data: {json.dumps(data) if not isinstance(data, str) else data}\n\n".encode()
+
+
+def token(text: str, index: int) -> bytes:
+    return sse("token", {"token": text, "index": index, "probability": 0.5, "finished": False})
+
+
+def done(completion_tokens: int) -> bytes:
+    return sse("done", {"finished": True, "finish_reason": "length",
+                        "usage": {"prompt_tokens": 5, "cached_tokens": 0, "completion_tokens": completion_tokens,
+                                  "total_tokens": 5 + completion_tokens},
+                        "timings": {}, "request_id": "r", "worker_id": "w", "model": "m"})
+
+
+def stream_of(*parts: bytes) -> Callable[[httpx.Request], httpx.Response]:
+    async def body() -> AsyncIterator[bytes]:
+        for part in parts:
+            yield part
+
+    return lambda request: httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body())
+
+
+def send(client: StreamClient, handler: Callable[[httpx.Request], httpx.Response]) -> RequestRecord:
+    async def go() -> RequestRecord:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+            return await client.send(http, ITEM)
+
+    return asyncio.run(go())
+
+
+def ticking() -> Callable[[], float]:
+    """A clock that moves one second per reading: event times become event numbers."""
+    return itertools.count().__next__  # type: ignore[return-value]
+
+
+def infer(**kwargs: object) -> InferClient:
+    return InferClient("http://127.0.0.1:1", Sampling(max_tokens=4, ignore_eos=True, raw=True),
+                       clock=ticking(), **kwargs)  # type: ignore[arg-type]
+
+
+# -- SSE lines ------------------------------------------------------------------------------------
+
+def test_sse_lines_parse_names_multiline_data_comments_and_an_unterminated_last_event() -> None:
+    parser = SseLines()
+    lines = [": ping", "event: token", "data: {\"a\":", "data: 1}", "", "data:[DONE]", "", "id: 7", "data: x"]
+    events = [e for line in lines if (e := parser.feed(line)) is not None]
+    assert events == [SseEvent("token", '{"a":\n1}'), SseEvent("message", "[DONE]")]
+    assert parser.flush() == SseEvent("message", "x")
+    assert parser.flush() is None
+
+
+# -- this project's API -----------------------------------------------------------------------------
+
+def test_infer_counts_tokens_by_usage_and_itl_by_events() -> None:
+    # three events, four tokens: the last event joins two tokens (a UTF-8 character split in two)
+    record = send(infer(), stream_of(b": ping\n\n", token("Hi", 0), token(" th", 1), token("ere\xe2\x9c\x93", 3),
+                                     done(4)))
+    assert record.ok
+    assert record.tokens == 4 and not record.token_mismatch
+    assert record.event_times == [1, 2, 3] and record.e2e == 4
+    assert record.ttft == 1 and record.itl == [1, 1] and record.tpot == pytest.approx(1.0)
+
+
+def test_infer_survives_reads_split_anywhere_and_crlf() -> None:
+    whole = (token("é", 0) + token("b", 1) + done(2)).replace(b"\n", b"\r\n")
+    pieces = [whole[i:i + 7] for i in range(0, len(whole), 7)]  # splits lines, CRLF pairs and "é"
+    record = send(infer(), stream_of(*pieces))
+    assert record.ok and record.tokens == 2 and len(record.event_times) == 2
+
+
+def test_infer_flags_a_done_usage_that_disagrees_with_the_token_indices() -> None:
+    record = send(infer(), stream_of(token("a", 0), token("b", 1), done(5)))
+    assert record.ok and record.tokens == 5 and record.token_mismatch
+
+
+def test_infer_error_event_is_a_stream_failure_with_its_reason() -> None:
+    record = send(infer(), stream_of(token("a", 0), token("b", 1),
+                                     sse("error", {"error": "too slow", "reason": "deadline_exceeded",
+                                                   "request_id": "r", "finished": True})))
+    assert not record.ok
+    assert (record.failure, record.reason, record.tokens) == (Failure.STREAM, "deadline_exceeded", 2)
+    assert record.error_key == "stream deadline_exceeded"
+
+
+def test_infer_non_200_is_counted_by_status_and_reason() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"error": "full", "reason": "kv_full", "request_id": "r"},
+                              headers={"Retry-After": "1"})
+
+    record = send(infer(), handler)
+    assert (record.failure, record.status, record.reason) == (Failure.HTTP, 503, "kv_full")
+    assert record.error_key == "http 503 kv_full"
+
+
+def test_infer_stream_without_done_is_a_protocol_failure() -> None:
+    record = send(infer(), stream_of(token("a", 0)))
+    assert (record.failure, record.reason, record.ok) == (Failure.PROTOCOL, "no_done_event", False)
+
+
+def test_infer_bad_event_json_is_a_protocol_failure() -> None:
+    record = send(infer(), stream_of(b"event: token\ndata: {not json\n\n"))
+    assert record.failure is Failure.PROTOCOL
+
+
+@pytest.mark.parametrize("exc,failure,reason", [
+    (httpx.ConnectError("refused"), Failure.TRANSPORT, "ConnectError"),
+    (httpx.ReadTimeout("slow"), Failure.TIMEOUT, "ReadTimeout"),
+    (httpx.RemoteProtocolError("cut"), Failure.TRANSPORT, "RemoteProtocolError"),
+])
+def test_transport_failures(exc: Exception, failure: Failure, reason: str) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise exc
+
+    record = send(infer(), handler)
+    assert (record.failure, record.reason) == (failure, reason)
+
+
+def test_the_per_request_deadline_covers_the_whole_stream() -> None:
+    async def hang() -> AsyncIterator[bytes]:
+        yield token("a", 0)
+        await asyncio.sleep(30)
+        yield done(1)
+
+    client = InferClient("http://127.0.0.1:1", Sampling(), timeout=0.05)
+    record = send(client, lambda request: httpx.Response(200, content=hang()))
+    assert record.failure is Failure.TIMEOUT and not record.ok
+
+
+@pytest.mark.parametrize("worker,path", [(False, "/coordinator/infer"), (True, "/worker/generate")])
+def test_infer_request_is_a_valid_infer_request(worker: bool, path: str) -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return stream_of(token("a", 0), done(1))(request)
+
+    send(infer(worker=worker), handler)
+    assert seen[0].url.path == path
+    body = InferRequest.model_validate_json(seen[0].content)
+    assert (body.prompt, body.seed, body.max_tokens, body.ignore_eos, body.raw) == ("Hello there", 42, 4, True, True)
+
+
+# -- OpenAI-compatible /v1/completions -----------------------------------------------------------------
+
+def openai(**sampling: object) -> OpenAIClient:
+    return OpenAIClient("http://localhost:1/", Sampling(max_tokens=8, **sampling), clock=ticking())  # type: ignore[arg-type]
+
+
+def text(t: str, finish: str | None = None) -> bytes:
+    return chunk({"id": "c", "object": "text_completion", "choices": [{"index": 0, "text": t,
+                                                                      "finish_reason": finish}]})
+
+
+def test_openai_uses_usage_when_sent() -> None:
+    record = send(openai(), stream_of(text("Hel"), text(""), text("lo"), text("", "length"),
+                                      chunk({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3,
+                                                                      "total_tokens": 6}}),
+                                      chunk("[DONE]")))
+    assert record.ok
+    assert record.tokens == 3
+    assert record.event_times == [1, 3]  # chunks with text only
+    assert record.e2e == 6
+
+
+def test_openai_counts_content_chunks_without_usage() -> None:
+    record = send(openai(), stream_of(text("a"), text("b"), text("c", "stop"), chunk("[DONE]")))
+    assert record.ok and record.tokens == 3 and record.e2e == 4
+
+
+def test_openai_finish_without_done_still_ends_and_no_finish_is_a_failure() -> None:
+    ended = send(openai(), stream_of(text("a"), text("b", "length")))
+    assert ended.ok and ended.e2e == 2
+    cut = send(openai(), stream_of(text("a")))
+    assert (cut.failure, cut.reason) == (Failure.PROTOCOL, "no_finish")
+
+
+def test_openai_error_body_and_error_chunk() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, json={"error": {"message": "bad", "type": "invalid_request_error"}})
+
+    record = send(openai(), refuse)
+    assert record.error_key == "http 400 invalid_request_error"
+    record = send(openai(), stream_of(text("a"), chunk({"error": {"message": "boom", "code": "server_error"}})))
+    assert (record.failure, record.reason, record.tokens) == (Failure.STREAM, "server_error", 1)
+
+
+def test_openai_request_body_streams_and_bans_tokens() -> None:
+    seen: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        assert request.url.path == "/v1/completions"
+        return stream_of(text("a", "stop"), chunk("[DONE]"))(request)
+
+    send(openai(banned_tokens=(0, 2), model="smol", temperature=0.0), handler)
+    body = seen[0]
+    assert body["stream"] is True and body["prompt"] == "Hello there" and body["seed"] == 42
+    assert body["max_tokens"] == 8 and body["temperature"] == 0.0 and body["model"] == "smol"
+    assert body["logit_bias"] == {"0": -100.0, "2": -100.0}
+
+
+@pytest.mark.parametrize("body,reason", [
+    (b'{"error": "x", "reason": "sessions_full", "request_id": "r"}', "sessions_full"),
+    (b'{"error": {"type": "server_error"}}', "server_error"),
+    (b'{"detail": [{"loc": ["body"]}]}', "invalid_request"),
+    (b"Internal Server Error", ""),
+    (b"[]", ""),
+])
+def test_error_reason(body: bytes, reason: str) -> None:
+    assert error_reason(body) == reason
