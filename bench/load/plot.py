@@ -54,12 +54,14 @@ def plot_sweep(targets: Mapping[str, Sequence[PointResult]], path: Path, *, titl
     req.set_ylabel("successful requests/s", color=REQUESTS_COLOR)
     # With a fixed answer length the two curves have the same shape: give them different heights
     # (tokens/s in the upper part, requests/s in the lower half) so neither hides the other.
-    thr.set_ylim(0, thr.get_ylim()[1] * 1.3)
-    req.set_ylim(0, req.get_ylim()[1] * 2.2)
+    thr.set_ylim(0, thr.get_ylim()[1] * 1.1)
+    req.set_ylim(0, req.get_ylim()[1] * 2.0)
     handles = thr.get_legend_handles_labels()[0] + req.get_legend_handles_labels()[0]
-    thr.legend(handles, [str(h.get_label()) for h in handles], loc="upper left", fontsize=8)
+    # Legends go under the panels: inside, they would cover the highest points.
+    below = {"loc": "upper center", "bbox_to_anchor": (0.5, -0.14), "fontsize": 8, "frameon": False}
+    thr.legend(handles, [str(h.get_label()) for h in handles], ncol=2, **below)  # type: ignore[arg-type]
     lat.set(xlabel=xlabel, ylabel="milliseconds (log scale)", title="Latency percentiles", yscale="log")
-    lat.legend(fontsize=7, ncol=2 if len(targets) > 1 else 1, loc="upper left")
+    lat.legend(ncol=2 if len(targets) > 1 else 3, **below)  # type: ignore[arg-type]
     levels = sorted({r.point.level for rs in targets.values() for r in rs})
     for ax in (thr, lat):
         ax.grid(True, alpha=0.3)
@@ -70,5 +72,25 @@ def plot_sweep(targets: Mapping[str, Sequence[PointResult]], path: Path, *, titl
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m bench.load.plot results.json results.png`: plots a saved run again."""
+    import argparse
+
+    from bench.load.report import read_json
+
+    parser = argparse.ArgumentParser(prog="python -m bench.load.plot", description=main.__doc__)
+    parser.add_argument("json", type=Path)
+    parser.add_argument("png", type=Path)
+    parser.add_argument("--title", default="")
+    args = parser.parse_args(argv)
+    plot_sweep(read_json(args.json), args.png, title=args.title)
+    print(f"wrote {args.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -24,9 +24,11 @@ def point_block(result: PointResult, target: str = "") -> str:
     s = result.summary
     name = f"[{target}] " if target else ""
     slo = ""
-    if s.slo.ttft_ms is not None or s.slo.tpot_ms is not None:
+    bounds = [f"{metric}<={limit:g} ms" for metric, limit in (("TTFT", s.slo.ttft_ms), ("TPOT", s.slo.tpot_ms))
+              if limit is not None]
+    if bounds:
         slo = (f"   goodput {s.goodput_rps:.2f} req/s ({100 * (s.slo_attainment or 0):.0f}% within "
-               f"TTFT<={num(s.slo.ttft_ms, 0)} ms, TPOT<={num(s.slo.tpot_ms, 0)} ms)")
+               f"{', '.join(bounds)})")
     title = (f"{name}{result.point.label}: {s.requests} requests ({s.successes} ok, {s.failures} failed) "
              f"in {s.duration_s:.2f} s   {s.requests_per_s:.2f} req/s   {s.tokens_per_s:.1f} tok/s "
              f"({s.output_tokens} tokens){slo}")
@@ -69,3 +71,20 @@ def write_json(path: Path, config: Mapping[str, Any], targets: Mapping[str, Sequ
     document.update(extra or {})
     path.write_text(json.dumps(document, indent=2) + "\n")
 
+
+
+def read_json(path: Path) -> dict[str, list[PointResult]]:
+    """The targets of a JSON file `write_json` wrote, as point results without their request records
+    (enough to print or plot a saved run again)."""
+    from bench.load.runner import Point
+    from bench.load.stats import Percentiles, Slo, Summary
+
+    def result(p: dict[str, Any]) -> PointResult:
+        fields = dict(p["summary"])
+        for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+            fields[key] = Percentiles(**fields[key])
+        fields["slo"] = Slo(**fields["slo"])
+        return PointResult(Point(p["mode"], p["level"], p["requests"], p["duration_s"]), Summary(**fields))
+
+    document = json.loads(path.read_text())
+    return {name: [result(p) for p in points] for name, points in document["targets"].items()}
