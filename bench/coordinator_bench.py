@@ -10,9 +10,11 @@ stopped by its own pid in a `finally` block.
    sockets), and `Admission.check` alone. O(1) means the two worker counts give the same times within
    noise.
 2. Added time to first token against a stub worker: a tiny asyncio HTTP server in this process that
-   answers `/worker/generate` at once with one token and `done`. Without llama.cpp's prefill in the
-   way, the difference between calling it directly and through the coordinator is the coordinator's
-   own cost (two more loopback hops, HTTP parsing, admission, scheduling, relay).
+   answers `/worker/generate` with one token and `done`, either at once or `--stub-delay-ms` after
+   its headers (as a real worker does after prefill). Without llama.cpp in the way, the difference
+   between calling it directly and through the coordinator is the coordinator's own cost (two more
+   loopback hops, HTTP parsing, admission, scheduling, relay); the delayed row shows what waking up
+   after an idle gap adds on this machine.
 3. Added time to first token: one real worker (`python -m worker`, `--threads` llama.cpp threads) and
    one real coordinator (`python -m coordinator`) on loopback. The same greedy prompt is streamed
    `--samples` times straight from the worker and `--samples` times through the coordinator,
@@ -110,26 +112,35 @@ STUB_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nx-prompt-to
              b"x-worker-id: stub\r\ntransfer-encoding: chunked\r\n\r\n")
 
 
-async def _stub_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length:")), 0)
-            await reader.readexactly(length)
-            writer.write(STUB_HEAD + STUB_BODY)
-            await writer.drain()
-    except (asyncio.IncompleteReadError, ConnectionError):
-        writer.close()
+def _stub_connection(delay: float):  # type: ignore[no-untyped-def]
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                if delay:  # like a real worker: headers at admission, the first token after prefill
+                    writer.write(STUB_HEAD)
+                    await writer.drain()
+                    await asyncio.sleep(delay)
+                    writer.write(STUB_BODY)
+                else:
+                    writer.write(STUB_HEAD + STUB_BODY)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    return serve
 
 
 @contextmanager
-def stub_worker(port: int) -> Iterator[None]:
+def stub_worker(port: int, delay: float) -> Iterator[None]:
     """The stub runs on its own thread's event loop so the benchmark's blocking client can call it."""
     import threading
 
     loop = asyncio.new_event_loop()
-    server = loop.run_until_complete(asyncio.start_server(_stub_connection, "127.0.0.1", port))
+    server = loop.run_until_complete(asyncio.start_server(_stub_connection(delay), "127.0.0.1", port))
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
@@ -140,11 +151,11 @@ def stub_worker(port: int) -> Iterator[None]:
         thread.join(timeout=5)
 
 
-def added_ttft_stub(samples: int) -> dict[str, float]:
+def added_ttft_stub(samples: int, delay: float) -> dict[str, float]:
     coordinator_port, stub_port = free_port(), free_port()
     coordinator, stub = f"http://127.0.0.1:{coordinator_port}", f"http://127.0.0.1:{stub_port}"
     body: dict[str, object] = {"prompt": "What is the capital of France?", "max_tokens": 1}
-    with stub_worker(stub_port), process(
+    with stub_worker(stub_port, delay), process(
             [sys.executable, "-m", "coordinator", "--port", str(coordinator_port), "--log-level", "warning",
              "--heartbeat-interval", "600"], coordinator + "/coordinator/health", "coordinator"):
         load = WorkerLoad(sessions=0, max_sessions=16, active_streams=0, queue_depth=0, kv_used_bytes=0,
@@ -161,7 +172,8 @@ def added_ttft_stub(samples: int) -> dict[str, float]:
                 direct.append(first_token_ms(direct_client, stub + "/worker/generate", body))
                 via.append(first_token_ms(via_client, coordinator + "/coordinator/infer", body))
     return {"direct_median_ms": statistics.median(direct), "via_median_ms": statistics.median(via),
-            "added_median_ms": statistics.median(via) - statistics.median(direct), "samples": samples}
+            "added_median_ms": statistics.median(via) - statistics.median(direct), "samples": samples,
+            "delay_ms": delay * 1000}
 
 
 
@@ -210,7 +222,7 @@ def added_ttft(samples: int, threads: int) -> dict[str, float]:
     coordinator_port, worker_port = free_port(), free_port()
     coordinator = f"http://127.0.0.1:{coordinator_port}"
     worker = f"http://127.0.0.1:{worker_port}"
-    body: dict[str, object] = {"prompt": "What is the capital of France?", "max_tokens": 2, "temperature": 0}
+    body: dict[str, object] = {"prompt": "What is the capital of France?", "max_tokens": 1, "temperature": 0}
     with process([sys.executable, "-m", "coordinator", "--port", str(coordinator_port), "--log-level", "warning"],
                  coordinator + "/coordinator/health", "coordinator"), \
             process([sys.executable, "-m", "worker", "--port", str(worker_port), "--worker-id", "bench",
@@ -238,6 +250,8 @@ def main() -> None:
     parser.add_argument("--workers", default="1,1000", help="registered worker counts to compare")
     parser.add_argument("--samples", type=int, default=60, help="TTFT samples per path")
     parser.add_argument("--stub-samples", type=int, default=500, help="TTFT samples per path against the stub")
+    parser.add_argument("--stub-delay-ms", type=float, default=70.0,
+                        help="the stub's gap between headers and first token in the second row (a real prefill)")
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads of the benchmark's worker")
     parser.add_argument("--skip-ttft", action="store_true")
     args = parser.parse_args()
@@ -253,13 +267,15 @@ def main() -> None:
           f"check median x{last['check_median_us'] / base['check_median_us']:.2f}")
     if args.skip_ttft:
         return
-    stub = added_ttft_stub(args.stub_samples)
-    print(f"\nTime to first token against a stub worker (no model), {stub['samples']} interleaved samples per path")
-    print(f"  stub direct:         median {stub['direct_median_ms']:.3f} ms")
-    print(f"  through coordinator: median {stub['via_median_ms']:.3f} ms")
-    print(f"  added by the coordinator: {stub['added_median_ms']:.3f} ms (difference of medians)")
+    print(f"\nTime to first token against a stub worker (no model), {args.stub_samples} interleaved samples per path")
+    print(f"{'first token':>22} {'direct':>10} {'through coordinator':>20} {'added':>9}")
+    for delay in (0.0, args.stub_delay_ms / 1000):
+        stub = added_ttft_stub(args.stub_samples if not delay else max(20, args.stub_samples // 4), delay)
+        when = "with the headers" if not delay else f"{stub['delay_ms']:.0f} ms after headers"
+        print(f"{when:>22} {stub['direct_median_ms']:>8.3f}ms {stub['via_median_ms']:>18.3f}ms "
+              f"{stub['added_median_ms']:>7.3f}ms")
     t = added_ttft(args.samples, args.threads)
-    print(f"\nTime to first token, {t['samples']} interleaved samples per path, greedy, max_tokens 2, "
+    print(f"\nTime to first token, {t['samples']} interleaved samples per path, greedy, max_tokens 1, "
           f"worker with {t['threads']} llama.cpp thread(s), coordinator 1 process / 1 event loop")
     print(f"  worker direct:       median {t['direct_median_ms']:.2f} ms")
     print(f"  through coordinator: median {t['via_median_ms']:.2f} ms")
