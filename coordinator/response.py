@@ -65,6 +65,11 @@ class RelayResponse(Response):
                     ending = Ending.SLOW_CLIENT
             elif self.relay.slow.is_set():
                 ending = Ending.SLOW_CLIENT
+            if ending is Ending.COMPLETE:
+                # End the client's response first: the reader may still be reading the worker's last bytes.
+                await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})
+        except _SendTimeout:
+            pass  # every event was delivered; uvicorn closes the connection we could not finish
         finally:
             for task in watchers:
                 task.cancel()
@@ -72,11 +77,6 @@ class RelayResponse(Response):
                 reader.cancel()  # closes the worker response: the worker cancels and frees the KV
             await asyncio.gather(reader, *watchers, return_exceptions=True)
             self.on_end(ending)
-        if ending is Ending.COMPLETE:
-            try:
-                await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})
-            except _SendTimeout:
-                pass  # every event was delivered; uvicorn closes the connection we could not finish
 
     async def _write(self, send: Send) -> None:
         await self._send(send, {"type": "http.response.start", "status": self.status_code,
