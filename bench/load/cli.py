@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--duration", type=float,
                    help=f"seconds per point (default {DEFAULT_DURATION_S:g} if --requests is not given)")
     w.add_argument("--request-cap", type=int, default=10_000, help="hard cap on requests over the whole run")
+    w.add_argument("--failure-pause-ms", type=float, default=50.0,
+                   help="closed loop: a user waits this long after a failed request (0: retry at once)")
     w.add_argument("--warmup", type=int, default=0, help="unmeasured requests sent first, one at a time")
     w.add_argument("--prompt", action="append", help="a prompt (repeat for several; default: 8 built-in)")
     w.add_argument("--seed", type=int, default=0, help="seeds prompt order, arrivals and sampling seeds")
@@ -134,8 +136,8 @@ def validate(args: argparse.Namespace) -> Options:
                         ("--request-cap", args.request_cap)):
         if value is not None and value <= 0:
             problems.append(f"{flag} must be positive")
-    if args.warmup < 0:
-        problems.append("--warmup must be 0 or more")
+    if args.warmup < 0 or args.failure_pause_ms < 0:
+        problems.append("--warmup and --failure-pause-ms must be 0 or more")
     banned: tuple[int, ...] = ()
     if args.logit_bias_ban:
         try:

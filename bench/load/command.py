@@ -48,7 +48,7 @@ def runner_for(options: Options, api: str, url: str, sampling: Sampling, prompts
     a = options.args
     client = make_client(api, url, sampling, timeout=a.timeout)
     return Runner(client, Workload(prompts, seed=a.seed), slo=Slo(a.slo_ttft_ms, a.slo_tpot_ms),
-                  cap=a.request_cap, progress=not a.no_progress)
+                  cap=a.request_cap, failure_pause=a.failure_pause_ms / 1e3, progress=not a.no_progress)
 
 
 def openai_model(url: str) -> str | None:

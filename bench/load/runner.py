@@ -6,6 +6,7 @@ Must not: define metrics (stats.py) or print results (report.py).
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -53,11 +54,15 @@ class Runner:
     """Drives one target (a `StreamClient`) through points; `cap` bounds requests over all of them."""
 
     def __init__(self, client: StreamClient, workload: Workload, *, slo: Slo | None = None, cap: int = 10_000,
-                 progress: bool = True, clock: Callable[[], float] = time.perf_counter,
+                 failure_pause: float = 0.05, progress: bool = True, clock: Callable[[], float] = time.perf_counter,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.client, self.workload, self.slo = client, workload, slo or Slo()
         self.remaining = cap
         self._progress = progress
+        # A closed-loop user whose request failed waits this long before its next one: a refused
+        # request returns at once, and without a pause the user would hot-loop the server with
+        # thousands of rejections a second, stealing CPU from the requests it is serving.
+        self.failure_pause = failure_pause
         self._clock = clock
         self._transport = transport
 
@@ -87,6 +92,8 @@ class Runner:
                 bar.update(1)
                 if not record.ok:
                     bar.set_postfix(errors=sum(1 for r in records if not r.ok), refresh=False)
+                    if point.mode == "closed" and self.failure_pause > 0:
+                        await asyncio.sleep(self.failure_pause)
 
             items = self.workload.items(limit)
             start = self._clock()
