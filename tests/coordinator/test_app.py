@@ -306,3 +306,13 @@ async def test_worker_response_is_read_to_its_end_so_the_connection_is_reused() 
         await register(client, heartbeat("w1", timestamp=clock.time()))
         assert [n for n, _ in events_of((await infer(client)).text)][-1] == "done"
     assert finished == [True]
+
+
+async def test_two_apps_keep_separate_state_and_metrics() -> None:
+    clock = ManualClock()
+    async with running_app(SETTINGS, FakeWorkers(), clock) as one, running_app(SETTINGS, FakeWorkers(), clock) as two:
+        await register(one, heartbeat("w1", timestamp=clock.time()))
+        assert (await one.get("/coordinator/health")).json()["workers"]["alive"] == 1
+        assert (await two.get("/coordinator/health")).json()["workers"]["alive"] == 0
+        assert await metric(one, 'coordinator_heartbeats_total{outcome="accepted"}') == 1
+        assert await metric(two, 'coordinator_heartbeats_total{outcome="accepted"}') == 0
