@@ -51,11 +51,16 @@ class Relay:
         self.slow = asyncio.Event()
         self.outcome = Outcome()
         self._metrics = metrics
+        # The first event is already here (dispatch waited for it): queue it now, so the writer can
+        # send it before the reader task has even started.
+        self._first_ends = self._note(stream.first)
+        if self._first_ends is not None:
+            self.queue.put_nowait(stream.first)
 
     async def run(self) -> None:
         """The reader task. Always closes the worker response, however it ends."""
         try:
-            if await self._relay(self.stream.first):
+            if self._first_ends:
                 await self._drain()
                 return
             try:
@@ -83,8 +88,8 @@ class Relay:
         except (TimeoutError, WorkerStreamError):
             pass  # then closing drops the connection, which is all a stuck worker deserves
 
-    async def _relay(self, event: SseEvent) -> bool:
-        """Queue one event; True when it ends the stream."""
+    def _note(self, event: SseEvent) -> bool | None:
+        """Record what the event says; True when it ends the stream, None when it is not relayed."""
         if event.event == EVENT_TOKEN:
             self.outcome.tokens += 1
         elif event.event == EVENT_DONE:
@@ -92,7 +97,14 @@ class Relay:
         elif event.event == EVENT_ERROR:
             self.outcome.error_reason = _error_reason(event.data)
         else:
-            return False  # an event type this coordinator does not know: not the client's business
+            return None  # an event type this coordinator does not know: not the client's business
+        return event.event in TERMINAL
+
+    async def _relay(self, event: SseEvent) -> bool:
+        """Queue one event; True when it ends the stream."""
+        ends = self._note(event)
+        if ends is None:
+            return False
         try:
             self.queue.put_nowait(event)
         except asyncio.QueueFull:
@@ -102,7 +114,7 @@ class Relay:
             except TimeoutError:
                 raise _SlowConsumer from None
         self._metrics.buffer_fill.observe(self.queue.qsize() / self.queue.maxsize)
-        return event.event in TERMINAL
+        return ends
 
     def _error(self, reason: str, message: str) -> SseEvent:
         return SseEvent(EVENT_ERROR, ErrorEvent(error=message, reason=reason,

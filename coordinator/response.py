@@ -51,8 +51,8 @@ class RelayResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ending = Ending.CLIENT_GONE
+        writer = asyncio.create_task(self._write(send))  # first: the first event is already queued
         reader = asyncio.create_task(self.relay.run())
-        writer = asyncio.create_task(self._write(send))
         watchers = {writer, asyncio.create_task(self._client_left(receive)),
                     asyncio.create_task(self.relay.slow.wait())}
         try:
