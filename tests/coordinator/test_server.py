@@ -52,3 +52,44 @@ async def test_accepted_connections_get_the_bounded_send_buffer(size: int) -> No
         server.should_exit = True
         server.force_exit = True
         await asyncio.wait_for(serving, timeout=5)
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+def test_an_event_stream_head_goes_out_with_its_first_event() -> None:
+    from coordinator.server import _CoalescingTransport
+
+    real = _Recorder()
+    transport = _CoalescingTransport(real)
+    transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n\r\n")
+    assert real.writes == []
+    transport.write(b"1e\r\nevent: token\r\n...")
+    transport.write(b"more")
+    assert real.writes == [(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n\r\n"
+                           b"1e\r\nevent: token\r\n..."), b"more"]
+    assert transport.is_closing() is False  # everything else reaches the real transport
+
+
+def test_other_responses_are_written_at_once_and_close_flushes() -> None:
+    from coordinator.server import _CoalescingTransport
+
+    real = _Recorder()
+    transport = _CoalescingTransport(real)
+    transport.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\r\n")
+    assert len(real.writes) == 1
+    transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n")
+    transport.close()
+    assert len(real.writes) == 2 and real.closed
