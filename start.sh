@@ -107,9 +107,14 @@ Try it:
 
 Press Ctrl+C to stop everything.
 EOM
-# Wait until a child exits or a signal arrives (wait -n returns on either).
-set +e
-wait -n "${pids[@]}"
-status=$?
-echo "start.sh: a process exited (status $status); stopping the rest. Logs: $log_dir" >&2
-exit "$status"
+# Watch the children; a trap (Ctrl+C, SIGTERM) runs as soon as the short `wait` returns.
+while true; do
+    for pid in "${pids[@]}"; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            echo "start.sh: process $pid exited; stopping the rest. Logs: $log_dir" >&2
+            exit 1
+        fi
+    done
+    sleep 1 &
+    wait $! || true
+done
