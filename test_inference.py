@@ -35,7 +35,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def sse_events(response: http.client.HTTPResponse) -> Iterator[tuple[str, str]]:
-    name, data = "message", []
+    name, data = "message", list[str]()
     for raw in response:
         line = raw.decode("utf-8").rstrip("\r\n")
         if not line:

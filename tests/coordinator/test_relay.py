@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,14 +59,14 @@ class FakeClient:
     bodies: list[bytes] = field(default_factory=list)
     complete: bool = False
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, message: MutableMapping[str, Any]) -> None:
         if len(self.bodies) >= self.reads:
             await asyncio.Event().wait()  # a full socket: never drains
         if message["type"] == "http.response.body":
             self.bodies.append(message["body"])
             self.complete = not message.get("more_body", False)
 
-    async def receive(self) -> dict[str, Any]:
+    async def receive(self) -> MutableMapping[str, Any]:
         if self.leave_after is None:
             await asyncio.Event().wait()
         await asyncio.sleep(self.leave_after or 0.0)

@@ -122,9 +122,12 @@ class Cluster:
         listing = httpx.get(self.url + "/coordinator/health/workers", timeout=2).json()["workers"]
         return {w["worker_id"]: w for w in listing}
 
-    def worker_load(self, worker_id: str) -> dict | None:  # type: ignore[type-arg]
-        """The worker's own load report; None while it loads."""
-        return httpx.get(self.worker_urls[worker_id] + "/worker/health", timeout=2).json()["load"]
+    def worker_load(self, worker_id: str) -> dict:  # type: ignore[type-arg]
+        """The worker's own load report (ValueError while it loads, which `wait_until` retries)."""
+        load = httpx.get(self.worker_urls[worker_id] + "/worker/health", timeout=2).json()["load"]
+        if load is None:
+            raise ValueError(f"{worker_id} is loading")
+        return load  # type: ignore[no-any-return]
 
     def coordinator_health(self) -> dict:  # type: ignore[type-arg]
         return httpx.get(self.url + "/coordinator/health", timeout=2).json()
@@ -141,8 +144,7 @@ class Cluster:
             wait_until(lambda w=worker_id: self.states().get(w, {}).get("state") == "alive"
                        and self.states()[w]["url"] == self.worker_urls[w], 60, f"{worker_id} to be alive",
                        interval=0.2)
-            wait_until(lambda w=worker_id: (self.worker_load(w) or {}).get("active_streams") == 0, 30,
-                       f"{worker_id} idle")
+            wait_until(lambda w=worker_id: self.worker_load(w)["active_streams"] == 0, 30, f"{worker_id} idle")
         wait_until(lambda: self.coordinator_health()["requests_running"] == 0, 10, "no request in flight")
 
     def stop(self) -> None:

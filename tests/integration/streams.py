@@ -28,7 +28,7 @@ class Timed:
 
 
 async def read_events(response: httpx.Response, into: Timed, *, stop_after_tokens: int | None = None) -> None:
-    name, data = "message", []
+    name, data = "message", list[str]()
     async for line in response.aiter_lines():
         if line == "":
             if data:
@@ -36,7 +36,7 @@ async def read_events(response: httpx.Response, into: Timed, *, stop_after_token
                 into.times.append(time.monotonic())
                 if stop_after_tokens is not None and into.names.count("token") >= stop_after_tokens:
                     return
-            name, data = "message", []
+            name, data = "message", list[str]()
         elif line.startswith("event:"):
             name = line[6:].strip()
         elif line.startswith("data:"):
