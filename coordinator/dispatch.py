@@ -28,7 +28,7 @@ from coordinator.registry import WorkerRecord
 from coordinator.sse import SseEvent, SseParser, SseTooLarge
 from coordinator.validate import ValidRequest
 from protocol import reasons
-from protocol.inference import EVENT_ERROR, ErrorBody
+from protocol.inference import EVENT_ERROR, SESSION_EXPECTED_HEADER, ErrorBody
 
 log = logging.getLogger("coordinator.requests")
 
@@ -108,7 +108,7 @@ class Dispatcher:
     async def _attempt(self, worker: WorkerRecord, valid: ValidRequest, res: Reservation) -> OpenStream:
         request = self._client.build_request(
             "POST", f"{worker.url.rstrip('/')}/worker/generate", content=valid.payload,
-            headers={"content-type": "application/json", "x-request-id": valid.request_id})
+            headers=_worker_headers(valid))
         response: httpx.Response | None = None
         try:
             async with asyncio.timeout(self._first_event_timeout):
@@ -151,3 +151,10 @@ class Dispatcher:
 def _int_header(response: httpx.Response, name: str) -> int | None:
     value = response.headers.get(name, "")
     return int(value) if value.isdigit() else None
+
+
+def _worker_headers(valid: ValidRequest) -> dict[str, str]:
+    headers = {"content-type": "application/json", "x-request-id": valid.request_id}
+    if valid.body.session_id is not None and not valid.demand.new_session:
+        headers[SESSION_EXPECTED_HEADER] = "1"  # affinity: the worker must already hold this session
+    return headers

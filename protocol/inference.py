@@ -21,6 +21,10 @@ EVENT_ERROR = "error"
 
 FinishReason = Literal["stop", "length", "cancelled"]
 
+# Coordinator -> worker: "this session_id continues a conversation you hold". A worker that does not
+# hold it answers 404 unknown_session instead of starting a new conversation under the same id.
+SESSION_EXPECTED_HEADER = "x-session-expected"
+
 MAX_STOP_STRINGS = 8
 MAX_STOP_LENGTH = 64
 MAX_PROMPT_CHARS = 1_000_000

@@ -38,13 +38,18 @@ class Gate:
         self.draining = False
         self._clock = clock
 
-    async def admit(self, request: InferRequest, request_id: str) -> Job:
+    async def admit(self, request: InferRequest, request_id: str, *, session_expected: bool = False) -> Job:
+        """`session_expected`: the caller knows this session lives here (the coordinator's affinity),
+        so its absence means the conversation was lost (e.g. a restart): 404, never a fresh start."""
         if self.draining:
             raise WorkerError(503, reasons.DRAINING, "worker is draining")
         if request.model is not None and request.model != self.model.name:
             raise WorkerError(404, reasons.UNKNOWN_MODEL,
                               f"model {request.model!r} is not served here (this worker serves {self.model.name!r})")
         known = self.table.lookup(request.session_id) if request.session_id else None
+        if known is None and session_expected and request.session_id:
+            raise WorkerError(404, reasons.UNKNOWN_SESSION,
+                              f"session {request.session_id!r} is not on this worker (restarted or dropped)")
         if known is not None and known.busy:
             raise WorkerError(409, reasons.SESSION_BUSY, f"session {request.session_id!r} is generating")
         turns = len(known.messages) if known else 0

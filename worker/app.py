@@ -27,6 +27,7 @@ from protocol.inference import (
     EVENT_DONE,
     EVENT_ERROR,
     EVENT_TOKEN,
+    SESSION_EXPECTED_HEADER,
     DoneEvent,
     ErrorEvent,
     InferRequest,
@@ -96,7 +97,8 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
     async def generate(body: InferRequest, request: Request) -> Response:
         request_id = request.state.request_id = _request_id(request)
         runtime = runtime_of(request)
-        job = await runtime.gate.admit(body, request_id)
+        expected = request.headers.get(SESSION_EXPECTED_HEADER, "") == "1"
+        job = await runtime.gate.admit(body, request_id, session_expected=expected)
         runtime.metrics.admission.labels("admitted", "").inc()
         headers = {"X-Request-ID": request_id, "X-Worker-ID": settings.worker_id,
                    "X-Prompt-Tokens": str(len(job.prompt_tokens))}

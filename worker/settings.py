@@ -85,6 +85,11 @@ class WorkerSettings(BaseModel):
             # Split KV: each sequence owns ctx/max_sessions cells. Unified: sessions share one pool.
             per_session = self.session_max_tokens if not self.kv_unified else self.session_max_tokens // 2
             object.__setattr__(self, "ctx_size", max(self.session_max_tokens, per_session * self.max_sessions))
+        elif not self.kv_unified and self.ctx_size // self.max_sessions < self.session_max_tokens:
+            raise ValueError(
+                f"ctx_size {self.ctx_size} split over max_sessions {self.max_sessions} gives each session "
+                f"{self.ctx_size // self.max_sessions} KV cells, below session_max_tokens "
+                f"{self.session_max_tokens}: raise ctx_size, lower one of the others, or use kv_unified")
         return self
 
     @classmethod

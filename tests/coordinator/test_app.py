@@ -225,6 +225,9 @@ async def test_session_affinity_and_unknown_session_when_its_worker_is_gone() ->
         await register(client, heartbeat("w1", timestamp=clock.time(), sessions=3, kv_reserved_bytes=900_000))
         again = await infer(client, {"prompt": "more", "session_id": "chat-1"})
         assert again.headers["x-worker-id"] == "w1"  # despite w2 being idle
+        # the first turn may create the session; the second tells the worker it must already hold it
+        sent = [request.headers.get("x-session-expected") for _, request in fakes.calls]
+        assert sent == [None, "1"]
         other = await infer(client, {"prompt": "hi", "session_id": "chat-2"})
         assert other.headers["x-worker-id"] == "w2"
         clock.advance(7.0)  # w1 and w2 dead and removed; w2 comes back

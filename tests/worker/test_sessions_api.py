@@ -79,6 +79,19 @@ def test_idle_session_expires_after_ttl_and_frees_kv(worker: RunningWorker) -> N
     assert worker.metric("worker_sessions_expired_total") >= 1
 
 
+def test_a_session_the_caller_expects_but_the_worker_lacks_is_404_not_a_fresh_start(worker: RunningWorker) -> None:
+    expected = generate(worker.url, {"prompt": "Continue.", "session_id": "lost-1", "max_tokens": 4},
+                        headers={"X-Session-Expected": "1"})
+    assert expected.status == 404 and expected.body is not None and expected.body["reason"] == "unknown_session"
+    assert worker.load()["sessions"] == 0
+    first_turn = generate(worker.url, {"prompt": "Start.", "session_id": "lost-1", "max_tokens": 4})
+    assert first_turn.status == 200  # without the header an unknown id starts a conversation
+    again = generate(worker.url, {"prompt": "Go on.", "session_id": "lost-1", "max_tokens": 4},
+                     headers={"X-Session-Expected": "1"})
+    assert again.status == 200 and again.last[1]["usage"]["cached_tokens"] > 0
+    httpx.delete(worker.url + "/worker/sessions/lost-1")
+
+
 def test_deleting_an_unknown_session_is_404(worker: RunningWorker) -> None:
     response = httpx.delete(worker.url + "/worker/sessions/nobody")
     assert response.status_code == 404 and response.json()["reason"] == "unknown_session"

@@ -17,6 +17,14 @@ def test_flags_win_over_environment() -> None:
     assert (s.port, s.worker_id, str(s.model_path), s.kv_unified) == (3005, "from-flag", "/m.gguf", False)
 
 
+def test_a_context_too_small_for_the_split_sessions_is_refused_not_clamped() -> None:
+    with pytest.raises(ValidationError, match="256 KV cells, below session_max_tokens 512"):
+        WorkerSettings.load(["--ctx-size", "1024", "--max-sessions", "4", "--session-max-tokens", "512"],
+                            environ={})
+    assert WorkerSettings.load(["--ctx-size", "1024", "--max-sessions", "4", "--session-max-tokens", "512",
+                                "--kv-unified"], environ={}).ctx_size == 1024
+
+
 def test_every_invalid_value_is_reported_at_once() -> None:
     with pytest.raises(ValidationError) as bad:
         WorkerSettings.load(["--port", "70000", "--threads", "0", "--session-ttl", "-1"], environ={})
