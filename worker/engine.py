@@ -9,6 +9,7 @@ Must not: block on a consumer or touch asyncio objects other than through `Token
 
 from __future__ import annotations
 
+import bisect
 import collections
 import concurrent.futures
 import ctypes
@@ -268,7 +269,8 @@ class Engine:
         run = _Running(job=job, sampler=Sampler(params, self.model.shape.n_vocab),
                        text=TextAssembler(request.stop), todo=job.prompt_tokens[keep:],
                        started_at=self._clock())
-        self._running.append(run)
+        # Kept in sequence-id order so each step's decode rows reach llama.cpp ascending (one pass).
+        bisect.insort(self._running, run, key=lambda r: r.job.session.seq_id)
 
     def _step(self, touched: set[TokenChannel[StreamItem]]) -> bool:
         """Decodes one batch; returns False when nothing could be scheduled."""
@@ -297,9 +299,9 @@ class Engine:
         decoding = n
         sequences = n
         budget = min(self.config.prefill_chunk, self._n_batch - n)
-        for run in self._running:
-            if not run.todo or budget <= 0:
-                continue
+        for run in sorted((r for r in self._running if r.todo), key=lambda r: r.started_at):
+            if budget <= 0:
+                break
             chunk, run.todo = run.todo[:budget], run.todo[budget:]
             sequences += 1
             session = run.job.session

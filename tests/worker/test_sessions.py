@@ -112,3 +112,13 @@ def test_session_deleted_while_busy_is_freed_at_release() -> None:
     t.delete("chat")
     assert t.release(a.session, keep_kv=True) == a.session.seq_id
     assert t.stats() == (0, 0, 0)
+
+
+def test_sequence_ids_are_handed_out_lowest_first_so_batches_stay_contiguous() -> None:
+    t, _ = table(sessions=4)
+    a, b, c = (t.admit(None, 1).session for _ in range(3))
+    assert [a.seq_id, b.seq_id, c.seq_id] == [0, 1, 2]
+    t.release(b, keep_kv=False)
+    t.release(a, keep_kv=False)
+    assert t.admit(None, 1).session.seq_id == 0
+    assert t.admit(None, 1).session.seq_id == 1
