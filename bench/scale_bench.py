@@ -1,0 +1,116 @@
+"""Coordinator at scale: many SIMULATED workers, many concurrent streams, one coordinator process.
+
+Starts a fresh coordinator, `--workers` simulated workers in one process (`python -m worker.simulate`,
+no model, `--token-rate` tokens/s per stream), waits until all are registered, then drives
+`--concurrency` closed-loop streams through `/coordinator/infer` with the load tool
+(`python -m bench.load`) while sampling the coordinator's resident memory and open-stream count
+once a second. Prints relayed tokens/s, errors, and the coordinator's memory per open stream
+(RSS at the sample with the most open streams minus RSS when idle and registered, divided by the
+open streams then). Everything runs on 127.0.0.1 and is stopped in a `finally` block.
+
+    .venv/bin/python -m bench.scale_bench --workers 100 --concurrency 500 --duration 25
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def health(url: str) -> dict:
+    return httpx.get(url + "/coordinator/health", timeout=2).json()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=100)
+    parser.add_argument("--concurrency", type=int, default=500)
+    parser.add_argument("--duration", type=float, default=25.0)
+    parser.add_argument("--max-tokens", type=int, default=50)
+    parser.add_argument("--token-rate", type=float, default=10.0, help="simulated tokens/s per stream")
+    parser.add_argument("--port", type=int, default=1437)
+    parser.add_argument("--base-port", type=int, default=4401)
+    args = parser.parse_args(argv)
+    url = f"http://127.0.0.1:{args.port}"
+    py = sys.executable
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        coordinator = subprocess.Popen([py, "-m", "coordinator", "--port", str(args.port), "--log-level", "warning",
+                                        "--heartbeat-interval", "2",
+                                        "--worker-max-connections", str(2 * args.concurrency + 100)])
+        procs.append(coordinator)
+        time.sleep(1.5)
+        procs.append(subprocess.Popen([py, "-m", "worker.simulate", "--workers", str(args.workers),
+                                       "--base-port", str(args.base_port), "--coordinator-url", url,
+                                       "--heartbeat-interval", "2", "--token-rate", str(args.token_rate),
+                                       "--max-sessions", str(max(64, 2 * args.concurrency // args.workers))]))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if health(url)["workers"]["alive"] == args.workers:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise RuntimeError("the simulated workers did not all register within 120 s")
+        time.sleep(1.0)
+        idle_kib = rss_kib(coordinator.pid)
+        samples: list[tuple[int, int]] = []  # (rss KiB, open streams)
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.wait(1.0):
+                try:
+                    samples.append((rss_kib(coordinator.pid), health(url)["requests_running"]))
+                except (httpx.HTTPError, OSError):
+                    pass
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "load.json"
+            subprocess.run([py, "-m", "bench.load", "--url", url, "--api", "infer", "--concurrency",
+                            str(args.concurrency), "--duration", str(args.duration), "--max-tokens",
+                            str(args.max_tokens), "--request-cap", "100000", "--out", str(out)], check=True)
+            result = json.loads(out.read_text())
+        stop.set()
+        sampler.join()
+        peak_rss, peak_streams = max(samples, key=lambda s: (s[1], s[0]))
+        summary = result["targets"]["target"][0]["summary"]
+        print(f"requests {summary['successes']}/{summary['requests']} ok, errors {summary['errors'] or 'none'}; "
+              f"{summary['tokens_per_s']:.0f} tokens/s relayed, {summary['requests_per_s']:.1f} requests/s; "
+              f"TTFT p50 {summary['ttft_ms']['p50']:.0f} ms, ITL p50 {summary['itl_ms']['p50']:.0f} ms "
+              f"p99 {summary['itl_ms']['p99']:.0f} ms")
+        print(f"workers {args.workers} simulated ({args.token_rate:g} tok/s per stream), "
+              f"concurrency {args.concurrency}, coordinator: 1 process")
+        print(f"coordinator RSS idle {idle_kib / 1024:.1f} MiB; with {peak_streams} open streams "
+              f"{peak_rss / 1024:.1f} MiB -> {(peak_rss - idle_kib) / max(peak_streams, 1):.1f} KiB per open stream")
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
