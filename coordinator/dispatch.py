@@ -25,10 +25,10 @@ from coordinator.admission import Admission, Reservation
 from coordinator.errors import CoordinatorError
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.registry import WorkerRecord
-from coordinator.sse import SseEvent, SseParser, SseTooLarge
 from coordinator.validate import ValidRequest
 from protocol import reasons
 from protocol.inference import EVENT_ERROR, SESSION_EXPECTED_HEADER, ErrorBody
+from protocol.sse import SseEvent, SseParser, SseTooLarge
 
 log = logging.getLogger("coordinator.requests")
 

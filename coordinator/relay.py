@@ -21,9 +21,9 @@ from pydantic import ValidationError
 
 from coordinator.dispatch import OpenStream, WorkerStreamError
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.sse import SseEvent
 from protocol import reasons
 from protocol.inference import EVENT_DONE, EVENT_ERROR, EVENT_TOKEN, DoneEvent, ErrorEvent
+from protocol.sse import SseEvent
 
 TERMINAL = frozenset({EVENT_DONE, EVENT_ERROR})
 DRAIN_TIMEOUT = 1.0

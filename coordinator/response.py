@@ -21,8 +21,8 @@ from starlette.types import Receive, Scope, Send
 
 from coordinator.clock import Clock
 from coordinator.relay import TERMINAL, Relay
-from coordinator.sse import PING, encode
 from protocol.inference import EVENT_TOKEN
+from protocol.sse import PING, encode
 
 
 class Ending(enum.Enum):

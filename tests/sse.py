@@ -8,6 +8,8 @@ from typing import Any
 
 import httpx
 
+from protocol.sse import SseParser
+
 
 @dataclass
 class Stream:
@@ -29,20 +31,6 @@ class Stream:
         return self.events[-1]
 
 
-def parse_events(lines: list[str]) -> list[tuple[str, dict[str, Any]]]:
-    events, name, data = [], "message", []
-    for line in lines:
-        if line == "":
-            if data:
-                events.append((name, json.loads("\n".join(data))))
-            name, data = "message", []
-        elif line.startswith(":"):
-            continue
-        elif line.startswith("event:"):
-            name = line[6:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:].lstrip())
-    return events
 
 
 def generate(url: str, payload: dict[str, Any], *, path: str = "/worker/generate", timeout: float = 60,
@@ -52,5 +40,8 @@ def generate(url: str, payload: dict[str, Any], *, path: str = "/worker/generate
         if response.status_code != 200:
             response.read()
             return Stream(response.status_code, dict(response.headers), body=response.json())
-        lines = list(response.iter_lines())
-    return Stream(200, dict(response.headers), parse_events(lines + [""]))
+        parser = SseParser()
+        raw = [event for chunk in response.iter_bytes() for event in parser.feed(chunk)]
+        if (last := parser.close()) is not None:
+            raw.append(last)
+    return Stream(200, dict(response.headers), [(e.event, json.loads(e.data)) for e in raw])

@@ -25,9 +25,9 @@ from typing import Any
 import httpx
 
 from bench.load.record import Failure, RequestRecord
-from bench.load.sse import SseEvent, SseLines
 from bench.load.workload import WorkItem
 from protocol.inference import EVENT_DONE, EVENT_ERROR, EVENT_TOKEN, InferRequest
+from protocol.sse import SseEvent, SseParser
 
 PATHS = {"infer": "/coordinator/infer", "worker": "/worker/generate", "openai": "/v1/completions"}
 BAN_BIAS = -100.0  # OpenAI's "ban" value; llama_cpp.server adds it to the logit
@@ -86,14 +86,13 @@ class StreamClient(ABC):
         return record
 
     async def _events(self, response: httpx.Response, start: float) -> AsyncIterator[tuple[SseEvent, float]]:
-        parser = SseLines()
-        async for line in response.aiter_lines():
-            event = parser.feed(line)
-            if event is not None:
+        parser = SseParser()
+        async for chunk in response.aiter_bytes():
+            for event in parser.feed(chunk):
                 yield event, self._clock() - start
-        event = parser.flush()
-        if event is not None:
-            yield event, self._clock() - start
+        last = parser.close()
+        if last is not None:
+            yield last, self._clock() - start
 
 
 class InferClient(StreamClient):

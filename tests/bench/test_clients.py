@@ -12,9 +12,9 @@ import pytest
 
 from bench.load.clients import InferClient, OpenAIClient, Sampling, StreamClient, error_reason
 from bench.load.record import Failure, RequestRecord
-from bench.load.sse import SseEvent, SseLines
 from bench.load.workload import WorkItem
 from protocol.inference import InferRequest
+from protocol.sse import SseEvent, SseParser
 
 ITEM = WorkItem(index=3, prompt="Hello there", seed=42)
 
@@ -66,13 +66,13 @@ def infer(**kwargs: object) -> InferClient:
 
 # -- SSE lines ------------------------------------------------------------------------------------
 
-def test_sse_lines_parse_names_multiline_data_comments_and_an_unterminated_last_event() -> None:
-    parser = SseLines()
+def test_sse_parses_names_multiline_data_comments_and_an_unterminated_last_event() -> None:
+    parser = SseParser()
     lines = [": ping", "event: token", "data: {\"a\":", "data: 1}", "", "data:[DONE]", "", "id: 7", "data: x"]
-    events = [e for line in lines if (e := parser.feed(line)) is not None]
+    events = parser.feed("\n".join(lines).encode())
     assert events == [SseEvent("token", '{"a":\n1}'), SseEvent("message", "[DONE]")]
-    assert parser.flush() == SseEvent("message", "x")
-    assert parser.flush() is None
+    assert parser.close() == SseEvent("message", "x")
+    assert parser.close() is None
 
 
 # -- this project's API -----------------------------------------------------------------------------

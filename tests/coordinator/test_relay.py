@@ -16,7 +16,7 @@ from coordinator.dispatch import WorkerStreamError, worker_events
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.relay import Relay
 from coordinator.response import Ending, RelayResponse
-from coordinator.sse import SseEvent, SseParser
+from protocol.sse import SseEvent, SseParser
 from tests.coordinator.fakes import done, token
 
 pytestmark = pytest.mark.anyio

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.sse import SseEvent, SseParser, SseTooLarge, encode
+from protocol.sse import SseEvent, SseParser, SseTooLarge, encode
 
 STREAM = (
     ": ping\r\n\r\n"
@@ -66,3 +66,10 @@ def test_unbounded_event_is_refused() -> None:
 def test_encode_round_trips(data: str) -> None:
     expected = data.replace("\r\n", "\n").replace("\r", "\n")
     assert SseParser().feed(encode("token", data)) == [SseEvent("token", expected)]
+
+
+def test_close_returns_an_event_whose_blank_line_never_came() -> None:
+    parser = SseParser()
+    assert parser.feed(b"event: done\r\ndata: {}\r\n\r\nevent: token\r\ndata: x") == [SseEvent("done", "{}")]
+    assert parser.close() == SseEvent("token", "x")
+    assert parser.close() is None

@@ -1,8 +1,9 @@
-"""Server-Sent Events on the wire: an incremental parser for worker streams and the encoder for clients.
+"""Server-Sent Events on the wire, for every reader and writer of the project's streams.
 
 Owns: turning arbitrary network reads into whole events (an event, a line, a `\\r\\n` pair or a
-UTF-8 character may be split across reads) and turning events back into bytes.
-Must not: interpret event payloads (relay.py does) or do I/O.
+UTF-8 character may be split across reads) and turning events back into bytes. Used by the
+coordinator (worker streams in, client streams out), the load tool and the tests.
+Must not: interpret event payloads or do I/O.
 """
 
 from __future__ import annotations
@@ -49,6 +50,15 @@ class SseParser:
         if len(self._pending) + self._size > self._max:
             raise SseTooLarge(f"an SSE event exceeded {self._max} characters")
         return events
+
+    def close(self) -> SseEvent | None:
+        """The stream ended: the event still pending if its final blank line never came."""
+        events: list[SseEvent] = []
+        if self._pending:
+            self._line(self._pending, events)
+            self._pending = ""
+        self._line("", events)
+        return events[0] if events else None
 
     def _line(self, line: str, events: list[SseEvent]) -> None:
         if not line:
