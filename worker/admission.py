@@ -18,6 +18,7 @@ from worker.engine import Engine, Job, StreamItem
 from worker.errors import WorkerError
 from worker.model import Message, Model
 from worker.sessions import Session, SessionTable
+from worker.simulated import SimulatedEngine, SimulatedModel
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -29,7 +30,8 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class Gate:
-    def __init__(self, model: Model, table: SessionTable, engine: Engine, *, stream_buffer: int,
+    def __init__(self, model: Model | SimulatedModel, table: SessionTable, engine: Engine | SimulatedEngine, *,
+                 stream_buffer: int,
                  clock: Callable[[], float]) -> None:
         self.model = model
         self.table = table

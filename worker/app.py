@@ -14,6 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import Literal
 
 import httpx
 from fastapi import FastAPI, Request
@@ -111,7 +112,7 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
         if runtime is None:
             body = WorkerHealth(status="loading", worker_id=settings.worker_id, model=settings.model_path.stem)
             return JSONResponse(body.model_dump(), status_code=503)
-        status = "draining" if runtime.gate.draining else "ok"
+        status: Literal["ok", "draining"] = "draining" if runtime.gate.draining else "ok"
         body = WorkerHealth(status=status, worker_id=settings.worker_id, model=runtime.model.name,
                             load=runtime.load(), batch_steps=runtime.engine.steps)
         return JSONResponse(body.model_dump())
@@ -161,8 +162,8 @@ async def _events(runtime: WorkerRuntime, job: Job) -> AsyncIterator[dict[str, s
                 yield {"event": EVENT_DONE, "data": _done(runtime, job, item).model_dump_json()}
             elif isinstance(item, Failed):
                 outcome = item
-                event = ErrorEvent(error=item.message, reason=item.reason, request_id=job.request_id)
-                yield {"event": EVENT_ERROR, "data": event.model_dump_json()}
+                error = ErrorEvent(error=item.message, reason=item.reason, request_id=job.request_id)
+                yield {"event": EVENT_ERROR, "data": error.model_dump_json()}
             else:
                 event = TokenEvent(token=item.text, index=item.index, probability=item.probability)
                 yield {"event": EVENT_TOKEN, "data": event.model_dump_json()}

@@ -191,7 +191,7 @@ class SessionTable:
         bpt = self.limits.bytes_per_token
         with self._lock:
             return [
-                SessionInfo(session_id=s.session_id, tokens=len(s.tokens), kv_bytes=len(s.tokens) * bpt,
+                SessionInfo(session_id=sid, tokens=len(s.tokens), kv_bytes=len(s.tokens) * bpt,
                             idle_seconds=0.0 if s.busy else max(0.0, now - s.last_used), busy=s.busy)
-                for s in self._named.values()
+                for sid, s in self._named.items()
             ]
