@@ -64,7 +64,7 @@ class Gate:
                               f"prompt is {len(tokens)} tokens; a session holds at most {limit} tokens "
                               "including the output")
         need = min(limit, len(tokens) + request.max_tokens)
-        admission = self.table.admit(request.session_id, need)
+        admission = self.table.admit(request.session_id, need, tokens)
         session = admission.session
         if known is not None and (session is not known or len(session.messages) != turns):
             # Another turn ran or the session was deleted while we tokenized: our prompt is stale.

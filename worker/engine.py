@@ -378,14 +378,16 @@ class Engine:
                 run.output.append(piece.text)
                 job.channel.push(piece)
             job.session.messages = [*job.history, Message("assistant", "".join(run.output))]
-        self._release(job, keep_kv=completed)
+        self._release(job, keep_kv=completed, clean=isinstance(outcome, Finished))
         job.channel.push(outcome, terminal=True)
         touched.add(job.channel)
         self._observer.finished(job, outcome)
 
-    def _release(self, job: Job, *, keep_kv: bool) -> None:
+    def _release(self, job: Job, *, keep_kv: bool, clean: bool = True) -> None:
+        """`clean`: the cells hold exactly `session.tokens`; with a split KV they may then stay as a
+        prompt cache for the next request on this id (no other sequence can use them anyway)."""
         assert self.table is not None, "Engine.bind(table) must be called before start()"
-        seq_id = self.table.release(job.session, keep_kv=keep_kv)
+        seq_id = self.table.release(job.session, keep_kv=keep_kv, retain_cells=clean and not self.config.kv_unified)
         if seq_id is not None:
             ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
             job.session.tokens.clear()

@@ -63,6 +63,9 @@ class SessionTable:
         # Lowest free id first: llama.cpp decodes a batch whose sequence ids are ascending and
         # contiguous in one pass; scattered ids make it split the batch (measured: +25% per step).
         self._free_seq_ids = list(range(limits.max_sessions))
+        # Tokens still in a free sequence's cells (split KV only: those cells serve no other sequence),
+        # so a new request whose prompt they already hold skips that prefill.
+        self._leftover: dict[int, list[int]] = {}
         self._named: dict[str, Session] = {}
         self._live: set[Session] = set()
         self._idle_lru: collections.OrderedDict[int, Session] = collections.OrderedDict()  # by seq_id
@@ -81,8 +84,12 @@ class SessionTable:
                 raise WorkerError(404, reasons.SESSION_EXPIRED, f"session {session_id!r} expired")
             return self._named.get(session_id)
 
-    def admit(self, session_id: str | None, need_tokens: int) -> Admission:
-        """Reserves a sequence and `need_tokens` of KV for one request, or raises 409/503."""
+    def admit(self, session_id: str | None, need_tokens: int, prompt: list[int] | tuple[int, ...] = ()) -> Admission:
+        """Reserves a sequence and `need_tokens` of KV for one request, or raises 409/503.
+
+        A new sequence is the free one that already holds most of `prompt` (see `_take_seq`); its
+        `tokens` then say what its cells hold, and the engine keeps their common prefix.
+        """
         if need_tokens > self.limits.session_max_tokens:
             raise ValueError("need_tokens is above the session limit; validate before admitting")
         with self._lock:
@@ -98,8 +105,9 @@ class SessionTable:
                 while not self._free_seq_ids:
                     if not self._evict_one(keep=None, into=freed):
                         raise WorkerError(503, reasons.SESSIONS_FULL, "every sequence slot is in use")
-                session = Session(seq_id=heapq.heappop(self._free_seq_ids), session_id=session_id,
-                                  last_used=self._clock())
+                seq_id = self._take_seq(prompt)
+                session = Session(seq_id=seq_id, session_id=session_id, last_used=self._clock(),
+                                  tokens=self._leftover.pop(seq_id, []))
                 self._live.add(session)
                 if session_id:
                     self._named[session_id] = session
@@ -109,6 +117,24 @@ class SessionTable:
             session.reserved_tokens = need_tokens
             session.busy = True
             return Admission(session, tuple(freed))
+
+    def _take_seq(self, prompt: list[int] | tuple[int, ...]) -> int:
+        """A free sequence id: one whose leftover cells hold at least 90% of the prompt (or 256 of its
+        tokens), else the lowest, which keeps the running ids contiguous for llama.cpp."""
+        best, best_len = -1, max(1, min(256, (9 * len(prompt) + 9) // 10))
+        for seq_id, cells in self._leftover.items():
+            n = 0
+            for a, b in zip(cells, prompt, strict=False):
+                if a != b:
+                    break
+                n += 1
+            if n >= best_len:
+                best, best_len = seq_id, n
+        if best < 0:
+            return heapq.heappop(self._free_seq_ids)
+        self._free_seq_ids.remove(best)
+        heapq.heapify(self._free_seq_ids)
+        return best
 
     def _evict_one(self, *, keep: Session | None, into: list[int]) -> bool:
         """Drops the least recently used idle named session (never `keep`); False if none."""
@@ -123,8 +149,12 @@ class SessionTable:
 
     # -- release (engine thread, or event loop when a request never started) -------------------------
 
-    def release(self, session: Session, *, keep_kv: bool) -> int | None:
-        """The request on `session` ended. Returns the seq id to free on the engine, or None if kept."""
+    def release(self, session: Session, *, keep_kv: bool, retain_cells: bool = False) -> int | None:
+        """The request on `session` ended. Returns the seq id to free on the engine, or None if kept.
+
+        `retain_cells`: the sequence is given up but its cells may keep their tokens as a prompt cache
+        for the next request that takes this id (None is returned: nothing to free).
+        """
         with self._lock:
             session.busy = False
             session.last_used = self._clock()
@@ -136,6 +166,9 @@ class SessionTable:
                 return None
             if session in self._live:
                 self._drop(session)
+                if retain_cells:
+                    self._leftover[session.seq_id] = session.tokens
+                    return None
                 return session.seq_id
             return None
 

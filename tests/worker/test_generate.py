@@ -159,3 +159,15 @@ def test_malformed_json_is_400(worker: RunningWorker) -> None:
     response = httpx.post(worker.url + "/worker/generate", content=b"{not json",
                           headers={"Content-Type": "application/json"})
     assert response.status_code == 400 and response.json()["reason"] == "invalid_request"
+
+
+def test_a_repeated_one_shot_prompt_reuses_the_cells_it_left(worker: RunningWorker) -> None:
+    payload = {"prompt": "Describe the moon in one sentence, please, for a child.", "max_tokens": 8,
+               "temperature": 0}
+    first = generate(worker.url, payload).last[1]
+    second = generate(worker.url, payload).last[1]
+    assert first["usage"]["prompt_tokens"] == second["usage"]["prompt_tokens"]
+    assert second["usage"]["cached_tokens"] == second["usage"]["prompt_tokens"] - 1  # one token re-read for logits
+    assert worker.load()["kv_used_bytes"] == 0 and worker.load()["sessions"] == 0
+    other = generate(worker.url, {"prompt": "Name a fruit.", "max_tokens": 4, "temperature": 0}).last[1]
+    assert other["usage"]["cached_tokens"] < other["usage"]["prompt_tokens"] // 2

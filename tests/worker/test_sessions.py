@@ -122,3 +122,25 @@ def test_sequence_ids_are_handed_out_lowest_first_so_batches_stay_contiguous() -
     t.release(a, keep_kv=False)
     assert t.admit(None, 1).session.seq_id == 0
     assert t.admit(None, 1).session.seq_id == 1
+
+
+def test_a_free_sequence_holding_most_of_the_prompt_is_reused_else_the_lowest() -> None:
+    t, _ = table(sessions=4)
+    first, second = t.admit(None, 10).session, t.admit(None, 10).session
+    first.tokens.extend([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    second.tokens.extend([1, 2, 50, 60])
+    assert t.release(first, keep_kv=False, retain_cells=True) is None  # nothing to free: cells kept
+    assert t.release(second, keep_kv=False, retain_cells=True) is None
+    assert t.stats() == (0, 0, 0)  # kept cells are free capacity, not use
+    reused = t.admit(None, 12, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]).session
+    assert reused.seq_id == first.seq_id and reused.tokens == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    other = t.admit(None, 12, [1, 2, 99, 98, 97]).session  # shares too little: lowest free id
+    assert other.seq_id == 1 and other.tokens == [1, 2, 50, 60]  # its cells' content, to be trimmed
+    assert t.admit(None, 1, [5]).session.seq_id == 2
+
+
+def test_released_without_retaining_the_cells_must_be_freed() -> None:
+    t, _ = table()
+    s = t.admit(None, 10).session
+    s.tokens.extend([1, 2, 3])
+    assert t.release(s, keep_kv=False) == s.seq_id
