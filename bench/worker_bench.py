@@ -569,6 +569,9 @@ async def run_all(args: argparse.Namespace) -> list[Cell]:
     py = sys.executable
     worker_cmd = [py, "-m", "worker", "--model-path", str(args.model), "--port", str(worker_port),
                   "--coordinator-url", "", "--threads", str(args.threads), "--max-sessions", str(MAX_SESSIONS),
+                  # Repetitions send the same prompts: the prompt cache would skip prefill the other peers
+                  # do, so it is off here to measure batched decoding alone.
+                  "--no-prompt-cache",
                   "--log-level", "warning"]
     server_cmd = [py, "-m", "llama_cpp.server", "--model", str(args.model), "--n_threads", str(args.threads),
                   "--n_threads_batch", str(args.threads), "--n_ctx", "2048", "--host", "127.0.0.1",

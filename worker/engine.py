@@ -43,6 +43,7 @@ class EngineConfig:
     kv_unified: bool = False
     slow_consumer_deadline: float = 10.0
     request_timeout: float = 600.0
+    prompt_cache: bool = True  # split KV only: freed sequences keep their cells' tokens
 
 
 @dataclass(frozen=True)
@@ -387,7 +388,8 @@ class Engine:
         """`clean`: the cells hold exactly `session.tokens`; with a split KV they may then stay as a
         prompt cache for the next request on this id (no other sequence can use them anyway)."""
         assert self.table is not None, "Engine.bind(table) must be called before start()"
-        seq_id = self.table.release(job.session, keep_kv=keep_kv, retain_cells=clean and not self.config.kv_unified)
+        seq_id = self.table.release(job.session, keep_kv=keep_kv, retain_cells=clean and self.config.prompt_cache
+                                                                       and not self.config.kv_unified)
         if seq_id is not None:
             ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
             job.session.tokens.clear()

@@ -38,6 +38,7 @@ ENV_NAMES = {
     "stream_buffer": "WORKER_STREAM_BUFFER",
     "slow_consumer_deadline": "WORKER_SLOW_CONSUMER_DEADLINE",
     "request_timeout": "WORKER_REQUEST_TIMEOUT",
+    "prompt_cache": "WORKER_PROMPT_CACHE",
     "log_level": "LOG_LEVEL",
     "engine": "WORKER_ENGINE",
     "sim_token_rate": "SIM_TOKEN_RATE",
@@ -67,6 +68,7 @@ class WorkerSettings(BaseModel):
     heartbeat_interval: float = Field(default=10.0, gt=0)
     stream_buffer: int = Field(default=64, ge=1, le=65536, description="items buffered per stream")
     slow_consumer_deadline: float = Field(default=10.0, gt=0, description="seconds a full stream may wait")
+    prompt_cache: bool = Field(default=True, description="freed sequences keep their tokens for a next prompt")
     request_timeout: float = Field(default=600.0, gt=0, description="seconds a request may run in all")
     log_level: str = Field(default="info", pattern="^(debug|info|warning|error)$")
     engine: Literal["llama", "simulated"] = Field(

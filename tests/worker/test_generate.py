@@ -171,3 +171,10 @@ def test_a_repeated_one_shot_prompt_reuses_the_cells_it_left(worker: RunningWork
     assert worker.load()["kv_used_bytes"] == 0 and worker.load()["sessions"] == 0
     other = generate(worker.url, {"prompt": "Name a fruit.", "max_tokens": 4, "temperature": 0}).last[1]
     assert other["usage"]["cached_tokens"] < other["usage"]["prompt_tokens"] // 2
+
+
+def test_without_the_prompt_cache_a_repeated_prompt_is_prefilled_again(model_path: Path) -> None:
+    with running_worker(model_path, prompt_cache=False) as worker:
+        payload = {"prompt": "Describe the sun in one sentence.", "max_tokens": 4, "temperature": 0}
+        generate(worker.url, payload)
+        assert generate(worker.url, payload).last[1]["usage"]["cached_tokens"] == 0
