@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -39,6 +39,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.processes import serving
 from coordinator.app import create_app
 from coordinator.demand import Demand
 from coordinator.errors import CoordinatorError
@@ -177,29 +178,10 @@ def added_ttft_stub(samples: int, delay: float) -> dict[str, float]:
 
 
 
-@contextmanager
-def process(argv: list[str], ready_url: str, name: str) -> Iterator[None]:
+def process(argv: list[str], ready_url: str, name: str) -> contextlib.AbstractContextManager[object]:
+    # Our own settings must not leak into the peers from this shell's environment.
     env = {k: v for k, v in os.environ.items() if k not in ("PORT", "HOST", "WORKER_TOKEN", "COORDINATOR_URL")}
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(ready_url, timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError(f"{name} did not become ready")
-            time.sleep(0.2)
-        yield
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    return serving(name, argv, ready_url, env=env, timeout=120)
 
 
 def first_token_ms(client: httpx.Client, url: str, body: dict[str, object]) -> float:
@@ -228,7 +210,10 @@ def added_ttft(samples: int, threads: int) -> dict[str, float]:
             process([sys.executable, "-m", "worker", "--port", str(worker_port), "--worker-id", "bench",
                      "--coordinator-url", coordinator, "--threads", str(threads), "--heartbeat-interval", "1",
                      "--log-level", "warning"], worker + "/worker/health", "worker"):
+        deadline = time.monotonic() + 60
         while httpx.get(coordinator + "/coordinator/health", timeout=2).json()["workers"]["alive"] < 1:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the worker did not register with the coordinator within 60 s")
             time.sleep(0.1)
         direct, via = [], []
         with httpx.Client(timeout=30) as direct_client, httpx.Client(timeout=30) as via_client:

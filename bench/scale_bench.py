@@ -24,6 +24,8 @@ from pathlib import Path
 
 import httpx
 
+from bench.processes import serving
+
 
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -48,17 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     url = f"http://127.0.0.1:{args.port}"
     py = sys.executable
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        coordinator = subprocess.Popen([py, "-m", "coordinator", "--port", str(args.port), "--log-level", "warning",
-                                        "--heartbeat-interval", "2",
-                                        "--worker-max-connections", str(2 * args.concurrency + 100)])
-        procs.append(coordinator)
-        time.sleep(1.5)
-        procs.append(subprocess.Popen([py, "-m", "worker.simulate", "--workers", str(args.workers),
-                                       "--base-port", str(args.base_port), "--coordinator-url", url,
-                                       "--heartbeat-interval", "2", "--token-rate", str(args.token_rate),
-                                       "--max-sessions", str(max(64, 2 * args.concurrency // args.workers))]))
+    coordinator_argv = [py, "-m", "coordinator", "--port", str(args.port), "--log-level", "warning",
+                        "--heartbeat-interval", "2", "--worker-max-connections", str(2 * args.concurrency + 100)]
+    workers_argv = [py, "-m", "worker.simulate", "--workers", str(args.workers), "--base-port", str(args.base_port),
+                    "--coordinator-url", url, "--heartbeat-interval", "2", "--token-rate", str(args.token_rate),
+                    "--max-sessions", str(max(64, 2 * args.concurrency // args.workers))]
+    last_worker = f"http://127.0.0.1:{args.base_port + args.workers - 1}/worker/health"
+    with serving("coordinator", coordinator_argv, url + "/coordinator/health", timeout=60) as coordinator, \
+            serving("simulated workers", workers_argv, last_worker, timeout=120):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -87,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             out = Path(tmp) / "load.json"
             subprocess.run([py, "-m", "bench.load", "--url", url, "--api", "infer", "--concurrency",
                             str(args.concurrency), "--duration", str(args.duration), "--max-tokens",
-                            str(args.max_tokens), "--request-cap", "100000", "--out", str(out)], check=True)
+                            str(args.max_tokens), "--request-cap", "100000", "--out", str(out)],
+                           check=True, timeout=args.duration + 300)
             result = json.loads(out.read_text())
         stop.set()
         sampler.join()
@@ -101,14 +101,6 @@ def main(argv: list[str] | None = None) -> int:
               f"concurrency {args.concurrency}, coordinator: 1 process")
         print(f"coordinator RSS idle {idle_kib / 1024:.1f} MiB; with {peak_streams} open streams "
               f"{peak_rss / 1024:.1f} MiB -> {(peak_rss - idle_kib) / max(peak_streams, 1):.1f} KiB per open stream")
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
     return 0
 
 

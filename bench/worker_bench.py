@@ -40,12 +40,15 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from bench.processes import serving
+from protocol.sse import SseParser
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -120,21 +123,13 @@ def summarize(peer: str, n: int, rep: int, started: float, ended: float, streams
 
 
 async def sse_lines(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
-    """Yields (event, data) pairs of a Server-Sent Events stream; comments (pings) are skipped."""
-    event, data = "message", list[str]()
-    async for line in response.aiter_lines():
-        if line == "":
-            if data:
-                yield event, "\n".join(data)
-            event, data = "message", []
-        elif line.startswith(":"):
-            continue
-        elif line.startswith("event:"):
-            event = line[6:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:].lstrip(" "))
-    if data:
-        yield event, "\n".join(data)
+    """Yields (event, data) pairs of a Server-Sent Events stream (the project's parser; pings skipped)."""
+    parser = SseParser()
+    async for chunk in response.aiter_bytes():
+        for event in parser.feed(chunk):
+            yield event.event, event.data
+    if (last := parser.close()) is not None:
+        yield last.event, last.data
 
 
 async def worker_stream(client: httpx.AsyncClient, url: str, i: int, tokens: int,
@@ -410,35 +405,6 @@ class CpuMeter:
                 return time.monotonic() - started
 
 
-@contextlib.contextmanager
-def serving(name: str, cmd: list[str], health_url: str, log_path: Path, timeout: float = 180.0) -> Iterator[int]:
-    """Starts `cmd`, waits until `health_url` answers 200, yields its pid, and always stops it."""
-    log_file = log_path.open("wb")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    print(f"started {name}: pid {proc.pid}, log {log_path.relative_to(ROOT)}", file=sys.stderr)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {proc.returncode} before it was ready; see {log_path}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(health_url, timeout=2.0).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{name} was not ready after {timeout:.0f} s; see {log_path}")
-            time.sleep(0.2)
-        yield proc.pid
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-        log_file.close()
-
-
 # -- the run -----------------------------------------------------------------------------------------
 
 
@@ -582,12 +548,12 @@ async def run_all(args: argparse.Namespace) -> list[Cell]:
     with contextlib.ExitStack() as stack:
         if "worker" in args.peers:
             pid = stack.enter_context(serving("worker", worker_cmd, f"{worker_url}/worker/health",
-                                              RESULTS / "worker.log"))
+                                              log_path=RESULTS / "worker.log")).pid
             meter.pids["worker"] = pid
             print(f"worker pid {pid} (py-spy record --pid {pid})", file=sys.stderr)
         if "server" in args.peers:
             pid = stack.enter_context(serving("llama_cpp.server", server_cmd, f"{server_url}/v1/models",
-                                        RESULTS / "llama_server.log"))
+                                              log_path=RESULTS / "llama_server.log")).pid
             meter.pids["server"] = pid
             # Both peers must see the same prompt tokens; the server tokenizes the rendered text itself.
             async with httpx.AsyncClient(timeout=30) as client:

@@ -6,18 +6,15 @@ Must not: run workloads (compare.py does).
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-import httpx
+from bench.processes import stop, wait_ready
 
 
 def free_port() -> int:
@@ -62,28 +59,13 @@ class LlamaCppServer:
 
     def _wait_ready(self) -> None:
         assert self._proc is not None
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"llama_cpp.server exited with {self._proc.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/v1/models", timeout=2, trust_env=False).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        raise RuntimeError(f"llama_cpp.server not ready after {self.startup_timeout:.0f} s:\n{self.log_tail()}")
+        wait_ready(self._proc, self.url + "/v1/models", "llama_cpp.server", timeout=self.startup_timeout,
+                   detail=lambda: ":\n" + self.log_tail())
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        if proc is not None:
+            stop(proc)
 
     def log_tail(self, lines: int = 20) -> str:
         try:

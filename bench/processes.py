@@ -1,0 +1,57 @@
+"""Servers the benchmarks start: launch, wait until ready (with a deadline), always stop.
+
+Owns: the one way a benchmark runs a peer process on loopback. Must not: know what the peer is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_ready(proc: subprocess.Popen[bytes], ready_url: str, name: str, *, timeout: float,
+               detail: Callable[[], str] = lambda: "") -> None:
+    """Returns once `ready_url` answers 200; raises if the process exits or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode} before it was ready {detail()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(ready_url, timeout=2.0, trust_env=False).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name} was not ready after {timeout:.0f} s {detail()}")
+        time.sleep(0.2)
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout`."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout)
+
+
+@contextlib.contextmanager
+def serving(name: str, argv: list[str], ready_url: str, *, log_path: Path | None = None,
+            env: Mapping[str, str] | None = None, timeout: float = 180.0) -> Iterator[subprocess.Popen[bytes]]:
+    """Starts `argv` in the repository root, waits until `ready_url` answers 200, yields the process,
+    and stops it however the block ends. Output goes to `log_path`, or nowhere."""
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(log_path.open("wb")) if log_path is not None else subprocess.DEVNULL
+        proc = subprocess.Popen(argv, cwd=ROOT, env=dict(env) if env is not None else None, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        stack.callback(stop, proc)
+        wait_ready(proc, ready_url, name, timeout=timeout, detail=lambda: f"(log: {log_path})" if log_path else "")
+        yield proc
