@@ -18,7 +18,7 @@ fi
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 have="$(cat .bootstrap-stamp 2>/dev/null || true)"
 if [ "$want" != "$have" ]; then
-    echo "bootstrap: installing packages (first time: llama.cpp compiles, about 6 minutes on 2 cores)"
+    echo "bootstrap: installing packages (the first time llama.cpp compiles from source: several minutes)"
     .venv/bin/python -m pip install --quiet --upgrade pip
     CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
         .venv/bin/python -m pip install --quiet -e ".[dev]"

@@ -85,7 +85,6 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
     @app.exception_handler(WorkerError)
     async def _worker_error(request: Request, exc: WorkerError) -> JSONResponse:
         request_id = getattr(request.state, "request_id", "") or _request_id(request)
-        request.app.state.metrics.admission.labels("rejected", exc.reason).inc()
         return exc.to_response(request_id)
 
     @app.exception_handler(RequestValidationError)
@@ -97,10 +96,15 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
     @app.post("/worker/generate")
     async def generate(body: InferRequest, request: Request) -> Response:
         request_id = request.state.request_id = _request_id(request)
-        runtime = runtime_of(request)
         expected = request.headers.get(SESSION_EXPECTED_HEADER, "") == "1"
-        job = await runtime.gate.admit(body, request_id, session_expected=expected)
-        runtime.metrics.admission.labels("admitted", "").inc()
+        metrics: WorkerMetrics = request.app.state.metrics
+        try:  # only this route's refusals are admission decisions
+            runtime = runtime_of(request)
+            job = await runtime.gate.admit(body, request_id, session_expected=expected)
+        except WorkerError as refused:
+            metrics.admission.labels("rejected", refused.reason).inc()
+            raise
+        metrics.admission.labels("admitted", "").inc()
         headers = {"X-Request-ID": request_id, "X-Worker-ID": settings.worker_id,
                    "X-Prompt-Tokens": str(len(job.prompt_tokens))}
         return EventSourceResponse(_events(runtime, job), headers=headers, ping=15,

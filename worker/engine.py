@@ -126,6 +126,8 @@ class Engine:
         self._n_batch = params.n_batch
         self._batch = ll.llama_batch_init(self._n_batch, 0, 1)
         self._cond = threading.Condition()
+        # Bounded by admission, not by a maxlen: jobs <= sequence slots, frees <= slots, one cancel per
+        # DELETE request; the loop drains it whole at every step.
         self._inbox: collections.deque[Job | tuple[str, Any]] = collections.deque()
         self._running: list[_Running] = []
         self._loop: Any = None

@@ -79,6 +79,7 @@ class Model:
         self.shape = self._read_shape()
         self.bytes_per_token = self.shape.kv_bytes_per_token(KV_ELEMENT_BYTES[kv_type])
         self.eog_tokens = tuple(t for t in range(self.shape.n_vocab) if ll.llama_vocab_is_eog(self.vocab, t))
+        self._eog = frozenset(self.eog_tokens)  # checked for every generated token: no ctypes call
         template = ll.llama_model_chat_template(self._handle, None)
         self._chat_template: bytes | None = template or None
         self._piece_buf = threading.local()
@@ -142,13 +143,9 @@ class Model:
         return buf.raw[:n]
 
     def is_eog(self, token: int) -> bool:
-        return bool(ll.llama_vocab_is_eog(self.vocab, token))
+        return token in self._eog
 
     # -- prompts -----------------------------------------------------------------------------------
-
-    @property
-    def has_chat_template(self) -> bool:
-        return self._chat_template is not None
 
     def render_chat(self, messages: list[Message]) -> str:
         """The conversation as the model expects it, ending with the assistant's turn opened."""

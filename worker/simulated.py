@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from protocol import reasons
 from worker.channel import TokenChannel
@@ -34,15 +33,12 @@ WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "a
 class SimulatedModel:
     """Just enough of `worker.model.Model` for admission: a name, a KV size and a tokenizer."""
 
-    kv_type = 1
-
     def __init__(self, *, name: str = "simulated", bytes_per_token: int = 23040, n_ctx_train: int = 1 << 20) -> None:
         self.name = name
         self.bytes_per_token = bytes_per_token
         self.shape = ModelShape(n_layer=0, n_head=0, n_head_kv=0, n_embd=0, head_dim_k=0, head_dim_v=0,
                                 n_ctx_train=n_ctx_train, n_vocab=len(WORDS))
         self.eog_tokens: tuple[int, ...] = ()
-        self.has_chat_template = False
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         data = text.encode()
@@ -115,11 +111,6 @@ class SimulatedEngine:
             if run.job.session is session:
                 run.job.channel.cancel()
         self._wake.set()
-
-    def call(self, fn: Callable[[Any], T]) -> concurrent.futures.Future[T]:
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        future.set_result(fn(None))
-        return future
 
     async def _run(self) -> None:
         period = 1.0 / self.token_rate

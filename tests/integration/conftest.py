@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 
 from coordinator.settings import Settings
 from tests.conftest import free_port
+from tests.polling import wait_until
 
 TOKEN = "integration-secret"
 COORDINATOR_HEARTBEAT = 1.0  # stale after 3 s, removed after 6 s
@@ -72,20 +72,6 @@ class Proc:
 
     def log_tail(self, lines: int = 20) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-
-def wait_until(check, timeout: float, what: str, interval: float = 0.1):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except (httpx.HTTPError, KeyError, ValueError) as exc:
-            last = exc
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
 
 
 def start_coordinator(log_dir: Path, name: str, *extra: str) -> tuple[Proc, str]:

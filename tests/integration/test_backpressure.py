@@ -14,8 +14,9 @@ import httpx
 import pytest
 
 from protocol.health import Heartbeat, WorkerLoad
-from tests.integration.conftest import Cluster, Proc, start_coordinator, wait_until
+from tests.integration.conftest import Cluster, Proc, start_coordinator
 from tests.integration.streams import Timed, infer
+from tests.polling import wait_until
 
 pytestmark = [pytest.mark.model, pytest.mark.anyio]
 DEADLINE = 1.0

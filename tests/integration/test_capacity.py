@@ -7,8 +7,9 @@ import asyncio
 import httpx
 import pytest
 
-from tests.integration.conftest import Cluster, wait_until
+from tests.integration.conftest import Cluster
 from tests.integration.streams import Timed, infer, read_events
+from tests.polling import wait_until
 
 pytestmark = [pytest.mark.model, pytest.mark.anyio]
 
@@ -21,6 +22,8 @@ async def hold(client: httpx.AsyncClient, url: str, body: dict, opened: asyncio.
         assert response.status_code == 200, await response.aread()
         reading = asyncio.create_task(read_events(response, timed))
         while "token" not in timed.names:
+            # A stream that ends before its first token fails here, with what it said, not after 60 s.
+            assert not reading.done(), f"stream ended before its first token: {timed.events}"
             await asyncio.sleep(0.01)
         await opened.put(timed)
         await release.wait()

@@ -10,8 +10,9 @@ import httpx
 import pytest
 
 from protocol.health import Heartbeat, WorkerLoad
-from tests.integration.conftest import COORDINATOR_HEARTBEAT, Cluster, wait_until
+from tests.integration.conftest import COORDINATOR_HEARTBEAT, Cluster
 from tests.integration.streams import Timed, infer, read_events
+from tests.polling import wait_until
 
 pytestmark = [pytest.mark.model, pytest.mark.anyio]
 LONG = {"prompt": "Count slowly.", "max_tokens": 400, "ignore_eos": True}

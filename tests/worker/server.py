@@ -7,6 +7,7 @@ Tests talk to it over loopback HTTP like the coordinator does, and can also reac
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -23,10 +24,12 @@ from worker.settings import WorkerSettings
 
 
 class RunningWorker:
-    def __init__(self, settings: WorkerSettings, app: Any, server: uvicorn.Server) -> None:
+    def __init__(self, settings: WorkerSettings, app: Any, server: uvicorn.Server,
+                 loop: asyncio.AbstractEventLoop) -> None:
         self.settings = settings
         self.app = app
         self.server = server
+        self.loop = loop  # the server's event loop, for coroutines that must run beside it
         self.url = f"http://127.0.0.1:{settings.port}"
 
     @property
@@ -48,17 +51,27 @@ class RunningWorker:
 
 
 @contextmanager
-def running_worker(model_path: Any, **overrides: Any) -> Iterator[RunningWorker]:
+def running_worker(model_path: Any, *, transport: httpx.AsyncBaseTransport | None = None,
+                   **overrides: Any) -> Iterator[RunningWorker]:
+    """`transport`: where the worker's own HTTP calls (heartbeats) go; the network if None."""
     values: dict[str, Any] = {"model_path": model_path, "port": free_port(), "coordinator_url": "", "threads": 2,
                                   "max_sessions": 8, "session_max_tokens": 512, "log_level": "warning"}
     values.update(overrides)
     settings = WorkerSettings(**values)
-    app = create_app(settings)
+    app = create_app(settings, transport=transport)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning",
                                            lifespan="on"))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    loops: queue.Queue[asyncio.AbstractEventLoop] = queue.Queue(1)
+
+    def serve() -> None:
+        # A Runner, like asyncio.run, cancels what is left and closes the loop when serve() returns.
+        with asyncio.Runner() as runner:
+            loops.put(runner.get_loop())
+            runner.run(server.serve())
+
+    thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    worker = RunningWorker(settings, app, server)
+    worker = RunningWorker(settings, app, server, loops.get(timeout=10))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.polling import wait_until
 from tests.sse import generate
 from tests.worker.server import RunningWorker, running_worker
 
@@ -23,13 +23,6 @@ def worker(model_path: Path) -> Iterator[RunningWorker]:
         yield running
 
 
-def wait_until(predicate, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 def test_stream_order_and_fields(worker: RunningWorker) -> None:
@@ -109,7 +102,8 @@ def test_cancel_frees_kv_within_a_step(worker: RunningWorker) -> None:
             if seen == 3:
                 assert worker.load()["kv_used_bytes"] > 0
                 break  # leaving the iterator closes the response: the client is gone
-    assert wait_until(lambda: worker.load()["kv_used_bytes"] == 0 and worker.load()["sessions"] == 0, 3.0)
+    wait_until(lambda: worker.load()["kv_used_bytes"] == 0 and worker.load()["sessions"] == 0, 3.0,
+               "the cancelled request's KV to be freed")
     assert worker.load()["kv_reserved_bytes"] == 0
     assert _finished(worker, "cancelled") == cancelled_before + 1
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.sse import generate
@@ -29,3 +30,7 @@ def test_metrics_follow_real_requests(model_path: Path) -> None:
         assert m("worker_sessions") == 1 and m("worker_kv_cache_usage_ratio") > 0
         assert generate(worker.url, {"prompt": "x", "model": "other"}).status == 404
         assert m('worker_admission_decisions_total{outcome="rejected",reason="unknown_model"}') == 1
+        # refusals outside /worker/generate are not admission decisions
+        assert httpx.delete(worker.url + "/worker/sessions/nobody").status_code == 404
+        with pytest.raises(KeyError):
+            m('worker_admission_decisions_total{outcome="rejected",reason="unknown_session"}')

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from protocol.health import Heartbeat
+from tests.polling import wait_until
 from tests.sse import generate
 from tests.worker.server import RunningWorker, running_worker
-from tests.worker.test_generate import wait_until
 from worker.engine import state_seq_size
 
 pytestmark = pytest.mark.model
@@ -72,7 +72,7 @@ def test_session_reuse_prefills_only_the_new_turn(worker: RunningWorker) -> None
 def test_idle_session_expires_after_ttl_and_frees_kv(worker: RunningWorker) -> None:
     generate(worker.url, {"prompt": "Hello", "session_id": "short-lived", "max_tokens": 4})
     assert worker.load()["kv_used_bytes"] > 0
-    assert wait_until(lambda: worker.load()["sessions"] == 0, timeout=6.0)
+    wait_until(lambda: worker.load()["sessions"] == 0, 6.0, "the idle session to expire")
     assert worker.load()["kv_used_bytes"] == 0 and worker.load()["kv_reserved_bytes"] == 0
     late = generate(worker.url, {"prompt": "Still there?", "session_id": "short-lived", "max_tokens": 4})
     assert late.status == 404 and late.body is not None and late.body["reason"] == "session_expired"
@@ -129,7 +129,7 @@ def test_full_worker_answers_503_with_reason_and_starts_nothing(model_path: Path
         release.set()
         for thread in threads:
             thread.join(timeout=20)
-        assert wait_until(lambda: worker.load()["sessions"] == 0, 5.0)
+        wait_until(lambda: worker.load()["sessions"] == 0, 5.0, "the held streams to end")
         assert generate(worker.url, {"prompt": "Now?", "max_tokens": 4}).status == 200
 
 
@@ -183,14 +183,10 @@ def test_slow_consumer_is_cancelled_and_frees_kv(model_path: Path) -> None:
                 items.append(await job.channel.get())
             return items[-1], runtime.load().model_dump()  # on the server's loop: no HTTP to itself
 
-        future = asyncio.run_coroutine_threadsafe(never_read(), _server_loop(worker))
+        future = asyncio.run_coroutine_threadsafe(never_read(), worker.loop)
         last, load = future.result(timeout=20)
         assert type(last).__name__ == "Failed" and last.reason == "slow_consumer"  # type: ignore[attr-defined]
         assert load["kv_used_bytes"] == 0 and load["sessions"] == 0
-
-
-def _server_loop(worker: RunningWorker) -> asyncio.AbstractEventLoop:
-    return worker.runtime.engine._loop  # the loop the engine wakes consumers on
 
 
 def test_heartbeats_reach_the_coordinator_with_load_and_token(model_path: Path) -> None:
@@ -200,10 +196,10 @@ def test_heartbeats_reach_the_coordinator_with_load_and_token(model_path: Path) 
         received.append((request.headers.get("authorization", ""), Heartbeat(**json.loads(request.content))))
         return httpx.Response(200, json={"ok": True})
 
-    with running_worker(model_path, coordinator_url="http://coordinator.test", worker_token="s3cret",
+    with running_worker(model_path, transport=httpx.MockTransport(coordinator),
+                        coordinator_url="http://coordinator.test", worker_token="s3cret",
                         heartbeat_interval=0.2) as worker:
-        worker.app.state.runtime.heartbeats._client._transport = httpx.MockTransport(coordinator)
-        assert wait_until(lambda: len(received) >= 2, 5.0)
+        wait_until(lambda: len(received) >= 2, 5.0, "two heartbeats")
     auth, beat = received[-1]
     assert auth == "Bearer s3cret"
     assert beat.worker_id == worker.settings.worker_id and beat.url == worker.url

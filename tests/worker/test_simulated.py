@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.polling import wait_until
 from tests.sse import generate
 from tests.worker.server import running_worker
-from tests.worker.test_generate import wait_until
 from worker.settings import WorkerSettings
 
 
@@ -39,4 +39,4 @@ def test_simulated_cancel_frees_kv(tmp_path: Path) -> None:
             for line in response.iter_lines():
                 if line.startswith("event: token"):
                     break
-        assert wait_until(lambda: worker.load()["kv_reserved_bytes"] == 0, 3.0)
+        wait_until(lambda: worker.load()["kv_reserved_bytes"] == 0, 3.0, "the reservation to be released")
