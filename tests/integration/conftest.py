@@ -131,6 +131,10 @@ class Cluster:
                        and self.states()[w]["url"] == self.worker_urls[w], 60, f"{worker_id} to be alive",
                        interval=0.2)
             wait_until(lambda w=worker_id: self.worker_load(w)["active_streams"] == 0, 30, f"{worker_id} idle")
+            # And the coordinator has heard so: until the next heartbeat it still sees the last
+            # test's sessions, and would schedule around a worker it thinks is full.
+            wait_until(lambda w=worker_id: self.states()[w]["sessions"] == 0
+                       and self.states()[w]["active_streams"] == 0, 10, f"the coordinator to see {worker_id} idle")
         wait_until(lambda: self.coordinator_health()["requests_running"] == 0, 10, "no request in flight")
 
     def stop(self) -> None:
