@@ -6,7 +6,9 @@ no model, `--token-rate` tokens/s per stream), waits until all are registered, t
 (`python -m bench.load`) while sampling the coordinator's resident memory and open-stream count
 once a second. Prints relayed tokens/s, errors, and the coordinator's memory per open stream
 (RSS at the sample with the most open streams minus RSS when idle and registered, divided by the
-open streams then). Everything runs on 127.0.0.1 and is stopped in a `finally` block.
+open streams then), and the CPU time each of the three processes used during the load run: the
+coordinator's CPU per relayed token is what one process would need per token with a core of its own.
+Everything runs on 127.0.0.1 and is stopped in a `finally` block.
 
     .venv/bin/python -m bench.scale_bench --workers 100 --concurrency 500 --duration 25
 """
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -32,6 +36,17 @@ def rss_kib(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise RuntimeError("no VmRSS")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a running process, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # children that have exited and been waited for
+    return usage.ru_utime + usage.ru_stime
 
 
 def health(url: str) -> dict:
@@ -57,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                     "--max-sessions", str(max(64, 2 * args.concurrency // args.workers))]
     last_worker = f"http://127.0.0.1:{args.base_port + args.workers - 1}/worker/health"
     with serving("coordinator", coordinator_argv, url + "/coordinator/health", timeout=60) as coordinator, \
-            serving("simulated workers", workers_argv, last_worker, timeout=120):
+            serving("simulated workers", workers_argv, last_worker, timeout=120) as workers:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -84,10 +99,12 @@ def main(argv: list[str] | None = None) -> int:
         sampler.start()
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "load.json"
+            cpu_before = cpu_seconds(coordinator.pid), cpu_seconds(workers.pid), children_cpu_seconds()
             subprocess.run([py, "-m", "bench.load", "--url", url, "--api", "infer", "--concurrency",
                             str(args.concurrency), "--duration", str(args.duration), "--max-tokens",
                             str(args.max_tokens), "--request-cap", "100000", "--out", str(out)],
                            check=True, timeout=args.duration + 300)
+            cpu_after = cpu_seconds(coordinator.pid), cpu_seconds(workers.pid), children_cpu_seconds()
             result = json.loads(out.read_text())
         stop.set()
         sampler.join()
@@ -99,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
               f"p99 {summary['itl_ms']['p99']:.0f} ms")
         print(f"workers {args.workers} simulated ({args.token_rate:g} tok/s per stream), "
               f"concurrency {args.concurrency}, coordinator: 1 process")
+        coordinator_cpu, workers_cpu, load_cpu = (after - before for before, after in zip(cpu_before, cpu_after))
+        tokens = summary["tokens_per_s"] * summary["duration_s"]
+        per_token_us = coordinator_cpu / max(tokens, 1) * 1e6
+        print(f"CPU seconds during the run: coordinator {coordinator_cpu:.1f}, simulated workers {workers_cpu:.1f}, "
+              f"load tool {load_cpu:.1f}; coordinator {per_token_us:.1f} us CPU per relayed token "
+              f"(-> {1e6 / max(per_token_us, 1e-9):,.0f} tokens/s if it had a core of its own)")
         print(f"coordinator RSS idle {idle_kib / 1024:.1f} MiB; with {peak_streams} open streams "
               f"{peak_rss / 1024:.1f} MiB -> {(peak_rss - idle_kib) / max(peak_streams, 1):.1f} KiB per open stream")
     return 0

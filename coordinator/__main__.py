@@ -27,7 +27,6 @@ def main(argv: list[str] | None = None) -> None:
     requests_log.setLevel(level)
     requests_log.propagate = False
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per worker call: the request log has it
     config = uvicorn.Config(
         create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
         http=bounded_protocol(settings.client_send_buffer_bytes), access_log=False,

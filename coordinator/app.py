@@ -12,7 +12,6 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -22,6 +21,7 @@ from coordinator.clock import Clock, SystemClock
 from coordinator.errors import CoordinatorError
 from coordinator.settings import Settings
 from coordinator.state import CoordinatorState, build_state
+from coordinator.upstream import WorkerClient
 from coordinator.validate import request_id_of
 from protocol import reasons
 from protocol.inference import ErrorBody
@@ -30,17 +30,17 @@ log = logging.getLogger("coordinator")
 
 
 def create_app(settings: Settings, *, clock: Clock | None = None,
-               transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
-    """`transport` replaces the network to workers (tests pass an `httpx.MockTransport`)."""
+               worker_client: WorkerClient | None = None) -> FastAPI:
+    """`worker_client` replaces the network to workers (tests pass fake workers)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state = build_state(settings, clock or SystemClock(), transport)
+        state = build_state(settings, clock or SystemClock(), worker_client)
         app.state.coordinator = state
         try:
             yield
         finally:
-            await state.client.aclose()
+            await state.client.close()
 
     app = FastAPI(title="llm-pool coordinator", lifespan=lifespan)
     app.include_router(health.router)

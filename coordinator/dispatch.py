@@ -18,23 +18,19 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-import httpx
 from pydantic import ValidationError
 
 from coordinator.admission import Admission, Reservation
 from coordinator.errors import CoordinatorError
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.registry import WorkerRecord
+from coordinator.upstream import WorkerClient, WorkerResponse, WorkerStreamError, WorkerUnreachable
 from coordinator.validate import ValidRequest
 from protocol import reasons
 from protocol.inference import EVENT_ERROR, SESSION_EXPECTED_HEADER, ErrorBody
 from protocol.sse import SseEvent, SseParser, SseTooLarge
 
 log = logging.getLogger("coordinator.requests")
-
-
-class WorkerStreamError(Exception):
-    """The worker's stream broke (connection lost, timeout, garbage)."""
 
 
 class _Failover(Exception):
@@ -48,7 +44,7 @@ class _Failover(Exception):
 @dataclass(slots=True)
 class OpenStream:
     worker: WorkerRecord
-    response: httpx.Response
+    response: WorkerResponse
     events: AsyncIterator[SseEvent]
     first: SseEvent
     reservation: Reservation
@@ -56,21 +52,22 @@ class OpenStream:
 
     async def close(self) -> None:
         """Closing the response closes the connection, which cancels the request on the worker."""
-        await self.response.aclose()
+        await self.response.close()
 
 
-async def worker_events(response: httpx.Response) -> AsyncIterator[SseEvent]:
+async def worker_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[SseEvent]:
+    """The events in a worker's body; a broken body or an oversized event is a `WorkerStreamError`."""
     parser = SseParser()
     try:
-        async for chunk in response.aiter_raw():
+        async for chunk in chunks:
             for event in parser.feed(chunk):
                 yield event
-    except (httpx.HTTPError, SseTooLarge) as exc:
+    except SseTooLarge as exc:
         raise WorkerStreamError(f"{type(exc).__name__}: {exc}") from exc
 
 
 class Dispatcher:
-    def __init__(self, client: httpx.AsyncClient, admission: Admission, metrics: CoordinatorMetrics, *,
+    def __init__(self, client: WorkerClient, admission: Admission, metrics: CoordinatorMetrics, *,
                  max_attempts: int, first_event_timeout: float, retry_after: int) -> None:
         self._client = client
         self._admission = admission
@@ -106,50 +103,48 @@ class Dispatcher:
                                f"no worker could start the request ({last.reason if last else 'none tried'})")
 
     async def _attempt(self, worker: WorkerRecord, valid: ValidRequest, res: Reservation) -> OpenStream:
-        request = self._client.build_request(
-            "POST", f"{worker.url.rstrip('/')}/worker/generate", content=valid.payload,
-            headers=_worker_headers(valid))
-        response: httpx.Response | None = None
+        url = f"{worker.url.rstrip('/')}/worker/generate"
+        response: WorkerResponse | None = None
         try:
             async with asyncio.timeout(self._first_event_timeout):
-                response = await self._client.send(request, stream=True)
-                if response.status_code != 200:
+                response = await self._client.post(url, valid.payload, _worker_headers(valid))
+                if response.status != 200:
                     raise await self._refusal(response)
                 self._admission.confirm(res, _int_header(response, "x-prompt-tokens"))
-                events = worker_events(response)
+                events = worker_events(response.chunks())
                 first = await anext(events, None)
-        except (httpx.HTTPError, WorkerStreamError, TimeoutError) as exc:
+        except (WorkerUnreachable, WorkerStreamError, TimeoutError) as exc:
             if response is not None:
-                await response.aclose()
+                await response.close()
             reason = reasons.WORKER_UNAVAILABLE if response is None else reasons.WORKER_FAILED
             raise _Failover(reason, refused=False) from exc
         except BaseException:
             if response is not None:
-                await response.aclose()
+                await response.close()
             raise
         if first is None or first.event == EVENT_ERROR:
             # Nothing reached the client yet, so another worker may still serve it.
-            await response.aclose()
+            await response.close()
             raise _Failover(reasons.WORKER_FAILED, refused=False)
         return OpenStream(worker, response, events, first, res, attempts=1)
 
     @staticmethod
-    async def _refusal(response: httpx.Response) -> Exception:
-        raw = await response.aread()
-        await response.aclose()
+    async def _refusal(response: WorkerResponse) -> Exception:
+        raw = await response.read()
+        await response.close()
         try:
             body = ErrorBody.model_validate_json(raw)
         except ValidationError:
             return _Failover(reasons.WORKER_FAILED, refused=False)
-        if response.status_code == 503 or body.reason in reasons.RETRYABLE_ON_OTHER_WORKER:
+        if response.status == 503 or body.reason in reasons.RETRYABLE_ON_OTHER_WORKER:
             return _Failover(body.reason, refused=True, retry_after=_int_header(response, "retry-after"))
-        if response.status_code >= 500:
+        if response.status >= 500:
             return _Failover(body.reason, refused=False)
-        return CoordinatorError(body.reason, body.error, status=response.status_code)
+        return CoordinatorError(body.reason, body.error, status=response.status)
 
 
-def _int_header(response: httpx.Response, name: str) -> int | None:
-    value = response.headers.get(name, "")
+def _int_header(response: WorkerResponse, name: str) -> int | None:
+    value = response.header(name) or ""
     return int(value) if value.isdigit() else None
 
 

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from coordinator.dispatch import OpenStream, WorkerStreamError
+from coordinator.dispatch import OpenStream
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.upstream import WorkerStreamError
 from protocol import reasons
 from protocol.inference import EVENT_DONE, EVENT_ERROR, EVENT_TOKEN, DoneEvent, ErrorEvent
 from protocol.sse import SseEvent

@@ -9,8 +9,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import httpx
-
 from coordinator.admission import Admission
 from coordinator.clock import Clock
 from coordinator.dispatch import Dispatcher
@@ -18,6 +16,7 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.registry import Registry
 from coordinator.sessions import SessionTable
 from coordinator.settings import Settings
+from coordinator.upstream import AiohttpWorkerClient, WorkerClient
 
 
 @dataclass(slots=True)
@@ -28,24 +27,24 @@ class CoordinatorState:
     sessions: SessionTable
     admission: Admission
     metrics: CoordinatorMetrics
-    client: httpx.AsyncClient
+    client: WorkerClient
     dispatcher: Dispatcher
     log: logging.Logger
 
 
-def build_state(settings: Settings, clock: Clock, transport: httpx.AsyncBaseTransport | None) -> CoordinatorState:
+def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -> CoordinatorState:
+    """Runs inside the event loop (the app's lifespan): the worker client's pool belongs to it."""
     sessions = SessionTable(settings.session_table_size)
     registry = Registry(stale_after=settings.stale_after, dead_after=settings.dead_after)
     admission = Admission(registry, clock, retry_after=settings.retry_after)
     metrics = CoordinatorMetrics()
     metrics.watch(alive=lambda: registry.alive_count, stale=lambda: registry.stale_count,
                   reserved_kv=lambda: admission.in_flight_kv_bytes)
-    timeout = httpx.Timeout(connect=settings.worker_connect_timeout, read=settings.worker_read_timeout,
-                            write=settings.worker_read_timeout, pool=settings.worker_connect_timeout)
-    limits = httpx.Limits(max_connections=settings.worker_max_connections,
-                          max_keepalive_connections=min(100, settings.worker_max_connections),
-                          keepalive_expiry=settings.worker_keepalive_expiry)
-    client = httpx.AsyncClient(transport=transport, timeout=timeout, limits=limits, trust_env=False)
+    if client is None:
+        client = AiohttpWorkerClient(max_connections=settings.worker_max_connections,
+                                     connect_timeout=settings.worker_connect_timeout,
+                                     read_timeout=settings.worker_read_timeout,
+                                     keepalive_expiry=settings.worker_keepalive_expiry)
     dispatcher = Dispatcher(client, admission, metrics, max_attempts=settings.max_failover_attempts,
                             first_event_timeout=settings.worker_first_event_timeout,
                             retry_after=settings.retry_after)

@@ -1,10 +1,10 @@
-"""Fakes for the coordinator's unit tests: heartbeats, fake workers behind httpx.MockTransport,
+"""Fakes for the coordinator's unit tests: heartbeats, fake workers (behaviours behind an httpx.MockTransport),
 and an app running in-process with its lifespan entered."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +14,7 @@ import httpx
 from coordinator.app import create_app
 from coordinator.clock import ManualClock
 from coordinator.settings import Settings
+from coordinator.upstream import WorkerStreamError, WorkerUnreachable
 from protocol.health import Heartbeat, WorkerLoad
 
 MODEL = "smol"
@@ -52,6 +53,47 @@ def done(request_id: str = "r", worker_id: str = "w1", n: int = 3, reason: str =
 Behaviour = Callable[[httpx.Request], httpx.Response]
 
 
+class _FakeResponse:
+    """`coordinator.upstream.WorkerResponse` over an httpx response from a MockTransport."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+        self.status = response.status_code
+
+    def header(self, name: str) -> str | None:
+        return self._response.headers.get(name)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as exc:
+            raise WorkerStreamError(str(exc)) from exc
+
+    async def read(self) -> bytes:
+        return await self._response.aread()
+
+    async def close(self) -> None:
+        await self._response.aclose()
+
+
+class FakeWorkerClient:
+    """`coordinator.upstream.WorkerClient` whose network is fake workers' behaviours."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self._client = client
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> _FakeResponse:
+        request = self._client.build_request("POST", url, content=body, headers=dict(headers))
+        try:
+            return _FakeResponse(await self._client.send(request, stream=True))
+        except httpx.HTTPError as exc:
+            raise WorkerUnreachable(str(exc)) from exc
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
 @dataclass
 class FakeWorkers:
     """Workers by host name; each answers /worker/generate with its behaviour."""
@@ -59,7 +101,7 @@ class FakeWorkers:
     behaviours: dict[str, Behaviour] = field(default_factory=dict)
     calls: list[tuple[str, httpx.Request]] = field(default_factory=list)
 
-    def transport(self) -> httpx.MockTransport:
+    def client(self) -> FakeWorkerClient:
         async def handle(request: httpx.Request) -> httpx.Response:
             host = request.url.host.removesuffix(".test")
             self.calls.append((host, request))
@@ -68,7 +110,7 @@ class FakeWorkers:
                 raise httpx.ConnectError("connection refused", request=request)
             return behaviour(request)
 
-        return httpx.MockTransport(handle)
+        return FakeWorkerClient(httpx.AsyncClient(transport=httpx.MockTransport(handle)))
 
     def hosts_called(self) -> list[str]:
         return [host for host, _ in self.calls]
@@ -105,7 +147,7 @@ def refusing(status: int, reason: str, retry_after: int | None = None) -> Behavi
 @asynccontextmanager
 async def running_app(settings: Settings, fakes: FakeWorkers, clock: ManualClock
                       ) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(settings, clock=clock, transport=fakes.transport())
+    app = create_app(settings, clock=clock, worker_client=fakes.client())
     transport = httpx.ASGITransport(app=app)
     async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport,
                                                                    base_url="http://coord") as client:

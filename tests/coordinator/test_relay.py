@@ -8,14 +8,14 @@ from collections.abc import AsyncIterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import pytest
 
 from coordinator.clock import SystemClock
-from coordinator.dispatch import WorkerStreamError, worker_events
+from coordinator.dispatch import worker_events
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.relay import Relay
 from coordinator.response import Ending, RelayResponse
+from coordinator.upstream import WorkerStreamError
 from protocol.sse import SseEvent, SseParser
 from tests.coordinator.fakes import done, token
 
@@ -143,15 +143,14 @@ async def test_worker_events_reassembles_split_reads() -> None:
         for i in range(0, len(whole), 7):
             yield whole[i:i + 7]
 
-    response = httpx.Response(200, content=body())
-    events = [e async for e in worker_events(response)]
+    events = [e async for e in worker_events(body())]
     assert [e.event for e in events] == ["token"] * 5 + ["done"]
 
 
-async def test_worker_events_turns_a_broken_connection_into_a_stream_error() -> None:
+async def test_worker_events_turns_an_oversized_event_into_a_stream_error() -> None:
     async def body() -> AsyncIterator[bytes]:
         yield token(0)
-        raise httpx.ReadError("reset")
+        yield b"data: " + b"x" * (2 << 20)  # no end of event in sight, past the parser's limit
 
     with pytest.raises(WorkerStreamError):
-        [e async for e in worker_events(httpx.Response(200, content=body()))]
+        [e async for e in worker_events(body())]
