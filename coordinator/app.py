@@ -1,6 +1,7 @@
-"""The coordinator's FastAPI app: `create_app(settings, clock=..., transport=...)`.
+"""The coordinator's FastAPI app: `create_app(settings, clock=..., worker_client=...)`.
 
-Owns: the lifespan that builds `app.state.coordinator`, the routers, `/metrics`, and the one place
+Owns: the lifespan that builds `app.state.coordinator`, the routers, the way in for
+`POST /coordinator/infer` (`InferFastPath`), `/metrics`, and the one place
 where errors become HTTP responses (`CoordinatorError` -> JSON `ErrorBody` with the status from
 errors.STATUS_BY_REASON, `X-Request-ID`, and `Retry-After` on 503).
 Must not: read the environment or hold module-level state; everything comes in through arguments.
@@ -15,6 +16,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coordinator import health, infer
 from coordinator.clock import Clock, SystemClock
@@ -45,6 +47,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     app = FastAPI(title="llm-pool coordinator", lifespan=lifespan)
     app.include_router(health.router)
     app.include_router(infer.router)
+    app.add_middleware(InferFastPath)
     app.add_exception_handler(CoordinatorError, _coordinator_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected)
@@ -56,6 +59,34 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
+
+
+class InferFastPath:
+    """`POST /coordinator/infer` goes straight to its handler, ahead of FastAPI's router and most of
+    its middleware; every other request goes on to them.
+
+    Why: a streamed response runs inside the call stack that reached it for as long as it streams,
+    and each token's `send` passes back out through that stack's wrappers. Behind FastAPI's router
+    that stack is about fifteen frames deep (exception middleware, exit stack, router, route,
+    request/response adapters), held by every open stream and crossed by every token.
+    Only Starlette's ServerErrorMiddleware stays outside this: an unexpected error still reaches
+    `_unexpected`. The FastAPI route stays registered, so the OpenAPI schema lists it and other
+    methods get 405, but no POST reaches it.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/coordinator/infer":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            response = await infer.infer(request)
+        except CoordinatorError as exc:
+            response = error_response(request, exc)
+        await response(scope, receive, send)
 
 
 def error_response(request: Request, exc: CoordinatorError) -> JSONResponse:

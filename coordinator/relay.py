@@ -49,7 +49,7 @@ class Relay:
         self.request_id = request_id
         self.queue: asyncio.Queue[SseEvent] = asyncio.Queue(buffer_events)
         self.write_deadline = write_deadline
-        self.slow = asyncio.Event()
+        self.slow = False  # set when the client stopped taking events: the reader gave up on it
         self.outcome = Outcome()
         self._metrics = metrics
         # The first event is already here (dispatch waited for it): queue it now, so the writer can
@@ -74,7 +74,7 @@ class Relay:
                 message = f"the worker's stream broke: {exc}"
             await self._relay(self._error(reasons.WORKER_FAILED, message))
         except _SlowConsumer:
-            self.slow.set()
+            self.slow = True
         finally:
             await self.stream.close()
 

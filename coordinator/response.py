@@ -17,7 +17,7 @@ import enum
 from collections.abc import Callable
 
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from coordinator.clock import Clock
 from coordinator.relay import TERMINAL, Relay
@@ -48,34 +48,41 @@ class RelayResponse(Response):
         self.ping_interval = ping_interval
         self.clock = clock
         self.on_end = on_end
+        self._sending_since: float | None = None  # loop time the writer's send in progress began
+        self._send_timed_out = False
+        self._watchdog: asyncio.TimerHandle | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ending = Ending.CLIENT_GONE
+        loop = asyncio.get_running_loop()
         writer = asyncio.create_task(self._write(send))  # first: the first event is already queued
         reader = asyncio.create_task(self.relay.run())
-        watchers = {writer, asyncio.create_task(self._client_left(receive)),
-                    asyncio.create_task(self.relay.slow.wait())}
+        client_left = asyncio.create_task(self._client_left(receive))
+        self._watchdog = loop.call_later(self.relay.write_deadline, self._watch, writer)
+        watched = {writer, client_left, reader}
         try:
-            await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
-            if writer.done() and not writer.cancelled():
-                error = writer.exception()
-                if error is None:
-                    ending = Ending.COMPLETE
-                elif isinstance(error, _SendTimeout):
-                    ending = Ending.SLOW_CLIENT
-            elif self.relay.slow.is_set():
+            while True:
+                done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+                if done == {reader} and not self.relay.slow:
+                    watched.discard(reader)  # the whole worker stream is queued; the writer goes on
+                    continue
+                break
+            if writer.done() and not writer.cancelled() and writer.exception() is None:
+                ending = Ending.COMPLETE
+            elif self._send_timed_out or self.relay.slow:
                 ending = Ending.SLOW_CLIENT
             if ending is Ending.COMPLETE:
                 # End the client's response first: the reader may still be reading the worker's last bytes.
-                await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})
+                await self._last_send(send, {"type": "http.response.body", "body": b"", "more_body": False})
         except _SendTimeout:
             pass  # every event was delivered; uvicorn closes the connection we could not finish
         finally:
-            for task in watchers:
-                task.cancel()
+            self._watchdog.cancel()
+            writer.cancel()
+            client_left.cancel()
             if ending is not Ending.COMPLETE:
                 reader.cancel()  # closes the worker response: the worker cancels and frees the KV
-            await asyncio.gather(reader, *watchers, return_exceptions=True)
+            await asyncio.gather(reader, writer, client_left, return_exceptions=True)
             self.on_end(ending)
 
     async def _write(self, send: Send) -> None:
@@ -90,21 +97,38 @@ class RelayResponse(Response):
                     async with asyncio.timeout(self.ping_interval):
                         event = await queue.get()
                 except TimeoutError:
-                    await self._body(send, PING)
+                    await self._send(send, _body(PING))
                     continue
-            await self._body(send, encode(event.event, event.data))
+            await self._send(send, _body(encode(event.event, event.data)))
             if event.event == EVENT_TOKEN and self.relay.outcome.first_token_at is None:
                 self.relay.outcome.first_token_at = self.clock.monotonic()
             if event.event in TERMINAL:
                 return
 
-    async def _body(self, send: Send, body: bytes) -> None:
-        await self._send(send, {"type": "http.response.body", "body": body, "more_body": True})
+    async def _send(self, send: Send, message: Message) -> None:
+        """One write from the writer task, watched by `_watch` instead of a timeout of its own: a
+        timer per token would cost more than the rest of relaying it."""
+        self._sending_since = asyncio.get_running_loop().time()
+        await send(message)
+        self._sending_since = None
 
-    async def _send(self, send: Send, message: dict) -> None:  # type: ignore[type-arg]
+    def _watch(self, writer: asyncio.Task[None]) -> None:
+        """Cancels the writer once one send has waited `write_deadline`; else looks again when the
+        send in progress (or the next one) could first reach it."""
+        deadline = self.relay.write_deadline
+        now = asyncio.get_running_loop().time()
+        since = self._sending_since
+        if since is not None and now - since >= deadline:
+            self._send_timed_out = True
+            writer.cancel()
+            return
+        self._watchdog = asyncio.get_running_loop().call_at((since if since is not None else now) + deadline,
+                                                            self._watch, writer)
+
+    async def _last_send(self, send: Send, message: Message) -> None:
         try:
             async with asyncio.timeout(self.relay.write_deadline):
-                await send(message)  # type: ignore[arg-type]
+                await send(message)
         except TimeoutError:
             raise _SendTimeout from None
 
@@ -112,3 +136,7 @@ class RelayResponse(Response):
     async def _client_left(receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
+
+
+def _body(data: bytes) -> Message:
+    return {"type": "http.response.body", "body": data, "more_body": True}

@@ -7,6 +7,7 @@ import json
 import httpx
 import pytest
 
+from coordinator.app import create_app
 from coordinator.clock import ManualClock
 from coordinator.settings import Settings
 from tests.coordinator.fakes import (
@@ -319,3 +320,27 @@ async def test_two_apps_keep_separate_state_and_metrics() -> None:
         assert (await two.get("/coordinator/health")).json()["workers"]["alive"] == 0
         assert await metric(one, 'coordinator_heartbeats_total{outcome="accepted"}') == 1
         assert await metric(two, 'coordinator_heartbeats_total{outcome="accepted"}') == 0
+
+
+async def test_infer_other_methods_are_405_in_the_json_error_shape() -> None:
+    async with running_app(SETTINGS, FakeWorkers(), ManualClock()) as client:
+        response = await client.get("/coordinator/infer")
+        assert response.status_code == 405
+        assert set(response.json()) == {"error", "reason", "request_id"}
+
+
+async def test_an_unexpected_error_in_infer_is_a_500_in_the_json_error_shape() -> None:
+    clock = ManualClock()
+    app = create_app(SETTINGS, clock=clock, worker_client=FakeWorkers({"w1": streaming(STREAM)}).client())
+    # Starlette re-raises after answering 500 (for the server's log); the test wants the answer.
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://c") as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+
+        def broken(*_: object) -> None:
+            raise RuntimeError("bug")
+
+        app.state.coordinator.admission.check = broken
+        response = await infer(client, headers={"x-request-id": "req-1"})
+        assert response.status_code == 500
+        assert response.json() == {"error": "internal error", "reason": "internal", "request_id": "req-1"}
