@@ -8,11 +8,15 @@ Deliberate deviation from sse-starlette's EventSourceResponse: a slow client mus
 without one more byte (the socket is full) and without an exception traceback, and the writer must
 race the reader's slow-consumer signal. So on a slow client this response returns without
 completing the body; uvicorn then closes the connection (server.py silences its log line for it).
+
+One timer per stream (`_watch`) keeps both the write deadline and the ping interval: a timeout
+around every send and every wait would arm and cancel two timers per token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 from collections.abc import Callable
 
@@ -22,7 +26,9 @@ from starlette.types import Message, Receive, Scope, Send
 from coordinator.clock import Clock
 from coordinator.relay import TERMINAL, Relay
 from protocol.inference import EVENT_TOKEN
-from protocol.sse import PING, encode
+from protocol.sse import PING, SseEvent, encode
+
+_PING = SseEvent("", "")  # queued by the stream's timer when it has been quiet; sent as an SSE comment
 
 
 class Ending(enum.Enum):
@@ -50,6 +56,7 @@ class RelayResponse(Response):
         self.on_end = on_end
         self._sending_since: float | None = None  # loop time the writer's send in progress began
         self._send_timed_out = False
+        self._last_sent_at = 0.0  # loop time the last send began
         self._watchdog: asyncio.TimerHandle | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -58,7 +65,8 @@ class RelayResponse(Response):
         writer = asyncio.create_task(self._write(send))  # first: the first event is already queued
         reader = asyncio.create_task(self.relay.run())
         client_left = asyncio.create_task(self._client_left(receive))
-        self._watchdog = loop.call_later(self.relay.write_deadline, self._watch, writer)
+        self._last_sent_at = loop.time()
+        self._watchdog = loop.call_later(min(self.relay.write_deadline, self.ping_interval), self._watch, writer)
         watched = {writer, client_left, reader}
         try:
             while True:
@@ -90,15 +98,10 @@ class RelayResponse(Response):
                                 "headers": self.raw_headers})
         queue = self.relay.queue
         while True:
-            try:
-                event = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                try:
-                    async with asyncio.timeout(self.ping_interval):
-                        event = await queue.get()
-                except TimeoutError:
-                    await self._send(send, _body(PING))
-                    continue
+            event = await queue.get()
+            if event is _PING:
+                await self._send(send, _body(PING))
+                continue
             await self._send(send, _body(encode(event.event, event.data)))
             if event.event == EVENT_TOKEN and self.relay.outcome.first_token_at is None:
                 self.relay.outcome.first_token_at = self.clock.monotonic()
@@ -108,22 +111,29 @@ class RelayResponse(Response):
     async def _send(self, send: Send, message: Message) -> None:
         """One write from the writer task, watched by `_watch` instead of a timeout of its own: a
         timer per token would cost more than the rest of relaying it."""
-        self._sending_since = asyncio.get_running_loop().time()
+        self._sending_since = since = asyncio.get_running_loop().time()
         await send(message)
         self._sending_since = None
+        self._last_sent_at = since
 
     def _watch(self, writer: asyncio.Task[None]) -> None:
-        """Cancels the writer once one send has waited `write_deadline`; else looks again when the
-        send in progress (or the next one) could first reach it."""
-        deadline = self.relay.write_deadline
-        now = asyncio.get_running_loop().time()
-        since = self._sending_since
-        if since is not None and now - since >= deadline:
-            self._send_timed_out = True
-            writer.cancel()
+        """The one timer of a stream. Cancels the writer once a send has waited `write_deadline`;
+        queues a ping when nothing was sent for `ping_interval`; then looks again when either could
+        next be due."""
+        loop = asyncio.get_running_loop()
+        deadline, now, since = self.relay.write_deadline, loop.time(), self._sending_since
+        if since is not None:
+            if now - since >= deadline:
+                self._send_timed_out = True
+                writer.cancel()
+                return
+            self._watchdog = loop.call_at(since + deadline, self._watch, writer)
             return
-        self._watchdog = asyncio.get_running_loop().call_at((since if since is not None else now) + deadline,
-                                                            self._watch, writer)
+        if now - self._last_sent_at >= self.ping_interval:
+            with contextlib.suppress(asyncio.QueueFull):  # a full buffer has events to send anyway
+                self.relay.queue.put_nowait(_PING)
+            self._last_sent_at = now
+        self._watchdog = loop.call_at(min(self._last_sent_at + self.ping_interval, now + deadline), self._watch, writer)
 
     async def _last_send(self, send: Send, message: Message) -> None:
         try:
