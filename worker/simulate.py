@@ -14,6 +14,7 @@ import asyncio
 import logging
 
 import uvicorn
+import uvloop
 
 from worker.app import create_app
 from worker.settings import WorkerSettings
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream-buffer", type=int, default=64)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    asyncio.run(serve_all(args))
+    uvloop.run(serve_all(args))
     return 0
 
 

@@ -7,7 +7,6 @@ Must not: parse flags (cli.py), define metrics (stats.py) or format numbers (rep
 
 from __future__ import annotations
 
-import asyncio
 import os
 import platform
 import sys
@@ -15,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
+import uvloop
 
 from bench.load import compare, report
 from bench.load.cli import Options, UsageError, build_parser, validate
@@ -76,7 +76,7 @@ def run_single(options: Options) -> int:
     runner = runner_for(options, a.api, a.url, sampling_of(options, raw=a.raw, banned=banned, model=model),
                         options.prompts)
     print(header(options, a.api, a.url))
-    results = asyncio.run(_sweep(runner, options, print_point()))
+    results = uvloop.run(_sweep(runner, options, print_point()))
     print()
     print(report.sweep_table(results))
     finish(options, {"target": results})
@@ -103,7 +103,7 @@ def run_comparison(options: Options) -> int:
                             prepared.prompts)
         print(header(options, a.api, a.url) + f"\npeer: llama_cpp.server {peer.url} (openai api), "
               f"banned tokens {list(banned)}")
-        mine, peers = asyncio.run(_compare(ours, theirs, options))
+        mine, peers = uvloop.run(_compare(ours, theirs, options))
     finally:
         peer.stop()
     print()
