@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from coordinator.buffer import EventBuffer
 from coordinator.dispatch import OpenStream
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.upstream import WorkerStreamError
@@ -47,7 +48,7 @@ class Relay:
                  metrics: CoordinatorMetrics) -> None:
         self.stream = stream
         self.request_id = request_id
-        self.queue: asyncio.Queue[SseEvent] = asyncio.Queue(buffer_events)
+        self.queue: EventBuffer[SseEvent] = EventBuffer(buffer_events)
         self.write_deadline = write_deadline
         self.slow = False  # set when the client stopped taking events: the reader gave up on it
         self.outcome = Outcome()
@@ -106,14 +107,8 @@ class Relay:
         ends = self._note(event)
         if ends is None:
             return False
-        try:
-            self.queue.put_nowait(event)
-        except asyncio.QueueFull:
-            try:
-                async with asyncio.timeout(self.write_deadline):
-                    await self.queue.put(event)
-            except TimeoutError:
-                raise _SlowConsumer from None
+        if not self.queue.put_nowait(event) and not await self.queue.put(event, self.write_deadline):
+            raise _SlowConsumer
         self._metrics.buffer_fill.observe(self.queue.qsize() / self.queue.maxsize)
         return ends
 

@@ -16,7 +16,6 @@ around every send and every wait would arm and cancel two timers per token.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 from collections.abc import Callable
 
@@ -130,8 +129,7 @@ class RelayResponse(Response):
             self._watchdog = loop.call_at(since + deadline, self._watch, writer)
             return
         if now - self._last_sent_at >= self.ping_interval:
-            with contextlib.suppress(asyncio.QueueFull):  # a full buffer has events to send anyway
-                self.relay.queue.put_nowait(_PING)
+            self.relay.queue.put_nowait(_PING)  # refused when full: then there are events to send anyway
             self._last_sent_at = now
         self._watchdog = loop.call_at(min(self._last_sent_at + self.ping_interval, now + deadline), self._watch, writer)
 
