@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     config = uvicorn.Config(
         create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
         http=bounded_protocol(settings.client_send_buffer_bytes), access_log=False,
-        timeout_graceful_shutdown=5)
+        timeout_graceful_shutdown=5, proxy_headers=False)  # nothing here reads the client's address
     # After Config: it applies uvicorn's logging config, which would not keep a filter added before.
     logging.getLogger("uvicorn.error").addFilter(DropAbandonedResponse())
     uvicorn.Server(config).run()

@@ -44,6 +44,8 @@ class Outcome:
 
 
 class Relay:
+    __slots__ = ("_first_ends", "_metrics", "outcome", "queue", "request_id", "slow", "stream", "write_deadline")
+
     def __init__(self, stream: OpenStream, *, request_id: str, buffer_events: int, write_deadline: float,
                  metrics: CoordinatorMetrics) -> None:
         self.stream = stream

@@ -66,14 +66,8 @@ class RelayResponse(Response):
         client_left = asyncio.create_task(self._client_left(receive))
         self._last_sent_at = loop.time()
         self._watchdog = loop.call_later(min(self.relay.write_deadline, self.ping_interval), self._watch, writer)
-        watched = {writer, client_left, reader}
         try:
-            while True:
-                done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
-                if done == {reader} and not self.relay.slow:
-                    watched.discard(reader)  # the whole worker stream is queued; the writer goes on
-                    continue
-                break
+            await self._first_to_end(writer, client_left, reader)
             if writer.done() and not writer.cancelled() and writer.exception() is None:
                 ending = Ending.COMPLETE
             elif self._send_timed_out or self.relay.slow:
@@ -91,6 +85,25 @@ class RelayResponse(Response):
                 reader.cancel()  # closes the worker response: the worker cancels and frees the KV
             await asyncio.gather(reader, writer, client_left, return_exceptions=True)
             self.on_end(ending)
+
+    async def _first_to_end(self, writer: asyncio.Task[None], client_left: asyncio.Task[None],
+                            reader: asyncio.Task[None]) -> None:
+        """Returns when the writer ends, the client leaves, or the reader gives up on a slow client
+        (the reader ending normally only means the whole worker stream is queued: the writer goes on).
+        Done-callbacks on one future: lighter than `asyncio.wait`, and every open stream holds this wait."""
+        ended = asyncio.get_running_loop().create_future()
+
+        def end(task: asyncio.Task[None]) -> None:
+            if not ended.done() and (task is not reader or self.relay.slow):
+                ended.set_result(None)
+
+        for task in (writer, client_left, reader):
+            task.add_done_callback(end)
+        try:
+            await ended
+        finally:
+            for task in (writer, client_left, reader):
+                task.remove_done_callback(end)
 
     async def _write(self, send: Send) -> None:
         await self._send(send, {"type": "http.response.start", "status": self.status_code,

@@ -20,8 +20,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     app = create_app(settings)
+    # No Date or Server header: only the coordinator reads a worker's responses, and it keeps the
+    # parsed headers of every open stream for as long as the stream lasts.
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                access_log=False, timeout_graceful_shutdown=5)
+                access_log=False, timeout_graceful_shutdown=5, date_header=False, server_header=False)
     return 0
 
 

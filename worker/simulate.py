@@ -34,7 +34,8 @@ async def serve_all(args: argparse.Namespace) -> None:
     for i in range(args.workers):
         settings = settings_for(i, args)
         config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=settings.port,
-                                log_level="warning", access_log=False, lifespan="on")
+                                log_level="warning", access_log=False, lifespan="on", date_header=False,
+                                server_header=False)  # as the real worker (worker/__main__.py)
         servers.append(uvicorn.Server(config))
     await asyncio.gather(*(server.serve() for server in servers))
 
