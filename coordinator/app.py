@@ -81,12 +81,17 @@ class InferFastPath:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/coordinator/infer":
             await self.app(scope, receive, send)
             return
+        response = await self._respond(scope, receive)
+        await response(scope, receive, send)
+
+    @staticmethod
+    async def _respond(scope: Scope, receive: Receive) -> Response:
+        """The response, with the `Request` gone by the time it streams."""
         request = Request(scope, receive)
         try:
-            response = await infer.infer(request)
+            return await infer.infer(request)
         except CoordinatorError as exc:
-            response = error_response(request, exc)
-        await response(scope, receive, send)
+            return error_response(request, exc)
 
 
 def error_response(request: Request, exc: CoordinatorError) -> JSONResponse:

@@ -46,10 +46,13 @@ async def infer(request: Request) -> Response:
     settings = state.settings
     relay = Relay(stream, request_id=request_id, buffer_events=settings.relay_buffer_events,
                   write_deadline=settings.relay_write_deadline, metrics=state.metrics)
+    # Only the session id outlives this function: the parsed request and its prompt are not held
+    # for as long as the stream lasts.
+    session_id = valid.body.session_id
     return RelayResponse(
         relay, headers={"x-request-id": request_id, "x-worker-id": stream.worker.worker_id},
         ping_interval=settings.ping_interval, clock=state.clock,
-        on_end=lambda ending: _finish(state, valid, relay, ending, started))
+        on_end=lambda ending: _finish(state, session_id, relay, ending, started))
 
 
 async def _admit(state: CoordinatorState, valid: ValidRequest) -> tuple[ValidRequest, OpenStream]:
@@ -83,11 +86,11 @@ async def _admit(state: CoordinatorState, valid: ValidRequest) -> tuple[ValidReq
         raise
 
 
-def _finish(state: CoordinatorState, valid: ValidRequest, relay: Relay, ending: Ending, started: float) -> None:
+def _finish(state: CoordinatorState, session_id: str | None, relay: Relay, ending: Ending, started: float) -> None:
     """Runs once per admitted request, whatever the ending: release, count, log."""
     outcome, stream = relay.outcome, relay.stream
     done = outcome.done
-    kept = done.usage.total_tokens if valid.body.session_id is not None and done is not None else None
+    kept = done.usage.total_tokens if session_id is not None and done is not None else None
     state.admission.release(stream.reservation, kept_tokens=kept)
     now = state.clock.monotonic()
     metrics = state.metrics
@@ -105,7 +108,7 @@ def _finish(state: CoordinatorState, valid: ValidRequest, relay: Relay, ending: 
     else:
         finish = done.finish_reason if done is not None else (outcome.error_reason or reasons.WORKER_FAILED)
     metrics.finished.labels(finish_reason=finish).inc()
-    _log(state, request_id=valid.request_id, status=200, worker_id=stream.worker.worker_id,
+    _log(state, request_id=relay.request_id, status=200, worker_id=stream.worker.worker_id,
          model=done.model if done else stream.worker.model, finish_reason=finish,
          prompt_tokens=done.usage.prompt_tokens if done else None,
          generated_tokens=done.usage.completion_tokens if done else outcome.tokens,
