@@ -5,12 +5,11 @@ of ours: `WorkerUnreachable` (no response at all) and `WorkerStreamError` (the b
 Must not: know what a request or an event means (dispatch.py and relay.py do).
 
 Why aiohttp here when the rest of the project speaks httpx: this client carries every token of every
-stream, so its cost per read is the coordinator's cost per token. Measured on this project's 2-core
-machine (a loopback server streaming 20,000 SSE chunks, uvloop): about 17 us of CPU per chunk for
-aiohttp against 33 us for httpx, server included. And httpcore's pool walks every pooled connection
-on each request and each release, which at thousands of open streams cost more than relaying did
-(a profile of `bench.scale_bench` put 18% of the coordinator's time in it). aiohttp keeps a pool per
-worker.
+stream, so its cost per read is the coordinator's cost per token. `python -m bench.upstream_bench`
+(a loopback server streaming 20,000 SSE chunks, uvloop, server included) measured 12.0 us of CPU per
+chunk for aiohttp against 32.4 us for httpx on this project's 2-core machine. And httpcore's pool
+walks every pooled connection on each request and each release, which showed up in profiles of
+`bench.scale_bench` at hundreds of open streams; aiohttp keeps a pool per worker.
 """
 
 from __future__ import annotations
