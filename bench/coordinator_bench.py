@@ -39,13 +39,12 @@ from pathlib import Path
 
 import httpx
 
-from bench.processes import serving
+from bench.processes import free_port, serving
 from coordinator.app import create_app
 from coordinator.demand import Demand
 from coordinator.errors import CoordinatorError
 from coordinator.settings import Settings
 from protocol.health import Heartbeat, WorkerLoad
-from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 FULL = WorkerLoad(sessions=16, max_sessions=16, active_streams=16, queue_depth=0, kv_used_bytes=0,
@@ -209,7 +208,9 @@ def added_ttft(samples: int, threads: int) -> dict[str, float]:
                  coordinator + "/coordinator/health", "coordinator"), \
             process([sys.executable, "-m", "worker", "--port", str(worker_port), "--worker-id", "bench",
                      "--coordinator-url", coordinator, "--threads", str(threads), "--heartbeat-interval", "1",
-                     "--log-level", "warning"], worker + "/worker/health", "worker"):
+                     # Every sample prefills its prompt, as a new conversation would: the prompt
+                     # cache would serve the repeated prompt from the second sample on.
+                     "--no-prompt-cache", "--log-level", "warning"], worker + "/worker/health", "worker"):
         deadline = time.monotonic() + 60
         while httpx.get(coordinator + "/coordinator/health", timeout=2).json()["workers"]["alive"] < 1:
             if time.monotonic() > deadline:

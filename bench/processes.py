@@ -6,6 +6,7 @@ Owns: the one way a benchmark runs a peer process on loopback. Must not: know wh
 from __future__ import annotations
 
 import contextlib
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -14,6 +15,13 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (the kernel's pick)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def wait_ready(proc: subprocess.Popen[bytes], ready_url: str, name: str, *, timeout: float,

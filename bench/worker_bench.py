@@ -35,7 +35,6 @@ import datetime
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,7 +46,7 @@ from typing import Any
 
 import httpx
 
-from bench.processes import serving
+from bench.processes import free_port, serving
 from protocol.sse import SseParser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -341,12 +340,6 @@ def run_ceiling_cell(n: int, tokens: int, threads: int, model_path: Path, rep: i
 
 
 # -- processes ---------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 
+from bench.processes import free_port  # noqa: F401  (re-exported for the tests)
 from worker.provision import DEFAULT_MODEL_PATH, is_provisioned
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

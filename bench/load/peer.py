@@ -6,7 +6,6 @@ Must not: run workloads (compare.py does).
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,13 +13,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from bench.processes import stop, wait_ready
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from bench.processes import free_port, stop, wait_ready
 
 
 class LlamaCppServer:
