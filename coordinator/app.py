@@ -69,8 +69,8 @@ class InferFastPath:
     and each token's `send` passes back out through that stack's wrappers. Behind FastAPI's router
     that stack is about fifteen frames deep (exception middleware, exit stack, router, route,
     request/response adapters), held by every open stream and crossed by every token.
-    Only Starlette's ServerErrorMiddleware stays outside this: an unexpected error still reaches
-    `_unexpected`. The FastAPI route stays registered, so the OpenAPI schema lists it and other
+    Outside it stay only Starlette's ServerErrorMiddleware (so an unexpected error still reaches
+    `_unexpected`) and two thin wrappers FastAPI puts next to it. The FastAPI route stays registered, so the OpenAPI schema lists it and other
     methods get 405, but no POST reaches it.
     """
 

@@ -121,8 +121,8 @@ class RelayResponse(Response):
                 return
 
     async def _send(self, send: Send, message: Message) -> None:
-        """One write from the writer task, watched by `_watch` instead of a timeout of its own: a
-        timer per token would cost more than the rest of relaying it."""
+        """One write from the writer task, watched by `_watch` instead of a timeout of its own, which
+        would arm and cancel a timer for every token."""
         self._sending_since = since = asyncio.get_running_loop().time()
         await send(message)
         self._sending_since = None
