@@ -74,7 +74,7 @@ class RelayResponse(Response):
                 ending = Ending.SLOW_CLIENT
             if ending is Ending.COMPLETE:
                 # End the client's response first: the reader may still be reading the worker's last bytes.
-                await self._last_send(send, {"type": "http.response.body", "body": b"", "more_body": False})
+                await self._end_body(send, {"type": "http.response.body", "body": b"", "more_body": False})
         except _SendTimeout:
             pass  # every event was delivered; uvicorn closes the connection we could not finish
         finally:
@@ -146,7 +146,7 @@ class RelayResponse(Response):
             self._last_sent_at = now
         self._watchdog = loop.call_at(min(self._last_sent_at + self.ping_interval, now + deadline), self._watch, writer)
 
-    async def _last_send(self, send: Send, message: Message) -> None:
+    async def _end_body(self, send: Send, message: Message) -> None:
         try:
             async with asyncio.timeout(self.relay.write_deadline):
                 await send(message)

@@ -18,12 +18,7 @@ import logging
 import socket
 from typing import Any
 
-from uvicorn.protocols.http.h11_impl import H11Protocol
-
-try:  # uvicorn prefers httptools when it is installed; keep that choice
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Base
-except ImportError:  # pragma: no cover - depends on the environment
-    _Base = H11Protocol  # type: ignore[assignment,misc]
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # httptools is a dependency
 
 
 class _CoalescingTransport:
@@ -56,7 +51,7 @@ class _CoalescingTransport:
 
 
 def bounded_protocol(send_buffer_bytes: int) -> type[asyncio.Protocol]:
-    class BoundedSendProtocol(_Base):  # type: ignore[valid-type,misc]
+    class BoundedSendProtocol(HttpToolsProtocol):
         def connection_made(self, transport: Any) -> None:
             super().connection_made(_CoalescingTransport(transport))  # type: ignore[arg-type]  # a proxy
             if send_buffer_bytes <= 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -55,66 +56,54 @@ class Server:
             writer.close()
 
 
+@contextlib.asynccontextmanager
 async def serving(server: Server) -> AsyncIterator[str]:
-    port = free_port()
-    listener = await asyncio.start_server(server.handle, "127.0.0.1", port)
+    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
     try:
         yield f"http://127.0.0.1:{port}/worker/generate"
     finally:
         listener.close()
 
 
-def client() -> AiohttpWorkerClient:
-    return AiohttpWorkerClient(max_connections=10, connect_timeout=2, read_timeout=2, keepalive_expiry=5)
+@pytest.fixture
+async def upstream() -> AsyncIterator[AiohttpWorkerClient]:
+    client = AiohttpWorkerClient(max_connections=10, connect_timeout=2, read_timeout=2, keepalive_expiry=5)
+    yield client
+    await client.close()
 
 
-async def test_streams_the_body_and_reuses_the_connection_once_it_was_read_to_the_end() -> None:
+async def test_streams_the_body_and_reuses_the_connection_once_it_was_read_to_the_end(
+        upstream: AiohttpWorkerClient) -> None:
     server = Server([b"one", b"two"])
-    upstream = client()
-    try:
-        async for url in serving(server):
-            for _ in range(2):
-                response = await upstream.post(url, b'{"prompt":"x"}', {"content-type": "application/json"})
-                assert response.status == 200 and response.header("x-prompt-tokens") == "7"
-                assert [c async for c in response.chunks()] == [b"one", b"two"]
-                await response.close()
-            assert server.bodies == [b'{"prompt":"x"}'] * 2
-            assert server.connections == 1
-    finally:
-        await upstream.close()
+    async with serving(server) as url:
+        for _ in range(2):
+            response = await upstream.post(url, b'{"prompt":"x"}', {"content-type": "application/json"})
+            assert response.status == 200 and response.header("x-prompt-tokens") == "7"
+            assert [c async for c in response.chunks()] == [b"one", b"two"]
+            await response.close()
+        assert server.bodies == [b'{"prompt":"x"}'] * 2
+        assert server.connections == 1
 
 
-async def test_closing_before_the_end_closes_the_connection() -> None:
+async def test_closing_before_the_end_closes_the_connection(upstream: AiohttpWorkerClient) -> None:
     server = Server([b"x"] * 50)
-    upstream = client()
-    try:
-        async for url in serving(server):
-            response = await upstream.post(url, b"{}", {})
-            chunks = response.chunks()
-            assert await anext(chunks) == b"x"
-            await response.close()
-            await asyncio.wait_for(server.disconnected.wait(), 2)  # how the worker learns of the cancel
-    finally:
-        await upstream.close()
+    async with serving(server) as url:
+        response = await upstream.post(url, b"{}", {})
+        assert await anext(response.chunks()) == b"x"
+        await response.close()
+        await asyncio.wait_for(server.disconnected.wait(), 2)  # how the worker learns of the cancel
 
 
-async def test_a_broken_body_is_a_stream_error() -> None:
+async def test_a_broken_body_is_a_stream_error(upstream: AiohttpWorkerClient) -> None:
     server = Server([b"x"], break_after=True)
-    upstream = client()
-    try:
-        async for url in serving(server):
-            response = await upstream.post(url, b"{}", {})
-            with pytest.raises(WorkerStreamError):
-                [c async for c in response.chunks()]
-            await response.close()
-    finally:
-        await upstream.close()
+    async with serving(server) as url:
+        response = await upstream.post(url, b"{}", {})
+        with pytest.raises(WorkerStreamError):
+            [c async for c in response.chunks()]
+        await response.close()
 
 
-async def test_nobody_listening_is_unreachable() -> None:
-    upstream = client()
-    try:
-        with pytest.raises(WorkerUnreachable):
-            await upstream.post(f"http://127.0.0.1:{free_port()}/worker/generate", b"{}", {})
-    finally:
-        await upstream.close()
+async def test_nobody_listening_is_unreachable(upstream: AiohttpWorkerClient) -> None:
+    with pytest.raises(WorkerUnreachable):
+        await upstream.post(f"http://127.0.0.1:{free_port()}/worker/generate", b"{}", {})

@@ -133,13 +133,16 @@ class Cluster:
             wait_until(lambda w=worker_id: self.worker_load(w)["active_streams"] == 0, 30, f"{worker_id} idle")
             # And the coordinator has heard so: until the next heartbeat it still sees the last
             # test's sessions, and would schedule around a worker it thinks is full.
-            wait_until(lambda w=worker_id: self.states()[w]["sessions"] == 0
-                       and self.states()[w]["active_streams"] == 0, 10, f"the coordinator to see {worker_id} idle")
+            wait_until(lambda w=worker_id: _idle(self.states()[w]), 10, f"the coordinator to see {worker_id} idle")
         wait_until(lambda: self.coordinator_health()["requests_running"] == 0, 10, "no request in flight")
 
     def stop(self) -> None:
         for proc in [*self.workers.values(), self.coordinator]:
             proc.stop()
+
+
+def _idle(status: dict) -> bool:  # type: ignore[type-arg]
+    return bool(status["sessions"] == 0 and status["active_streams"] == 0)
 
 
 @pytest.fixture(scope="session")
