@@ -1,32 +1,34 @@
 """The coordinator's FastAPI app: `create_app(settings, clock=..., worker_client=...)`.
 
-Owns: the lifespan that builds `app.state.coordinator`, the routers, the way in for
-`POST /coordinator/infer` (`InferFastPath`), `/metrics`, and the one place
-where errors become HTTP responses (`CoordinatorError` -> JSON `ErrorBody` with the status from
-errors.STATUS_BY_REASON, `X-Request-ID`, and `Retry-After` on 503).
+Owns: the lifespan that builds `app.state.coordinator` and `app.state.gateway`, the routers, the
+way in for the streaming POST routes (`FastPaths`), `/metrics`, and the one place where errors raised
+in routes become HTTP responses (`CoordinatorError` -> the surface's error body, chosen by path:
+OpenAI's shape under `/v1/`, `ErrorBody` elsewhere; status from errors.STATUS_BY_REASON,
+`X-Request-ID`, and `Retry-After` on 503).
 Must not: read the environment or hold module-level state; everything comes in through arguments.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from coordinator import health, infer
+from coordinator import health
 from coordinator.clock import Clock, SystemClock
 from coordinator.errors import CoordinatorError
+from coordinator.gateway import Gateway
 from coordinator.settings import Settings
 from coordinator.state import CoordinatorState, build_state
+from coordinator.surfaces import infer, openai
 from coordinator.upstream import WorkerClient
 from coordinator.validate import request_id_of
 from protocol import reasons
-from protocol.inference import ErrorBody
 
 log = logging.getLogger("coordinator")
 
@@ -39,6 +41,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = build_state(settings, clock or SystemClock(), worker_client)
         app.state.coordinator = state
+        app.state.gateway = Gateway(state)
         try:
             yield
         finally:
@@ -47,7 +50,8 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     app = FastAPI(title="llm-pool coordinator", lifespan=lifespan)
     app.include_router(health.router)
     app.include_router(infer.router)
-    app.add_middleware(InferFastPath)
+    app.include_router(openai.router)
+    app.add_middleware(FastPaths)
     app.add_exception_handler(CoordinatorError, _coordinator_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected)
@@ -61,60 +65,65 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     return app
 
 
-class InferFastPath:
-    """`POST /coordinator/infer` goes straight to its handler, ahead of FastAPI's router and most of
-    its middleware; every other request goes on to them.
+Handler = Callable[[Request], Awaitable[Response]]
+ErrorResponder = Callable[[str, CoordinatorError], Response]
+# POST path -> (handler, that surface's error body). The handlers answer their own refusals.
+FAST_ROUTES: dict[str, tuple[Handler, ErrorResponder]] = {
+    "/coordinator/infer": (infer.infer, infer.error_response),
+    openai.CHAT_PATH: (openai.chat_completions, openai.error_response),
+    openai.COMPLETIONS_PATH: (openai.completions, openai.error_response),
+}
+
+
+class FastPaths:
+    """The streaming POST routes go straight to their handlers, ahead of FastAPI's router and most
+    of its middleware; every other request goes on to them.
 
     Why: a streamed response runs inside the call stack that reached it for as long as it streams,
     and each token's `send` passes back out through that stack's wrappers. Behind FastAPI's router
     that stack is about fifteen frames deep (exception middleware, exit stack, router, route,
     request/response adapters), held by every open stream and crossed by every token.
     Outside it stay only Starlette's ServerErrorMiddleware (so an unexpected error still reaches
-    `_unexpected`) and two thin wrappers FastAPI puts next to it. The FastAPI route stays registered, so the OpenAPI schema lists it and other
-    methods get 405, but no POST reaches it.
+    `_unexpected`) and two thin wrappers FastAPI puts next to it. The FastAPI routes stay registered,
+    so the OpenAPI schema lists them and other methods get 405, but no POST reaches them.
     """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/coordinator/infer":
+        route = FAST_ROUTES.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if route is None:
             await self.app(scope, receive, send)
             return
-        response = await self._respond(scope, receive)
+        response = await self._respond(scope, receive, *route)
         await response(scope, receive, send)
 
     @staticmethod
-    async def _respond(scope: Scope, receive: Receive) -> Response:
+    async def _respond(scope: Scope, receive: Receive, handler: Handler, on_error: ErrorResponder) -> Response:
         """The response, with the `Request` gone by the time it streams."""
         request = Request(scope, receive)
         try:
-            return await infer.infer(request)
+            return await handler(request)
         except CoordinatorError as exc:
-            return error_response(request, exc)
+            return on_error(request_id_of(request), exc)
 
 
-def error_response(request: Request, exc: CoordinatorError) -> JSONResponse:
-    request_id = request_id_of(request)
-    headers = {"x-request-id": request_id}
-    if exc.retry_after is not None:
-        headers["retry-after"] = str(exc.retry_after)
-    if exc.status == 401:
-        headers["www-authenticate"] = "Bearer"
-    body = ErrorBody(error=exc.message, reason=exc.reason, request_id=request_id)
-    return JSONResponse(body.model_dump(), status_code=exc.status, headers=headers)
+def error_response(request: Request, exc: CoordinatorError) -> Response:
+    responder = openai.error_response if request.url.path.startswith(openai.PREFIX) else infer.error_response
+    return responder(request_id_of(request), exc)
 
 
-async def _coordinator_error(request: Request, exc: CoordinatorError) -> JSONResponse:
+async def _coordinator_error(request: Request, exc: CoordinatorError) -> Response:
     return error_response(request, exc)
 
 
-async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
     # Unknown routes and methods still get the one JSON error shape.
     reason = reasons.INVALID_REQUEST if exc.status_code < 500 else reasons.INTERNAL
     return error_response(request, CoordinatorError(reason, str(exc.detail), status=exc.status_code))
 
 
-async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+async def _unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unexpected error", exc_info=exc)
     return error_response(request, CoordinatorError(reasons.INTERNAL, "internal error"))

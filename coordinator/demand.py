@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 # Chat-template tokens added around a prompt (role markers, newlines); SmolLM2's template adds ~10.
 TEMPLATE_TOKENS = 64
+# And around each further chat message (role markers, end-of-turn): SmolLM2's adds 5.
+MESSAGE_TOKENS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,10 +23,12 @@ class Demand:
     prompt_bytes: int
     max_tokens: int
     new_session: bool = True  # False when it continues a session that already holds its sequence slot
+    messages: int = 0  # chat messages the worker renders with its template (0: a single prompt)
 
     def tokens(self, session_max_tokens: int) -> int:
         """Upper bound of the KV tokens this request can make a worker hold."""
-        return min(session_max_tokens, self.prompt_bytes + TEMPLATE_TOKENS + self.max_tokens)
+        template = TEMPLATE_TOKENS + MESSAGE_TOKENS * max(0, self.messages - 1)
+        return min(session_max_tokens, self.prompt_bytes + template + self.max_tokens)
 
     def exact_tokens(self, prompt_tokens: int, session_max_tokens: int) -> int:
         return min(session_max_tokens, prompt_tokens + self.max_tokens)

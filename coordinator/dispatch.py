@@ -1,6 +1,6 @@
 """Dispatch: send one admitted request to the ranked workers until one of them starts streaming.
 
-Owns: the HTTP call to `POST /worker/generate` up to the worker's first SSE event, failover before
+Owns: the HTTP call to `POST /worker/generate` (protocol.worker) up to the worker's first SSE event, failover before
 the first token (bounded attempts), reservations made and released per attempt, and turning a
 worker's refusal into a `CoordinatorError` (400/404/409/413 pass through with the worker's reason;
 503 refusals and unreachable workers move on to the next worker).
@@ -22,13 +22,22 @@ from pydantic import ValidationError
 
 from coordinator.admission import Admission, Reservation
 from coordinator.errors import CoordinatorError
+from coordinator.generation import Generation
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.registry import WorkerRecord
 from coordinator.upstream import WorkerClient, WorkerResponse, WorkerStreamError, WorkerUnreachable
-from coordinator.validate import ValidRequest
 from protocol import reasons
-from protocol.inference import EVENT_ERROR, SESSION_EXPECTED_HEADER, ErrorBody
 from protocol.sse import SseEvent, SseParser, SseTooLarge
+from protocol.worker import (
+    EVENT_ERROR,
+    GENERATE_PATH,
+    PROMPT_TOKENS_HEADER,
+    PROTOCOL_HEADER,
+    PROTOCOL_VERSION,
+    REQUEST_ID_HEADER,
+    SESSION_EXPECTED_HEADER,
+    ErrorBody,
+)
 
 log = logging.getLogger("coordinator.requests")
 
@@ -76,7 +85,7 @@ class Dispatcher:
         self._first_event_timeout = first_event_timeout
         self._retry_after = retry_after
 
-    async def open(self, valid: ValidRequest, ranked: Sequence[WorkerRecord]) -> OpenStream:
+    async def open(self, valid: Generation, ranked: Sequence[WorkerRecord]) -> OpenStream:
         last: _Failover | None = None
         refused_only = True
         for attempt, worker in enumerate(ranked[: self._max_attempts], start=1):
@@ -102,15 +111,15 @@ class Dispatcher:
         raise CoordinatorError(reasons.WORKER_UNAVAILABLE,
                                f"no worker could start the request ({last.reason if last else 'none tried'})")
 
-    async def _attempt(self, worker: WorkerRecord, valid: ValidRequest, res: Reservation) -> OpenStream:
-        url = f"{worker.url.rstrip('/')}/worker/generate"
+    async def _attempt(self, worker: WorkerRecord, valid: Generation, res: Reservation) -> OpenStream:
+        url = worker.url.rstrip("/") + GENERATE_PATH
         response: WorkerResponse | None = None
         try:
             async with asyncio.timeout(self._first_event_timeout):
                 response = await self._client.post(url, valid.payload, _worker_headers(valid))
                 if response.status != 200:
                     raise await self._refusal(response)
-                self._admission.confirm(res, _int_header(response, "x-prompt-tokens"))
+                self._admission.confirm(res, _int_header(response, PROMPT_TOKENS_HEADER))
                 events = worker_events(response.chunks())
                 first = await anext(events, None)
         except (WorkerUnreachable, WorkerStreamError, TimeoutError) as exc:
@@ -148,8 +157,12 @@ def _int_header(response: WorkerResponse, name: str) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def _worker_headers(valid: ValidRequest) -> dict[str, str]:
-    headers = {"content-type": "application/json", "x-request-id": valid.request_id}
-    if valid.body.session_id is not None and not valid.demand.new_session:
+_PROTOCOL = str(PROTOCOL_VERSION)
+
+
+def _worker_headers(valid: Generation) -> dict[str, str]:
+    headers = {"content-type": "application/json", REQUEST_ID_HEADER: valid.request_id,
+               PROTOCOL_HEADER: _PROTOCOL}
+    if valid.request.session_id is not None and not valid.demand.new_session:
         headers[SESSION_EXPECTED_HEADER] = "1"  # affinity: the worker must already hold this session
     return headers

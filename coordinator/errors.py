@@ -28,6 +28,8 @@ STATUS_BY_REASON: dict[str, int] = {
     reasons.WORKER_UNAVAILABLE: 502,
     reasons.WORKER_FAILED: 502,
     reasons.ENGINE_FAILED: 502,
+    reasons.DEADLINE_EXCEEDED: 504,
+    reasons.PROTOCOL_MISMATCH: 502,
     reasons.INTERNAL: 500,
 }
 
@@ -40,10 +42,11 @@ class CoordinatorError(Exception):
     """
 
     def __init__(self, reason: str, message: str, *, status: int | None = None,
-                 retry_after: int | None = None) -> None:
+                 retry_after: int | None = None, param: str | None = None) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
+        self.param = param  # the request field at fault, when one is
         self.status = status if status is not None else STATUS_BY_REASON.get(reason, 500)
         self.retry_after = retry_after
 

@@ -24,6 +24,7 @@ from protocol.health import Heartbeat, WorkerLoad
 
 ALIVE = "alive"
 STALE = "stale"
+MODELS_REMEMBERED = 256  # models whose workers all went away, still answered as "unavailable"
 
 
 @dataclass(slots=True)
@@ -42,6 +43,7 @@ class WorkerRecord:
     load: WorkerLoad
     last_seen: float  # coordinator monotonic seconds
     state: str = ALIVE
+    aliases: tuple[str, ...] = ()
     extra_kv_bytes: int = 0
     extra_sessions: int = 0
     corrections: dict[int, Correction] = field(default_factory=dict)
@@ -124,6 +126,10 @@ class Registry:
         self._stale: OrderedDict[str, WorkerRecord] = OrderedDict()
         self._alive_by_model: dict[str, dict[str, WorkerRecord]] = {}
         self._models_known: Counter[str] = Counter()
+        # Public name (a model's own or an alias) -> the models known under it, counted by worker.
+        self._names: dict[str, Counter[str]] = {}
+        # Models whose last worker was removed, so a request for one hears "unavailable", not "unknown".
+        self._gone: OrderedDict[str, None] = OrderedDict()
         self.total = Totals()
         self._by_model: dict[str, Totals] = {}
 
@@ -137,6 +143,23 @@ class Registry:
     def knows_model(self, model: str) -> bool:
         """Some worker (alive or stale) serves it."""
         return model in self._models_known
+
+    def resolve(self, name: str) -> str | None:
+        """The model a request's `model` names: a model itself, or an alias of one (the model with
+        most workers when several share it), or a model whose workers all went away recently."""
+        if name in self._models_known:
+            return name
+        owners = self._names.get(name)
+        if owners:
+            return min(owners, key=lambda model: (-owners[model], model))
+        return name if name in self._gone else None
+
+    def known_models(self) -> list[str]:
+        """Models some worker (alive or stale) serves now."""
+        return sorted(self._models_known)
+
+    def aliases_of(self, model: str) -> list[str]:
+        return sorted(name for name, owners in self._names.items() if model in owners and name != model)
 
     def alive_models(self) -> list[str]:
         return sorted(self._alive_by_model)
@@ -161,16 +184,18 @@ class Registry:
     # --- writes -------------------------------------------------------------------------------
     def upsert(self, hb: Heartbeat, now: float) -> WorkerRecord:
         rec = self._workers.get(hb.worker_id)
+        aliases = tuple(hb.aliases)
         if rec is None:
-            rec = WorkerRecord(hb.worker_id, hb.url, hb.model, hb.load, now, state=STALE)
+            rec = WorkerRecord(hb.worker_id, hb.url, hb.model, hb.load, now, state=STALE, aliases=aliases)
             self._workers[hb.worker_id] = rec
-            self._models_known[rec.model] += 1
+            self._know(rec)
         else:
             self._leave(rec)
-            if rec.model != hb.model:
-                self._forget_model(rec.model)
-                self._models_known[hb.model] += 1
-            rec.url, rec.model, rec.load, rec.last_seen = hb.url, hb.model, hb.load, now
+            if (rec.model, rec.aliases) != (hb.model, aliases):
+                self._forget_model(rec)
+                rec.model, rec.aliases = hb.model, aliases
+                self._know(rec)
+            rec.url, rec.load, rec.last_seen = hb.url, hb.load, now
             self._reflect(rec, hb.timestamp)
         self._join(rec)
         return rec
@@ -196,7 +221,7 @@ class Registry:
             return
         self._leave(rec)
         self._stale.pop(worker_id, None)
-        self._forget_model(rec.model)
+        self._forget_model(rec)
         if self._on_removed is not None:
             self._on_removed(rec)
 
@@ -278,7 +303,24 @@ class Registry:
         if sign > 0:
             rec.counted = values
 
-    def _forget_model(self, model: str) -> None:
+    def _know(self, rec: WorkerRecord) -> None:
+        self._models_known[rec.model] += 1
+        self._gone.pop(rec.model, None)
+        for name in (rec.model, *rec.aliases):
+            self._names.setdefault(name, Counter())[rec.model] += 1
+
+    def _forget_model(self, rec: WorkerRecord) -> None:
+        model = rec.model
+        for name in (model, *rec.aliases):
+            owners = self._names[name]
+            owners[model] -= 1
+            if owners[model] <= 0:
+                del owners[model]
+                if not owners:
+                    del self._names[name]
         self._models_known[model] -= 1
         if self._models_known[model] <= 0:
             del self._models_known[model]
+            self._gone[model] = None
+            while len(self._gone) > MODELS_REMEMBERED:
+                self._gone.popitem(last=False)

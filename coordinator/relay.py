@@ -24,8 +24,8 @@ from coordinator.dispatch import OpenStream
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.upstream import WorkerStreamError
 from protocol import reasons
-from protocol.inference import EVENT_DONE, EVENT_ERROR, EVENT_TOKEN, DoneEvent, ErrorEvent
 from protocol.sse import SseEvent
+from protocol.worker import EVENT_DONE, EVENT_ERROR, EVENT_TOKEN, DoneEvent, ErrorEvent
 
 TERMINAL = frozenset({EVENT_DONE, EVENT_ERROR})
 DRAIN_TIMEOUT = 1.0

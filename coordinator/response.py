@@ -1,7 +1,8 @@
 """The client side of a relayed stream: an ASGI response that writes the relay's buffer to the socket.
 
 Owns: the SSE status line and headers, writing each event with a deadline, pings while idle,
-noticing the client leave, and deciding how the stream ended (`Ending`).
+noticing the client leave, and deciding how the stream ended (`Ending`). What bytes an internal
+event becomes is the surface's `Encoder`; this module only writes them.
 Must not: read the worker (relay.py) or release reservations (the `on_end` callback does).
 
 Deliberate deviation from sse-starlette's EventSourceResponse: a slow client must be cut off
@@ -18,16 +19,29 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Callable
+from typing import Protocol
 
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from coordinator.clock import Clock
 from coordinator.relay import TERMINAL, Relay
-from protocol.inference import EVENT_TOKEN
 from protocol.sse import PING, SseEvent, encode
+from protocol.worker import EVENT_TOKEN
 
 _PING = SseEvent("", "")  # queued by the stream's timer when it has been quiet; sent as an SSE comment
+
+
+class Encoder(Protocol):
+    """A surface's wire format for one stream: the bytes each internal event becomes (a terminal
+    event's bytes end the body, so they carry any closing frame the format needs)."""
+
+    def __call__(self, event: SseEvent) -> bytes: ...
+
+
+def passthrough(event: SseEvent) -> bytes:
+    """The internal event as it came from the worker (the `/coordinator/infer` surface's format)."""
+    return encode(event.event, event.data)
 
 
 class Ending(enum.Enum):
@@ -44,7 +58,7 @@ class RelayResponse(Response):
     media_type = "text/event-stream"
 
     def __init__(self, relay: Relay, *, headers: dict[str, str], ping_interval: float, clock: Clock,
-                 on_end: Callable[[Ending], None]) -> None:
+                 on_end: Callable[[Ending], None], encoder: Encoder = passthrough) -> None:
         super().__init__(content=None, status_code=200,
                          headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers})
         # Response.__init__ adds `content-length: 0` for a bodiless response; a stream must not have one.
@@ -53,6 +67,7 @@ class RelayResponse(Response):
         self.ping_interval = ping_interval
         self.clock = clock
         self.on_end = on_end
+        self.encoder = encoder
         self._sending_since: float | None = None  # loop time the writer's send in progress began
         self._send_timed_out = False
         self._last_sent_at = 0.0  # loop time the last send began
@@ -114,7 +129,7 @@ class RelayResponse(Response):
             if event is _PING:
                 await self._send(send, _body(PING))
                 continue
-            await self._send(send, _body(encode(event.event, event.data)))
+            await self._send(send, _body(self.encoder(event)))
             if event.event == EVENT_TOKEN and self.relay.outcome.first_token_at is None:
                 self.relay.outcome.first_token_at = self.clock.monotonic()
             if event.event in TERMINAL:

@@ -1,8 +1,8 @@
 """The scheduler: a pure function from one request and worker snapshots to a decision.
 
 Owns: the filters (alive, serves the model, not draining, session headroom, KV headroom), the two
-scorers (session load, KV load, each in [0, 1], lower is better), their weights, the picker, and
-session affinity.
+scorers (session load, KV load, each in [0, 1], lower is better), their weights, the picker, session
+affinity (a hard rule) and prefix preference (a soft one: an eligible preferred worker goes first).
 Must not: do I/O, read a clock or random source it was not given, or change the workers it reads.
 The registry's records are passed in as they are; `select` only reads them.
 """
@@ -51,6 +51,7 @@ class Request:
     model: str | None = None
     session_id: str | None = None
     session_worker: str | None = None  # the worker holding session_id, when the coordinator knows one
+    prefer: str | None = None  # a worker likely to hold the prompt's prefix: first if it passes every filter
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +96,7 @@ def select(request: Request, workers: Iterable[WorkerView], *, now: float, stale
             return Decision(reason=reason)
     scores = {w.worker_id: score(w) for w in room}
     # Ties go to the lower worker id so the same inputs always give the same answer.
-    ranked = tuple(sorted(room, key=lambda w: (scores[w.worker_id], w.worker_id)))
+    ranked = tuple(sorted(room, key=lambda w: (w.worker_id != request.prefer, scores[w.worker_id], w.worker_id)))
     return Decision(ranked=ranked, scores=scores)
 
 

@@ -52,6 +52,10 @@ class Settings(BaseModel):
         "own keep-alive timeout (uvicorn: 5 s) so we never send on a connection it is closing")
     retry_after: int = Field(default=1, ge=0, description="seconds in the Retry-After header of a 503")
     session_table_size: int = Field(default=100_000, ge=1, description="session-to-worker entries remembered")
+    conversation_table_size: int = Field(
+        default=100_000, ge=0, description="conversation fingerprints remembered for prefix affinity (0: off)")
+    default_model: str | None = Field(
+        default=None, max_length=256, description="model for requests that name none (default: the only model)")
     max_body_bytes: int = Field(default=4_194_304, ge=1024)
     log_level: str = Field(default="info", pattern=r"^(?i:debug|info|warning|error|critical)$")
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from coordinator.admission import Admission
 from coordinator.clock import Clock
+from coordinator.conversations import ConversationTable
 from coordinator.dispatch import Dispatcher
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.registry import Registry
@@ -25,11 +26,13 @@ class CoordinatorState:
     clock: Clock
     registry: Registry
     sessions: SessionTable
+    conversations: ConversationTable
     admission: Admission
     metrics: CoordinatorMetrics
     client: WorkerClient
     dispatcher: Dispatcher
     log: logging.Logger
+    started_at: float  # wall time the app started (OpenAI's `created` of the models it lists)
 
 
 def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -> CoordinatorState:
@@ -48,5 +51,6 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
     dispatcher = Dispatcher(client, admission, metrics, max_attempts=settings.max_failover_attempts,
                             first_event_timeout=settings.worker_first_event_timeout,
                             retry_after=settings.retry_after)
-    return CoordinatorState(settings, clock, registry, sessions, admission, metrics, client, dispatcher,
-                            logging.getLogger("coordinator.requests"))
+    return CoordinatorState(settings, clock, registry, sessions,
+                            ConversationTable(settings.conversation_table_size), admission, metrics, client, dispatcher,
+                            logging.getLogger("coordinator.requests"), clock.time())

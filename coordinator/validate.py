@@ -1,34 +1,22 @@
-"""The edge of `/coordinator/infer`: raw bytes and headers in, one `ValidRequest` out.
+"""What every surface's edge shares: the request id, the bounded body read, and validation messages.
 
-Owns: body size bound, JSON parsing into `InferRequest`, error messages that name the field, the
-request id (the client's `X-Request-ID` when well-formed, else a new one), and the payload sent on
-to workers. Everything behind this module trusts `ValidRequest`.
-Must not: check capacity or choose workers.
+Owns: the body size bound, error messages that name the field, and the request id (the client's
+`X-Request-ID` when well-formed, else a new one).
+Must not: know any surface's request type (coordinator/surfaces/ parse their own).
 """
 
 from __future__ import annotations
 
 import re
 import uuid
-from dataclasses import dataclass
 
 from pydantic import ValidationError
 from starlette.requests import Request
 
-from coordinator.demand import Demand
 from coordinator.errors import CoordinatorError
 from protocol import reasons
-from protocol.inference import InferRequest
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-
-
-@dataclass(frozen=True, slots=True)
-class ValidRequest:
-    body: InferRequest
-    request_id: str
-    payload: bytes  # the JSON posted to the worker: only the fields the client set
-    demand: Demand
 
 
 def request_id_of(request: Request) -> str:
@@ -54,14 +42,12 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-def parse_infer(raw: bytes, request_id: str) -> ValidRequest:
-    try:
-        body = InferRequest.model_validate_json(raw)
-    except ValidationError as exc:
-        raise CoordinatorError(reasons.INVALID_REQUEST, describe(exc)) from None
-    demand = Demand(len(body.prompt.encode()), body.max_tokens)
-    payload = body.model_dump_json(exclude_unset=True).encode()
-    return ValidRequest(body, request_id, payload, demand)
+def first_field(exc: ValidationError) -> str | None:
+    """The dotted path of the first field at fault (OpenAI's `param`), None for the body itself."""
+    for err in exc.errors()[:1]:
+        if err["type"] != "json_invalid" and err["loc"]:
+            return ".".join(str(p) for p in err["loc"])
+    return None
 
 
 def describe(exc: ValidationError, limit: int = 5) -> str:

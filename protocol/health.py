@@ -6,9 +6,13 @@ Must not: compute load (the worker does) or judge it (the coordinator's registry
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from protocol.worker import MODEL_NAME_PATTERN, PROTOCOL_VERSION
+
+ModelName = Annotated[str, StringConstraints(pattern=MODEL_NAME_PATTERN)]
 
 
 class WorkerLoad(BaseModel):
@@ -35,7 +39,9 @@ class Heartbeat(BaseModel):
 
     worker_id: str = Field(min_length=1, max_length=128)
     url: str = Field(min_length=1, max_length=512, description="where the coordinator reaches the worker")
-    model: str = Field(min_length=1, max_length=256)
+    model: str = Field(min_length=1, max_length=256, description="the public name of the model it serves")
+    aliases: list[ModelName] = Field(default_factory=list, max_length=16, description="other names it answers to")
+    protocol: int = Field(default=PROTOCOL_VERSION, description="version of protocol.worker it speaks")
     load: WorkerLoad
     timestamp: float = Field(description="the worker's clock, Unix seconds, when the heartbeat was made")
 
@@ -46,6 +52,7 @@ class WorkerHealth(BaseModel):
     status: Literal["loading", "ok", "draining"]
     worker_id: str
     model: str
+    aliases: list[str] = Field(default_factory=list)
     load: WorkerLoad | None = None
     batch_steps: int = Field(default=0, ge=0, description="decode steps run since start")
 

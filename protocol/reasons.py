@@ -8,6 +8,7 @@ from __future__ import annotations
 
 # 400
 INVALID_REQUEST = "invalid_request"
+PROTOCOL_MISMATCH = "protocol_mismatch"
 # 401
 UNAUTHORIZED = "unauthorized"
 # 404

@@ -1,8 +1,9 @@
-"""The edge of the worker: turns a validated `InferRequest` into an admitted `Job`, or refuses it.
+"""The edge of the worker: turns a validated `GenerateRequest` into an admitted `Job`, or refuses it.
 
 Owns: the checks that decide the HTTP status before the first byte (model name, session state,
 prompt length against the session's KV limit, KV and sequence capacity), prompt construction
-(chat template over the session's history, or raw text) and the reuse of a session's cached tokens.
+(the request's chat messages, or its prompt as a user turn after the session's history, rendered
+with the model's chat template; or raw text) and the reuse of a session's cached tokens.
 Must not: run inference or free KV itself; it hands jobs and frees to the engine in FIFO order.
 """
 
@@ -12,11 +13,12 @@ import asyncio
 from collections.abc import Callable
 
 from protocol import reasons
-from protocol.inference import InferRequest
+from protocol.worker import GenerateRequest
 from worker.channel import TokenChannel
 from worker.engine import Engine, Job, StreamItem
 from worker.errors import WorkerError
 from worker.model import Message, Model
+from worker.naming import ModelNames
 from worker.sessions import Session, SessionTable
 from worker.simulated import SimulatedEngine, SimulatedModel
 
@@ -30,24 +32,26 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class Gate:
-    def __init__(self, model: Model | SimulatedModel, table: SessionTable, engine: Engine | SimulatedEngine, *,
+    def __init__(self, model: Model | SimulatedModel, names: ModelNames, table: SessionTable,
+                 engine: Engine | SimulatedEngine, *,
                  stream_buffer: int,
                  clock: Callable[[], float]) -> None:
         self.model = model
+        self.names = names
         self.table = table
         self.engine = engine
         self.stream_buffer = stream_buffer
         self.draining = False
         self._clock = clock
 
-    async def admit(self, request: InferRequest, request_id: str, *, session_expected: bool = False) -> Job:
+    async def admit(self, request: GenerateRequest, request_id: str, *, session_expected: bool = False) -> Job:
         """`session_expected`: the caller knows this session lives here (the coordinator's affinity),
         so its absence means the conversation was lost (e.g. a restart): 404, never a fresh start."""
         if self.draining:
             raise WorkerError(503, reasons.DRAINING, "worker is draining")
-        if request.model is not None and request.model != self.model.name:
+        if request.model is not None and not self.names.serves(request.model):
             raise WorkerError(404, reasons.UNKNOWN_MODEL,
-                              f"model {request.model!r} is not served here (this worker serves {self.model.name!r})")
+                              f"model {request.model!r} is not served here (this worker serves {self.names.name!r})")
         known = self.table.lookup(request.session_id) if request.session_id else None
         if known is None and session_expected and request.session_id:
             raise WorkerError(404, reasons.UNKNOWN_SESSION,
@@ -55,7 +59,7 @@ class Gate:
         if known is not None and known.busy:
             raise WorkerError(409, reasons.SESSION_BUSY, f"session {request.session_id!r} is generating")
         turns = len(known.messages) if known else 0
-        history = [*known.messages, Message("user", request.prompt)] if known else [Message("user", request.prompt)]
+        history = _history(request, known)
         cached_view = list(known.tokens) if known else []
         tokens = await asyncio.to_thread(self._prompt_tokens, request, history, cached_view)
         limit = self.table.limits.session_max_tokens
@@ -84,9 +88,19 @@ class Gate:
         if seq_id is not None:
             self.engine.free([seq_id])
 
-    def _prompt_tokens(self, request: InferRequest, history: list[Message], cached: list[int]) -> list[int]:
-        if request.raw:
+    def _prompt_tokens(self, request: GenerateRequest, history: list[Message], cached: list[int]) -> list[int]:
+        if request.raw and request.prompt is not None:
             if cached:  # a raw session continues exactly where its KV ends
                 return cached + self.model.tokenize(request.prompt, add_special=False)
             return self.model.tokenize(request.prompt, add_special=True)
         return self.model.tokenize(self.model.render_chat(history), add_special=True)
+
+
+def _history(request: GenerateRequest, known: Session | None) -> list[Message]:
+    """The conversation to render: the request's messages as they are (OpenAI-style clients resend
+    the whole conversation; the cached prefix is found by comparing tokens), or the session's
+    history plus the prompt as this turn's user message."""
+    if request.messages is not None:
+        return [Message(m.role, m.content) for m in request.messages]
+    prompt = request.prompt or ""
+    return [*known.messages, Message("user", prompt)] if known else [Message("user", prompt)]

@@ -24,14 +24,21 @@ from sse_starlette.sse import EventSourceResponse
 
 from protocol import reasons
 from protocol.health import SessionList, WorkerHealth
-from protocol.inference import (
+from protocol.worker import (
     EVENT_DONE,
     EVENT_ERROR,
     EVENT_TOKEN,
+    GENERATE_PATH,
+    PING_INTERVAL,
+    PROMPT_TOKENS_HEADER,
+    PROTOCOL_HEADER,
+    PROTOCOL_VERSION,
+    REQUEST_ID_HEADER,
     SESSION_EXPECTED_HEADER,
+    WORKER_ID_HEADER,
     DoneEvent,
     ErrorEvent,
-    InferRequest,
+    GenerateRequest,
     Timings,
     TokenEvent,
     Usage,
@@ -70,7 +77,8 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
             log.exception("worker failed to start")
             raise
         app.state.runtime = runtime
-        log.info(json.dumps({"event": "ready", "worker_id": settings.worker_id, "model": model.name,
+        log.info(json.dumps({"event": "ready", "worker_id": settings.worker_id, "model": runtime.names.name,
+                             "aliases": runtime.names.aliases,
                              "kv_capacity_tokens": runtime.table.limits.capacity_tokens,
                              "session_max_tokens": runtime.table.limits.session_max_tokens}))
 
@@ -93,9 +101,13 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
                              for e in exc.errors())
         return WorkerError(400, reasons.INVALID_REQUEST, problems).to_response(_request_id(request))
 
-    @app.post("/worker/generate")
-    async def generate(body: InferRequest, request: Request) -> Response:
+    @app.post(GENERATE_PATH)
+    async def generate(body: GenerateRequest, request: Request) -> Response:
         request_id = request.state.request_id = _request_id(request)
+        version = request.headers.get(PROTOCOL_HEADER, str(PROTOCOL_VERSION))
+        if version != str(PROTOCOL_VERSION):
+            raise WorkerError(400, reasons.PROTOCOL_MISMATCH,
+                              f"this worker speaks protocol {PROTOCOL_VERSION}, the request is version {version}")
         expected = request.headers.get(SESSION_EXPECTED_HEADER, "") == "1"
         metrics: WorkerMetrics = request.app.state.metrics
         try:  # only this route's refusals are admission decisions
@@ -105,9 +117,9 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
             metrics.admission.labels("rejected", refused.reason).inc()
             raise
         metrics.admission.labels("admitted", "").inc()
-        headers = {"X-Request-ID": request_id, "X-Worker-ID": settings.worker_id,
-                   "X-Prompt-Tokens": str(len(job.prompt_tokens))}
-        return EventSourceResponse(_events(runtime, job), headers=headers, ping=15,
+        headers = {REQUEST_ID_HEADER: request_id, WORKER_ID_HEADER: settings.worker_id,
+                   PROMPT_TOKENS_HEADER: str(len(job.prompt_tokens))}
+        return EventSourceResponse(_events(runtime, job), headers=headers, ping=int(PING_INTERVAL),
                                    send_timeout=settings.slow_consumer_deadline)
 
     @app.get("/worker/health")
@@ -117,8 +129,9 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
             body = WorkerHealth(status="loading", worker_id=settings.worker_id, model=settings.model_path.stem)
             return JSONResponse(body.model_dump(), status_code=503)
         status: Literal["ok", "draining"] = "draining" if runtime.gate.draining else "ok"
-        body = WorkerHealth(status=status, worker_id=settings.worker_id, model=runtime.model.name,
-                            load=runtime.load(), batch_steps=runtime.engine.steps)
+        body = WorkerHealth(status=status, worker_id=settings.worker_id, model=runtime.names.name,
+                            aliases=list(runtime.names.aliases), load=runtime.load(),
+                            batch_steps=runtime.engine.steps)
         return JSONResponse(body.model_dump())
 
     @app.get("/worker/sessions")
@@ -151,7 +164,7 @@ def load_model(settings: WorkerSettings) -> Model | SimulatedModel:
 
 
 def _request_id(request: Request) -> str:
-    given = request.headers.get("x-request-id", "")
+    given = request.headers.get(REQUEST_ID_HEADER, "")
     return given[:128] if given else uuid.uuid4().hex
 
 
@@ -188,13 +201,13 @@ def _done(runtime: WorkerRuntime, job: Job, item: Finished) -> DoneEvent:
                     total_tokens=item.prompt_tokens + item.completion_tokens),
         timings=Timings(queue_ms=item.queue_s * 1e3, prefill_ms=item.prefill_s * 1e3, ttft_ms=item.ttft_s * 1e3,
                         total_ms=item.total_s * 1e3, tokens_per_second=tps),
-        request_id=job.request_id, worker_id=runtime.settings.worker_id, model=runtime.model.name,
+        request_id=job.request_id, worker_id=runtime.settings.worker_id, model=runtime.names.name,
         session_id=job.request.session_id)
 
 
 def _log_request(runtime: WorkerRuntime, job: Job, outcome: Finished | Failed | None) -> None:
     line: dict[str, object] = {"event": "request", "request_id": job.request_id,
-                               "worker_id": runtime.settings.worker_id, "model": runtime.model.name,
+                               "worker_id": runtime.settings.worker_id, "model": runtime.names.name,
                                "session_id": job.request.session_id, "prompt_tokens": len(job.prompt_tokens)}
     if isinstance(outcome, Finished):
         line.update(finish_reason=outcome.reason, cached_tokens=outcome.cached_tokens,

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import llama_cpp as ll
 
 from protocol import reasons
-from protocol.inference import InferRequest
+from protocol.worker import GenerateRequest
 from worker.channel import TokenChannel
 from worker.model import Message, Model
 from worker.sampling import Sampler, SamplingParams
@@ -72,7 +72,7 @@ class Job:
     """An admitted request, built at the edge and handed to the engine thread."""
 
     request_id: str
-    request: InferRequest
+    request: GenerateRequest
     session: Session
     prompt_tokens: list[int]  # what the sequence must hold before the first generated token
     cached_tokens: int  # leading prompt tokens already in the session's KV

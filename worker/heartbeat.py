@@ -14,20 +14,21 @@ from collections.abc import Callable
 import httpx
 
 from protocol.health import Heartbeat, WorkerLoad
+from worker.naming import ModelNames
 
 log = logging.getLogger("worker.heartbeat")
 HEARTBEAT_PATH = "/coordinator/health/heartbeat"
 
 
 class HeartbeatSender:
-    def __init__(self, *, coordinator_url: str, worker_id: str, worker_url: str, model: str,
+    def __init__(self, *, coordinator_url: str, worker_id: str, worker_url: str, names: ModelNames,
                  token: str, interval: float, load: Callable[[], WorkerLoad],
                  transport: httpx.AsyncBaseTransport | None = None,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self._url = coordinator_url.rstrip("/") + HEARTBEAT_PATH
         self._worker_id = worker_id
         self._worker_url = worker_url
-        self._model = model
+        self._names = names
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._interval = interval
         self._load = load
@@ -38,8 +39,8 @@ class HeartbeatSender:
         self.sent = 0
 
     def heartbeat(self) -> Heartbeat:
-        return Heartbeat(worker_id=self._worker_id, url=self._worker_url, model=self._model,
-                         load=self._load(), timestamp=self._wall_clock())
+        return Heartbeat(worker_id=self._worker_id, url=self._worker_url, model=self._names.name,
+                         aliases=list(self._names.aliases), load=self._load(), timestamp=self._wall_clock())
 
     async def send_once(self) -> bool:
         try:

@@ -88,6 +88,13 @@ class Model:
     def handle(self) -> ll.llama_model_p:
         return self._handle
 
+    def meta_str(self, key: str) -> str | None:
+        """A GGUF metadata value as text (e.g. `general.name`), None when the file has no such key."""
+        buf = ctypes.create_string_buffer(512)
+        if ll.llama_model_meta_val_str(self._handle, key.encode(), buf, len(buf)) < 0:
+            return None
+        return buf.value.decode("utf-8", errors="replace")
+
     def _meta_int(self, key: str) -> int | None:
         buf = ctypes.create_string_buffer(64)
         if ll.llama_model_meta_val_str(self._handle, key.encode(), buf, len(buf)) < 0:

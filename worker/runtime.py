@@ -20,6 +20,7 @@ from worker.engine import Engine, EngineConfig
 from worker.heartbeat import HeartbeatSender
 from worker.metrics import WorkerMetrics
 from worker.model import Model
+from worker.naming import ModelNames
 from worker.sessions import KvLimits, SessionTable
 from worker.settings import WorkerSettings
 from worker.simulated import SimulatedEngine, SimulatedModel
@@ -33,6 +34,9 @@ class WorkerRuntime:
         self.settings = settings
         self.model = model
         self.metrics = metrics
+        self.names = ModelNames.choose(configured=settings.model_name, configured_aliases=settings.model_aliases,
+                                       general_name=model.meta_str("general.name"),
+                                       file_stem=settings.model_path.stem if settings.engine == "llama" else model.name)
         config = EngineConfig(ctx_size=settings.ctx_size, max_sessions=settings.max_sessions,
                               threads=settings.threads, prefill_chunk=settings.prefill_chunk,
                               kv_unified=settings.kv_unified,
@@ -51,7 +55,8 @@ class WorkerRuntime:
                           max_sessions=settings.max_sessions, bytes_per_token=model.bytes_per_token)
         self.table = SessionTable(limits, clock, ttl=settings.session_ttl)
         self.engine.bind(self.table)
-        self.gate = Gate(model, self.table, self.engine, stream_buffer=settings.stream_buffer, clock=clock)
+        self.gate = Gate(model, self.names, self.table, self.engine, stream_buffer=settings.stream_buffer,
+                         clock=clock)
         self._tasks: list[asyncio.Task[None]] = []
         self.heartbeats: HeartbeatSender | None = None
         metrics.bind(
@@ -79,7 +84,7 @@ class WorkerRuntime:
         if s.coordinator_url:
             self.heartbeats = HeartbeatSender(
                 coordinator_url=s.coordinator_url, worker_id=s.worker_id, worker_url=s.worker_url,
-                model=self.model.name, token=s.worker_token, interval=s.heartbeat_interval,
+                names=self.names, token=s.worker_token, interval=s.heartbeat_interval,
                 load=self.load, transport=transport)
             self._tasks.append(asyncio.create_task(self.heartbeats.run(), name="heartbeats"))
 

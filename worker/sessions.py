@@ -120,9 +120,11 @@ class SessionTable:
             return Admission(session, tuple(freed))
 
     def _take_seq(self, prompt: list[int] | tuple[int, ...]) -> int:
-        """A free sequence id: one whose leftover cells hold at least 90% of the prompt (or 256 of its
-        tokens), else the lowest, which keeps the running ids contiguous for llama.cpp."""
-        best, best_len = -1, max(1, min(256, (9 * len(prompt) + 9) // 10))
+        """A free sequence id: the one whose leftover cells share the longest prefix with the prompt, if
+        that is at least half the prompt (or 256 of its tokens), else the lowest, which keeps the
+        running ids contiguous for llama.cpp. Half, not all: a chat client's next turn resends the
+        whole conversation, and the previous turn's cells hold all of it but the new message."""
+        best, best_len = -1, max(1, min(256, (len(prompt) + 1) // 2))
         for seq_id, cells in self._leftover.items():
             n = 0
             for a, b in zip(cells, prompt, strict=False):

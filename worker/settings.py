@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from protocol.worker import MODEL_NAME_PATTERN
 from worker.provision import DEFAULT_MODEL_PATH
 
 # field name -> environment variable (design.md keeps the original system's names where it has them)
 ENV_NAMES = {
     "model_path": "MODEL_PATH",
+    "model_name": "MODEL_NAME",
+    "model_aliases": "MODEL_ALIASES",
     "worker_id": "WORKER_ID",
     "worker_url": "WORKER_URL",
     "coordinator_url": "COORDINATOR_URL",
@@ -51,6 +55,10 @@ class WorkerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model_path: Path = Field(default=DEFAULT_MODEL_PATH, description="GGUF file to serve")
+    model_name: str = Field(default="", pattern=r"^$|" + MODEL_NAME_PATTERN,
+                            description="public name of the model; default: derived from the GGUF's general.name")
+    model_aliases: tuple[str, ...] = Field(default=(), max_length=16,
+                                           description="comma-separated other names requests may use")
     worker_id: str = Field(default="", max_length=128, description="default: worker-<port>")
     worker_url: str = Field(default="", description="URL the coordinator uses; default http://host:port")
     coordinator_url: str = Field(default="http://127.0.0.1:1337", description="empty: no heartbeats")
@@ -76,6 +84,21 @@ class WorkerSettings(BaseModel):
     sim_token_rate: float = Field(default=50.0, gt=0, le=10_000, description="simulated tokens/s per stream")
     sim_prefill_rate: float = Field(default=5000.0, gt=0, description="simulated prompt tokens/s")
     sim_bytes_per_token: int = Field(default=23040, ge=1, description="simulated KV bytes per token")
+
+    @field_validator("model_aliases", mode="before")
+    @classmethod
+    def _split_aliases(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(a.strip() for a in value.split(",") if a.strip())
+        return value
+
+    @field_validator("model_aliases")
+    @classmethod
+    def _aliases_are_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for alias in value:
+            if not re.match(MODEL_NAME_PATTERN, alias):
+                raise ValueError(f"alias {alias!r} is not a valid model name")
+        return value
 
     @model_validator(mode="after")
     def _derive(self) -> WorkerSettings:

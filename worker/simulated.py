@@ -44,6 +44,9 @@ class SimulatedModel:
         data = text.encode()
         return [1] * int(add_special) + [data[i] % len(WORDS) for i in range(0, len(data), 4)]
 
+    def meta_str(self, key: str) -> str | None:
+        return None
+
     def render_chat(self, messages: list[Message]) -> str:
         return "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant:"
 

@@ -17,6 +17,7 @@ from bench.load.workload import PROMPTS
 
 LOOPBACK_NAMES = {"localhost"}
 DEFAULT_DURATION_S = 10.0
+APIS = ("infer", "worker", "openai", "openai-chat")
 
 
 class UsageError(ValueError):
@@ -56,14 +57,18 @@ def parse_list(text: str, kind: type[int | float], flag: str) -> list[float]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.load", description=(
-        "Load-test a streaming LLM endpoint (this project's SSE API or OpenAI /v1/completions): "
+        "Load-test a streaming LLM endpoint (this project's SSE API, or OpenAI's /v1/completions or "
+        "/v1/chat/completions): "
         "TTFT, TPOT, ITL, e2e percentiles, throughput and goodput per concurrency or arrival rate."))
     t = p.add_argument_group("target")
     t.add_argument("--url", required=True, help="base URL, loopback only, e.g. http://127.0.0.1:1337")
-    t.add_argument("--api", choices=("infer", "worker", "openai"), default="infer",
+    t.add_argument("--api", choices=APIS, default="infer",
                    help="infer: POST /coordinator/infer; worker: POST /worker/generate; "
-                        "openai: POST /v1/completions (stream)")
-    t.add_argument("--model", help="model name to send (openai: default the first of GET /v1/models)")
+                        "openai: POST /v1/completions (stream); openai-chat: POST /v1/chat/completions "
+                        "(stream, the prompt as one user message, usage requested; top_k, and ignore_eos "
+                        "when set, go as extra fields), e.g. to compare with --api infer on one coordinator")
+    t.add_argument("--model", help="model name to send (openai: default the first of GET /v1/models; "
+                                   "infer, worker, openai-chat: sent only if given)")
     t.add_argument("--timeout", type=float, default=120.0, help="per-request deadline, seconds")
     w = p.add_argument_group("workload")
     w.add_argument("--mode", choices=("closed", "open"),
@@ -84,10 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--temperature", type=float, default=0.8)
     s.add_argument("--top-p", type=float, default=0.95)
     s.add_argument("--top-k", type=int, default=40)
-    s.add_argument("--ignore-eos", action="store_true", help="generate max-tokens every time")
-    s.add_argument("--logit-bias-ban", help="openai: token ids to ban (its stand-in for --ignore-eos), "
-                                             "e.g. 0,2; default with --model-path: the model's end tokens")
-    s.add_argument("--raw", action="store_true", help="ours: send raw=true (no chat template)")
+    s.add_argument("--ignore-eos", action="store_true",
+                   help="generate max-tokens every time (openai-chat: sends our ignore_eos extension)")
+    s.add_argument("--logit-bias-ban", help="openai, openai-chat: token ids sent as logit_bias -100 "
+                                             "(openai's stand-in for --ignore-eos), e.g. 0,2; openai's default with "
+                                             "--model-path: the model's end tokens")
+    s.add_argument("--raw", action="store_true",
+                   help="infer, worker: send raw=true (no chat template); not with openai-chat")
     o = p.add_argument_group("output")
     o.add_argument("--out", type=Path, help="write every point's summary as JSON here")
     o.add_argument("--plot", type=Path, help="write a PNG: throughput and latency against the sweep")
@@ -144,8 +152,10 @@ def validate(args: argparse.Namespace) -> Options:
             banned = tuple(int(v) for v in args.logit_bias_ban.split(",") if v.strip())
         except ValueError:
             problems.append(f"--logit-bias-ban {args.logit_bias_ban!r}: expected token ids like 0,2")
+    if args.api == "openai-chat" and args.raw:
+        problems.append("--raw is not for --api openai-chat: chat messages always get the chat template")
     if args.compare_llama_cpp_server:
-        if args.api == "openai":
+        if args.api in ("openai", "openai-chat"):
             problems.append("--compare-llama-cpp-server measures ours: use --api infer or worker")
         if args.model_path is None or not args.model_path.is_file():
             problems.append(f"--compare-llama-cpp-server needs --model-path to a GGUF file (got {args.model_path})")

@@ -10,6 +10,12 @@ Must not: decide when requests are sent (workload.py) or aggregate results (stat
   ITL from event gaps.
 - `OpenAIClient`: any OpenAI-compatible `POST /v1/completions` with `stream: true` (`data:` chunks,
   then `data: [DONE]`). Tokens come from `usage` when the server sends it, else from content chunks.
+- `OpenAIChatClient`: the same stream read the same way, from `POST /v1/chat/completions` (the prompt
+  is one user message; content is in `delta.content`); only the request body differs.
+
+Both OpenAI modes ask for `stream_options.include_usage`, so, like `InferClient` (`done.usage`), a
+finished request's token count is the server's `usage.completion_tokens`; TTFT is the first chunk
+with non-empty text or content (a role-only first chunk is not a token).
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from bench.load.workload import WorkItem
 from protocol.inference import EVENT_DONE, EVENT_ERROR, EVENT_TOKEN, InferRequest
 from protocol.sse import SseEvent, SseParser
 
-PATHS = {"infer": "/coordinator/infer", "worker": "/worker/generate", "openai": "/v1/completions"}
+PATHS = {"infer": "/coordinator/infer", "worker": "/worker/generate", "openai": "/v1/completions",
+         "openai-chat": "/v1/chat/completions"}
 BAN_BIAS = -100.0  # OpenAI's "ban" value; llama_cpp.server adds it to the logit
 
 
@@ -129,17 +136,24 @@ class InferClient(StreamClient):
 
 
 class OpenAIClient(StreamClient):
+    """OpenAI's streaming format; `body` is `/v1/completions`' (subclasses swap `_input`, `_extensions`)."""
+
     path = PATHS["openai"]
+
+    def _input(self, item: WorkItem) -> dict[str, Any]:
+        return {"prompt": item.prompt}
+
+    def _extensions(self) -> dict[str, Any]:
+        """Fields beyond OpenAI's: the sampler chain this project's worker runs, no min-p, no repeat
+        penalty (llama_cpp.server defaults to min_p 0.05 and repeat_penalty 1.1)."""
+        return {"min_p": 0.0, "repeat_penalty": 1.0}
 
     def body(self, item: WorkItem) -> dict[str, Any]:
         s = self.sampling
         body: dict[str, Any] = {
-            "prompt": item.prompt, "max_tokens": s.max_tokens, "temperature": s.temperature,
+            **self._input(item), "max_tokens": s.max_tokens, "temperature": s.temperature,
             "top_p": s.top_p, "top_k": s.top_k, "seed": item.seed, "stream": True,
-            "stream_options": {"include_usage": True},
-            # The sampler chain this project's worker runs: no min-p, no repeat penalty
-            # (llama_cpp.server defaults to min_p 0.05 and repeat_penalty 1.1).
-            "min_p": 0.0, "repeat_penalty": 1.0,
+            "stream_options": {"include_usage": True}, **self._extensions(),
         }
         if s.model is not None:
             body["model"] = s.model
@@ -154,7 +168,7 @@ class OpenAIClient(StreamClient):
                 finished_at = at
                 break
             data = json.loads(event.data)
-            if "error" in data:
+            if data.get("error"):
                 record.tokens = usage if usage is not None else chunks
                 record.fail(Failure.STREAM, error_reason(event.data.encode()) or "error")
                 return
@@ -173,16 +187,32 @@ class OpenAIClient(StreamClient):
             record.e2e = finished_at
 
 
+class OpenAIChatClient(OpenAIClient):
+    """This project's (or any) OpenAI `POST /v1/chat/completions`: the prompt as one user message,
+    our `top_k` and (when set) `ignore_eos` as extra fields; the stream is read as `OpenAIClient`'s."""
+
+    path = PATHS["openai-chat"]
+
+    def _input(self, item: WorkItem) -> dict[str, Any]:
+        return {"messages": [{"role": "user", "content": item.prompt}]}
+
+    def _extensions(self) -> dict[str, Any]:
+        return {"ignore_eos": True} if self.sampling.ignore_eos else {}
+
+
 def make_client(api: str, base_url: str, sampling: Sampling, **kwargs: Any) -> StreamClient:
     if api == "openai":
         return OpenAIClient(base_url, sampling, **kwargs)
+    if api == "openai-chat":
+        return OpenAIChatClient(base_url, sampling, **kwargs)
     if api in ("infer", "worker"):
         return InferClient(base_url, sampling, worker=api == "worker", **kwargs)
     raise ValueError(f"unknown api {api!r}")
 
 
 def error_reason(body: bytes) -> str:
-    """The `reason` of an error body: ours (`reason`), OpenAI's (`error.type`/`code`), FastAPI's `detail`."""
+    """The `reason` of an error body: ours (`reason`), OpenAI's (`error.code`, else `error.type`),
+    FastAPI's `detail`."""
     try:
         data = json.loads(body)
     except ValueError:

@@ -60,10 +60,20 @@ def test_every_problem_is_reported_at_once() -> None:
     (["--api", "openai", "--ignore-eos"], "--logit-bias-ban"),
     (["--compare-llama-cpp-server"], "--model-path"),
     (["--compare-llama-cpp-server", "--api", "openai"], "use --api infer or worker"),
+    (["--compare-llama-cpp-server", "--api", "openai-chat"], "use --api infer or worker"),
+    (["--api", "openai-chat", "--raw"], "--raw is not for --api openai-chat"),
 ])
 def test_inconsistent_flags(argv: list[str], problem: str) -> None:
     with pytest.raises(UsageError, match=problem):
         options(*argv)
+
+
+def test_openai_chat_needs_no_ban_list_for_ignore_eos_and_is_in_the_help() -> None:
+    o = options("--api", "openai-chat", "--ignore-eos", "--model", "smol")
+    assert (o.args.api, o.banned_tokens) == ("openai-chat", ())
+    api = next(a for a in build_parser()._actions if a.dest == "api")
+    assert "openai-chat" in (api.choices or ()) and "openai-chat: POST /v1/chat/completions" in (api.help or "")
+    assert api.default == "infer"
 
 
 def test_command_refuses_a_remote_url_before_sending_anything(capsys: pytest.CaptureFixture[str]) -> None:

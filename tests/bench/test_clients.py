@@ -1,4 +1,5 @@
-"""bench.load.clients over httpx.MockTransport: both stream formats, every failure kind, request bodies."""
+"""bench.load.clients over httpx.MockTransport: ours and OpenAI's stream formats (completions and chat),
+every failure kind, request bodies."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 import pytest
 
-from bench.load.clients import InferClient, OpenAIClient, Sampling, StreamClient, error_reason
+from bench.load.clients import (
+    InferClient,
+    OpenAIChatClient,
+    OpenAIClient,
+    Sampling,
+    StreamClient,
+    error_reason,
+    make_client,
+)
 from bench.load.record import Failure, RequestRecord
 from bench.load.workload import WorkItem
 from protocol.inference import InferRequest
@@ -223,6 +232,116 @@ def test_openai_request_body_streams_and_bans_tokens() -> None:
     assert body["stream"] is True and body["prompt"] == "Hello there" and body["seed"] == 42
     assert body["max_tokens"] == 8 and body["temperature"] == 0.0 and body["model"] == "smol"
     assert body["logit_bias"] == {"0": -100.0, "2": -100.0}
+
+
+# -- OpenAI-compatible /v1/chat/completions ------------------------------------------------------------
+
+def chat(**sampling: object) -> OpenAIChatClient:
+    return OpenAIChatClient("http://127.0.0.1:1", Sampling(max_tokens=8, **sampling),  # type: ignore[arg-type]
+                            clock=ticking())
+
+
+def delta(content: str | None = None, *, role: str | None = None, finish: str | None = None) -> bytes:
+    d = {k: v for k, v in (("role", role), ("content", content)) if v is not None}
+    return chunk({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                  "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}]})
+
+
+def usage(completion_tokens: int) -> bytes:
+    return chunk({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
+                  "usage": {"prompt_tokens": 9, "completion_tokens": completion_tokens,
+                            "total_tokens": 9 + completion_tokens}})
+
+
+def oai_error(code: str | None, type_: str = "server_error") -> dict[str, object]:
+    return {"error": {"message": "it broke", "type": type_, "param": None, "code": code}}
+
+
+ROLE = delta("", role="assistant")  # the first chunk: a role, empty content, not a token
+DONE = chunk("[DONE]")
+PING = b": ping\n\n"
+NORMAL = (ROLE, delta("Hel"), delta("lo"), delta("!", finish="stop"), DONE)
+
+
+def split_crlf(*parts: bytes, size: int = 5) -> tuple[bytes, ...]:
+    whole = b"".join(parts).replace(b"\n", b"\r\n")
+    return tuple(whole[i:i + size] for i in range(0, len(whole), size))
+
+
+# Event times are event numbers (the ticking clock); pings are SSE comments, so they take no tick.
+# columns: parts, ok, tokens, event_times (TTFT is the first), e2e, error_key
+@pytest.mark.parametrize("parts,ok,tokens,times,e2e,error_key", [
+    pytest.param(NORMAL, True, 3, [2, 3, 4], 5, "", id="normal-no-usage-counts-content-chunks"),
+    pytest.param(split_crlf(*NORMAL), True, 3, [2, 3, 4], 5, "", id="reads-split-anywhere-crlf"),
+    pytest.param((ROLE, delta("Hé"), delta("llo"), delta(finish="length"), usage(4), DONE),
+                 True, 4, [2, 3], 6, "", id="include-usage-final-chunk-wins"),
+    pytest.param((PING, ROLE, PING, delta("a"), PING, delta("b", finish="stop"), usage(2), PING, DONE, PING),
+                 True, 2, [2, 3], 5, "", id="pings-ignored"),
+    pytest.param((ROLE, delta("a"), delta("b"), chunk(oai_error("worker_failed")), DONE),
+                 False, 2, [2, 3], None, "stream worker_failed", id="error-chunk-mid-stream"),
+    pytest.param((ROLE, delta("a"), chunk(oai_error(None)), DONE),
+                 False, 1, [2], None, "stream server_error", id="error-chunk-without-code-uses-type"),
+    pytest.param((ROLE, delta("a"), delta("b")), False, 2, [2, 3], None, "protocol no_finish",
+                 id="cut-before-finish"),
+    pytest.param((ROLE, delta("a"), b"data: {not json\n\n"), False, 0, [2], None, "protocol bad_event:JSONDecodeError",
+                 id="bad-json"),
+])
+def test_chat_stream(parts: tuple[bytes, ...], ok: bool, tokens: int, times: list[int], e2e: int | None,
+                     error_key: str) -> None:
+    record = send(chat(), stream_of(*parts))
+    assert (record.ok, record.tokens, record.event_times, record.e2e, record.error_key) == (
+        ok, tokens, times, e2e, error_key)
+    assert record.ttft == (times[0] if times else None)
+    assert not record.token_mismatch  # chunks are not tokens: nothing to cross-check usage against
+
+
+@pytest.mark.parametrize("status,body,headers,error_key", [
+    pytest.param(503, oai_error("kv_full"), {"Retry-After": "1"}, "http 503 kv_full", id="503-before-stream"),
+    pytest.param(400, oai_error(None, "invalid_request_error"), {}, "http 400 invalid_request_error",
+                 id="400-code-null"),
+    pytest.param(404, {"detail": "Not Found"}, {}, "http 404 invalid_request", id="no-such-route"),
+])
+def test_chat_http_error_before_the_stream(status: int, body: dict[str, object], headers: dict[str, str],
+                                           error_key: str) -> None:
+    record = send(chat(), lambda request: httpx.Response(status, json=body, headers=headers))
+    assert (record.failure, record.status, record.error_key, record.event_times) == (
+        Failure.HTTP, status, error_key, [])
+
+
+BASE_CHAT_BODY = {"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 8, "temperature": 0.8,
+                  "top_p": 0.95, "top_k": 40, "seed": 42, "stream": True, "stream_options": {"include_usage": True}}
+
+
+@pytest.mark.parametrize("sampling,extra", [
+    pytest.param({}, {}, id="defaults-no-model-no-extensions"),
+    pytest.param({"model": "smol", "temperature": 0.0, "top_k": 0}, {"model": "smol", "temperature": 0.0, "top_k": 0},
+                 id="model-only-when-given"),
+    pytest.param({"ignore_eos": True}, {"ignore_eos": True}, id="ignore-eos-extension"),
+    pytest.param({"banned_tokens": (0, 2)}, {"logit_bias": {"0": -100.0, "2": -100.0}}, id="logit-bias"),
+    pytest.param({"raw": True}, {}, id="raw-is-not-sent"),
+])
+def test_chat_request_body(sampling: dict[str, object], extra: dict[str, object]) -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return stream_of(*NORMAL)(request)
+
+    assert send(chat(**sampling), handler).ok
+    assert (seen[0].method, seen[0].url.path) == ("POST", "/v1/chat/completions")
+    assert seen[0].headers["content-type"] == "application/json"
+    assert json.loads(seen[0].content) == {**BASE_CHAT_BODY, **extra}
+
+
+@pytest.mark.parametrize("api,cls,path", [
+    ("infer", InferClient, "/coordinator/infer"),
+    ("worker", InferClient, "/worker/generate"),
+    ("openai", OpenAIClient, "/v1/completions"),
+    ("openai-chat", OpenAIChatClient, "/v1/chat/completions"),
+])
+def test_make_client(api: str, cls: type[StreamClient], path: str) -> None:
+    client = make_client(api, "http://127.0.0.1:1337/", Sampling())
+    assert type(client) is cls and client.url == "http://127.0.0.1:1337" + path
 
 
 @pytest.mark.parametrize("body,reason", [

@@ -29,9 +29,9 @@ def load(**over: Any) -> WorkerLoad:
 
 
 def heartbeat(worker_id: str, *, timestamp: float, model: str = MODEL, url: str | None = None,
-              **load_over: Any) -> Heartbeat:
+              aliases: tuple[str, ...] = (), **load_over: Any) -> Heartbeat:
     return Heartbeat(worker_id=worker_id, url=url or f"http://{worker_id}.test", model=model,
-                     load=load(**load_over), timestamp=timestamp)
+                     aliases=list(aliases), load=load(**load_over), timestamp=timestamp)
 
 
 def sse(event: str, data: dict[str, Any]) -> bytes:

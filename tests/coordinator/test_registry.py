@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import random
 
-from coordinator.registry import ALIVE, STALE, Correction, Registry
+from coordinator.registry import ALIVE, MODELS_REMEMBERED, STALE, Correction, Registry
 from tests.coordinator.fakes import heartbeat
 
 
@@ -118,3 +118,22 @@ def test_corrections_on_stale_worker_leave_aggregates_alone() -> None:
     reg.correct("a", 1, Correction(10_000, 1))
     assert summed(reg) == (0, 0, 0, 0, 0)
     assert reg.drop_correction("a", 1) and not reg.drop_correction("a", 1)
+
+
+def test_names_resolve_to_models_and_aliases_follow_their_workers() -> None:
+    beat = heartbeat
+    reg = Registry(stale_after=3, dead_after=6)
+    reg.upsert(beat("w1", timestamp=0, model="smol", aliases=("smollm2", "small")), 0)
+    reg.upsert(beat("w2", timestamp=0, model="gemma", aliases=("small",)), 0)
+    reg.upsert(beat("w3", timestamp=0, model="gemma"), 0)
+    assert (reg.resolve("smol"), reg.resolve("smollm2"), reg.resolve("nope")) == ("smol", "smol", None)
+    assert reg.resolve("small") == "gemma"  # shared: the model with more workers behind the name
+    assert reg.aliases_of("smol") == ["small", "smollm2"] and reg.known_models() == ["gemma", "smol"]
+    reg.upsert(beat("w1", timestamp=0, model="smol", aliases=()), 1)  # aliases changed
+    assert reg.resolve("smollm2") is None
+    reg.remove("w1")
+    assert reg.resolve("smol") == "smol" and not reg.knows_model("smol")  # gone, still not "unknown"
+    for i in range(MODELS_REMEMBERED):
+        reg.upsert(beat(f"x{i}", timestamp=0, model=f"m{i}"), 2)
+        reg.remove(f"x{i}")
+    assert reg.resolve("smol") is None  # the memory of gone models is bounded

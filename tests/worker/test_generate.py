@@ -172,3 +172,29 @@ def test_without_the_prompt_cache_a_repeated_prompt_is_prefilled_again(model_pat
         payload = {"prompt": "Describe the sun in one sentence.", "max_tokens": 4, "temperature": 0}
         generate(worker.url, payload)
         assert generate(worker.url, payload).last[1]["usage"]["cached_tokens"] == 0
+
+
+def test_chat_messages_are_rendered_with_the_models_template(worker: RunningWorker) -> None:
+    user = {"role": "user", "content": "Name a fruit."}
+    plain = generate(worker.url, {"messages": [user], "max_tokens": 4, "temperature": 0}).last[1]
+    system = {"role": "system", "content": "You answer in French, in one word, always."}
+    with_system = generate(worker.url, {"messages": [system, user], "max_tokens": 4, "temperature": 0}).last[1]
+    prompt_only = generate(worker.url, {"prompt": "Name a fruit.", "max_tokens": 4, "temperature": 0}).last[1]
+    # A prompt is one user turn: the same tokens as that one message.
+    assert prompt_only["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]
+    # The system message replaces the template's default one rather than being pasted in as text.
+    assert with_system["usage"]["prompt_tokens"] != plain["usage"]["prompt_tokens"]
+    both = generate(worker.url, {"prompt": "x", "messages": [user]})
+    assert both.status == 400 and both.body is not None and "exactly one" in both.body["error"]
+
+
+def test_a_resent_conversation_prefills_only_its_new_turn(worker: RunningWorker) -> None:
+    history = [{"role": "user", "content": "Tell me about the moon, briefly."}]
+    previous_prompt = 0
+    for turn in range(3):
+        stream = generate(worker.url, {"messages": history, "max_tokens": 12, "temperature": 0})
+        done = stream.last[1]
+        if turn:  # the cells the last turn left hold its whole prompt at least
+            assert done["usage"]["cached_tokens"] >= previous_prompt, (turn, done["usage"], previous_prompt)
+        previous_prompt = done["usage"]["prompt_tokens"]
+        history += [{"role": "assistant", "content": stream.text}, {"role": "user", "content": f"And {turn}?"}]

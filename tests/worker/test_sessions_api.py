@@ -175,8 +175,8 @@ def test_slow_consumer_is_cancelled_and_frees_kv(model_path: Path) -> None:
         runtime = worker.runtime
 
         async def never_read() -> tuple[object, dict]:
-            from protocol.inference import InferRequest
-            job = await runtime.gate.admit(InferRequest(prompt="Talk.", max_tokens=200, ignore_eos=True), "slow-1")
+            from protocol.worker import GenerateRequest
+            job = await runtime.gate.admit(GenerateRequest(prompt="Talk.", max_tokens=200, ignore_eos=True), "slow-1")
             await asyncio.sleep(2.0)  # the engine keeps the batch going; this job pauses, then is dropped
             items = []
             while len(job.channel):

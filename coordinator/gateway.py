@@ -1,0 +1,166 @@
+"""The one way in behind every public surface: resolve the model, admit, schedule, dispatch, relay,
+and account for the request however it ends.
+
+Owns: the order of those steps (so every surface decides its status code before the first byte),
+model resolution (a name or alias, the configured default, the only model), session affinity and
+conversation-prefix bookkeeping, and the one structured log line and metrics per request.
+Must not: know any public wire format. Surfaces (coordinator/surfaces/) parse their own requests into
+a `Generation` and turn the relay's internal events (protocol.worker) into their own bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from coordinator import scheduler
+from coordinator.conversations import continuation_key, conversation_key
+from coordinator.dispatch import OpenStream
+from coordinator.errors import CoordinatorError
+from coordinator.generation import Generation
+from coordinator.relay import Relay
+from coordinator.response import Ending
+from protocol import reasons
+
+if TYPE_CHECKING:
+    from coordinator.state import CoordinatorState
+
+
+@dataclass(slots=True)
+class Opened:
+    """An admitted request whose worker has sent its first event: the surface streams `relay`."""
+
+    relay: Relay
+    worker_id: str
+    model: str
+    finish: Callable[[Ending], None]  # call exactly once, when the client's response has ended
+
+
+class Gateway:
+    def __init__(self, state: CoordinatorState) -> None:
+        self._state = state
+
+    def now(self) -> float:
+        return self._state.clock.monotonic()
+
+    def resolve_model(self, requested: str | None) -> str | None:
+        """The served model a request means, or a `CoordinatorError` (404 names the models served)."""
+        registry, default = self._state.registry, self._state.settings.default_model
+        if requested is None:
+            if default:
+                return registry.resolve(default) or default
+            known = registry.known_models()
+            if len(known) > 1:
+                raise CoordinatorError(reasons.INVALID_REQUEST,
+                                       f"model: required, this pool serves {', '.join(known)}")
+            return known[0] if known else None
+        model = registry.resolve(requested)
+        if model is None:
+            served = ", ".join(registry.known_models()) or "none"
+            raise CoordinatorError(reasons.UNKNOWN_MODEL,
+                                   f"no worker serves model {requested!r}; served: {served}")
+        return model
+
+    async def open(self, gen: Generation, started: float) -> Opened:
+        """Admit, schedule and dispatch; raises a `CoordinatorError` (already counted and logged)."""
+        state = self._state
+        try:
+            model = self.resolve_model(gen.request.model)
+            gen, stream = await self._admit(gen, model)
+        except CoordinatorError as exc:
+            self.refused(gen.request_id, exc, started, surface=gen.surface)
+            raise
+        state.metrics.admitted()
+        state.metrics.requests_running.inc()
+        session_id = gen.request.session_id
+        if session_id is not None:
+            state.sessions.remember(session_id, stream.worker.worker_id)
+        if gen.request.messages is not None and session_id is None:
+            state.conversations.remember(conversation_key(model, gen.request.messages), stream.worker.worker_id)
+        settings = state.settings
+        relay = Relay(stream, request_id=gen.request_id, buffer_events=settings.relay_buffer_events,
+                      write_deadline=settings.relay_write_deadline, metrics=state.metrics)
+        # Only these outlive this call: not the parsed request, nor its prompt.
+        surface = gen.surface
+        return Opened(relay, stream.worker.worker_id, model or stream.worker.model,
+                      lambda ending: self._finish(session_id, surface, relay, ending, started))
+
+    def refused(self, request_id: str, exc: CoordinatorError, started: float, *, surface: str) -> None:
+        """Count and log a request refused before its first byte (a surface's parse errors too)."""
+        self._state.metrics.rejected(exc.reason)
+        self._log(request_id=request_id, surface=surface, status=exc.status, reason=exc.reason,
+                  duration_ms=_ms(self.now() - started))
+
+    async def _admit(self, gen: Generation, model: str | None) -> tuple[Generation, OpenStream]:
+        state, body = self._state, gen.request
+        session_worker = state.sessions.worker_of(body.session_id) if body.session_id else None
+        if session_worker is not None:
+            # It continues a conversation: the worker already holds its sequence slot.
+            gen = dataclasses.replace(gen, demand=dataclasses.replace(gen.demand, new_session=False))
+        state.admission.check(gen.demand, model)
+        prefer = None
+        if session_worker is not None:
+            record = state.registry.get(session_worker)
+            candidates = [record] if record is not None else []
+        else:
+            candidates = list(state.registry.alive(model))
+            key = continuation_key(model, body.messages) if body.messages is not None else None
+            prefer = state.conversations.worker_of(key) if key is not None else None
+        decision = scheduler.select(
+            scheduler.Request(gen.demand, model, body.session_id, session_worker, prefer),
+            candidates, now=state.clock.monotonic(), stale_after=state.settings.stale_after)
+        if decision.reason is not None:
+            if decision.reason == reasons.UNKNOWN_SESSION:
+                state.sessions.forget(body.session_id or "")  # said once; the id may now start afresh
+                raise CoordinatorError(reasons.UNKNOWN_SESSION,
+                                       f"session {body.session_id!r} lived on a worker that is gone; start a new one")
+            raise CoordinatorError(decision.reason, f"no worker can take it now: {decision.reason}",
+                                   retry_after=state.settings.retry_after)
+        ranked = [state.registry.get(w.worker_id) for w in decision.ranked]
+        try:
+            return gen, await state.dispatcher.open(gen, [w for w in ranked if w is not None])
+        except CoordinatorError as exc:
+            if body.session_id is not None and exc.reason in (reasons.SESSION_EXPIRED, reasons.UNKNOWN_SESSION):
+                state.sessions.forget(body.session_id)
+            raise
+
+    def _finish(self, session_id: str | None, surface: str, relay: Relay, ending: Ending, started: float) -> None:
+        """Runs once per admitted request, whatever the ending: release, count, log."""
+        state = self._state
+        outcome, stream = relay.outcome, relay.stream
+        done = outcome.done
+        kept = done.usage.total_tokens if session_id is not None and done is not None else None
+        state.admission.release(stream.reservation, kept_tokens=kept)
+        now = state.clock.monotonic()
+        metrics = state.metrics
+        metrics.requests_running.dec()
+        metrics.generation_tokens.inc(outcome.tokens)
+        metrics.e2e.observe(now - started)
+        if outcome.first_token_at is not None:
+            metrics.ttft.observe(outcome.first_token_at - started)
+        if ending is Ending.SLOW_CLIENT:
+            metrics.slow_clients.inc()
+            finish = reasons.SLOW_CONSUMER
+        elif ending is Ending.CLIENT_GONE:
+            metrics.client_disconnects.inc()
+            finish = "client_gone"
+        else:
+            finish = done.finish_reason if done is not None else (outcome.error_reason or reasons.WORKER_FAILED)
+        metrics.finished.labels(finish_reason=finish).inc()
+        self._log(request_id=relay.request_id, surface=surface, status=200, worker_id=stream.worker.worker_id,
+                  model=done.model if done else stream.worker.model, finish_reason=finish,
+                  prompt_tokens=done.usage.prompt_tokens if done else None,
+                  cached_tokens=done.usage.cached_tokens if done else None,
+                  generated_tokens=done.usage.completion_tokens if done else outcome.tokens,
+                  ttft_ms=_ms(outcome.first_token_at - started) if outcome.first_token_at is not None else None,
+                  duration_ms=_ms(now - started), attempts=stream.attempts)
+
+    def _log(self, **fields: Any) -> None:
+        self._state.log.info(json.dumps({"event": "request", **fields}, separators=(",", ":")))
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 3)

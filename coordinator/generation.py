@@ -1,0 +1,30 @@
+"""`Generation`: the one internal request that every public surface produces and the core consumes.
+
+Owns: bundling a validated `protocol.worker.GenerateRequest` with its request id, the exact bytes
+posted to workers, and its capacity demand.
+Must not: parse any public wire format (surfaces do) or admit anything (gateway.py does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coordinator.demand import Demand
+from protocol.worker import GenerateRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """The internal request every surface produces: validated, with its worker payload and demand."""
+
+    request: GenerateRequest
+    request_id: str
+    payload: bytes  # the JSON posted to the worker: only the fields the client set
+    demand: Demand
+    surface: str  # for the log line: which public API it came through
+
+    @classmethod
+    def of(cls, request: GenerateRequest, request_id: str, surface: str) -> Generation:
+        demand = Demand(request.prompt_bytes(), request.max_tokens, messages=len(request.messages or ()))
+        payload = request.model_dump_json(exclude_unset=True).encode()
+        return cls(request, request_id, payload, demand, surface)

@@ -1,0 +1,199 @@
+"""The OpenAI-compatible surface: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`.
+
+Owns: parsing OpenAI's request bodies into the internal request (chat messages go to the worker as
+messages, rendered there with the model's own template; completions are raw prompts), the
+refusals OpenAI clients expect (`n` other than 1, non-text content parts, tool roles), OpenAI's
+error shape, and choosing a streamed (`ChunkEncoder`) or collected (`assemble`) answer.
+Must not: admit, schedule or relay; the gateway does, exactly as for `/coordinator/infer`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+
+from coordinator.collect import CollectedResponse
+from coordinator.errors import CoordinatorError
+from coordinator.gateway import Gateway
+from coordinator.generation import Generation
+from coordinator.response import RelayResponse
+from coordinator.state import CoordinatorState
+from coordinator.surfaces.openai_format import ChunkEncoder, Options, assemble
+from coordinator.validate import describe, first_field, read_body, request_id_of
+from protocol import openai as oa
+from protocol import reasons
+from protocol.worker import REQUEST_ID_HEADER, WORKER_ID_HEADER, GenerateRequest
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+PREFIX = "/v1/"
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# The request field a refusal is about, for OpenAI's `param`, when the error itself names none.
+_PARAM_BY_REASON = {reasons.UNKNOWN_MODEL: "model", reasons.MODEL_UNAVAILABLE: "model",
+                    reasons.UNKNOWN_SESSION: "session_id", reasons.SESSION_EXPIRED: "session_id",
+                    reasons.SESSION_BUSY: "session_id"}
+
+router = APIRouter()
+Parse = Callable[[bytes], tuple[dict[str, Any], Options]]
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _serve(request, "openai-chat", _parse_chat)
+
+
+async def completions(request: Request) -> Response:
+    return await _serve(request, "openai-completions", _parse_completion)
+
+
+# Registered so the OpenAPI schema lists them and other methods get 405; app.py's fast path serves
+# every POST to these paths before the router is reached.
+router.add_api_route(CHAT_PATH, chat_completions, methods=["POST"], response_model=None)
+router.add_api_route(COMPLETIONS_PATH, completions, methods=["POST"], response_model=None)
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> oa.ModelList:
+    state: CoordinatorState = request.app.state.coordinator
+    return oa.ModelList(data=[_card(state, name) for name in _served(state)])
+
+
+@router.get("/v1/models/{model:path}")
+async def model(model: str, request: Request) -> oa.ModelCard:
+    state: CoordinatorState = request.app.state.coordinator
+    name = state.registry.resolve(model)
+    if name is None or name not in _served(state):
+        served = ", ".join(_served(state)) or "none"
+        raise CoordinatorError(reasons.UNKNOWN_MODEL, f"model {model!r} is not served; served: {served}",
+                               param="model")
+    return _card(state, name)
+
+
+def _served(state: CoordinatorState) -> list[str]:
+    state.registry.sweep(state.clock.monotonic())
+    return state.registry.alive_models()
+
+
+def _card(state: CoordinatorState, name: str) -> oa.ModelCard:
+    return oa.ModelCard(id=name, created=int(state.started_at), aliases=state.registry.aliases_of(name))
+
+
+async def _serve(request: Request, surface: str, parse: Parse) -> Response:
+    state: CoordinatorState = request.app.state.coordinator
+    gateway: Gateway = request.app.state.gateway
+    started = gateway.now()
+    request_id = request_id_of(request)
+    try:
+        fields, options = parse(await read_body(request, state.settings.max_body_bytes))
+        gen = Generation.of(_internal(fields), request_id, surface)
+    except CoordinatorError as exc:
+        gateway.refused(request_id, exc, started, surface=surface)
+        return error_response(request_id, exc)
+    try:
+        opened = await gateway.open(gen, started)
+    except CoordinatorError as exc:
+        return error_response(request_id, exc)
+    created = int(state.clock.time())
+    headers = {REQUEST_ID_HEADER: request_id, WORKER_ID_HEADER: opened.worker_id}
+    if options.stream:
+        encoder = ChunkEncoder(options, request_id=request_id, created=created, model=opened.model)
+        return RelayResponse(opened.relay, headers=headers, ping_interval=state.settings.ping_interval,
+                             clock=state.clock, on_end=opened.finish, encoder=encoder)
+    model_name = opened.model
+    return CollectedResponse(
+        opened.relay, on_end=opened.finish, now=state.clock.monotonic,
+        assemble=lambda events: assemble(options, events, request_id=request_id, created=created,
+                                         model=model_name, headers=headers))
+
+
+def _validated(model: type[BaseModel], raw: bytes) -> Any:
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise CoordinatorError(reasons.INVALID_REQUEST, describe(exc), param=first_field(exc)) from None
+
+
+def _internal(fields: dict[str, Any]) -> GenerateRequest:
+    try:
+        return GenerateRequest.model_validate(fields)
+    except ValidationError as exc:
+        raise CoordinatorError(reasons.INVALID_REQUEST, describe(exc), param=first_field(exc)) from None
+
+
+def _common(body: oa.ChatCompletionRequest | oa.CompletionRequest, max_tokens: int | None) -> dict[str, Any]:
+    """The internal fields both endpoints map the same way; only what the client set is sent on."""
+    if body.n != 1:
+        raise _invalid("n: only n=1 is supported", "n")
+    fields: dict[str, Any] = {"max_tokens": max_tokens or oa.MAX_COMPLETION_TOKENS}
+    for name in ("model", "temperature", "top_p", "seed", "stop", "session_id", "top_k", "ignore_eos"):
+        value = getattr(body, name)
+        if value is not None:
+            fields[name] = value
+    return fields
+
+
+def _parse_chat(raw: bytes) -> tuple[dict[str, Any], Options]:
+    body: oa.ChatCompletionRequest = _validated(oa.ChatCompletionRequest, raw)
+    fields = _common(body, body.max_completion_tokens or body.max_tokens)
+    fields["messages"] = [_message(m, i) for i, m in enumerate(body.messages)]
+    top = body.top_logprobs or 0
+    return fields, Options("chat", body.stream, _usage(body), body.logprobs or top > 0, top)
+
+
+def _parse_completion(raw: bytes) -> tuple[dict[str, Any], Options]:
+    body: oa.CompletionRequest = _validated(oa.CompletionRequest, raw)
+    if body.echo:
+        raise _invalid("echo: not supported", "echo")
+    if body.suffix:
+        raise _invalid("suffix: not supported", "suffix")
+    prompt = body.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise _invalid("prompt: give one prompt per request", "prompt")
+        prompt = prompt[0]
+    if not prompt:
+        raise _invalid("prompt: must not be empty", "prompt")
+    fields = _common(body, body.max_tokens)
+    fields.update(prompt=prompt, raw=True)
+    top = body.logprobs or 0
+    return fields, Options("text", body.stream, _usage(body), body.logprobs is not None, top)
+
+
+def _usage(body: oa.ChatCompletionRequest | oa.CompletionRequest) -> bool:
+    return body.stream and body.stream_options is not None and body.stream_options.include_usage
+
+
+def _message(message: oa.ChatMessageIn, index: int) -> dict[str, str]:
+    role = ROLES.get(message.role)
+    if role is None:
+        raise _invalid(f"messages.{index}.role: {message.role!r} is not supported "
+                       f"(use one of {', '.join(ROLES)})", f"messages.{index}.role")
+    content = message.content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if part.type != "text" or part.text is None:
+                raise _invalid(f"messages.{index}.content: only text parts are supported, not {part.type!r}",
+                               f"messages.{index}.content")
+            texts.append(part.text)
+        content = "".join(texts)
+    return {"role": role, "content": content or ""}
+
+
+def _invalid(message: str, param: str) -> CoordinatorError:
+    return CoordinatorError(reasons.INVALID_REQUEST, message, param=param)
+
+
+def error_response(request_id: str, exc: CoordinatorError) -> JSONResponse:
+    """OpenAI's error shape; the status, `Retry-After` and reason (as `code`) as on every surface."""
+    headers = {REQUEST_ID_HEADER: request_id}
+    if exc.retry_after is not None:
+        headers["retry-after"] = str(exc.retry_after)
+    if exc.status == 401:
+        headers["www-authenticate"] = "Bearer"
+    param = exc.param or _PARAM_BY_REASON.get(exc.reason)
+    body = oa.error_body(exc.message, status=exc.status, code=exc.reason, param=param)
+    return JSONResponse(body, status_code=exc.status, headers=headers)

@@ -1,0 +1,172 @@
+"""Internal events -> OpenAI's wire format: streamed chunks (`data: {...}` ... `data: [DONE]`) or one
+whole `chat.completion` / `text_completion` object.
+
+Owns: the chunk shapes of both endpoints, the finish-reason mapping, logprobs (the chosen token's,
+from the probability every token event carries), the usage chunk of `stream_options.include_usage`,
+and the error chunk that ends a stream that has started.
+Must not: parse requests or touch the relay; `ChunkEncoder` is a `response.Encoder`, and `assemble`
+turns a collected stream into a response.
+
+Why chunks are formatted from string templates rather than pydantic models: this runs once per
+streamed token on the coordinator's one core; the tests parse every shape back through the pydantic
+types in protocol/openai.py and through the official `openai` client.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fastapi.responses import JSONResponse
+from starlette.responses import Response
+
+from coordinator.errors import STATUS_BY_REASON
+from protocol import openai as oa
+from protocol.sse import SseEvent
+from protocol.worker import EVENT_DONE, EVENT_ERROR, EVENT_TOKEN, DoneEvent, ErrorEvent
+
+Kind = Literal["chat", "text"]
+DONE_FRAME = b"data: [DONE]\n\n"
+MIN_LOGPROB = -9999.0  # OpenAI's floor, instead of -inf (not valid JSON) for a probability of 0
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    kind: Kind
+    stream: bool
+    include_usage: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+def finish_reason(reason: str) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def logprob(probability: float) -> float:
+    return math.log(probability) if probability > 0.0 else MIN_LOGPROB
+
+
+def completion_id(kind: Kind, request_id: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + request_id
+
+
+def usage_of(done: DoneEvent) -> oa.CompletionUsage:
+    u = done.usage
+    return oa.CompletionUsage(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
+                              total_tokens=u.total_tokens, prompt_tokens_details={"cached_tokens": u.cached_tokens})
+
+
+def error_detail(error: ErrorEvent) -> dict[str, Any]:
+    status = STATUS_BY_REASON.get(error.reason, 500)
+    return oa.error_body(error.error, status=status, code=error.reason)
+
+
+class ChunkEncoder:
+    """One stream's chunks. The first content chunk of a chat carries the assistant role."""
+
+    __slots__ = ("_base", "_choice", "_first", "_offset", "_options", "_tail")
+
+    def __init__(self, options: Options, *, request_id: str, created: int, model: str) -> None:
+        obj = "chat.completion.chunk" if options.kind == "chat" else "text_completion"
+        ident = completion_id(options.kind, request_id)
+        self._options = options
+        self._base = f'{{"id":{json.dumps(ident)},"object":"{obj}","created":{created},"model":{json.dumps(model)},'
+        self._choice = self._base + '"choices":[{"index":0,'
+        self._tail = "}]" + (',"usage":null' if options.include_usage else "") + "}"
+        self._first = True
+        self._offset = 0
+
+    def __call__(self, event: SseEvent) -> bytes:
+        if event.event == EVENT_TOKEN:
+            data = json.loads(event.data)
+            return self._frame(self._piece(data["token"], data["probability"]))
+        if event.event == EVENT_DONE:
+            return self._done(DoneEvent.model_validate_json(event.data))
+        if event.event == EVENT_ERROR:
+            error = json.dumps(error_detail(ErrorEvent.model_validate_json(event.data)))
+            return b"data: " + error.encode() + b"\n\n" + DONE_FRAME
+        return b""
+
+    def _piece(self, text: str, probability: float) -> str:
+        options, quoted = self._options, json.dumps(text)
+        lp = self._logprobs(text, probability) if options.logprobs else "null"
+        if options.kind == "text":
+            self._offset += len(text)
+            return f'"text":{quoted},"logprobs":{lp},"finish_reason":null'
+        role = '"role":"assistant",' if self._first else ""
+        self._first = False
+        return f'"delta":{{{role}"content":{quoted}}},"logprobs":{lp},"finish_reason":null'
+
+    def _logprobs(self, text: str, probability: float) -> str:
+        value = logprob(probability)
+        if self._options.kind == "text":
+            top = [{text: value}] if self._options.top_logprobs > 0 else []
+            return json.dumps({"tokens": [text], "token_logprobs": [value], "top_logprobs": top,
+                               "text_offset": [self._offset - len(text)]})
+        entry: dict[str, Any] = {"token": text, "logprob": value, "bytes": list(text.encode())}
+        top = [entry] if self._options.top_logprobs > 0 else []
+        return json.dumps({"content": [{**entry, "top_logprobs": top}]})
+
+    def _done(self, done: DoneEvent) -> bytes:
+        reason = json.dumps(finish_reason(done.finish_reason))
+        if self._options.kind == "text":
+            last = f'"text":"","logprobs":null,"finish_reason":{reason}'
+        else:
+            role = '"role":"assistant",' if self._first else ""
+            last = f'"delta":{{{role}"content":""}},"logprobs":null,"finish_reason":{reason}'
+        frames = self._frame(last)
+        if self._options.include_usage:
+            usage = usage_of(done).model_dump_json()
+            frames += b"data: " + (self._base + f'"choices":[],"usage":{usage}}}').encode() + b"\n\n"
+        return frames + DONE_FRAME
+
+    def _frame(self, choice: str) -> bytes:
+        return b"data: " + (self._choice + choice + self._tail).encode() + b"\n\n"
+
+
+def assemble(options: Options, events: list[SseEvent], *, request_id: str, created: int, model: str,
+             headers: dict[str, str]) -> Response:
+    """The whole answer of a non-streaming request from its collected events."""
+    pieces: list[tuple[str, float]] = []
+    done: DoneEvent | None = None
+    for event in events:
+        if event.event == EVENT_TOKEN:
+            data = json.loads(event.data)
+            pieces.append((data["token"], data["probability"]))
+        elif event.event == EVENT_DONE:
+            done = DoneEvent.model_validate_json(event.data)
+        elif event.event == EVENT_ERROR:
+            error = ErrorEvent.model_validate_json(event.data)
+            return JSONResponse(error_detail(error), status_code=STATUS_BY_REASON.get(error.reason, 500),
+                                headers=headers)
+    if done is None:  # the relay always ends with done or error; guard rather than assume
+        return JSONResponse(oa.error_body("the stream ended without a result", status=502, code="worker_failed"),
+                            status_code=502, headers=headers)
+    text = "".join(t for t, _ in pieces)
+    ident, reason, usage = completion_id(options.kind, request_id), finish_reason(done.finish_reason), usage_of(done)
+    body: oa.ChatCompletion | oa.Completion
+    if options.kind == "chat":
+        content = None
+        if options.logprobs:
+            content = [oa.TokenLogprob(token=t, logprob=logprob(p), bytes=list(t.encode()),
+                                       top_logprobs=[oa.TopLogprob(token=t, logprob=logprob(p), bytes=list(t.encode()))]
+                                       if options.top_logprobs > 0 else []) for t, p in pieces]
+        choice = oa.ChatChoice(message=oa.AssistantMessage(content=text), finish_reason=reason,
+                               logprobs=oa.ChoiceLogprobs(content=content) if content is not None else None)
+        body = oa.ChatCompletion(id=ident, created=created, model=model, choices=[choice], usage=usage)
+    else:
+        lps = None
+        if options.logprobs:
+            offsets, at = [], 0
+            for t, _ in pieces:
+                offsets.append(at)
+                at += len(t)
+            lps = oa.CompletionLogprobs(tokens=[t for t, _ in pieces], token_logprobs=[logprob(p) for _, p in pieces],
+                                        top_logprobs=[{t: logprob(p)} for t, p in pieces]
+                                        if options.top_logprobs > 0 else [], text_offset=offsets)
+        body = oa.Completion(id=ident, created=created, model=model, usage=usage,
+                             choices=[oa.CompletionChoice(text=text, logprobs=lps, finish_reason=reason)])
+    return JSONResponse(body.model_dump(mode="json"), headers=headers)

@@ -1,0 +1,206 @@
+"""Wire types of the OpenAI-compatible surface: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
+
+Owns: the request bodies as OpenAI documents them (unknown fields ignored, as vLLM does), our
+extensions (`session_id`, `top_k`, `ignore_eos`), and the response, chunk, model-list and error
+shapes the official clients parse.
+Must not: reach workers. The coordinator's OpenAI surface maps these onto `protocol.worker`.
+
+Defaults follow llama.cpp's server rather than OpenAI's cloud: a sampling field the client leaves
+out takes the pool's default (temperature 0.8, top_p 0.95, top_k 40), and a missing `max_tokens`
+means "until the end of generation or the session's KV limit".
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from protocol.worker import MAX_PROMPT_CHARS, MAX_STOP_LENGTH, MAX_STOP_STRINGS, SESSION_ID_PATTERN
+
+MAX_COMPLETION_TOKENS = 32_768
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: str
+    text: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
+
+
+class ChatMessageIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: str = Field(max_length=32)
+    content: str | list[TextPart] | None = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
+Stop = str | Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_LENGTH)]],
+                       Field(max_length=MAX_STOP_STRINGS)]
+
+
+class _Common(BaseModel):
+    """Fields both endpoints share: model, sampling, streaming, our extensions."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = Field(default=None, max_length=256)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_COMPLETION_TOKENS)
+    temperature: float | None = Field(default=None, ge=0.0, le=5.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    seed: int | None = Field(default=None, ge=0, le=2**32 - 2)
+    stop: Stop | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(default=1, ge=1, le=128)
+    user: str | None = Field(default=None, max_length=256)
+    # Extensions (not in OpenAI's API): the same meaning as on /coordinator/infer.
+    session_id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN)
+    top_k: int | None = Field(default=None, ge=0, le=100_000)
+    ignore_eos: bool | None = None
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessageIn] = Field(min_length=1, max_length=1_024)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_COMPLETION_TOKENS)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] = Field(max_length=MAX_PROMPT_CHARS)
+    max_tokens: int | None = Field(default=16, ge=1, le=MAX_COMPLETION_TOKENS)  # OpenAI's default here
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    echo: bool = False
+    suffix: str | None = None
+
+
+class CompletionUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, int] | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    """One piece of text as the worker streamed it (a token, or a few when a character spans them)."""
+
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: CompletionUsage
+
+
+class ChunkDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChunkDelta
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: CompletionUsage | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class Completion(BaseModel):
+    """Both the whole answer and each streamed chunk of `/v1/completions` (OpenAI uses one type)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: CompletionUsage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "llm-pool"
+    aliases: list[str] = Field(default_factory=list, description="other names requests may use")
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+def error_body(message: str, *, status: int, code: str | None, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object; `type` from the status as OpenAI's own API names them."""
+    if status == 401:
+        kind = "authentication_error"
+    elif status >= 500:
+        kind = "server_error"
+    else:
+        kind = "invalid_request_error"
+    return ErrorResponse(error=ErrorDetail(message=message, type=kind, param=param, code=code)).model_dump()

@@ -1,0 +1,169 @@
+"""The internal coordinator <-> worker contract, version 1: what a coordinator posts to a worker's
+`POST /worker/generate` and the SSE events the worker streams back.
+
+Owns: the generation request (a prompt, or a list of chat messages the worker renders with the
+model's own chat template; sampling; session), the token/done/error events, and every name both
+sides must agree on (path, headers, event names, ping interval, protocol version).
+Must not: describe a public API. Public surfaces (`/coordinator/infer`, the OpenAI routes) have
+their own request types and adapters in the coordinator; only this contract crosses to workers.
+
+Versioning: the coordinator sends `PROTOCOL_HEADER: PROTOCOL_VERSION` with every request and
+workers report `protocol` in their heartbeats. A worker refuses a request of another version with
+400 `protocol_mismatch`; the coordinator refuses heartbeats from workers of another version, so a
+mixed fleet never routes a request a worker would misread.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+PROTOCOL_VERSION = 1
+GENERATE_PATH = "/worker/generate"
+
+# Headers (lower case: both HTTP stacks compare them case-insensitively).
+PROTOCOL_HEADER = "x-llm-pool-protocol"
+REQUEST_ID_HEADER = "x-request-id"
+WORKER_ID_HEADER = "x-worker-id"
+# Worker -> coordinator, on the 200 response: the templated prompt's length in tokens.
+PROMPT_TOKENS_HEADER = "x-prompt-tokens"
+# Coordinator -> worker: "this session_id continues a conversation you hold". A worker that does not
+# hold it answers 404 unknown_session instead of starting a new conversation under the same id.
+SESSION_EXPECTED_HEADER = "x-session-expected"
+
+# SSE event names (the `event:` line of each Server-Sent Event).
+EVENT_TOKEN = "token"
+EVENT_DONE = "done"
+EVENT_ERROR = "error"
+
+# Seconds of silence after which a stream carries an SSE comment ping; the coordinator's read
+# timeout on a worker stream must stay well above it.
+PING_INTERVAL = 15.0
+
+FinishReason = Literal["stop", "length", "cancelled"]
+Role = Literal["system", "user", "assistant"]
+
+MAX_STOP_STRINGS = 8
+MAX_STOP_LENGTH = 64
+MAX_PROMPT_CHARS = 1_000_000
+MAX_MESSAGES = 1_024
+SESSION_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/\-]{0,127}$"
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: Role
+    content: str = Field(max_length=MAX_PROMPT_CHARS)
+
+
+class GenerationFields(BaseModel):
+    """The fields every generation request shares, public or internal: model, sampling, session."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(default=None, max_length=256, description="None: the worker's own model")
+    max_tokens: int = Field(default=128, ge=1, le=32_768)
+    temperature: float = Field(default=0.8, ge=0.0, le=5.0, description="0 means greedy")
+    top_p: float = Field(default=0.95, gt=0.0, le=1.0)
+    top_k: int = Field(default=40, ge=0, le=100_000, description="0 disables top-k")
+    seed: int | None = Field(default=None, ge=0, le=2**32 - 2)
+    stop: list[str] = Field(default_factory=list, max_length=MAX_STOP_STRINGS)
+    session_id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN)
+    ignore_eos: bool = Field(default=False, description="keep generating past end-of-generation tokens")
+    raw: bool = Field(default=False, description="True: complete the prompt as is, no chat template")
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_as_list(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings_bounded(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if not item or len(item) > MAX_STOP_LENGTH:
+                raise ValueError(f"each stop string must have 1 to {MAX_STOP_LENGTH} characters")
+        return value
+
+
+class GenerateRequest(GenerationFields):
+    """One generation: exactly one of `prompt` (a single user turn, or raw text) and `messages`
+    (the whole conversation, rendered by the worker with the model's chat template)."""
+
+    prompt: str | None = Field(default=None, min_length=1, max_length=MAX_PROMPT_CHARS)
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=MAX_MESSAGES)
+
+    @model_validator(mode="after")
+    def _prompt_or_messages(self) -> GenerateRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        if self.raw and self.messages is not None:
+            raise ValueError("raw applies to a prompt, not to messages")
+        return self
+
+    def prompt_bytes(self) -> int:
+        """UTF-8 bytes of the text the worker will template and tokenize (an upper bound on tokens)."""
+        if self.prompt is not None:
+            return len(self.prompt.encode())
+        return sum(len(m.content.encode()) for m in self.messages or ())
+
+
+class TokenEvent(BaseModel):
+    """One piece of generated text.
+
+    `token` is the text of one generated token, or of several when a UTF-8 character or a possible
+    stop string spans tokens (the text is held until it is complete). `index` is the 0-based position,
+    among generated tokens, of the last token the text includes; `probability` is the product of the
+    included tokens' softmax probabilities under the model's raw logits.
+    """
+
+    token: str
+    index: int = Field(ge=0)
+    probability: float = Field(ge=0.0, le=1.0)
+    finished: Literal[False] = False
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = Field(ge=0, description="tokens of the prompt as the model saw it (after templating)")
+    cached_tokens: int = Field(ge=0, description="prompt tokens reused from KV already held, not prefilled")
+    completion_tokens: int = Field(ge=0)
+    total_tokens: int = Field(ge=0)
+
+
+class Timings(BaseModel):
+    queue_ms: float = Field(ge=0.0, description="admitted until its first decode step")
+    prefill_ms: float = Field(ge=0.0, description="first decode step until the prompt was in the KV cache")
+    ttft_ms: float = Field(ge=0.0, description="admitted until the first token was produced")
+    total_ms: float = Field(ge=0.0, description="admitted until the last token")
+    tokens_per_second: float = Field(ge=0.0, description="completion tokens / (total - ttft)")
+
+
+class DoneEvent(BaseModel):
+    finished: Literal[True] = True
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings
+    request_id: str
+    worker_id: str
+    model: str
+    session_id: str | None = None
+
+
+class ErrorEvent(BaseModel):
+    """Sent as the last event when a stream that has started cannot complete."""
+
+    error: str
+    reason: str
+    request_id: str
+    finished: Literal[True] = True
+
+
+class ErrorBody(BaseModel):
+    """Every non-2xx JSON body of a worker (and of the coordinator's own `/coordinator/*` routes)."""
+
+    error: str
+    reason: str
+    request_id: str

@@ -1,0 +1,43 @@
+"""The `/coordinator/infer` surface passes internal events through as they are: this pins that the
+internal events of protocol version 1 still have exactly the public contract's shapes, so a change to
+protocol/worker.py that would change this surface's output fails here first."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.errors import CoordinatorError
+from coordinator.response import passthrough
+from coordinator.surfaces.infer import parse
+from protocol import inference, worker
+from protocol.sse import SseEvent
+
+
+def test_public_event_shapes_are_the_internal_ones() -> None:
+    assert inference.TokenEvent.model_json_schema() == {
+        **worker.TokenEvent.model_json_schema()}
+    assert set(inference.DoneEvent.model_fields) == {"finished", "finish_reason", "usage", "timings", "request_id",
+                                                     "worker_id", "model", "session_id"}
+    assert set(inference.ErrorEvent.model_fields) == {"error", "reason", "request_id", "finished"}
+    assert set(inference.Usage.model_fields) == {"prompt_tokens", "cached_tokens", "completion_tokens",
+                                                 "total_tokens"}
+    assert (inference.EVENT_TOKEN, inference.EVENT_DONE, inference.EVENT_ERROR) == ("token", "done", "error")
+
+
+def test_events_are_written_as_the_worker_sent_them() -> None:
+    data = '{"token":"Hi","index":0,"probability":0.5,"finished":false}'
+    assert passthrough(SseEvent("token", data)) == f"event: token\r\ndata: {data}\r\n\r\n".encode()
+
+
+def test_parse_sends_only_the_fields_the_client_set() -> None:
+    gen = parse(b'{"prompt": "hi", "max_tokens": 5, "stop": "x"}', "r1")
+    assert gen.payload == b'{"max_tokens":5,"stop":["x"],"prompt":"hi"}'
+    assert (gen.request.messages, gen.request_id, gen.demand.prompt_bytes, gen.surface) == (None, "r1", 2, "infer")
+
+
+@pytest.mark.parametrize("raw", [b'{"messages": [{"role": "user", "content": "x"}]}', b'{"prompt": "x", "n": 1}',
+                                 b"[1]", b"{"])
+def test_parse_refuses_what_the_public_contract_does_not_have(raw: bytes) -> None:
+    with pytest.raises(CoordinatorError) as caught:
+        parse(raw, "r1")
+    assert caught.value.status == 400
