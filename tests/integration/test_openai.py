@@ -1,0 +1,130 @@
+"""The OpenAI surface end to end: the official `openai` client against the real coordinator and two
+real workers running the real model."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.conftest import Cluster
+from tests.integration.test_capacity import hold
+from tests.polling import wait_until
+
+pytestmark = [pytest.mark.model, pytest.mark.anyio]
+USER = {"role": "user", "content": "Name three colors."}
+MODEL = "smollm2-135m-8k-lc100k-mix1-ep2"  # general.name, lower-cased (README: model names)
+
+
+@pytest.fixture
+async def sdk(cluster: Cluster) -> AsyncIterator[openai.AsyncOpenAI]:
+    client = openai.AsyncOpenAI(base_url=cluster.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    yield client
+    await client.close()
+
+
+async def test_chat_streaming_and_not_give_the_same_greedy_text(sdk: openai.AsyncOpenAI) -> None:
+    whole = await sdk.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", messages=[USER],  # type: ignore[list-item]
+                                              max_tokens=16, temperature=0)
+    stream = await sdk.chat.completions.create(model=MODEL, messages=[USER], max_tokens=16, temperature=0, stream=True,  # type: ignore[list-item]
+                                               stream_options={"include_usage": True})
+    chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert whole.choices[0].message.content == text and text.strip()
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage is not None and whole.usage is not None
+    assert usage.completion_tokens == whole.usage.completion_tokens <= 16
+    assert usage.prompt_tokens == whole.usage.prompt_tokens > 5
+    assert whole.model == chunks[0].model  # the alias answered under the model's own name
+
+
+async def test_completions_streaming_and_not(sdk: openai.AsyncOpenAI) -> None:
+    whole = await sdk.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8,
+                                         temperature=0, logprobs=1)
+    stream = await sdk.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=8,
+                                          temperature=0, stream=True)
+    text = "".join([c.choices[0].text async for c in stream])
+    assert whole.choices[0].text == text and whole.choices[0].finish_reason in ("stop", "length")
+    logprobs = whole.choices[0].logprobs
+    assert logprobs is not None and logprobs.token_logprobs and all(lp <= 0 for lp in logprobs.token_logprobs)
+    assert "".join(logprobs.tokens or []) == text
+
+
+async def test_a_system_prompt_reaches_the_template(sdk: openai.AsyncOpenAI) -> None:
+    plain = await sdk.chat.completions.create(model=MODEL, messages=[USER], max_tokens=1)  # type: ignore[list-item]
+    system = {"role": "system", "content": "You are a terse assistant who answers with one word."}
+    steered = await sdk.chat.completions.create(model=MODEL, messages=[system, USER], max_tokens=1)  # type: ignore[list-item]
+    assert plain.usage is not None and steered.usage is not None
+    # The template's default system prompt is replaced, not joined by ours as user text.
+    assert steered.usage.prompt_tokens != plain.usage.prompt_tokens
+
+
+async def test_a_three_turn_conversation_stays_on_one_worker(sdk: openai.AsyncOpenAI) -> None:
+    history: list[dict[str, str]] = [{"role": "system", "content": "Be brief."}]
+    workers, prompts = [], []
+    for question in ("What is the sun?", "And the moon?", "Which is bigger?"):
+        history.append({"role": "user", "content": question})
+        raw = await sdk.chat.completions.with_raw_response.create(model=MODEL, messages=history, max_tokens=12,
+                                                                  temperature=0)
+        answer = raw.parse()
+        workers.append(raw.headers["x-worker-id"])
+        assert answer.usage is not None
+        prompts.append(answer.usage.prompt_tokens)
+        history.append({"role": "assistant", "content": answer.choices[0].message.content or ""})
+    assert len(set(workers)) == 1, workers
+    assert prompts[0] < prompts[1] < prompts[2]  # each turn saw the whole conversation
+
+
+async def test_stop_and_max_tokens(sdk: openai.AsyncOpenAI) -> None:
+    prompt = "Count from one to ten in words, separated by commas:"
+    full = await sdk.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
+    text = full.choices[0].text
+    middle = [i for i in range(len(text) // 2, len(text)) if not text[i].isspace()]
+    assert middle, f"premise: the model wrote {text!r}"
+    stop = text[middle[0]:middle[0] + 2].strip()
+    stopped = await sdk.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=[stop])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].text == text[:text.index(stop)]
+    short = await sdk.chat.completions.create(model=MODEL, messages=[USER], max_tokens=3, extra_body={"ignore_eos": True})  # type: ignore[list-item]
+    assert short.choices[0].finish_reason == "length" and short.usage is not None
+    assert short.usage.completion_tokens == 3
+
+
+async def test_unknown_model_and_overlong_prompt_are_refused(sdk: openai.AsyncOpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as unknown:
+        await sdk.chat.completions.create(model="gpt-4o", messages=[USER])  # type: ignore[list-item]
+    assert "smollm2" in str(unknown.value)
+    with pytest.raises(openai.APIStatusError) as long:
+        await sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "word " * 2000}])  # type: ignore[call-overload]
+    assert long.value.status_code == 413
+    assert isinstance(long.value.body, dict) and long.value.body["code"] == "prompt_too_long"
+
+
+async def test_at_capacity_the_sdk_gets_503(cluster: Cluster, sdk: openai.AsyncOpenAI) -> None:
+    body = {"prompt": "Hi", "max_tokens": 120, "ignore_eos": True}
+    release, opened = asyncio.Event(), asyncio.Queue()  # type: ignore[var-annotated]
+    async with httpx.AsyncClient(timeout=60) as client:
+        holders = [asyncio.create_task(hold(client, cluster.url, body, opened, release)) for _ in range(8)]
+        try:
+            for _ in range(8):
+                await asyncio.wait_for(opened.get(), timeout=60)
+            with pytest.raises(openai.InternalServerError) as full:
+                await sdk.chat.completions.create(model=MODEL, messages=[USER], max_tokens=4)  # type: ignore[list-item]
+            assert full.value.status_code == 503
+            assert full.value.response.headers["retry-after"] == "1"
+            assert isinstance(full.value.body, dict) and full.value.body["code"] == "sessions_full"
+        finally:
+            release.set()
+            await asyncio.gather(*holders, return_exceptions=True)
+    wait_until(lambda: cluster.coordinator_health()["requests_running"] == 0, 10, "streams released")
+    again = await sdk.chat.completions.create(model=MODEL, messages=[USER], max_tokens=4)  # type: ignore[list-item]
+    assert again.choices[0].message.content is not None
+
+
+async def test_models_lists_the_served_model(sdk: openai.AsyncOpenAI) -> None:
+    models = [m async for m in sdk.models.list()]
+    assert [m.id for m in models] == [MODEL]
+    assert models[0].model_extra is not None and "SmolLM2-135M-Instruct.Q4_1" in models[0].model_extra["aliases"]
