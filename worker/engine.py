@@ -117,6 +117,10 @@ class Engine:
         params.n_seq_max = config.max_sessions
         params.n_threads = params.n_threads_batch = config.threads
         params.kv_unified = config.kv_unified
+        # Sliding-window layers (Gemma 3) keep every token, like the global ones: KV bytes stay
+        # tokens x model.bytes_per_token, and cutting a session back keeps its window (see
+        # ModelShape.kv_bytes_per_token). llama.cpp's default is true today; we do not depend on it.
+        params.swa_full = True
         params.type_k = params.type_v = model.kv_type
         params.no_perf = True
         self._ctx = ll.llama_init_from_model(model.handle, params)
