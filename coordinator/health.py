@@ -20,6 +20,7 @@ from coordinator.validate import describe
 from protocol import reasons
 from protocol.coordinator import CoordinatorHealth, HeartbeatAck, WorkerCounts, WorkerStatus, WorkerStatusList
 from protocol.health import Heartbeat
+from protocol.worker import PROTOCOL_VERSION
 
 router = APIRouter()
 
@@ -52,6 +53,10 @@ async def heartbeat(request: Request) -> HeartbeatAck:
 
 
 def _check(beat: Heartbeat, *, now_wall: float, max_skew: float, max_age: float) -> None:
+    if beat.protocol != PROTOCOL_VERSION:
+        # Registering it would route it requests it would misread (or refuse, one by one).
+        raise CoordinatorError(reasons.INVALID_REQUEST, f"protocol: the worker speaks version {beat.protocol}, "
+                               f"this coordinator {PROTOCOL_VERSION}")
     if not beat.url.startswith(("http://", "https://")):
         raise CoordinatorError(reasons.INVALID_REQUEST, "url: must be an http:// or https:// URL")
     if beat.timestamp > now_wall + max_skew:

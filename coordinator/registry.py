@@ -144,6 +144,10 @@ class Registry:
         """Some worker (alive or stale) serves it."""
         return model in self._models_known
 
+    def served_lately(self, model: str) -> bool:
+        """Some worker serves it, or did until recently (a request for it is "unavailable", not "unknown")."""
+        return model in self._models_known or model in self._gone
+
     def resolve(self, name: str) -> str | None:
         """The model a request's `model` names: a model itself, or an alias of one (the model with
         most workers when several share it), or a model whose workers all went away recently."""

@@ -58,6 +58,8 @@ class Gate:
                               f"session {request.session_id!r} is not on this worker (restarted or dropped)")
         if known is not None and known.busy:
             raise WorkerError(409, reasons.SESSION_BUSY, f"session {request.session_id!r} is generating")
+        if not request.raw and self.model.turn_stop is not None and self.model.turn_stop not in request.stop:
+            request = request.model_copy(update={"stop": [*request.stop, self.model.turn_stop]})
         turns = len(known.messages) if known else 0
         history = _history(request, known)
         cached_view = list(known.tokens) if known else []

@@ -41,6 +41,15 @@ class Message:
     content: str
 
 
+# No chat template in the GGUF (a base model): plain `role: text` turns, so chat requests still work,
+# and the next `user:` turn the model starts to write ends the answer.
+PLAIN_TURN_STOP = "\nuser:"
+
+
+def plain_turns(messages: list[Message]) -> str:
+    return "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant:"
+
+
 @dataclass(frozen=True)
 class ModelShape:
     n_layer: int
@@ -51,9 +60,29 @@ class ModelShape:
     head_dim_v: int
     n_ctx_train: int
     n_vocab: int
+    n_swa: int = 0  # sliding-window attention span of the layers that use one (Gemma 3: 512); 0: none
 
     def kv_bytes_per_token(self, element_bytes: int) -> int:
-        """K and V rows of every layer for one token: layers x KV heads x (K dim + V dim) x element size."""
+        """K and V rows of every layer for one token: layers x KV heads x (K dim + V dim) x element size.
+
+        This is the worker's, and the coordinator's, whole contract: a sequence of n tokens holds
+        exactly n x this many KV bytes, and the context holds ctx_tokens x this many. It is exact
+        because every layer keeps every token of a sequence. For sliding-window models (n_swa > 0)
+        that holds only because the engine creates its context with `swa_full` (llama.cpp's
+        full-size SWA cache): the windowed layers then get as many cells as the global ones and
+        keep the tokens that fell out of their window. Without it llama.cpp gives those layers a
+        ring of about window + batch cells per sequence (`iSWA`), so the real cost of a sequence
+        would be n on the global layers plus min(n, ring) on the windowed ones: not linear, and
+        worse, a new turn that cuts a session back (`llama_memory_seq_rm` from `keep` on) past what
+        the ring still holds would continue with part of its window silently gone. Keeping every
+        token costs memory (on Gemma 3 270M with 15 of 18 layers windowed, ctx x 18 layers instead of
+        ctx x 3 + ring x 15), and buys an exact linear count plus correct session continuation.
+
+        llama.cpp's own `llama_state_seq_get_size` agrees up to a fixed header and a few bytes of
+        cell metadata per token while n <= n_swa; past the window it serializes only the window of
+        the windowed layers (all a restore needs), so it is then smaller than this count while the
+        memory still holds every token.
+        """
         return self.n_layer * self.n_head_kv * (self.head_dim_k + self.head_dim_v) * element_bytes
 
 
@@ -122,6 +151,7 @@ class Model:
             head_dim_v=head_v,
             n_ctx_train=ll.llama_model_n_ctx_train(self._handle),
             n_vocab=ll.llama_vocab_n_tokens(self.vocab),
+            n_swa=max(0, ll.llama_model_n_swa(self._handle)),
         )
 
     # -- text <-> tokens ---------------------------------------------------------------------------
@@ -154,11 +184,15 @@ class Model:
 
     # -- prompts -----------------------------------------------------------------------------------
 
+    @property
+    def turn_stop(self) -> str | None:
+        """Text that ends an assistant turn when there is no template to end it with a token."""
+        return PLAIN_TURN_STOP if self._chat_template is None else None
+
     def render_chat(self, messages: list[Message]) -> str:
         """The conversation as the model expects it, ending with the assistant's turn opened."""
         if self._chat_template is None:
-            # No template in the GGUF: plain turns, so chat requests still work on base models.
-            return "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant:"
+            return plain_turns(messages)
         keep = [(m.role.encode(), m.content.encode()) for m in messages]
         chat = (ll.llama_chat_message * len(keep))(*(ll.llama_chat_message(r, c) for r, c in keep))
         size = sum(len(r) + len(c) for r, c in keep) * 2 + 256

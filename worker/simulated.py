@@ -22,7 +22,7 @@ from typing import TypeVar
 from protocol import reasons
 from worker.channel import TokenChannel
 from worker.engine import EngineConfig, EngineObserver, Failed, Finished, Job, StreamItem
-from worker.model import Message, ModelShape
+from worker.model import Message, ModelShape, plain_turns
 from worker.sessions import Session, SessionTable
 from worker.textstream import Piece
 
@@ -47,8 +47,10 @@ class SimulatedModel:
     def meta_str(self, key: str) -> str | None:
         return None
 
+    turn_stop = None  # its words never spell a turn marker
+
     def render_chat(self, messages: list[Message]) -> str:
-        return "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant:"
+        return plain_turns(messages)
 
     def close(self) -> None:
         pass

@@ -281,6 +281,16 @@ async def test_heartbeat_from_the_future_or_far_past_is_400(offset: float) -> No
         assert (await client.get("/coordinator/health")).json()["workers"]["total"] == 0
 
 
+async def test_heartbeat_of_another_protocol_version_is_400() -> None:
+    clock = ManualClock()
+    async with running_app(Settings(), FakeWorkers(), clock) as client:
+        beat = heartbeat("w1", timestamp=clock.time()).model_copy(update={"protocol": 2})
+        response = await register(client, beat)
+        assert (response.status_code, response.json()["reason"]) == (400, "invalid_request")
+        assert response.json()["error"].startswith("protocol")
+        assert (await client.get("/coordinator/health")).json()["workers"]["total"] == 0
+
+
 async def test_malformed_heartbeat_is_400() -> None:
     async with running_app(Settings(), FakeWorkers(), ManualClock()) as client:
         response = await client.post("/coordinator/health/heartbeat", content=b'{"worker_id": "w"}')
