@@ -17,7 +17,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from coordinator.relay import TERMINAL, Relay
-from coordinator.response import Ending
+from coordinator.response import Ending, client_left_of
 from protocol.sse import SseEvent
 from protocol.worker import EVENT_TOKEN
 
@@ -37,7 +37,7 @@ class CollectedResponse(Response):
         ending = Ending.CLIENT_GONE
         reader = asyncio.create_task(self.relay.run())
         collector = asyncio.create_task(self._collect())
-        client_left = asyncio.create_task(_client_left(receive))
+        client_left = asyncio.create_task(client_left_of(receive))
         try:
             await asyncio.wait((collector, client_left), return_when=asyncio.FIRST_COMPLETED)
             if collector.done() and not collector.cancelled() and collector.exception() is None:
@@ -67,8 +67,3 @@ class CollectedResponse(Response):
             events.append(event)
             if event.event in TERMINAL:
                 return events
-
-
-async def _client_left(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass

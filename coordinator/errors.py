@@ -9,6 +9,7 @@ Must not: import FastAPI or know about requests.
 from __future__ import annotations
 
 from protocol import reasons
+from protocol.worker import REQUEST_ID_HEADER
 
 STATUS_BY_REASON: dict[str, int] = {
     reasons.INVALID_REQUEST: 400,
@@ -52,3 +53,13 @@ class CoordinatorError(Exception):
 
     def __repr__(self) -> str:
         return f"CoordinatorError({self.reason!r}, {self.message!r}, status={self.status})"
+
+
+def error_headers(exc: CoordinatorError, request_id: str) -> dict[str, str]:
+    """The headers every surface's error response carries, whatever its body's shape."""
+    headers = {REQUEST_ID_HEADER: request_id}
+    if exc.retry_after is not None:
+        headers["retry-after"] = str(exc.retry_after)
+    if exc.status == 401:
+        headers["www-authenticate"] = "Bearer"
+    return headers

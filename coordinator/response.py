@@ -78,7 +78,7 @@ class RelayResponse(Response):
         loop = asyncio.get_running_loop()
         writer = asyncio.create_task(self._write(send))  # first: the first event is already queued
         reader = asyncio.create_task(self.relay.run())
-        client_left = asyncio.create_task(self._client_left(receive))
+        client_left = asyncio.create_task(client_left_of(receive))
         self._last_sent_at = loop.time()
         self._watchdog = loop.call_later(min(self.relay.write_deadline, self.ping_interval), self._watch, writer)
         try:
@@ -168,10 +168,12 @@ class RelayResponse(Response):
         except TimeoutError:
             raise _SendTimeout from None
 
-    @staticmethod
-    async def _client_left(receive: Receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
+
+
+async def client_left_of(receive: Receive) -> None:
+    """Returns when the client has gone (the only message a request whose body was read gets)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def _body(data: bytes) -> Message:

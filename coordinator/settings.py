@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from protocol.worker import PING_INTERVAL
+
 
 class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -38,13 +40,13 @@ class Settings(BaseModel):
     client_send_buffer_bytes: int = Field(
         default=32_768, ge=0, description="socket and transport send buffer per client connection (0: OS default)"
     )
-    ping_interval: float = Field(default=15.0, gt=0, description="seconds of silence before an SSE comment ping")
+    ping_interval: float = Field(default=PING_INTERVAL, gt=0, description="seconds of silence before an SSE comment ping")
     worker_connect_timeout: float = Field(default=2.0, gt=0)
     worker_first_event_timeout: float = Field(
         default=120.0, gt=0, description="seconds from sending a request to a worker until its first event"
     )
     worker_read_timeout: float = Field(
-        default=60.0, gt=0, description="longest silence in a worker stream (workers ping every 15 s)"
+        default=60.0, gt=0, description=f"longest silence in a worker stream (workers ping every {PING_INTERVAL:g} s)"
     )
     worker_max_connections: int = Field(default=1_000, ge=1)
     worker_keepalive_expiry: float = Field(
@@ -63,6 +65,8 @@ class Settings(BaseModel):
     def _dead_after_stale(self) -> Settings:
         if self.dead_after_intervals < self.stale_after_intervals:
             raise ValueError("dead_after_intervals must be >= stale_after_intervals")
+        if self.worker_read_timeout <= PING_INTERVAL:
+            raise ValueError(f"worker_read_timeout must be above the workers' ping interval ({PING_INTERVAL:g} s)")
         return self
 
     @property

@@ -15,6 +15,7 @@ from starlette.requests import Request
 
 from coordinator.errors import CoordinatorError
 from protocol import reasons
+from protocol.worker import REQUEST_ID_HEADER
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
@@ -23,7 +24,7 @@ def request_id_of(request: Request) -> str:
     """The request's id, fixed on first use so every later error body repeats it."""
     cached = getattr(request.state, "request_id", None)
     if cached is None:
-        given = request.headers.get("x-request-id", "")
+        given = request.headers.get(REQUEST_ID_HEADER, "")
         cached = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
         request.state.request_id = cached
     return cached

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-from protocol.inference import ErrorBody
+from protocol.worker import REQUEST_ID_HEADER, ErrorBody
 
 RETRY_AFTER_SECONDS = "1"
 
@@ -23,7 +23,7 @@ class WorkerError(Exception):
         self.message = message
 
     def to_response(self, request_id: str) -> JSONResponse:
-        headers = {"X-Request-ID": request_id}
+        headers = {REQUEST_ID_HEADER: request_id}
         if self.status == 503:
             headers["Retry-After"] = RETRY_AFTER_SECONDS
         body = ErrorBody(error=self.message, reason=self.reason, request_id=request_id)

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from coordinator.errors import CoordinatorError
+from coordinator.errors import CoordinatorError, error_headers
 from coordinator.gateway import Gateway
 from coordinator.generation import Generation
 from coordinator.response import RelayResponse, passthrough
@@ -55,10 +55,6 @@ def parse(raw: bytes, request_id: str) -> Generation:
 
 def error_response(request_id: str, exc: CoordinatorError) -> JSONResponse:
     """This surface's error body; `app.py` uses it for every route outside `/v1/`."""
-    headers = {REQUEST_ID_HEADER: request_id}
-    if exc.retry_after is not None:
-        headers["retry-after"] = str(exc.retry_after)
-    if exc.status == 401:
-        headers["www-authenticate"] = "Bearer"
+    headers = error_headers(exc, request_id)
     body = ErrorBody(error=exc.message, reason=exc.reason, request_id=request_id)
     return JSONResponse(body.model_dump(), status_code=exc.status, headers=headers)

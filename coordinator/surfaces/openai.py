@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
 from coordinator.collect import CollectedResponse
-from coordinator.errors import CoordinatorError
+from coordinator.errors import CoordinatorError, error_headers
 from coordinator.gateway import Gateway
 from coordinator.generation import Generation
 from coordinator.response import RelayResponse
@@ -189,11 +189,7 @@ def _invalid(message: str, param: str) -> CoordinatorError:
 
 def error_response(request_id: str, exc: CoordinatorError) -> JSONResponse:
     """OpenAI's error shape; the status, `Retry-After` and reason (as `code`) as on every surface."""
-    headers = {REQUEST_ID_HEADER: request_id}
-    if exc.retry_after is not None:
-        headers["retry-after"] = str(exc.retry_after)
-    if exc.status == 401:
-        headers["www-authenticate"] = "Bearer"
+    headers = error_headers(exc, request_id)
     param = exc.param or _PARAM_BY_REASON.get(exc.reason)
     body = oa.error_body(exc.message, status=exc.status, code=exc.reason, param=param)
     return JSONResponse(body, status_code=exc.status, headers=headers)
