@@ -5,7 +5,7 @@ OpenAI clients resend the whole conversation every turn. With affinity the coord
 turn to the worker that served the previous one, whose freed sequence still holds the conversation,
 so that worker prefills only the new messages. Starts a real coordinator and two real workers on
 loopback per mode, then runs `--conversations` conversations at once, `--turns` turns each (a long
-system prompt, short user messages, greedy answers of `--max-tokens`), and prints the client-side
+system prompt of its own, short user messages, greedy answers of `--max-tokens`), and prints the client-side
 TTFT (request sent to first content chunk) of every turn: medians over conversations and repeats.
 
 Modes:
@@ -74,12 +74,12 @@ async def turn(client: httpx.AsyncClient, url: str, messages: list[dict[str, str
 
 async def conversation(client: httpx.AsyncClient, url: str, visitor: int, turns: int, max_tokens: int
                        ) -> list[tuple[float, int]]:
-    """One visitor's conversation; visitors differ from their first message on, as users do."""
-    messages = [{"role": "system", "content": SYSTEM}]
+    """One visitor's conversation. Each has its own system prompt from its first words on (as users of
+    different applications do), so only the worker that served a conversation holds its prefix."""
+    messages = [{"role": "system", "content": f"Visitor {visitor} is talking to you. {SYSTEM}"}]
     out = []
     for i in range(turns):
-        question = QUESTIONS[i % len(QUESTIONS)]
-        messages.append({"role": "user", "content": f"I am visitor {visitor}. {question}" if i == 0 else question})
+        messages.append({"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]})
         ttft, answer, cached = await turn(client, url, messages, max_tokens)
         messages.append({"role": "assistant", "content": answer})
         out.append((ttft, cached))

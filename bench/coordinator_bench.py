@@ -61,7 +61,7 @@ def percentiles(samples: list[float]) -> tuple[float, float]:
 
 
 async def rejection(workers: int, requests: int) -> dict[str, float]:
-    app = create_app(Settings(heartbeat_interval=300.0))
+    app = create_app(Settings(heartbeat_interval=300.0, queue_size=0))
     body = json.dumps({"prompt": "Hello there", "max_tokens": 16}).encode()
     async with app.router.lifespan_context(app), httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://coordinator") as client:

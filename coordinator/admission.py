@@ -6,12 +6,15 @@ Must not: choose a worker (scheduler.py) or talk to one (dispatch.py).
 
 A reservation lives from the moment a worker is chosen until its stream ends, whatever the ending.
 It first holds the upper bound from `Demand.tokens`, then the exact size once the worker reports
-`X-Prompt-Tokens`. It reaches the scheduler through a registry correction on that worker.
+`X-Prompt-Tokens` (larger than the estimate too, when a chat template adds more than it allows).
+It is released as soon as the stream's final event is read, before the client sees it, so a client
+that sends its next request at once finds the slot free here as it is on the worker. It reaches the scheduler through a registry correction on that worker.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from coordinator.clock import Clock
@@ -33,10 +36,12 @@ class Reservation:
 
 
 class Admission:
-    def __init__(self, registry: Registry, clock: Clock, *, retry_after: int) -> None:
+    def __init__(self, registry: Registry, clock: Clock, *, retry_after: int,
+                 on_release: Callable[[str], None] | None = None) -> None:
         self._registry = registry
         self._clock = clock
         self._retry_after = retry_after
+        self._on_release = on_release or (lambda model: None)  # capacity for that model may have freed
         self._keys = itertools.count(1)
         self.in_flight = 0
         self.in_flight_kv_bytes = 0
@@ -70,9 +75,11 @@ class Admission:
         """The worker admitted it: shrink to the exact size and start waiting for a heartbeat to show it."""
         worker = self._registry.get(res.worker_id)
         if worker is not None and prompt_tokens is not None:
+            # Exact, up or down: the worker has tokenized the templated prompt and admitted it at this
+            # size, so a template longer than the estimate allowed grows the reservation too.
             exact = res.demand.exact_tokens(prompt_tokens, worker.session_max_tokens) * worker.bytes_per_token
-            self.in_flight_kv_bytes += min(exact, res.kv_bytes) - res.kv_bytes
-            res.kv_bytes = min(exact, res.kv_bytes)
+            self.in_flight_kv_bytes += exact - res.kv_bytes
+            res.kv_bytes = exact
         res.confirmed = True
         self._registry.correct(res.worker_id, res.key,
                                Correction(res.kv_bytes, res.sessions, stamp=self._clock.time()))
@@ -90,6 +97,13 @@ class Admission:
         self.in_flight_kv_bytes -= res.kv_bytes
         pending = self._registry.has_correction(res.worker_id, res.key)
         worker = self._registry.get(res.worker_id)
+        try:
+            self._settle(res, worker, pending, kept_tokens)
+        finally:
+            if worker is not None:
+                self._on_release(worker.model)
+
+    def _settle(self, res: Reservation, worker: WorkerRecord | None, pending: bool, kept_tokens: int | None) -> None:
         if kept_tokens is not None:
             if pending and worker is not None:
                 # No heartbeat has shown the session yet: keep counting what it holds until one does.

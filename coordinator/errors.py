@@ -24,6 +24,7 @@ STATUS_BY_REASON: dict[str, int] = {
     reasons.SESSIONS_FULL: 503,
     reasons.KV_FULL: 503,
     reasons.QUEUE_FULL: 503,
+    reasons.QUEUE_TIMEOUT: 503,
     reasons.LOADING: 503,
     reasons.DRAINING: 503,
     reasons.WORKER_UNAVAILABLE: 502,
@@ -32,6 +33,7 @@ STATUS_BY_REASON: dict[str, int] = {
     reasons.DEADLINE_EXCEEDED: 504,
     reasons.PROTOCOL_MISMATCH: 502,
     reasons.INTERNAL: 500,
+    reasons.CLIENT_GONE: 499,  # nginx's "client closed request": only ever logged
 }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,12 +21,16 @@ from coordinator.conversations import continuation_key, conversation_key
 from coordinator.dispatch import OpenStream
 from coordinator.errors import CoordinatorError
 from coordinator.generation import Generation
-from coordinator.relay import Relay
+from coordinator.queue import QueueClosed
+from coordinator.relay import Outcome, Relay
 from coordinator.response import Ending
 from protocol import reasons
 
 if TYPE_CHECKING:
     from coordinator.state import CoordinatorState
+
+# Capacity that is short for now, not a request that cannot be served: worth waiting for.
+QUEUEABLE = frozenset({reasons.SESSIONS_FULL, reasons.KV_FULL})
 
 
 @dataclass(slots=True)
@@ -64,12 +68,15 @@ class Gateway:
                                    f"no worker serves model {requested!r}; served: {served}")
         return model
 
-    async def open(self, gen: Generation, started: float) -> Opened:
-        """Admit, schedule and dispatch; raises a `CoordinatorError` (already counted and logged)."""
+    async def open(self, gen: Generation, started: float, *,
+                   client_gone: Callable[[], Awaitable[None]] | None = None) -> Opened:
+        """Admit (waiting in the queue while capacity is short), schedule and dispatch; raises a
+        `CoordinatorError` (already counted and logged). `client_gone` returns when the client has
+        disconnected, so a request waiting in the queue leaves it at once."""
         state = self._state
         try:
             model = self.resolve_model(gen.request.model)
-            gen, stream = await self._admit(gen, model)
+            gen, stream = await self._admit_in_turn(gen, model, started, client_gone)
         except CoordinatorError as exc:
             self.refused(gen.request_id, exc, started, surface=gen.surface)
             raise
@@ -81,8 +88,15 @@ class Gateway:
         if gen.request.messages is not None and session_id is None:
             state.conversations.remember(conversation_key(model, gen.request.messages), stream.worker.worker_id)
         settings = state.settings
+        reservation, admission = stream.reservation, state.admission
+
+        def final(outcome: Outcome) -> None:
+            done = outcome.done
+            kept = done.usage.total_tokens if session_id is not None and done is not None else None
+            admission.release(reservation, kept_tokens=kept)
+
         relay = Relay(stream, request_id=gen.request_id, buffer_events=settings.relay_buffer_events,
-                      write_deadline=settings.relay_write_deadline, metrics=state.metrics)
+                      write_deadline=settings.relay_write_deadline, metrics=state.metrics, on_final=final)
         # Only these outlive this call: not the parsed request, nor its prompt.
         surface = gen.surface
         return Opened(relay, stream.worker.worker_id, model or stream.worker.model,
@@ -93,6 +107,43 @@ class Gateway:
         self._state.metrics.rejected(exc.reason)
         self._log(request_id=request_id, surface=surface, status=exc.status, reason=exc.reason,
                   duration_ms=_ms(self.now() - started))
+
+    async def _admit_in_turn(self, gen: Generation, model: str | None, started: float,
+                             client_gone: Callable[[], Awaitable[None]] | None) -> tuple[Generation, OpenStream]:
+        """`_admit`, behind the requests already waiting for this model, and waiting (bounded in
+        length and time) when capacity is short; nothing is held on any worker while it waits."""
+        queue, metrics = self._state.queue, self._state.metrics
+        if not queue.enabled() or model is None:
+            return await self._admit(gen, model)
+        waiter = None
+        deadline = started + queue.timeout
+        try:
+            if queue.waiting(model):
+                waiter = queue.join(model)  # FIFO: no overtaking the requests already waiting
+            while True:
+                if waiter is not None:
+                    await queue.wait(waiter, deadline=deadline, now=self.now, client_gone=client_gone)
+                try:
+                    result = await self._admit(gen, model)
+                except CoordinatorError as exc:
+                    if exc.reason not in QUEUEABLE:
+                        raise
+                    if waiter is None:
+                        waiter = queue.join(model)
+                    continue
+                if waiter is not None:
+                    metrics.dequeued("admitted", self.now() - started)
+                return result
+        except QueueClosed:
+            metrics.dequeued(reasons.CLIENT_GONE, self.now() - started)
+            raise CoordinatorError(reasons.CLIENT_GONE, "the client went away while its request waited") from None
+        except CoordinatorError as exc:
+            if exc.reason in (reasons.QUEUE_FULL, reasons.QUEUE_TIMEOUT):
+                metrics.dequeued(exc.reason, self.now() - started)
+            raise
+        finally:
+            if waiter is not None:
+                queue.leave(waiter)  # admitted or not: the next one may try now
 
     async def _admit(self, gen: Generation, model: str | None) -> tuple[Generation, OpenStream]:
         state, body = self._state, gen.request
@@ -133,7 +184,7 @@ class Gateway:
         outcome, stream = relay.outcome, relay.stream
         done = outcome.done
         kept = done.usage.total_tokens if session_id is not None and done is not None else None
-        state.admission.release(stream.reservation, kept_tokens=kept)
+        state.admission.release(stream.reservation, kept_tokens=kept)  # done already, unless cut short
         now = state.clock.monotonic()
         metrics = state.metrics
         metrics.requests_running.dec()

@@ -47,6 +47,7 @@ async def heartbeat(request: Request) -> HeartbeatAck:
     now = state.clock.monotonic()
     record = state.registry.upsert(beat, now)
     state.registry.sweep(now)
+    state.queue.wake(record.model)  # it may have room now (and catches any wake-up missed before)
     state.metrics.heartbeats.labels(outcome="accepted").inc()
     return HeartbeatAck(worker_id=record.worker_id, state="alive",
                         heartbeat_interval=settings.heartbeat_interval)

@@ -43,12 +43,25 @@ class CoordinatorMetrics:
         self.e2e = Histogram("coordinator_e2e_request_latency_seconds", "Request received to stream end",
                              buckets=LATENCY_BUCKETS, registry=r)
         self.generation_tokens = Counter("coordinator_generation_tokens", "Token events relayed", registry=r)
+        self.queue_length = Gauge("coordinator_queue_length", "Requests waiting for capacity, all models",
+                                  registry=r)
+        self.queue_wait = Histogram("coordinator_queue_wait_seconds", "Time requests spent in the admission queue",
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_outcomes = Counter("coordinator_queue_outcomes", "How waits in the admission queue ended",
+                                      ["outcome"], registry=r)
 
-    def watch(self, alive: Callable[[], int], stale: Callable[[], int], reserved_kv: Callable[[], int]) -> None:
+    def watch(self, alive: Callable[[], int], stale: Callable[[], int], reserved_kv: Callable[[], int],
+              queued: Callable[[], int] = lambda: 0) -> None:
         """Gauges read at scrape time from O(1) counts."""
         self.workers.labels(state="alive").set_function(alive)
         self.workers.labels(state="stale").set_function(stale)
         self.reserved_kv.set_function(reserved_kv)
+        self.queue_length.set_function(queued)
+
+    def dequeued(self, outcome: str, waited: float) -> None:
+        """One wait in the queue ended: `admitted`, or the reason it did not."""
+        self.queue_outcomes.labels(outcome=outcome).inc()
+        self.queue_wait.observe(waited)
 
     def admitted(self) -> None:
         self.admission.labels(outcome="admitted", reason="").inc()

@@ -15,6 +15,7 @@ the client (`slow` is set) and closes the worker request, which frees its KV cac
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -44,11 +45,16 @@ class Outcome:
 
 
 class Relay:
-    __slots__ = ("_first_ends", "_metrics", "outcome", "queue", "request_id", "slow", "stream", "write_deadline")
+    __slots__ = ("_first_ends", "_metrics", "_on_final", "outcome", "queue", "request_id", "slow", "stream",
+                 "write_deadline")
 
     def __init__(self, stream: OpenStream, *, request_id: str, buffer_events: int, write_deadline: float,
-                 metrics: CoordinatorMetrics) -> None:
+                 metrics: CoordinatorMetrics, on_final: Callable[[Outcome], None] | None = None) -> None:
+        """`on_final` runs once, when the stream's final event is read and before it is queued for the
+        client: the worker freed the request's slot before sending that event, so whoever learns of
+        the end from the client must find the slot free here too (no 503 at the seam)."""
         self.stream = stream
+        self._on_final = on_final
         self.request_id = request_id
         self.queue: EventBuffer[SseEvent] = EventBuffer(buffer_events)
         self.write_deadline = write_deadline
@@ -80,6 +86,7 @@ class Relay:
             self.slow = True
         finally:
             await self.stream.close()
+            self._final()  # however it ended: the worker request is closed, its slot is free
 
     async def _drain(self) -> None:
         """Read the stream's end (the last chunk follows the final event at once), so closing the
@@ -102,7 +109,15 @@ class Relay:
             self.outcome.error_reason = _error_reason(event.data)
         else:
             return None  # an event type this coordinator does not know: not the client's business
-        return event.event in TERMINAL
+        if event.event in TERMINAL:
+            self._final()
+            return True
+        return False
+
+    def _final(self) -> None:
+        on_final, self._on_final = self._on_final, None
+        if on_final is not None:
+            on_final(self.outcome)
 
     async def _relay(self, event: SseEvent) -> bool:
         """Queue one event; True when it ends the stream."""

@@ -53,6 +53,10 @@ class Settings(BaseModel):
         default=2.0, ge=0, description="seconds an idle connection to a worker is kept; below the worker's "
         "own keep-alive timeout (uvicorn: 5 s) so we never send on a connection it is closing")
     retry_after: int = Field(default=1, ge=0, description="seconds in the Retry-After header of a 503")
+    queue_size: int = Field(
+        default=256, ge=0, le=100_000,
+        description="requests that may wait per model when capacity is short (0: 503 at once, no queue)")
+    queue_timeout: float = Field(default=30.0, gt=0, description="seconds a request may wait in the queue")
     session_table_size: int = Field(default=100_000, ge=1, description="session-to-worker entries remembered")
     conversation_table_size: int = Field(
         default=100_000, ge=0, description="conversation fingerprints remembered for prefix affinity (0: off)")

@@ -14,6 +14,7 @@ from coordinator.clock import Clock
 from coordinator.conversations import ConversationTable
 from coordinator.dispatch import Dispatcher
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.queue import AdmissionQueue
 from coordinator.registry import Registry
 from coordinator.sessions import SessionTable
 from coordinator.settings import Settings
@@ -28,6 +29,7 @@ class CoordinatorState:
     sessions: SessionTable
     conversations: ConversationTable
     admission: Admission
+    queue: AdmissionQueue
     metrics: CoordinatorMetrics
     client: WorkerClient
     dispatcher: Dispatcher
@@ -39,10 +41,12 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
     """Runs inside the event loop (the app's lifespan): the worker client's pool belongs to it."""
     sessions = SessionTable(settings.session_table_size)
     registry = Registry(stale_after=settings.stale_after, dead_after=settings.dead_after)
-    admission = Admission(registry, clock, retry_after=settings.retry_after)
+    queue = AdmissionQueue(size=settings.queue_size, timeout=settings.queue_timeout,
+                           retry_after=settings.retry_after)
+    admission = Admission(registry, clock, retry_after=settings.retry_after, on_release=queue.wake)
     metrics = CoordinatorMetrics()
     metrics.watch(alive=lambda: registry.alive_count, stale=lambda: registry.stale_count,
-                  reserved_kv=lambda: admission.in_flight_kv_bytes)
+                  reserved_kv=lambda: admission.in_flight_kv_bytes, queued=lambda: queue.length)
     if client is None:
         client = AiohttpWorkerClient(max_connections=settings.worker_max_connections,
                                      connect_timeout=settings.worker_connect_timeout,
@@ -52,5 +56,5 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
                             first_event_timeout=settings.worker_first_event_timeout,
                             retry_after=settings.retry_after)
     return CoordinatorState(settings, clock, registry, sessions,
-                            ConversationTable(settings.conversation_table_size), admission, metrics, client, dispatcher,
+                            ConversationTable(settings.conversation_table_size), admission, queue, metrics, client, dispatcher,
                             logging.getLogger("coordinator.requests"), clock.time())

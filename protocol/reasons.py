@@ -25,6 +25,7 @@ MODEL_UNAVAILABLE = "model_unavailable"
 SESSIONS_FULL = "sessions_full"
 KV_FULL = "kv_full"
 QUEUE_FULL = "queue_full"
+QUEUE_TIMEOUT = "queue_timeout"
 LOADING = "loading"
 DRAINING = "draining"
 # 502 / stream errors
@@ -34,6 +35,8 @@ SLOW_CONSUMER = "slow_consumer"
 DEADLINE_EXCEEDED = "deadline_exceeded"
 ENGINE_FAILED = "engine_failed"
 INTERNAL = "internal"
+# The client went away before its answer began (while it waited in the queue): logged, never sent.
+CLIENT_GONE = "client_gone"
 
 # A worker refusing for one of these says nothing about the other workers: try the next one.
 RETRYABLE_ON_OTHER_WORKER = frozenset({SESSIONS_FULL, KV_FULL, QUEUE_FULL, LOADING, DRAINING})

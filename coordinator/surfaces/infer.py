@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from coordinator.errors import CoordinatorError, error_headers
 from coordinator.gateway import Gateway
 from coordinator.generation import Generation
-from coordinator.response import RelayResponse, passthrough
+from coordinator.response import RelayResponse, client_left_of, passthrough
 from coordinator.state import CoordinatorState
 from coordinator.validate import describe, read_body, request_id_of
 from protocol import reasons
@@ -37,7 +37,7 @@ async def infer(request: Request) -> Response:
     except CoordinatorError as exc:
         gateway.refused(request_id, exc, started, surface=SURFACE)
         raise
-    opened = await gateway.open(gen, started)
+    opened = await gateway.open(gen, started, client_gone=lambda: client_left_of(request.receive))
     return RelayResponse(opened.relay, headers={REQUEST_ID_HEADER: request_id, WORKER_ID_HEADER: opened.worker_id},
                          ping_interval=state.settings.ping_interval, clock=state.clock, on_end=opened.finish,
                          encoder=passthrough)

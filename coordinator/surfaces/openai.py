@@ -20,7 +20,7 @@ from coordinator.collect import CollectedResponse
 from coordinator.errors import CoordinatorError, error_headers
 from coordinator.gateway import Gateway
 from coordinator.generation import Generation
-from coordinator.response import RelayResponse
+from coordinator.response import RelayResponse, client_left_of
 from coordinator.state import CoordinatorState
 from coordinator.surfaces.openai_format import ChunkEncoder, Options, assemble
 from coordinator.validate import describe, first_field, read_body, request_id_of
@@ -93,7 +93,7 @@ async def _serve(request: Request, surface: str, parse: Parse) -> Response:
         gateway.refused(request_id, exc, started, surface=surface)
         return error_response(request_id, exc)
     try:
-        opened = await gateway.open(gen, started)
+        opened = await gateway.open(gen, started, client_gone=lambda: client_left_of(request.receive))
     except CoordinatorError as exc:
         return error_response(request_id, exc)
     created = int(state.clock.time())

@@ -125,3 +125,32 @@ def test_a_kept_session_keeps_counting_until_a_heartbeat_shows_it() -> None:
     reg.upsert(heartbeat("w0", timestamp=clock.time(), max_sessions=2, sessions=1, kv_used_bytes=3_000,
                          kv_reserved_bytes=3_000), now=clock.monotonic())
     assert (worker.sessions, worker.kv_reserved_bytes, worker.corrections) == (1, 3_000, {})
+
+
+def test_a_reservation_grows_to_the_workers_exact_count_when_the_template_adds_more() -> None:
+    reg, adm, _ = setup({})
+    worker = reg.get("w0")
+    assert worker is not None
+    demand = Demand(prompt_bytes=10, max_tokens=5)
+    res = adm.reserve(worker, demand)
+    estimate = res.kv_bytes
+    assert estimate == (10 + TEMPLATE_TOKENS + 5) * worker.bytes_per_token
+    adm.confirm(res, prompt_tokens=10 + TEMPLATE_TOKENS + 100)  # a template 100 tokens longer than allowed for
+    assert res.kv_bytes == (10 + TEMPLATE_TOKENS + 105) * worker.bytes_per_token > estimate
+    assert adm.in_flight_kv_bytes == res.kv_bytes and worker.kv_reserved_bytes == res.kv_bytes
+    adm.confirm(res, prompt_tokens=3)  # and it follows the exact count down as well
+    assert res.kv_bytes == 8 * worker.bytes_per_token
+    adm.release(res)
+    assert adm.in_flight_kv_bytes == 0 and worker.kv_reserved_bytes == 0
+
+
+def test_a_release_tells_who_waits_for_that_model() -> None:
+    reg, _, clock = setup({"model": "x"})
+    released: list[str] = []
+    adm = Admission(reg, clock, retry_after=2, on_release=released.append)
+    worker = reg.get("w0")
+    assert worker is not None
+    res = adm.reserve(worker, SMALL)
+    adm.release(res)
+    adm.release(res)  # idempotent: told once
+    assert released == ["x"]

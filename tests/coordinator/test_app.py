@@ -25,7 +25,8 @@ from tests.coordinator.fakes import (
 
 pytestmark = pytest.mark.anyio
 
-SETTINGS = Settings(heartbeat_interval=1.0, retry_after=3)
+# No admission queue: these tests check the immediate 503s (queue_size 0); test_gateway_queue.py has the queue's.
+SETTINGS = Settings(heartbeat_interval=1.0, retry_after=3, queue_size=0)
 STREAM = [token(0, "He"), token(1, "llo"), token(2, "!"), done()]
 
 
@@ -158,7 +159,7 @@ async def test_all_refusing_is_503_with_their_reason_and_unreachable_is_502() ->
 
 async def test_failover_attempts_are_bounded() -> None:
     clock, fakes = ManualClock(), FakeWorkers()
-    async with running_app(Settings(max_failover_attempts=2), fakes, clock) as client:
+    async with running_app(Settings(max_failover_attempts=2, queue_size=0), fakes, clock) as client:
         for w in ("w1", "w2", "w3"):
             await register(client, heartbeat(w, timestamp=clock.time()))
         assert (await infer(client)).status_code == 502

@@ -154,3 +154,33 @@ async def test_worker_events_turns_an_oversized_event_into_a_stream_error() -> N
 
     with pytest.raises(WorkerStreamError):
         [e async for e in worker_events(body())]
+
+
+async def test_the_final_event_frees_the_reservation_before_the_client_can_read_it() -> None:
+    """No bounce at the seam: a closed-loop client's next request, sent the moment it reads `done`,
+    must find the slot free; so `on_final` runs before `done` is even queued for the writer."""
+    seen_in_queue: list[int] = []
+
+    def on_final(outcome: object) -> None:
+        seen_in_queue.append(relay.queue.qsize())
+
+    relay = Relay(FakeStream([token(0), token(1), done()]), request_id="r", buffer_events=8,  # type: ignore[arg-type]
+                  write_deadline=1.0, metrics=CoordinatorMetrics(), on_final=on_final)
+    await relay.run()
+    assert seen_in_queue == [2]  # both tokens queued, `done` not yet; and only once
+    assert relay.outcome.done is not None
+
+
+async def test_a_broken_or_abandoned_stream_also_frees_it_once() -> None:
+    calls: list[object] = []
+    broken = Relay(FakeStream([token(0), token(1)], fail=True), request_id="r", buffer_events=8,  # type: ignore[arg-type]
+                   write_deadline=1.0, metrics=CoordinatorMetrics(), on_final=calls.append)
+    await broken.run()
+    assert len(calls) == 1 and broken.outcome.error_reason == "worker_failed"
+    abandoned = Relay(FakeStream([token(0), token(1), done()], delay=10), request_id="r", buffer_events=8,  # type: ignore[arg-type]
+                      write_deadline=1.0, metrics=CoordinatorMetrics(), on_final=calls.append)
+    reader = asyncio.create_task(abandoned.run())
+    await asyncio.sleep(0.01)
+    reader.cancel()  # the client left: the reader is cancelled
+    await asyncio.gather(reader, return_exceptions=True)
+    assert len(calls) == 2

@@ -28,7 +28,7 @@ from tests.coordinator.fakes import (
 
 pytestmark = pytest.mark.anyio
 
-SETTINGS = Settings(heartbeat_interval=1.0, retry_after=3)
+SETTINGS = Settings(heartbeat_interval=1.0, retry_after=3, queue_size=0)  # 503 at once at capacity
 STREAM = [token(0, "He"), token(1, "llo"), token(2, "!"), done(n=3)]
 
 

@@ -151,7 +151,9 @@ def cluster_session(model_path: Path, tmp_path_factory: pytest.TempPathFactory) 
     coordinator, url = start_coordinator(
         log_dir, "coordinator", "--heartbeat-interval", str(COORDINATOR_HEARTBEAT), "--worker-token", TOKEN,
         "--relay-buffer-events", "16", "--relay-write-deadline", "2", "--worker-first-event-timeout", "20",
-        "--retry-after", "1")
+        "--retry-after", "1",
+        # No admission queue: these tests check the immediate 503s; test_queue.py has its own pool.
+        "--queue-size", "0")
     cluster = Cluster(log_dir, model_path, coordinator, url)
     try:
         for worker_id in ("w1", "w2"):

@@ -29,7 +29,7 @@ class Pool:
     def __init__(self, log_dir: Path, model_path: Path, gemma_path: Path) -> None:
         self.log_dir = log_dir
         self.coordinator, self.url = start_coordinator(log_dir, "coordinator-2m", "--heartbeat-interval", "1",
-                                                       "--retry-after", "1")
+                                                       "--retry-after", "1", "--queue-size", "0")
         self.workers: dict[str, Proc] = {}
         self.start("smol", model_path, "--model-aliases", "tinyllama-1.1b")
         self.start("gem", gemma_path)

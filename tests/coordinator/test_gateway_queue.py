@@ -1,0 +1,102 @@
+"""The admission queue through the whole app: a request at capacity waits instead of bouncing, is
+admitted when capacity frees, in arrival order, and is refused with the queue's own reasons."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from coordinator.clock import ManualClock
+from coordinator.settings import Settings
+from tests.coordinator.fakes import FakeWorkers, done, heartbeat, register, running_app, streaming, token
+
+pytestmark = pytest.mark.anyio
+STREAM = [token(0, "Hi"), done()]
+
+
+def settings(**over: object) -> Settings:
+    values: dict[str, object] = {"heartbeat_interval": 1.0, "queue_size": 4, "queue_timeout": 5.0, **over}
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+async def infer(client: httpx.AsyncClient, request_id: str) -> httpx.Response:
+    return await client.post("/coordinator/infer", content=json.dumps({"prompt": "hi", "max_tokens": 5}),
+                             headers={"x-request-id": request_id})
+
+
+async def metric(client: httpx.AsyncClient, line_start: str) -> float:
+    text = (await client.get("/metrics")).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_start))
+
+
+async def wait_queued(client: httpx.AsyncClient, n: int, timeout: float = 2.0) -> None:
+    for _ in range(int(timeout / 0.005)):
+        if await metric(client, "coordinator_queue_length") == n:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"never {n} requests in the queue")
+
+
+async def test_a_request_at_capacity_waits_and_is_admitted_when_a_heartbeat_shows_room() -> None:
+    clock, fakes = ManualClock(), FakeWorkers({"w1": streaming(STREAM)})
+    async with running_app(settings(), fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=4))
+        waiting = asyncio.create_task(infer(client, "q1"))
+        await wait_queued(client, 1)
+        assert not waiting.done() and fakes.calls == []  # it holds nothing on the worker while it waits
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=3))
+        response = await waiting
+        assert response.status_code == 200 and fakes.hosts_called() == ["w1"]
+        assert await metric(client, 'coordinator_queue_outcomes_total{outcome="admitted"}') == 1
+        assert await metric(client, "coordinator_queue_length") == 0
+
+
+async def test_waiters_are_admitted_in_arrival_order_and_none_overtakes_them() -> None:
+    clock, fakes = ManualClock(), FakeWorkers({"w1": streaming(STREAM)})
+    async with running_app(settings(), fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=4))
+        first = asyncio.create_task(infer(client, "first"))
+        await wait_queued(client, 1)
+        second = asyncio.create_task(infer(client, "second"))
+        await wait_queued(client, 2)
+        # Room for all: the head goes first, then hands on to the next.
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=0))
+        assert (await first).status_code == 200 and (await second).status_code == 200
+        assert [request.headers["x-request-id"] for _, request in fakes.calls] == ["first", "second"]
+
+
+async def test_a_full_queue_answers_queue_full_at_once() -> None:
+    clock, fakes = ManualClock(), FakeWorkers({"w1": streaming(STREAM)})
+    async with running_app(settings(queue_size=1), fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=4))
+        waiting = asyncio.create_task(infer(client, "q1"))
+        await wait_queued(client, 1)
+        refused = await infer(client, "q2")
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert refused.json()["reason"] == "queue_full"
+        waiting.cancel()
+        assert await metric(client, 'coordinator_queue_outcomes_total{outcome="queue_full"}') == 1
+
+
+async def test_a_wait_past_the_timeout_is_queue_timeout() -> None:
+    clock, fakes = ManualClock(), FakeWorkers({"w1": streaming(STREAM)})
+    async with running_app(settings(queue_timeout=0.05), fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time(), kv_reserved_bytes=1_000_000))
+        response = await infer(client, "late")
+        assert (response.status_code, response.json()["reason"]) == (503, "queue_timeout")
+        assert await metric(client, "coordinator_queue_length") == 0
+        assert await metric(client, 'coordinator_queue_outcomes_total{outcome="queue_timeout"}') == 1
+        assert await metric(client, "coordinator_queue_wait_seconds_count") == 1
+
+
+async def test_requests_that_cannot_be_served_are_never_queued() -> None:
+    clock = ManualClock()
+    async with running_app(settings(), FakeWorkers(), clock) as client:
+        assert (await infer(client, "none")).json()["reason"] == "no_workers"
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=4))
+        unknown = await client.post("/coordinator/infer", content=json.dumps({"prompt": "x", "model": "gpt-9"}))
+        assert unknown.json()["reason"] == "unknown_model"
+        assert await metric(client, "coordinator_queue_wait_seconds_count") == 0
