@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from coordinator import scheduler
 from coordinator.conversations import continuation_key, conversation_key
 from coordinator.dispatch import OpenStream
 from coordinator.errors import CoordinatorError
@@ -24,6 +23,7 @@ from coordinator.generation import Generation
 from coordinator.queue import QueueClosed
 from coordinator.relay import Outcome, Relay
 from coordinator.response import Ending
+from coordinator.scheduling import Request
 from protocol import reasons
 
 if TYPE_CHECKING:
@@ -160,9 +160,8 @@ class Gateway:
             candidates = list(state.registry.alive(model))
             key = continuation_key(model, body.messages) if body.messages is not None else None
             prefer = state.conversations.worker_of(key) if key is not None else None
-        decision = scheduler.select(
-            scheduler.Request(gen.demand, model, body.session_id, session_worker, prefer),
-            candidates, now=state.clock.monotonic(), stale_after=state.settings.stale_after)
+        decision = state.policy.select(Request(gen.demand, model, body.session_id, session_worker, prefer),
+                                       candidates, now=state.clock.monotonic())
         if decision.reason is not None:
             if decision.reason == reasons.UNKNOWN_SESSION:
                 state.sessions.forget(body.session_id or "")  # said once; the id may now start afresh

@@ -8,13 +8,16 @@ Must not: schedule or admit requests.
 from __future__ import annotations
 
 import hmac
+from typing import Literal
 
 from fastapi import APIRouter, Request
 from pydantic import ValidationError
 
-from coordinator import scheduler
+from coordinator.demand import Demand
 from coordinator.errors import CoordinatorError
 from coordinator.registry import ALIVE, WorkerRecord
+from coordinator.scheduling import Policy
+from coordinator.scheduling import Request as Wanted
 from coordinator.state import CoordinatorState
 from coordinator.validate import describe
 from protocol import reasons
@@ -85,16 +88,26 @@ async def workers(request: Request) -> WorkerStatusList:
     state: CoordinatorState = request.app.state.coordinator
     now = state.clock.monotonic()
     state.registry.sweep(now)
-    return WorkerStatusList(workers=[_status(w, now) for w in sorted(state.registry.all(),
-                                                                     key=lambda w: w.worker_id)])
+    return WorkerStatusList(scorers=state.settings.scorers,
+                            workers=[_status(state.policy, w, now) for w in sorted(state.registry.all(),
+                                                                                  key=lambda w: w.worker_id)])
 
 
-def _status(w: WorkerRecord, now: float) -> WorkerStatus:
+# The listing scores each worker for a small new request (prefix scorers then see no prefix).
+_PROBE = Wanted(Demand(prompt_bytes=1, max_tokens=1))
+
+
+def _status(policy: Policy, w: WorkerRecord, now: float) -> WorkerStatus:
     load = w.load
+    total, parts = policy.score(_PROBE, w)
+    breaker: Literal["closed", "open", "probing"] = (
+        "probing" if w.breaker_probing else "open" if w.breaker_open_until > now else "closed")
     return WorkerStatus(
         worker_id=w.worker_id, url=w.url, model=w.model, state="alive" if w.state == ALIVE else "stale",
         heartbeat_age_s=max(0.0, now - w.last_seen), sessions=w.sessions, max_sessions=w.max_sessions,
         active_streams=load.active_streams, queue_depth=load.queue_depth, kv_used_bytes=load.kv_used_bytes,
         kv_reserved_bytes=w.kv_reserved_bytes, kv_capacity_bytes=w.kv_capacity_bytes,
         bytes_per_token=w.bytes_per_token, session_max_tokens=w.session_max_tokens, draining=w.draining,
-        score=round(scheduler.score(w), 6) if w.state == ALIVE else None)
+        score=round(total, 6) if w.state == ALIVE else None,
+        score_parts={name: round(part, 6) for name, part in parts.items()} if w.state == ALIVE else {},
+        breaker=breaker)

@@ -44,6 +44,8 @@ class WorkerRecord:
     last_seen: float  # coordinator monotonic seconds
     state: str = ALIVE
     aliases: tuple[str, ...] = ()
+    breaker_open_until: float = 0.0  # set by coordinator/breaker.py; the scheduler's filter reads it
+    breaker_probing: bool = False
     extra_kv_bytes: int = 0
     extra_sessions: int = 0
     corrections: dict[int, Correction] = field(default_factory=dict)

@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from coordinator.scheduling.policy import DEFAULT_SCORERS, parse_scorers
 from protocol.worker import PING_INTERVAL
 
 
@@ -53,6 +54,9 @@ class Settings(BaseModel):
         default=2.0, ge=0, description="seconds an idle connection to a worker is kept; below the worker's "
         "own keep-alive timeout (uvicorn: 5 s) so we never send on a connection it is closing")
     retry_after: int = Field(default=1, ge=0, description="seconds in the Retry-After header of a 503")
+    scorers: str = Field(
+        default=DEFAULT_SCORERS, max_length=512,
+        description="scheduling scorers and their weights, name:weight,... (session_load, kv_load)")
     queue_size: int = Field(
         default=256, ge=0, le=100_000,
         description="requests that may wait per model when capacity is short (0: 503 at once, no queue)")
@@ -64,6 +68,12 @@ class Settings(BaseModel):
         default=None, max_length=256, description="model for requests that name none (default: the only model)")
     max_body_bytes: int = Field(default=4_194_304, ge=1024)
     log_level: str = Field(default="info", pattern=r"^(?i:debug|info|warning|error|critical)$")
+
+    @field_validator("scorers")
+    @classmethod
+    def _scorers_known(cls, value: str) -> str:
+        parse_scorers(value)
+        return value
 
     @model_validator(mode="after")
     def _dead_after_stale(self) -> Settings:

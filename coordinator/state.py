@@ -16,6 +16,7 @@ from coordinator.dispatch import Dispatcher
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.queue import AdmissionQueue
 from coordinator.registry import Registry
+from coordinator.scheduling import Policy
 from coordinator.sessions import SessionTable
 from coordinator.settings import Settings
 from coordinator.upstream import AiohttpWorkerClient, WorkerClient
@@ -30,6 +31,7 @@ class CoordinatorState:
     conversations: ConversationTable
     admission: Admission
     queue: AdmissionQueue
+    policy: Policy
     metrics: CoordinatorMetrics
     client: WorkerClient
     dispatcher: Dispatcher
@@ -56,5 +58,6 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
                             first_event_timeout=settings.worker_first_event_timeout,
                             retry_after=settings.retry_after)
     return CoordinatorState(settings, clock, registry, sessions,
-                            ConversationTable(settings.conversation_table_size), admission, queue, metrics, client, dispatcher,
+                            ConversationTable(settings.conversation_table_size), admission, queue,
+                            Policy.build(stale_after=settings.stale_after, scorers=settings.scorers), metrics, client, dispatcher,
                             logging.getLogger("coordinator.requests"), clock.time())

@@ -53,8 +53,12 @@ class WorkerStatus(BaseModel):
     bytes_per_token: int
     session_max_tokens: int
     draining: bool
-    score: float | None = Field(description="0.6 x session load + 0.4 x KV load (lower is better); null if stale")
+    score: float | None = Field(description="the policy's weighted total (lower is better); null if stale")
+    score_parts: dict[str, float] = Field(default_factory=dict,
+                                          description="each scorer's weighted part of the score")
+    breaker: Literal["closed", "open", "probing"] = "closed"
 
 
 class WorkerStatusList(BaseModel):
+    scorers: str = Field(default="", description="the scheduling policy's scorers and weights")
     workers: list[WorkerStatus]

@@ -252,6 +252,8 @@ async def test_stale_worker_is_not_scheduled_and_dead_one_is_removed() -> None:
         listing = {w["worker_id"]: w for w in (await client.get("/coordinator/health/workers")).json()["workers"]}
         assert listing["w1"]["state"] == "stale" and listing["w1"]["score"] is None
         assert listing["w2"]["state"] == "alive" and listing["w2"]["score"] == pytest.approx(0.3)
+        assert listing["w2"]["score_parts"] == {"session_load": pytest.approx(0.3), "kv_load": 0.0}
+        assert listing["w2"]["breaker"] == "closed"
         response = await infer(client)
         assert response.headers["x-worker-id"] == "w2" and fakes.hosts_called() == ["w2"]
         clock.advance(3.0)

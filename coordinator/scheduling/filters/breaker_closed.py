@@ -1,0 +1,17 @@
+"""Breaker closed: a worker whose requests kept failing sits out its cool-down (coordinator/breaker.py);
+once the cool-down has passed, one probe request may go while no other probe is in flight."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coordinator.scheduling.view import Request, WorkerView
+from protocol import reasons
+
+
+@dataclass(frozen=True)
+class BreakerClosed:
+    reason: str = reasons.WORKER_UNAVAILABLE
+
+    def keep(self, request: Request, worker: WorkerView, now: float) -> bool:
+        return worker.breaker_open_until <= now and not worker.breaker_probing

@@ -1,0 +1,18 @@
+"""KV room: the worker's free KV bytes cover the request's reservation (`Demand.tokens`, capped by
+the worker's session limit, times its bytes per token)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coordinator.scheduling.view import Request, WorkerView
+from protocol import reasons
+
+
+@dataclass(frozen=True)
+class KvRoom:
+    reason: str = reasons.KV_FULL
+
+    def keep(self, request: Request, worker: WorkerView, now: float) -> bool:
+        need = request.demand.tokens(worker.session_max_tokens) * worker.bytes_per_token
+        return worker.kv_capacity_bytes - worker.kv_reserved_bytes >= need

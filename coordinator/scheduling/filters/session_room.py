@@ -1,0 +1,16 @@
+"""Session room: a new conversation needs a free sequence slot (a continued one already holds its own)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coordinator.scheduling.view import Request, WorkerView
+from protocol import reasons
+
+
+@dataclass(frozen=True)
+class SessionRoom:
+    reason: str = reasons.SESSIONS_FULL
+
+    def keep(self, request: Request, worker: WorkerView, now: float) -> bool:
+        return not request.demand.new_session or worker.sessions < worker.max_sessions

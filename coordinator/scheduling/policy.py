@@ -1,0 +1,98 @@
+"""The scheduling policy: filters, then weighted scorers, then a picker. `select` is pure.
+
+Owns: running the filters in order (the first that leaves nobody gives the answer's reason), the
+weighted sum of the scorers (weights come from settings), the ranking (lowest total first, ties to
+the lower worker id, so the same inputs always give the same answer), session affinity (a hard
+rule) and prefix preference (a soft one).
+Must not: do I/O, read a clock or random source it was not given, or change the workers it reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from coordinator.scheduling.filters import Filter
+from coordinator.scheduling.filters.alive import Alive
+from coordinator.scheduling.filters.breaker_closed import BreakerClosed
+from coordinator.scheduling.filters.kv_room import KvRoom
+from coordinator.scheduling.filters.not_draining import NotDraining
+from coordinator.scheduling.filters.serves_model import ServesModel
+from coordinator.scheduling.filters.session_room import SessionRoom
+from coordinator.scheduling.scorers import Scorer
+from coordinator.scheduling.scorers.kv_load import KvLoad
+from coordinator.scheduling.scorers.session_load import SessionLoad
+from coordinator.scheduling.view import Decision, Request, WorkerView
+from protocol import reasons
+
+# Every scorer a policy may name in settings, by name.
+SCORERS: dict[str, Callable[[], Scorer]] = {"session_load": SessionLoad, "kv_load": KvLoad}
+DEFAULT_SCORERS = "session_load:0.6,kv_load:0.4"
+
+
+@dataclass(frozen=True)
+class Policy:
+    filters: tuple[Filter, ...]
+    scorers: tuple[tuple[Scorer, float], ...]
+
+    @classmethod
+    def build(cls, *, stale_after: float, scorers: str = DEFAULT_SCORERS) -> Policy:
+        filters: tuple[Filter, ...] = (Alive(stale_after), ServesModel(), NotDraining(), BreakerClosed(),
+                                       SessionRoom(), KvRoom())
+        return cls(filters, parse_scorers(scorers))
+
+    def score(self, request: Request, worker: WorkerView) -> tuple[float, dict[str, float]]:
+        """The weighted total (lower is better) and each scorer's weighted part of it."""
+        parts = {s.name: weight * s.score(request, worker) for s, weight in self.scorers}
+        return sum(parts.values()), parts
+
+    def select(self, request: Request, workers: Iterable[WorkerView], *, now: float) -> Decision:
+        """Filter, score, rank. `now` is monotonic seconds, as in `last_seen`."""
+        if request.session_worker is not None:
+            return self._affinity(request, workers, now)
+        left: Sequence[WorkerView] = list(workers)
+        for f in self.filters:
+            left = [w for w in left if f.keep(request, w, now)]
+            if not left:
+                return Decision(reason=f.reason)
+        scored = {w.worker_id: self.score(request, w) for w in left}
+        ranked = tuple(sorted(left, key=lambda w: (w.worker_id != request.prefer, scored[w.worker_id][0],
+                                                   w.worker_id)))
+        return Decision(ranked=ranked, scores={k: v[0] for k, v in scored.items()},
+                        parts={k: v[1] for k, v in scored.items()})
+
+    def _affinity(self, request: Request, workers: Iterable[WorkerView], now: float) -> Decision:
+        """A known session goes to its worker or nowhere: its KV cache lives there and nowhere else.
+
+        Only liveness and the model are checked: the session already holds its slot, and the worker
+        itself answers 503/413 if the next turn does not fit.
+        """
+        alive, model = self.filters[0], ServesModel()
+        for w in workers:
+            if w.worker_id == request.session_worker:
+                if alive.keep(request, w, now) and model.keep(request, w, now):
+                    total, parts = self.score(request, w)
+                    return Decision(ranked=(w,), scores={w.worker_id: total}, parts={w.worker_id: parts})
+                break
+        return Decision(reason=reasons.UNKNOWN_SESSION)
+
+
+def parse_scorers(spec: str) -> tuple[tuple[Scorer, float], ...]:
+    """`name:weight,...` -> scorers with their weights; a ValueError names what is wrong."""
+    out: list[tuple[Scorer, float]] = []
+    for item in (part.strip() for part in spec.split(",")):
+        if not item:
+            continue
+        name, sep, weight = item.partition(":")
+        if name not in SCORERS:
+            raise ValueError(f"unknown scorer {name!r} (known: {', '.join(SCORERS)})")
+        try:
+            value = float(weight) if sep else 1.0
+        except ValueError:
+            raise ValueError(f"scorer {name!r}: weight {weight!r} is not a number") from None
+        if not 0.0 <= value <= 100.0:
+            raise ValueError(f"scorer {name!r}: weight must be between 0 and 100")
+        out.append((SCORERS[name](), value))
+    if not out:
+        raise ValueError("at least one scorer is needed")
+    return tuple(out)

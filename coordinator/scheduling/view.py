@@ -1,0 +1,60 @@
+"""What the scheduler reads and returns: the worker view, the request, the decision.
+
+Owns: the types every filter and scorer shares. Must not: hold logic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from coordinator.demand import Demand
+
+
+class WorkerView(Protocol):
+    """What the scheduler reads of a worker (registry.WorkerRecord satisfies it)."""
+
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def last_seen(self) -> float: ...
+    @property
+    def sessions(self) -> int: ...
+    @property
+    def max_sessions(self) -> int: ...
+    @property
+    def kv_reserved_bytes(self) -> int: ...
+    @property
+    def kv_capacity_bytes(self) -> int: ...
+    @property
+    def bytes_per_token(self) -> int: ...
+    @property
+    def session_max_tokens(self) -> int: ...
+    @property
+    def draining(self) -> bool: ...
+    @property
+    def breaker_open_until(self) -> float: ...  # monotonic seconds; 0: closed
+    @property
+    def breaker_probing(self) -> bool: ...  # a probe request is in flight: no other until it ends
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    demand: Demand
+    model: str | None = None
+    session_id: str | None = None
+    session_worker: str | None = None  # the worker holding session_id, when the coordinator knows one
+    prefer: str | None = None  # a worker likely to hold the prompt's prefix: first if it passes every filter
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Either `ranked` (best first; try them in order) or a `reason` nobody could take it.
+    `scores` is each ranked worker's weighted total (lower is better), `parts` its scorers' shares."""
+
+    ranked: tuple[WorkerView, ...] = ()
+    reason: str | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+    parts: dict[str, dict[str, float]] = field(default_factory=dict)
