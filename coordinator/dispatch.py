@@ -3,7 +3,8 @@
 Owns: the HTTP call to `POST /worker/generate` (protocol.worker) up to the worker's first SSE event, failover before
 the first token (bounded attempts), reservations made and released per attempt, and turning a
 worker's refusal into a `CoordinatorError` (400/404/409/413 pass through with the worker's reason;
-503 refusals and unreachable workers move on to the next worker).
+503 refusals and unreachable workers move on to the next worker), and telling the breakers what
+each attempt said about its worker.
 Must not: relay events after the first one (relay.py) or rank workers (scheduler.py).
 
 The client's status line waits for the worker's first event, not just its headers, so a worker that
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from coordinator.admission import Admission, Reservation
+from coordinator.breaker import Breakers
 from coordinator.errors import CoordinatorError
 from coordinator.generation import Generation
 from coordinator.metrics import CoordinatorMetrics
@@ -76,9 +78,10 @@ async def worker_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[SseEvent]
 
 
 class Dispatcher:
-    def __init__(self, client: WorkerClient, admission: Admission, metrics: CoordinatorMetrics, *,
-                 max_attempts: int, first_event_timeout: float, retry_after: int) -> None:
+    def __init__(self, client: WorkerClient, admission: Admission, metrics: CoordinatorMetrics, breakers: Breakers,
+                 *, max_attempts: int, first_event_timeout: float, retry_after: int) -> None:
         self._client = client
+        self._breakers = breakers
         self._admission = admission
         self._metrics = metrics
         self._max_attempts = max_attempts
@@ -90,10 +93,15 @@ class Dispatcher:
         refused_only = True
         for attempt, worker in enumerate(ranked[: self._max_attempts], start=1):
             reservation = self._admission.reserve(worker, valid.demand)
+            self._breakers.attempt(worker)
             try:
                 stream = await self._attempt(worker, valid, reservation)
             except _Failover as failover:
                 self._admission.release(reservation)
+                if failover.refused:
+                    self._breakers.settled(worker.worker_id)  # a capacity refusal is the worker working
+                else:
+                    self._breakers.failed(worker.worker_id)
                 self._metrics.failovers.labels(reason=failover.reason).inc()
                 log.warning(json.dumps({"event": "failover", "request_id": valid.request_id,
                                         "worker_id": worker.worker_id, "reason": failover.reason,
@@ -102,6 +110,7 @@ class Dispatcher:
                 continue
             except BaseException:
                 self._admission.release(reservation)
+                self._breakers.settled(worker.worker_id)
                 raise
             stream.attempts = attempt
             return stream

@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 # Capacity that is short for now, not a request that cannot be served: worth waiting for.
 QUEUEABLE = frozenset({reasons.SESSIONS_FULL, reasons.KV_FULL})
+# A stream that ended with one of these counts against its worker's circuit breaker.
+WORKER_FAULTS = frozenset({reasons.WORKER_FAILED, reasons.ENGINE_FAILED})
 
 
 @dataclass(slots=True)
@@ -90,10 +92,18 @@ class Gateway:
         settings = state.settings
         reservation, admission = stream.reservation, state.admission
 
+        breakers, worker_id = state.breakers, stream.worker.worker_id
+
         def final(outcome: Outcome) -> None:
             done = outcome.done
             kept = done.usage.total_tokens if session_id is not None and done is not None else None
             admission.release(reservation, kept_tokens=kept)
+            if done is not None:
+                breakers.succeeded(worker_id)
+            elif outcome.error_reason in WORKER_FAULTS:
+                breakers.failed(worker_id)
+            else:
+                breakers.settled(worker_id)  # the client left, or read too slowly: no verdict
 
         relay = Relay(stream, request_id=gen.request_id, buffer_events=settings.relay_buffer_events,
                       write_deadline=settings.relay_write_deadline, metrics=state.metrics, on_final=final)

@@ -43,6 +43,10 @@ class CoordinatorMetrics:
         self.e2e = Histogram("coordinator_e2e_request_latency_seconds", "Request received to stream end",
                              buckets=LATENCY_BUCKETS, registry=r)
         self.generation_tokens = Counter("coordinator_generation_tokens", "Token events relayed", registry=r)
+        self.breaker_transitions = Counter("coordinator_breaker_transitions", "Circuit breakers opened or closed",
+                                           ["to"], registry=r)
+        self.breakers_open = Gauge("coordinator_breakers_open", "Workers out of scheduling by their breaker now",
+                                   registry=r)
         self.queue_length = Gauge("coordinator_queue_length", "Requests waiting for capacity, all models",
                                   registry=r)
         self.queue_wait = Histogram("coordinator_queue_wait_seconds", "Time requests spent in the admission queue",
@@ -51,12 +55,13 @@ class CoordinatorMetrics:
                                       ["outcome"], registry=r)
 
     def watch(self, alive: Callable[[], int], stale: Callable[[], int], reserved_kv: Callable[[], int],
-              queued: Callable[[], int] = lambda: 0) -> None:
+              queued: Callable[[], int] = lambda: 0, breakers_open: Callable[[], int] = lambda: 0) -> None:
         """Gauges read at scrape time from O(1) counts."""
         self.workers.labels(state="alive").set_function(alive)
         self.workers.labels(state="stale").set_function(stale)
         self.reserved_kv.set_function(reserved_kv)
         self.queue_length.set_function(queued)
+        self.breakers_open.set_function(breakers_open)
 
     def dequeued(self, outcome: str, waited: float) -> None:
         """One wait in the queue ended: `admitted`, or the reason it did not."""

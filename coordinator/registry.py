@@ -44,8 +44,11 @@ class WorkerRecord:
     last_seen: float  # coordinator monotonic seconds
     state: str = ALIVE
     aliases: tuple[str, ...] = ()
-    breaker_open_until: float = 0.0  # set by coordinator/breaker.py; the scheduler's filter reads it
+    # Circuit breaker state, written by coordinator/breaker.py; the scheduler's filter reads it.
+    breaker_open_until: float = 0.0
     breaker_probing: bool = False
+    breaker_failures: int = 0  # in a row
+    breaker_trips: int = 0  # times opened since it last closed
     extra_kv_bytes: int = 0
     extra_sessions: int = 0
     corrections: dict[int, Correction] = field(default_factory=dict)

@@ -57,6 +57,10 @@ class Settings(BaseModel):
     scorers: str = Field(
         default=DEFAULT_SCORERS, max_length=512,
         description="scheduling scorers and their weights, name:weight,... (session_load, kv_load)")
+    breaker_failures: int = Field(default=3, ge=1, le=1000,
+                                  description="failures in a row that take a worker out of scheduling")
+    breaker_cooldown: float = Field(default=2.0, gt=0, description="seconds out after the first trip; doubles each trip")
+    breaker_max_cooldown: float = Field(default=60.0, gt=0, description="longest cool-down, seconds")
     queue_size: int = Field(
         default=256, ge=0, le=100_000,
         description="requests that may wait per model when capacity is short (0: 503 at once, no queue)")

@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass
 
 from coordinator.admission import Admission
+from coordinator.breaker import Breakers
 from coordinator.clock import Clock
 from coordinator.conversations import ConversationTable
 from coordinator.dispatch import Dispatcher
@@ -35,6 +36,7 @@ class CoordinatorState:
     metrics: CoordinatorMetrics
     client: WorkerClient
     dispatcher: Dispatcher
+    breakers: Breakers
     log: logging.Logger
     started_at: float  # wall time the app started (OpenAI's `created` of the models it lists)
 
@@ -47,17 +49,24 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
                            retry_after=settings.retry_after)
     admission = Admission(registry, clock, retry_after=settings.retry_after, on_release=queue.wake)
     metrics = CoordinatorMetrics()
+    breakers = Breakers(registry, clock.monotonic, threshold=settings.breaker_failures,
+                        cooldown=settings.breaker_cooldown, max_cooldown=settings.breaker_max_cooldown,
+                        on_change=lambda to: metrics.breaker_transitions.labels(to=to).inc())
     metrics.watch(alive=lambda: registry.alive_count, stale=lambda: registry.stale_count,
-                  reserved_kv=lambda: admission.in_flight_kv_bytes, queued=lambda: queue.length)
+                  reserved_kv=lambda: admission.in_flight_kv_bytes, queued=lambda: queue.length,
+                  # At scrape time only: O(workers), like the listing.
+                  breakers_open=lambda: sum(1 for w in registry.all() if w.breaker_trips))
     if client is None:
         client = AiohttpWorkerClient(max_connections=settings.worker_max_connections,
                                      connect_timeout=settings.worker_connect_timeout,
                                      read_timeout=settings.worker_read_timeout,
                                      keepalive_expiry=settings.worker_keepalive_expiry)
-    dispatcher = Dispatcher(client, admission, metrics, max_attempts=settings.max_failover_attempts,
+    dispatcher = Dispatcher(client, admission, metrics, breakers, max_attempts=settings.max_failover_attempts,
                             first_event_timeout=settings.worker_first_event_timeout,
                             retry_after=settings.retry_after)
-    return CoordinatorState(settings, clock, registry, sessions,
-                            ConversationTable(settings.conversation_table_size), admission, queue,
-                            Policy.build(stale_after=settings.stale_after, scorers=settings.scorers), metrics, client, dispatcher,
-                            logging.getLogger("coordinator.requests"), clock.time())
+    return CoordinatorState(
+        settings=settings, clock=clock, registry=registry, sessions=sessions,
+        conversations=ConversationTable(settings.conversation_table_size), admission=admission, queue=queue,
+        policy=Policy.build(stale_after=settings.stale_after, scorers=settings.scorers), metrics=metrics,
+        client=client, dispatcher=dispatcher, breakers=breakers, log=logging.getLogger("coordinator.requests"),
+        started_at=clock.time())
