@@ -14,7 +14,7 @@ Modes:
             the score sends it, and finds its prefix only if that is the same worker
   none      neither: every turn prefills the whole conversation
 
-    .venv/bin/python -m bench.chat_bench [--conversations 4] [--turns 5] [--repeat 3] [--threads 1]
+    .venv/bin/python -m bench.chat_bench [--conversations 4] [--turns 5] [--repeat 3] [--threads 1] [--think-ms 1000]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -72,13 +73,15 @@ async def turn(client: httpx.AsyncClient, url: str, messages: list[dict[str, str
     return ttft, "".join(text), cached
 
 
-async def conversation(client: httpx.AsyncClient, url: str, visitor: int, turns: int, max_tokens: int
-                       ) -> list[tuple[float, int]]:
+async def conversation(client: httpx.AsyncClient, url: str, visitor: int, turns: int, max_tokens: int,
+                       think: random.Random, think_s: float) -> list[tuple[float, int]]:
     """One visitor's conversation. Each has its own system prompt from its first words on (as users of
     different applications do), so only the worker that served a conversation holds its prefix."""
     messages = [{"role": "system", "content": f"Visitor {visitor} is talking to you. {SYSTEM}"}]
     out = []
     for i in range(turns):
+        # A person reads and types: turns of different conversations do not arrive in lockstep.
+        await asyncio.sleep(think.uniform(0.0, think_s))
         messages.append({"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]})
         ttft, answer, cached = await turn(client, url, messages, max_tokens)
         messages.append({"role": "assistant", "content": answer})
@@ -109,15 +112,18 @@ def run_mode(mode: str, args: argparse.Namespace, log_dir: Path) -> list[list[tu
                     raise RuntimeError("workers did not register")
                 time.sleep(0.2)
 
-            async def rep() -> list[list[tuple[float, int]]]:
+            async def rep(r: int) -> list[list[tuple[float, int]]]:
                 async with httpx.AsyncClient(timeout=300) as client:
                     await turn(client, url, [{"role": "user", "content": "Hello"}], 4)  # warm-up
-                    return list(await asyncio.gather(*[conversation(client, url, k, args.turns, args.max_tokens)
-                                                       for k in range(args.conversations)]))
+                    # The same seeded think times in every mode, a fresh visitor per conversation and repeat.
+                    return list(await asyncio.gather(*[
+                        conversation(client, url, r * args.conversations + k, args.turns, args.max_tokens,
+                                     random.Random(1000 * r + k), args.think_ms / 1000)
+                        for k in range(args.conversations)]))
 
             results = []
-            for _ in range(args.repeat):
-                results.extend(asyncio.run(rep()))
+            for r in range(args.repeat):
+                results.extend(asyncio.run(rep(r)))
             return results
 
 
@@ -129,10 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads per worker")
     parser.add_argument("--modes", default="affinity,cache,none")
+    parser.add_argument("--think-ms", type=float, default=1000.0,
+                        help="each turn waits a seeded random 0 to this many ms before it is sent")
     args = parser.parse_args(argv)
     modes = args.modes.split(",")
     print(f"{args.conversations} conversations at once x {args.turns} turns x {args.repeat} repeats, "
-          f"2 workers x {args.threads} llama.cpp thread(s), answers of {args.max_tokens} tokens (greedy)")
+          f"2 workers x {args.threads} llama.cpp thread(s), answers of {args.max_tokens} tokens (greedy), "
+          f"0-{args.think_ms:g} ms think time before each turn")
     medians: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="chat-bench-") as tmp:
         for mode in modes:

@@ -5,7 +5,9 @@ Must not: change coordinator or worker code. Only 127.0.0.1 is used, and every p
 stopped by its own pid in a `finally` block.
 
 1. Rejection latency with 1 and with 1,000 registered workers. Every worker heartbeats a full load
-   (all sequence slots taken), so each request is refused with 503 `sessions_full` by admission.
+   (all sequence slots taken), so each request is refused with 503 `sessions_full` by admission
+   (no queue); then again with a one-place admission queue already holding a request, so each is
+   refused with 503 `queue_full`.
    Measured two ways, in-process: the whole HTTP path through the ASGI app (httpx.ASGITransport, no
    sockets), and `Admission.check` alone. O(1) means the two worker counts give the same times within
    noise.
@@ -60,9 +62,13 @@ def percentiles(samples: list[float]) -> tuple[float, float]:
 # -- 1. rejection latency -------------------------------------------------------------------------
 
 
-async def rejection(workers: int, requests: int) -> dict[str, float]:
-    app = create_app(Settings(heartbeat_interval=300.0, queue_size=0))
+async def rejection(workers: int, requests: int, *, queue_full: bool = False) -> dict[str, float]:
+    """Without a queue every request is refused `sessions_full` by admission; with `queue_full`, a
+    one-place queue already holds a waiting request, so every other one is refused `queue_full`."""
+    settings = Settings(heartbeat_interval=300.0, queue_size=1 if queue_full else 0, queue_timeout=3600)
+    app = create_app(settings)
     body = json.dumps({"prompt": "Hello there", "max_tokens": 16}).encode()
+    expected = "queue_full" if queue_full else "sessions_full"
     async with app.router.lifespan_context(app), httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://coordinator") as client:
         for i in range(workers):
@@ -70,6 +76,9 @@ async def rejection(workers: int, requests: int) -> dict[str, float]:
                              load=FULL, timestamp=time.time())
             assert (await client.post("/coordinator/health/heartbeat", content=beat.model_dump_json())
                     ).status_code == 200
+        waiting = asyncio.create_task(client.post("/coordinator/infer", content=body)) if queue_full else None
+        while waiting is not None and app.state.coordinator.queue.length == 0:
+            await asyncio.sleep(0.001)
         http_us = []
         for _ in range(requests // 10):  # warm-up
             await client.post("/coordinator/infer", content=body)
@@ -77,7 +86,7 @@ async def rejection(workers: int, requests: int) -> dict[str, float]:
             started = time.perf_counter()
             response = await client.post("/coordinator/infer", content=body)
             http_us.append((time.perf_counter() - started) * 1e6)
-            assert response.status_code == 503 and response.json()["reason"] == "sessions_full"
+            assert response.status_code == 503 and response.json()["reason"] == expected
         admission = app.state.coordinator.admission
         demand = Demand(prompt_bytes=11, max_tokens=16)
         check_us = []
@@ -88,6 +97,9 @@ async def rejection(workers: int, requests: int) -> dict[str, float]:
             except CoordinatorError:
                 pass
             check_us.append((time.perf_counter() - started) * 1e6)
+        if waiting is not None:
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
     http_med, http_p99 = percentiles(http_us)
     check_med, check_p99 = percentiles(check_us)
     return {"workers": workers, "http_median_us": http_med, "http_p99_us": http_p99,
@@ -242,15 +254,19 @@ def main() -> None:
     parser.add_argument("--skip-ttft", action="store_true")
     args = parser.parse_args()
 
-    rows = [asyncio.run(rejection(int(n), args.rejections)) for n in args.workers.split(",")]
-    print(f"Rejection latency (503 sessions_full), {args.rejections} requests each, in-process ASGI, one event loop")
-    print(f"{'workers':>8} {'HTTP median':>12} {'HTTP p99':>10} {'check median':>13} {'check p99':>10}")
-    for r in rows:
-        print(f"{r['workers']:>8} {r['http_median_us']:>10.1f}us {r['http_p99_us']:>8.1f}us "
-              f"{r['check_median_us']:>11.2f}us {r['check_p99_us']:>8.2f}us")
-    base, last = rows[0], rows[-1]
-    print(f"ratio {last['workers']}/{base['workers']} workers: HTTP median x{last['http_median_us'] / base['http_median_us']:.2f}, "
-          f"check median x{last['check_median_us'] / base['check_median_us']:.2f}")
+    for queue_full in (False, True):
+        rows = [asyncio.run(rejection(int(n), args.rejections, queue_full=queue_full))
+                for n in args.workers.split(",")]
+        what = "503 queue_full, a full one-place queue" if queue_full else "503 sessions_full, no queue"
+        print(f"Rejection latency ({what}), {args.rejections} requests each, in-process ASGI, one event loop")
+        print(f"{'workers':>8} {'HTTP median':>12} {'HTTP p99':>10} {'check median':>13} {'check p99':>10}")
+        for r in rows:
+            print(f"{r['workers']:>8} {r['http_median_us']:>10.1f}us {r['http_p99_us']:>8.1f}us "
+                  f"{r['check_median_us']:>11.2f}us {r['check_p99_us']:>8.2f}us")
+        base, last = rows[0], rows[-1]
+        print(f"ratio {last['workers']}/{base['workers']} workers: HTTP median "
+              f"x{last['http_median_us'] / base['http_median_us']:.2f}, "
+              f"check median x{last['check_median_us'] / base['check_median_us']:.2f}\n")
     if args.skip_ttft:
         return
     print(f"\nTime to first token against a stub worker (no model), {args.stub_samples} interleaved samples per path")

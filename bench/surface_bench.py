@@ -6,7 +6,8 @@ each surface with the same prompts and sampling:
   - 16 closed-loop streams for `--duration` seconds: tokens/s relayed;
   - 1 stream, `--requests` requests one after another: TTFT p50 (client side, first content).
 Prints each repeat's ratio (openai-chat / infer) and the median ratio. The target is at most 3%
-overhead: tokens/s ratio >= 0.97 and TTFT ratio <= 1.03.
+overhead: tokens/s ratio >= 0.97 and TTFT ratio <= 1.03. First it times, in-process, what each surface
+costs the coordinator per request (parsing) and per token (encoding); `--micro-only` stops there.
 
     .venv/bin/python -m bench.surface_bench [--repeat 3] [--duration 20] [--requests 30] [--threads 1]
 """
@@ -14,20 +15,52 @@ overhead: tokens/s ratio >= 0.97 and TTFT ratio <= 1.03.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import timeit
 from pathlib import Path
 
 import httpx
 
 from bench.load.report import read_json
 from bench.processes import free_port, serving
+from coordinator.generation import Generation
+from coordinator.response import passthrough
+from coordinator.surfaces import infer as infer_surface
+from coordinator.surfaces import openai as openai_surface
+from coordinator.surfaces.openai_format import ChunkEncoder, Options
+from protocol.sse import SseEvent
 from worker.provision import DEFAULT_MODEL_PATH
 
 APIS = ("infer", "openai-chat")
+CHAT = json.dumps({"messages": [{"role": "user", "content": "Write a haiku about the sea and the sky"}],
+                   "max_tokens": 64, "temperature": 0.7, "top_k": 40, "seed": 3, "stream": True,
+                   "stream_options": {"include_usage": True}}).encode()
+INFER = json.dumps({"prompt": "Write a haiku about the sea and the sky", "max_tokens": 64, "temperature": 0.7,
+                    "top_k": 40, "seed": 3}).encode()
+TOKEN = SseEvent("token", '{"token":" sea","index":3,"probability":0.41,"finished":false}')
+
+
+def micro(n: int = 20_000) -> None:
+    """The coordinator's own per-request and per-token cost of each surface, in-process (no servers)."""
+    encoder = ChunkEncoder(Options("chat", True, True), request_id="r", created=1, model="m")
+
+    def chat() -> object:
+        fields, _ = openai_surface._parse_chat(CHAT)
+        return Generation.of(openai_surface._internal(fields), "r", "openai-chat")
+
+    timings = {
+        "parse /coordinator/infer": timeit.timeit(lambda: infer_surface.parse(INFER, "r"), number=n),
+        "parse /v1/chat/completions": timeit.timeit(chat, number=n),
+        "token event, passed through": timeit.timeit(lambda: passthrough(TOKEN), number=n),
+        "token event as a chat.completion.chunk": timeit.timeit(lambda: encoder(TOKEN), number=n),
+    }
+    for what, seconds in timings.items():
+        print(f"{what:>40}: {seconds / n * 1e6:6.2f} us")
 
 
 def load(url: str, api: str, out: Path, *points: str) -> tuple[float, float | None]:
@@ -47,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of the 16-stream point")
     parser.add_argument("--requests", type=int, default=30, help="requests of the 1-stream point")
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads of the worker")
+    parser.add_argument("--micro-only", action="store_true", help="only the in-process cost of each surface")
     args = parser.parse_args(argv)
+    micro()
+    if args.micro_only:
+        return 0
     port, wport = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
     print(f"coordinator + 1 worker ({args.threads} llama.cpp thread(s), 16 sessions), max_tokens 64, "

@@ -162,7 +162,7 @@ class Gateway:
             # It continues a conversation: the worker already holds its sequence slot.
             gen = dataclasses.replace(gen, demand=dataclasses.replace(gen.demand, new_session=False))
         state.admission.check(gen.demand, model)
-        prefer = None
+        prefer, hashes, match = None, [], {}
         if session_worker is not None:
             record = state.registry.get(session_worker)
             candidates = [record] if record is not None else []
@@ -170,8 +170,12 @@ class Gateway:
             candidates = list(state.registry.alive(model))
             key = continuation_key(model, body.messages) if body.messages is not None else None
             prefer = state.conversations.worker_of(key) if key is not None else None
-        decision = state.policy.select(Request(gen.demand, model, body.session_id, session_worker, prefer),
-                                       candidates, now=state.clock.monotonic())
+            if state.policy.uses("prefix"):
+                hashes = state.prefixes.hashes(model, body)
+                match = state.prefixes.match(hashes)
+        decision = state.policy.select(
+            Request(gen.demand, model, body.session_id, session_worker, prefer, prefix_match=match),
+            candidates, now=state.clock.monotonic())
         if decision.reason is not None:
             if decision.reason == reasons.UNKNOWN_SESSION:
                 state.sessions.forget(body.session_id or "")  # said once; the id may now start afresh
@@ -181,11 +185,14 @@ class Gateway:
                                    retry_after=state.settings.retry_after)
         ranked = [state.registry.get(w.worker_id) for w in decision.ranked]
         try:
-            return gen, await state.dispatcher.open(gen, [w for w in ranked if w is not None])
+            stream = await state.dispatcher.open(gen, [w for w in ranked if w is not None])
         except CoordinatorError as exc:
             if body.session_id is not None and exc.reason in (reasons.SESSION_EXPIRED, reasons.UNKNOWN_SESSION):
                 state.sessions.forget(body.session_id)
             raise
+        if hashes:
+            state.prefixes.record(hashes, stream.worker.worker_id)
+        return gen, stream
 
     def _finish(self, session_id: str | None, surface: str, relay: Relay, ending: Ending, started: float) -> None:
         """Runs once per admitted request, whatever the ending: release, count, log."""

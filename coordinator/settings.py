@@ -56,7 +56,14 @@ class Settings(BaseModel):
     retry_after: int = Field(default=1, ge=0, description="seconds in the Retry-After header of a 503")
     scorers: str = Field(
         default=DEFAULT_SCORERS, max_length=512,
-        description="scheduling scorers and their weights, name:weight,... (session_load, kv_load)")
+        description="scheduling scorers and their weights, name:weight,... (session_load, kv_load, prefix)")
+    prefix_block_chars: int = Field(default=256, ge=16, le=65_536,
+                                    description="characters per block of the prefix index's hashes")
+    prefix_index_blocks: int = Field(default=100_000, ge=0, le=10_000_000,
+                                     description="block hashes the prefix index remembers (0: off)")
+    prefix_balance_threshold: float = Field(
+        default=0.3, ge=0.0, le=1.0,
+        description="the prefix scorer gives no credit to a worker this much busier (0-1 load) than the least busy")
     breaker_failures: int = Field(default=3, ge=1, le=1000,
                                   description="failures in a row that take a worker out of scheduling")
     breaker_cooldown: float = Field(default=2.0, gt=0, description="seconds out after the first trip; doubles each trip")

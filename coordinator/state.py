@@ -15,6 +15,7 @@ from coordinator.clock import Clock
 from coordinator.conversations import ConversationTable
 from coordinator.dispatch import Dispatcher
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.prefixes import PrefixIndex
 from coordinator.queue import AdmissionQueue
 from coordinator.registry import Registry
 from coordinator.scheduling import Policy
@@ -32,6 +33,7 @@ class CoordinatorState:
     conversations: ConversationTable
     admission: Admission
     queue: AdmissionQueue
+    prefixes: PrefixIndex
     policy: Policy
     metrics: CoordinatorMetrics
     client: WorkerClient
@@ -44,7 +46,9 @@ class CoordinatorState:
 def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -> CoordinatorState:
     """Runs inside the event loop (the app's lifespan): the worker client's pool belongs to it."""
     sessions = SessionTable(settings.session_table_size)
-    registry = Registry(stale_after=settings.stale_after, dead_after=settings.dead_after)
+    prefixes = PrefixIndex(block_chars=settings.prefix_block_chars, capacity=settings.prefix_index_blocks)
+    registry = Registry(stale_after=settings.stale_after, dead_after=settings.dead_after,
+                        on_removed=lambda record: prefixes.forget_worker(record.worker_id))
     queue = AdmissionQueue(size=settings.queue_size, timeout=settings.queue_timeout,
                            retry_after=settings.retry_after)
     admission = Admission(registry, clock, retry_after=settings.retry_after, on_release=queue.wake)
@@ -66,7 +70,8 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
                             retry_after=settings.retry_after)
     return CoordinatorState(
         settings=settings, clock=clock, registry=registry, sessions=sessions,
-        conversations=ConversationTable(settings.conversation_table_size), admission=admission, queue=queue,
-        policy=Policy.build(stale_after=settings.stale_after, scorers=settings.scorers), metrics=metrics,
+        conversations=ConversationTable(settings.conversation_table_size), admission=admission, queue=queue, prefixes=prefixes,
+        policy=Policy.build(stale_after=settings.stale_after, scorers=settings.scorers,
+                           balance_threshold=settings.prefix_balance_threshold), metrics=metrics,
         client=client, dispatcher=dispatcher, breakers=breakers, log=logging.getLogger("coordinator.requests"),
         started_at=clock.time())

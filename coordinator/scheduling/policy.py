@@ -21,12 +21,13 @@ from coordinator.scheduling.filters.serves_model import ServesModel
 from coordinator.scheduling.filters.session_room import SessionRoom
 from coordinator.scheduling.scorers import Scorer
 from coordinator.scheduling.scorers.kv_load import KvLoad
+from coordinator.scheduling.scorers.prefix import Prefix
 from coordinator.scheduling.scorers.session_load import SessionLoad
 from coordinator.scheduling.view import Decision, Request, WorkerView
 from protocol import reasons
 
 # Every scorer a policy may name in settings, by name.
-SCORERS: dict[str, Callable[[], Scorer]] = {"session_load": SessionLoad, "kv_load": KvLoad}
+SCORERS: dict[str, Callable[[], Scorer]] = {"session_load": SessionLoad, "kv_load": KvLoad, "prefix": Prefix}
 DEFAULT_SCORERS = "session_load:0.6,kv_load:0.4"
 
 
@@ -34,17 +35,42 @@ DEFAULT_SCORERS = "session_load:0.6,kv_load:0.4"
 class Policy:
     filters: tuple[Filter, ...]
     scorers: tuple[tuple[Scorer, float], ...]
+    # An affinity scorer (prefix) gives no credit to a worker whose load cost is more than this above
+    # the least loaded candidate's: balance wins over a cached prefix past that point.
+    balance_threshold: float = 0.3
 
     @classmethod
-    def build(cls, *, stale_after: float, scorers: str = DEFAULT_SCORERS) -> Policy:
+    def build(cls, *, stale_after: float, scorers: str = DEFAULT_SCORERS, balance_threshold: float = 0.3) -> Policy:
         filters: tuple[Filter, ...] = (Alive(stale_after), ServesModel(), NotDraining(), BreakerClosed(),
                                        SessionRoom(), KvRoom())
-        return cls(filters, parse_scorers(scorers))
+        return cls(filters, parse_scorers(scorers), balance_threshold)
+
+    def uses(self, name: str) -> bool:
+        return any(s.name == name for s, _ in self.scorers)
 
     def score(self, request: Request, worker: WorkerView) -> tuple[float, dict[str, float]]:
         """The weighted total (lower is better) and each scorer's weighted part of it."""
         parts = {s.name: weight * s.score(request, worker) for s, weight in self.scorers}
         return sum(parts.values()), parts
+
+    def _balanced(self, scored: dict[str, tuple[float, dict[str, float]]]) -> dict[str, tuple[float, dict[str, float]]]:
+        """Affinity parts count only for workers within `balance_threshold` of the least loaded."""
+        affinity = {s.name: weight for s, weight in self.scorers if getattr(s, "affinity", False)}
+        load_weight = sum(weight for s, weight in self.scorers if s.name not in affinity)
+        if not affinity or load_weight <= 0 or len(scored) < 2:
+            return scored
+
+        def load(parts: dict[str, float]) -> float:
+            return sum(v for k, v in parts.items() if k not in affinity) / load_weight
+
+        least = min(load(parts) for _, parts in scored.values())
+        out = {}
+        for worker_id, (total, parts) in scored.items():
+            if load(parts) - least > self.balance_threshold:
+                parts = {**parts, **affinity}  # full cost: no credit for what it may hold
+                total = sum(parts.values())
+            out[worker_id] = (total, parts)
+        return out
 
     def select(self, request: Request, workers: Iterable[WorkerView], *, now: float) -> Decision:
         """Filter, score, rank. `now` is monotonic seconds, as in `last_seen`."""
@@ -55,7 +81,7 @@ class Policy:
             left = [w for w in left if f.keep(request, w, now)]
             if not left:
                 return Decision(reason=f.reason)
-        scored = {w.worker_id: self.score(request, w) for w in left}
+        scored = self._balanced({w.worker_id: self.score(request, w) for w in left})
         ranked = tuple(sorted(left, key=lambda w: (w.worker_id != request.prefer, scored[w.worker_id][0],
                                                    w.worker_id)))
         return Decision(ranked=ranked, scores={k: v[0] for k, v in scored.items()},

@@ -5,10 +5,14 @@ Owns: the types every filter and scorer shares. Must not: hold logic.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 from coordinator.demand import Demand
+
+NO_MATCH: Mapping[str, float] = MappingProxyType({})
 
 
 class WorkerView(Protocol):
@@ -47,6 +51,8 @@ class Request:
     session_id: str | None = None
     session_worker: str | None = None  # the worker holding session_id, when the coordinator knows one
     prefer: str | None = None  # a worker likely to hold the prompt's prefix: first if it passes every filter
+    # worker id -> share of the prompt's prefix it was sent before (coordinator/prefixes.py)
+    prefix_match: Mapping[str, float] = field(default_factory=lambda: NO_MATCH)
 
 
 @dataclass(frozen=True, slots=True)

@@ -112,3 +112,15 @@ def test_select_does_not_touch_workers() -> None:
     before = [vars(w).copy() for w in workers]
     POLICY.select(Request(SMALL), workers, now=NOW)
     assert [vars(w) for w in workers] == before
+
+
+def test_a_prefix_wins_ties_of_load_but_balance_wins_past_the_threshold() -> None:
+    policy = Policy.build(stale_after=STALE, scorers="session_load:0.6,kv_load:0.4,prefix:1", balance_threshold=0.3)
+    cached = Request(SMALL, prefix_match={"b": 0.9})
+    near = [W("a"), W("b", sessions=2)]  # b: load 0.12 above a, within the threshold: its prefix wins
+    assert [w.worker_id for w in policy.select(cached, near, now=NOW).ranked] == ["b", "a"]
+    far = [W("a"), W("b", sessions=6)]  # b: 0.36 above a: balance wins, b's prefix earns nothing
+    decision = policy.select(cached, far, now=NOW)
+    assert [w.worker_id for w in decision.ranked] == ["a", "b"]
+    assert decision.parts["b"]["prefix"] == 1.0
+    assert [w.worker_id for w in POLICY.select(cached, near, now=NOW).ranked] == ["a", "b"]  # 60/40 alone

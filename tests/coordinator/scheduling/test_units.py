@@ -13,6 +13,7 @@ from coordinator.scheduling.filters.not_draining import NotDraining
 from coordinator.scheduling.filters.serves_model import ServesModel
 from coordinator.scheduling.filters.session_room import SessionRoom
 from coordinator.scheduling.scorers.kv_load import KvLoad
+from coordinator.scheduling.scorers.prefix import Prefix
 from coordinator.scheduling.scorers.session_load import SessionLoad
 from tests.coordinator.scheduling.test_policy import NOW, SMALL, W
 
@@ -54,3 +55,8 @@ SCORES = [
 def test_scorer(unit: object, worker: W, expected: float) -> None:
     score = unit.score(Request(SMALL), worker)  # type: ignore[attr-defined]
     assert score == pytest.approx(expected) and 0.0 <= score <= 1.0
+
+
+def test_prefix_scorer_is_the_share_not_sent_before() -> None:
+    request = Request(SMALL, prefix_match={"a": 0.75})
+    assert Prefix().score(request, W("a")) == 0.25 and Prefix().score(request, W("b")) == 1.0

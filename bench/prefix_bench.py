@@ -1,0 +1,151 @@
+"""Shared prefixes: many users, a few long system prompts, prefix-aware routing against load alone.
+
+Starts two real workers and, per mode, a real coordinator on loopback, then runs `--users` closed-loop
+users for `--duration` seconds through `/v1/chat/completions`. Each request is one of `--prompts`
+distinct system prompts of about `--system-tokens` tokens (chosen by a seeded random draw) plus a short
+question, answered greedily with `--max-tokens` tokens. Prints requests/s and client-side TTFT
+(p50, p90) per mode, and the ratios against the baselines.
+
+Modes (the same workers' settings except the prompt cache):
+  prefix    --scorers session_load:0.6,kv_load:0.4,prefix:1, workers' prompt cache on
+  load      the 60/40 scorers alone, workers' prompt cache on (each worker reuses what it happens to hold)
+  none      the 60/40 scorers alone, workers' prompt cache off (every prompt prefilled)
+
+Workers keep `--sessions` sequences each: fewer than the prompts times workers, as KV is in a real pool,
+so which worker a prompt goes to decides whether its prefix is still held.
+
+    .venv/bin/python -m bench.prefix_bench [--users 8] [--duration 40] [--sessions 4] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.processes import free_port, serving
+from worker.provision import DEFAULT_MODEL_PATH
+
+TOPICS = ("a lighthouse keeper", "a ship's cook", "a mountain guide", "a beekeeper", "a night-train conductor",
+          "a museum guard", "a glassblower", "a radio operator", "a cartographer", "a baker")
+QUESTIONS = ("What did you do today?", "What is hard about it?", "Any advice?", "What do you see now?",
+             "Tell me something surprising.", "What do you eat?")
+MODES = {
+    "prefix": (["--scorers", "session_load:0.6,kv_load:0.4,prefix:1"], []),
+    "load": ([], []),
+    "none": ([], ["--no-prompt-cache"]),
+}
+
+
+def system_prompt(i: int, tokens: int) -> str:
+    who = TOPICS[i % len(TOPICS)]
+    sentence = (f"You are {who}, number {i}. You speak plainly, you remember the small details of your work, "
+                "and you answer every visitor's question in one or two short sentences. ")
+    return sentence * max(1, tokens // 30)  # about 30 tokens a sentence
+
+
+async def user(client: httpx.AsyncClient, url: str, systems: list[str], rng: random.Random, stop_at: float,
+               max_tokens: int, ttfts: list[float], errors: list[str]) -> int:
+    done = 0
+    while time.perf_counter() < stop_at:
+        body = {"messages": [{"role": "system", "content": rng.choice(systems)},
+                             {"role": "user", "content": rng.choice(QUESTIONS)}],
+                "max_tokens": max_tokens, "temperature": 0, "stream": True}
+        started, first = time.perf_counter(), None
+        async with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                errors.append(str(response.status_code))
+                await response.aread()
+                continue
+            async for line in response.aiter_lines():
+                if first is None and line.startswith("data: {") and '"content":"' in line \
+                        and '"content":""' not in line:
+                    first = time.perf_counter() - started
+        if first is None:
+            errors.append("no content")
+            continue
+        ttfts.append(first)
+        done += 1
+    return done
+
+
+def run_mode(mode: str, args: argparse.Namespace, log_dir: Path, systems: list[str]) -> tuple[float, list[float], list[str]]:
+    coordinator_extra, worker_extra = MODES[mode]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with serving("coordinator", [sys.executable, "-m", "coordinator", "--port", str(port), "--heartbeat-interval",
+                                 "1", "--log-level", "warning", *coordinator_extra],
+                 url + "/coordinator/health", log_path=log_dir / f"{mode}-coordinator.log"):
+        workers = []
+        for i in (1, 2):
+            wport = free_port()
+            workers.append(serving(
+                f"worker-{i}", [sys.executable, "-m", "worker", "--port", str(wport), "--worker-id", f"w{i}",
+                                "--coordinator-url", url, "--threads", str(args.threads), "--max-sessions",
+                                str(args.sessions), "--session-max-tokens", "1024", "--heartbeat-interval", "0.5",
+                                "--log-level", "warning", "--model-path", str(DEFAULT_MODEL_PATH), *worker_extra],
+                f"http://127.0.0.1:{wport}/worker/health", log_path=log_dir / f"{mode}-w{i}.log"))
+        with workers[0], workers[1]:
+            deadline = time.monotonic() + 30
+            while httpx.get(url + "/coordinator/health", timeout=2).json()["workers"]["alive"] < 2:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("workers did not register")
+                time.sleep(0.2)
+
+            async def load() -> tuple[float, list[float], list[str]]:
+                ttfts: list[float] = []
+                errors: list[str] = []
+                async with httpx.AsyncClient(timeout=300) as client:
+                    started = time.perf_counter()
+                    counts = await asyncio.gather(*[
+                        user(client, url, systems, random.Random(args.seed * 100 + u), started + args.duration,
+                             args.max_tokens, ttfts, errors) for u in range(args.users)])
+                    elapsed = time.perf_counter() - started
+                return sum(counts) / elapsed, ttfts, errors
+
+            return asyncio.run(load())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--users", type=int, default=8)
+    parser.add_argument("--duration", type=float, default=40.0)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--system-tokens", type=int, default=500)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--sessions", type=int, default=4, help="sequences per worker")
+    parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads per worker")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--modes", default="prefix,load,none")
+    args = parser.parse_args(argv)
+    systems = [system_prompt(i, args.system_tokens) for i in range(args.prompts)]
+    print(f"{args.users} users, {args.duration:g} s per mode, {args.prompts} system prompts of ~{args.system_tokens} "
+          f"tokens, answers of {args.max_tokens} tokens (greedy); 2 workers x {args.threads} llama.cpp thread(s) x "
+          f"{args.sessions} sequences")
+    results: dict[str, tuple[float, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="prefix-bench-") as tmp:
+        for mode in args.modes.split(","):
+            rps, ttfts, errors = run_mode(mode, args, Path(tmp), systems)
+            p50 = statistics.median(ttfts) * 1e3 if ttfts else float("nan")
+            p90 = statistics.quantiles(ttfts, n=10)[-1] * 1e3 if len(ttfts) >= 10 else float("nan")
+            results[mode] = (rps, p50)
+            print(f"{mode:>7}: {rps:6.2f} requests/s  TTFT p50 {p50:8.1f} ms  p90 {p90:8.1f} ms  "
+                  f"({len(ttfts)} requests, {len(errors)} errors{': ' + ', '.join(sorted(set(errors))) if errors else ''})")
+    if "prefix" in results:
+        for base in ("load", "none"):
+            if base in results:
+                rps, p50 = results[base]
+                print(f"prefix vs {base}: requests/s {results['prefix'][0] / rps:.2f}x, "
+                      f"TTFT p50 {p50 / results['prefix'][1]:.2f}x lower")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
