@@ -67,6 +67,7 @@ class Admission:
         kv_bytes = demand.tokens(worker.session_max_tokens) * worker.bytes_per_token
         res = Reservation(next(self._keys), worker.worker_id, demand, kv_bytes, int(demand.new_session))
         self._registry.correct(res.worker_id, res.key, Correction(kv_bytes, res.sessions))
+        worker.in_flight += 1
         self.in_flight += 1
         self.in_flight_kv_bytes += kv_bytes
         return res
@@ -97,6 +98,8 @@ class Admission:
         self.in_flight_kv_bytes -= res.kv_bytes
         pending = self._registry.has_correction(res.worker_id, res.key)
         worker = self._registry.get(res.worker_id)
+        if worker is not None:
+            worker.in_flight = max(0, worker.in_flight - 1)
         try:
             self._settle(res, worker, pending, kept_tokens)
         finally:

@@ -174,7 +174,8 @@ class Gateway:
                 hashes = state.prefixes.hashes(model, body)
                 match = state.prefixes.match(hashes)
         decision = state.policy.select(
-            Request(gen.demand, model, body.session_id, session_worker, prefer, prefix_match=match),
+            Request(gen.demand, model, body.session_id, session_worker, prefer, prefix_match=match,
+                    turn=next(state.turns), rng=state.rng),
             candidates, now=state.clock.monotonic())
         if decision.reason is not None:
             if decision.reason == reasons.UNKNOWN_SESSION:
@@ -208,6 +209,9 @@ class Gateway:
         metrics.e2e.observe(now - started)
         if outcome.first_token_at is not None:
             metrics.ttft.observe(outcome.first_token_at - started)
+            record = state.registry.get(stream.worker.worker_id)
+            if record is not None:  # least-latency's signal: what this worker's clients waited
+                record.observe_ttft(outcome.first_token_at - started, now)
         if ending is Ending.SLOW_CLIENT:
             metrics.slow_clients.inc()
             finish = reasons.SLOW_CONSUMER

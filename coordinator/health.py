@@ -88,7 +88,7 @@ async def workers(request: Request) -> WorkerStatusList:
     state: CoordinatorState = request.app.state.coordinator
     now = state.clock.monotonic()
     state.registry.sweep(now)
-    return WorkerStatusList(scorers=state.settings.scorers,
+    return WorkerStatusList(routing_policy=state.settings.routing_policy, scorers=state.settings.scorers,
                             workers=[_status(state.policy, w, now) for w in sorted(state.registry.all(),
                                                                                   key=lambda w: w.worker_id)])
 
@@ -110,4 +110,5 @@ def _status(policy: Policy, w: WorkerRecord, now: float) -> WorkerStatus:
         bytes_per_token=w.bytes_per_token, session_max_tokens=w.session_max_tokens, draining=w.draining,
         score=round(total, 6) if w.state == ALIVE else None,
         score_parts={name: round(part, 6) for name, part in parts.items()} if w.state == ALIVE else {},
-        breaker=breaker)
+        breaker=breaker, in_flight=w.in_flight,
+        ttft_ewma_ms=round(w.ttft_ewma * 1e3, 3) if w.ttft_ewma is not None else None)

@@ -49,6 +49,14 @@ class WorkerRecord:
     breaker_probing: bool = False
     breaker_failures: int = 0  # in a row
     breaker_trips: int = 0  # times opened since it last closed
+    # The coordinator's own view, for the named routing policies.
+    in_flight: int = 0  # reservations held on it now (admission.py)
+    ttft_ewma: float | None = None  # recent time to first token, seconds (gateway.py)
+    ttft_at: float = 0.0
+
+    def observe_ttft(self, seconds: float, now: float, weight: float = 0.3) -> None:
+        self.ttft_ewma = seconds if self.ttft_ewma is None else (1 - weight) * self.ttft_ewma + weight * seconds
+        self.ttft_at = now
     extra_kv_bytes: int = 0
     extra_sessions: int = 0
     corrections: dict[int, Correction] = field(default_factory=dict)

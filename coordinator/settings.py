@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -57,6 +58,12 @@ class Settings(BaseModel):
     scorers: str = Field(
         default=DEFAULT_SCORERS, max_length=512,
         description="scheduling scorers and their weights, name:weight,... (session_load, kv_load, prefix)")
+    routing_policy: Literal["score", "round-robin", "least-connections", "random", "least-latency"] = Field(
+        default="score", description="how eligible workers are ordered: score (the weighted scorers), "
+        "round-robin, least-connections, random, least-latency")
+    routing_seed: int = Field(default=0, ge=0, description="seed of the random policy's draws")
+    latency_half_life: float = Field(default=10.0, gt=0,
+                                     description="least-latency: seconds for an idle worker's TTFT average to halve")
     prefix_block_chars: int = Field(default=256, ge=16, le=65_536,
                                     description="characters per block of the prefix index's hashes")
     prefix_index_blocks: int = Field(default=100_000, ge=0, le=10_000_000,

@@ -6,7 +6,10 @@ Must not: hold behaviour of its own; no module-level instances, so two apps can 
 
 from __future__ import annotations
 
+import itertools
 import logging
+import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from coordinator.admission import Admission
@@ -35,6 +38,8 @@ class CoordinatorState:
     queue: AdmissionQueue
     prefixes: PrefixIndex
     policy: Policy
+    turns: Iterator[int]  # requests scheduled, for round-robin
+    rng: random.Random  # the random policy's seeded source
     metrics: CoordinatorMetrics
     client: WorkerClient
     dispatcher: Dispatcher
@@ -72,6 +77,8 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
         settings=settings, clock=clock, registry=registry, sessions=sessions,
         conversations=ConversationTable(settings.conversation_table_size), admission=admission, queue=queue, prefixes=prefixes,
         policy=Policy.build(stale_after=settings.stale_after, scorers=settings.scorers,
-                           balance_threshold=settings.prefix_balance_threshold), metrics=metrics,
+                           balance_threshold=settings.prefix_balance_threshold, routing=settings.routing_policy,
+                           latency_half_life=settings.latency_half_life),
+        turns=itertools.count(), rng=random.Random(settings.routing_seed), metrics=metrics,
         client=client, dispatcher=dispatcher, breakers=breakers, log=logging.getLogger("coordinator.requests"),
         started_at=clock.time())

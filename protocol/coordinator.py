@@ -57,8 +57,11 @@ class WorkerStatus(BaseModel):
     score_parts: dict[str, float] = Field(default_factory=dict,
                                           description="each scorer's weighted part of the score")
     breaker: Literal["closed", "open", "probing"] = "closed"
+    in_flight: int = Field(default=0, description="streams the coordinator has on it now")
+    ttft_ewma_ms: float | None = Field(default=None, description="recent time to first token through it")
 
 
 class WorkerStatusList(BaseModel):
+    routing_policy: str = Field(default="score", description="the named policy ordering eligible workers")
     scorers: str = Field(default="", description="the scheduling policy's scorers and weights")
     workers: list[WorkerStatus]

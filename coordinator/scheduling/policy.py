@@ -1,16 +1,17 @@
 """The scheduling policy: filters, then weighted scorers, then a picker. `select` is pure.
 
 Owns: running the filters in order (the first that leaves nobody gives the answer's reason), the
-weighted sum of the scorers (weights come from settings), the ranking (lowest total first, ties to
-the lower worker id, so the same inputs always give the same answer), session affinity (a hard
-rule) and prefix preference (a soft one).
+weighted sum of the scorers (weights come from settings), the picker that orders the survivors (the
+named routing policy: by default the lowest total first, ties to the lower worker id, so the same
+inputs always give the same answer), session affinity (a hard rule) and conversation preference (a
+soft one). Every policy passes the same filters.
 Must not: do I/O, read a clock or random source it was not given, or change the workers it reads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from coordinator.scheduling.filters import Filter
 from coordinator.scheduling.filters.alive import Alive
@@ -19,6 +20,12 @@ from coordinator.scheduling.filters.kv_room import KvRoom
 from coordinator.scheduling.filters.not_draining import NotDraining
 from coordinator.scheduling.filters.serves_model import ServesModel
 from coordinator.scheduling.filters.session_room import SessionRoom
+from coordinator.scheduling.pickers import Picker
+from coordinator.scheduling.pickers.least_connections import LeastConnections
+from coordinator.scheduling.pickers.least_latency import LeastLatency
+from coordinator.scheduling.pickers.random_pick import RandomPick
+from coordinator.scheduling.pickers.round_robin import RoundRobin
+from coordinator.scheduling.pickers.score import ByScore
 from coordinator.scheduling.scorers import Scorer
 from coordinator.scheduling.scorers.kv_load import KvLoad
 from coordinator.scheduling.scorers.prefix import Prefix
@@ -29,6 +36,10 @@ from protocol import reasons
 # Every scorer a policy may name in settings, by name.
 SCORERS: dict[str, Callable[[], Scorer]] = {"session_load": SessionLoad, "kv_load": KvLoad, "prefix": Prefix}
 DEFAULT_SCORERS = "session_load:0.6,kv_load:0.4"
+# Every named routing policy (`--routing-policy`), by name; `score` is the default.
+PICKERS: dict[str, Callable[[], Picker]] = {"score": ByScore, "round-robin": RoundRobin,
+                                             "least-connections": LeastConnections, "random": RandomPick,
+                                             "least-latency": LeastLatency}
 
 
 @dataclass(frozen=True)
@@ -38,12 +49,17 @@ class Policy:
     # An affinity scorer (prefix) gives no credit to a worker whose load cost is more than this above
     # the least loaded candidate's: balance wins over a cached prefix past that point.
     balance_threshold: float = 0.3
+    picker: Picker = field(default_factory=ByScore)
 
     @classmethod
-    def build(cls, *, stale_after: float, scorers: str = DEFAULT_SCORERS, balance_threshold: float = 0.3) -> Policy:
+    def build(cls, *, stale_after: float, scorers: str = DEFAULT_SCORERS, balance_threshold: float = 0.3,
+              routing: str = "score", latency_half_life: float = 10.0) -> Policy:
         filters: tuple[Filter, ...] = (Alive(stale_after), ServesModel(), NotDraining(), BreakerClosed(),
                                        SessionRoom(), KvRoom())
-        return cls(filters, parse_scorers(scorers), balance_threshold)
+        if routing not in PICKERS:
+            raise ValueError(f"unknown routing policy {routing!r} (known: {', '.join(PICKERS)})")
+        picker = LeastLatency(latency_half_life) if routing == "least-latency" else PICKERS[routing]()
+        return cls(filters, parse_scorers(scorers), balance_threshold, picker)
 
     def uses(self, name: str) -> bool:
         return any(s.name == name for s, _ in self.scorers)
@@ -82,8 +98,9 @@ class Policy:
             if not left:
                 return Decision(reason=f.reason)
         scored = self._balanced({w.worker_id: self.score(request, w) for w in left})
-        ranked = tuple(sorted(left, key=lambda w: (w.worker_id != request.prefer, scored[w.worker_id][0],
-                                                   w.worker_id)))
+        picked = self.picker.rank(request, left, {k: v[0] for k, v in scored.items()}, now)
+        # A stable sort: the preferred worker first, the picker's order otherwise kept.
+        ranked = tuple(sorted(picked, key=lambda w: w.worker_id != request.prefer))
         return Decision(ranked=ranked, scores={k: v[0] for k, v in scored.items()},
                         parts={k: v[1] for k, v in scored.items()})
 

@@ -5,6 +5,7 @@ Owns: the types every filter and scorer shares. Must not: hold logic.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -42,6 +43,12 @@ class WorkerView(Protocol):
     def breaker_open_until(self) -> float: ...  # monotonic seconds; 0: closed
     @property
     def breaker_probing(self) -> bool: ...  # a probe request is in flight: no other until it ends
+    @property
+    def in_flight(self) -> int: ...  # streams the coordinator has on it now (its own count)
+    @property
+    def ttft_ewma(self) -> float | None: ...  # seconds, recent time to first token; None: no sample yet
+    @property
+    def ttft_at(self) -> float: ...  # monotonic seconds of the last sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +60,8 @@ class Request:
     prefer: str | None = None  # a worker likely to hold the prompt's prefix: first if it passes every filter
     # worker id -> share of the prompt's prefix it was sent before (coordinator/prefixes.py)
     prefix_match: Mapping[str, float] = field(default_factory=lambda: NO_MATCH)
+    turn: int = 0  # the coordinator's request counter, for round-robin
+    rng: random.Random | None = None  # the coordinator's seeded random source, for random
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,9 @@ class W:
     draining: bool = False
     breaker_open_until: float = 0.0
     breaker_probing: bool = False
+    in_flight: int = 0
+    ttft_ewma: float | None = None
+    ttft_at: float = 0.0
 
 
 SMALL = Demand(prompt_bytes=10, max_tokens=26)  # 100 tokens = 1,000 bytes at 10 bytes/token
