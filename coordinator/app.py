@@ -46,6 +46,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
             yield
         finally:
             await state.client.close()
+            state.cache.close()
 
     app = FastAPI(title="llm-pool coordinator", lifespan=lifespan)
     app.include_router(health.router)

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from coordinator.cache import cache_key
 from coordinator.conversations import continuation_key, conversation_key
 from coordinator.dispatch import OpenStream
 from coordinator.errors import CoordinatorError
@@ -25,6 +26,8 @@ from coordinator.relay import Outcome, Relay
 from coordinator.response import Ending
 from coordinator.scheduling import Request
 from protocol import reasons
+from protocol.sse import SseEvent
+from protocol.worker import EVENT_DONE, DoneEvent, Timings
 
 if TYPE_CHECKING:
     from coordinator.state import CoordinatorState
@@ -78,6 +81,12 @@ class Gateway:
         state = self._state
         try:
             model = self.resolve_model(gen.request.model)
+            key = cache_key(gen.surface, model, gen.request) if state.cache.enabled else None
+            if key is not None:
+                hit = state.cache.get(key)
+                state.metrics.cache_lookups.labels(outcome="hit" if hit else "miss").inc()
+                if hit is not None:  # answered at once: nothing admitted, reserved or computed
+                    return self._replay(gen, model, hit, started)
             gen, stream = await self._admit_in_turn(gen, model, started, client_gone)
         except CoordinatorError as exc:
             self.refused(gen.request_id, exc, started, surface=gen.surface)
@@ -94,23 +103,45 @@ class Gateway:
 
         breakers, worker_id = state.breakers, stream.worker.worker_id
 
+        cache = state.cache
+
         def final(outcome: Outcome) -> None:
             done = outcome.done
             kept = done.usage.total_tokens if session_id is not None and done is not None else None
             admission.release(reservation, kept_tokens=kept)
             if done is not None:
                 breakers.succeeded(worker_id)
+                if key is not None and relay.record is not None and done.finish_reason != "cancelled":
+                    cache.put(key, tuple(relay.record))  # complete streams only
             elif outcome.error_reason in WORKER_FAULTS:
                 breakers.failed(worker_id)
             else:
                 breakers.settled(worker_id)  # the client left, or read too slowly: no verdict
 
         relay = Relay(stream, request_id=gen.request_id, buffer_events=settings.relay_buffer_events,
-                      write_deadline=settings.relay_write_deadline, metrics=state.metrics, on_final=final)
+                      write_deadline=settings.relay_write_deadline, metrics=state.metrics, on_final=final,
+                      record_bytes=cache.max_bytes if key is not None else 0)
         # Only these outlive this call: not the parsed request, nor its prompt.
         surface = gen.surface
         return Opened(relay, stream.worker.worker_id, model or stream.worker.model,
-                      lambda ending: self._finish(session_id, surface, relay, ending, started))
+                      lambda ending: self._finish(session_id, surface, relay, stream, ending, started))
+
+    def _replay(self, gen: Generation, model: str | None, events: tuple[SseEvent, ...], started: float) -> Opened:
+        """A cache hit: the recorded stream, its `done` marked `cached` with this request's id and no
+        completion tokens computed, through the same relay and response as a live one."""
+        state, settings = self._state, self._state.settings
+        replayed = tuple(_as_hit(e, gen.request_id) if e.event == EVENT_DONE else e for e in events)
+        relay = Relay(Replay(replayed), request_id=gen.request_id, buffer_events=settings.relay_buffer_events,
+                      write_deadline=settings.relay_write_deadline, metrics=state.metrics)
+        surface, done = gen.surface, relay.outcome
+
+        def finish(ending: Ending) -> None:
+            finished = done.done.finish_reason if done.done is not None else ending.value
+            state.metrics.finished.labels(finish_reason=finished).inc()
+            self._log(request_id=relay.request_id, surface=surface, status=200, worker_id="cache", cached=True,
+                      finish_reason=finished, duration_ms=_ms(self.now() - started))
+
+        return Opened(relay, "cache", model or "", finish)
 
     def refused(self, request_id: str, exc: CoordinatorError, started: float, *, surface: str) -> None:
         """Count and log a request refused before its first byte (a surface's parse errors too)."""
@@ -195,10 +226,11 @@ class Gateway:
             state.prefixes.record(hashes, stream.worker.worker_id)
         return gen, stream
 
-    def _finish(self, session_id: str | None, surface: str, relay: Relay, ending: Ending, started: float) -> None:
+    def _finish(self, session_id: str | None, surface: str, relay: Relay, stream: OpenStream, ending: Ending,
+                started: float) -> None:
         """Runs once per admitted request, whatever the ending: release, count, log."""
         state = self._state
-        outcome, stream = relay.outcome, relay.stream
+        outcome = relay.outcome
         done = outcome.done
         kept = done.usage.total_tokens if session_id is not None and done is not None else None
         state.admission.release(stream.reservation, kept_tokens=kept)  # done already, unless cut short
@@ -235,3 +267,29 @@ class Gateway:
 
 def _ms(seconds: float) -> float:
     return round(seconds * 1000.0, 3)
+
+
+class Replay:
+    """A recorded stream, read like a worker's (relay.Upstream)."""
+
+    def __init__(self, events: tuple[SseEvent, ...]) -> None:
+        self.first = events[0]
+        self.events = self._rest(events[1:])
+
+    @staticmethod
+    async def _rest(events: tuple[SseEvent, ...]) -> AsyncIterator[SseEvent]:
+        for event in events:
+            yield event
+
+    async def close(self) -> None:
+        pass
+
+
+def _as_hit(event: SseEvent, request_id: str) -> SseEvent:
+    done = DoneEvent.model_validate_json(event.data)
+    usage = done.usage.model_copy(update={"completion_tokens": 0, "cached_tokens": done.usage.prompt_tokens,
+                                          "total_tokens": done.usage.prompt_tokens})
+    timings = Timings(queue_ms=0.0, prefill_ms=0.0, ttft_ms=0.0, total_ms=0.0, tokens_per_second=0.0)
+    hit = done.model_copy(update={"cached": True, "request_id": request_id, "usage": usage, "timings": timings,
+                                  "worker_id": "cache"})
+    return SseEvent(EVENT_DONE, hit.model_dump_json())

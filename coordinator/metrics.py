@@ -43,6 +43,12 @@ class CoordinatorMetrics:
         self.e2e = Histogram("coordinator_e2e_request_latency_seconds", "Request received to stream end",
                              buckets=LATENCY_BUCKETS, registry=r)
         self.generation_tokens = Counter("coordinator_generation_tokens", "Token events relayed", registry=r)
+        self.cache_lookups = Counter("coordinator_response_cache_lookups", "Response cache lookups of cacheable "
+                                     "requests", ["outcome"], registry=r)
+        self.cache_evictions = Counter("coordinator_response_cache_evictions",
+                                       "Entries evicted (LRU bounds or TTL)", registry=r)
+        self.cache_bytes = Gauge("coordinator_response_cache_bytes", "Bytes of recorded streams held", registry=r)
+        self.cache_entries = Gauge("coordinator_response_cache_entries", "Entries held", registry=r)
         self.breaker_transitions = Counter("coordinator_breaker_transitions", "Circuit breakers opened or closed",
                                            ["to"], registry=r)
         self.breakers_open = Gauge("coordinator_breakers_open", "Workers out of scheduling by their breaker now",

@@ -15,13 +15,13 @@ the client (`slow` is set) and closes the worker request, which frees its KV cac
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from pydantic import ValidationError
 
 from coordinator.buffer import EventBuffer
-from coordinator.dispatch import OpenStream
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.upstream import WorkerStreamError
 from protocol import reasons
@@ -44,17 +44,31 @@ class Outcome:
     first_token_at: float | None = None  # set by the writer when the first token reached the socket
 
 
-class Relay:
-    __slots__ = ("_first_ends", "_metrics", "_on_final", "outcome", "queue", "request_id", "slow", "stream",
-                 "write_deadline")
+class Upstream(Protocol):
+    """Where the relay reads events: a worker's stream (dispatch.OpenStream) or a cached one."""
 
-    def __init__(self, stream: OpenStream, *, request_id: str, buffer_events: int, write_deadline: float,
-                 metrics: CoordinatorMetrics, on_final: Callable[[Outcome], None] | None = None) -> None:
+    @property
+    def first(self) -> SseEvent: ...
+    @property
+    def events(self) -> AsyncIterator[SseEvent]: ...
+    async def close(self) -> None: ...
+
+
+class Relay:
+    __slots__ = ("_first_ends", "_metrics", "_on_final", "_record_left", "outcome", "queue", "record",
+                 "request_id", "slow", "stream", "write_deadline")
+
+    def __init__(self, stream: Upstream, *, request_id: str, buffer_events: int, write_deadline: float,
+                 metrics: CoordinatorMetrics, on_final: Callable[[Outcome], None] | None = None,
+                 record_bytes: int = 0) -> None:
         """`on_final` runs once, when the stream's final event is read and before it is queued for the
         client: the worker freed the request's slot before sending that event, so whoever learns of
         the end from the client must find the slot free here too (no 503 at the seam)."""
         self.stream = stream
         self._on_final = on_final
+        # The events as relayed, for the response cache (`record_bytes` > 0); given up past that size.
+        self.record: list[SseEvent] | None = [] if record_bytes > 0 else None
+        self._record_left = record_bytes
         self.request_id = request_id
         self.queue: EventBuffer[SseEvent] = EventBuffer(buffer_events)
         self.write_deadline = write_deadline
@@ -101,6 +115,12 @@ class Relay:
 
     def _note(self, event: SseEvent) -> bool | None:
         """Record what the event says; True when it ends the stream, None when it is not relayed."""
+        if self.record is not None and event.event in (EVENT_TOKEN, EVENT_DONE, EVENT_ERROR):
+            self._record_left -= len(event.data) + 32
+            if self._record_left >= 0:
+                self.record.append(event)
+            else:
+                self.record = None
         if event.event == EVENT_TOKEN:
             self.outcome.tokens += 1
         elif event.event == EVENT_DONE:

@@ -71,6 +71,11 @@ class Settings(BaseModel):
     prefix_balance_threshold: float = Field(
         default=0.3, ge=0.0, le=1.0,
         description="the prefix scorer gives no credit to a worker this much busier (0-1 load) than the least busy")
+    cache_entries: int = Field(default=0, ge=0, le=10_000_000,
+                               description="response cache entries (0: no cache); only greedy or seeded requests")
+    cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0, description="response cache size bound, bytes")
+    cache_ttl: float = Field(default=3600.0, gt=0, description="seconds a cached response stays valid")
+    cache_path: str | None = Field(default=None, description="SQLite file that keeps the cache across restarts")
     breaker_failures: int = Field(default=3, ge=1, le=1000,
                                   description="failures in a row that take a worker out of scheduling")
     breaker_cooldown: float = Field(default=2.0, gt=0, description="seconds out after the first trip; doubles each trip")

@@ -11,9 +11,11 @@ import logging
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from coordinator.admission import Admission
 from coordinator.breaker import Breakers
+from coordinator.cache import ResponseCache
 from coordinator.clock import Clock
 from coordinator.conversations import ConversationTable
 from coordinator.dispatch import Dispatcher
@@ -37,6 +39,7 @@ class CoordinatorState:
     admission: Admission
     queue: AdmissionQueue
     prefixes: PrefixIndex
+    cache: ResponseCache
     policy: Policy
     turns: Iterator[int]  # requests scheduled, for round-robin
     rng: random.Random  # the random policy's seeded source
@@ -61,6 +64,12 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
     breakers = Breakers(registry, clock.monotonic, threshold=settings.breaker_failures,
                         cooldown=settings.breaker_cooldown, max_cooldown=settings.breaker_max_cooldown,
                         on_change=lambda to: metrics.breaker_transitions.labels(to=to).inc())
+    cache = ResponseCache(entries=settings.cache_entries, max_bytes=settings.cache_bytes, ttl=settings.cache_ttl,
+                          clock=clock.time,
+                          path=Path(settings.cache_path) if settings.cache_path else None,
+                          on_evict=metrics.cache_evictions.inc)
+    metrics.cache_bytes.set_function(lambda: cache.bytes)
+    metrics.cache_entries.set_function(lambda: len(cache))
     metrics.watch(alive=lambda: registry.alive_count, stale=lambda: registry.stale_count,
                   reserved_kv=lambda: admission.in_flight_kv_bytes, queued=lambda: queue.length,
                   # At scrape time only: O(workers), like the listing.
@@ -75,7 +84,7 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
                             retry_after=settings.retry_after)
     return CoordinatorState(
         settings=settings, clock=clock, registry=registry, sessions=sessions,
-        conversations=ConversationTable(settings.conversation_table_size), admission=admission, queue=queue, prefixes=prefixes,
+        conversations=ConversationTable(settings.conversation_table_size), admission=admission, queue=queue, prefixes=prefixes, cache=cache,
         policy=Policy.build(stale_after=settings.stale_after, scorers=settings.scorers,
                            balance_threshold=settings.prefix_balance_threshold, routing=settings.routing_policy,
                            latency_half_life=settings.latency_half_life),

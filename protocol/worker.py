@@ -150,6 +150,8 @@ class DoneEvent(BaseModel):
     worker_id: str
     model: str
     session_id: str | None = None
+    cached: bool = Field(default=False, description="replayed from the coordinator's response cache: nothing "
+                         "was computed (completion_tokens 0)")
 
 
 class ErrorEvent(BaseModel):

@@ -17,7 +17,7 @@ def test_public_event_shapes_are_the_internal_ones() -> None:
     assert inference.TokenEvent.model_json_schema() == {
         **worker.TokenEvent.model_json_schema()}
     assert set(inference.DoneEvent.model_fields) == {"finished", "finish_reason", "usage", "timings", "request_id",
-                                                     "worker_id", "model", "session_id"}
+                                                     "worker_id", "model", "session_id", "cached"}
     assert set(inference.ErrorEvent.model_fields) == {"error", "reason", "request_id", "finished"}
     assert set(inference.Usage.model_fields) == {"prompt_tokens", "cached_tokens", "completion_tokens",
                                                  "total_tokens"}

@@ -1,0 +1,160 @@
+"""The response cache: a repeated request whose output is fully determined is answered from memory.
+
+Owns: which requests may be cached (greedy, or sampled with a fixed seed; never with a session), the
+key (surface, model, and every field of the internal request: prompt or messages, sampling,
+max_tokens, stop), the recorded internal events of complete streams, an LRU bounded in entries and
+bytes with a TTL per entry, and optional persistence in SQLite (standard library) so a restarted
+coordinator keeps its cache.
+Must not: shape any surface's output (a hit replays internal events through the surface's own
+encoder, like a live stream) or hold a worker resource (a hit is never admitted or reserved).
+
+Persistence: every insertion and eviction is written through to the file at once (small writes on
+the event loop; the file is bounded by the same entry and byte limits). A file that SQLite reports as
+corrupt is moved aside (`<file>.corrupt-<unix time>`) and a fresh one started.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sqlite3
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol.sse import SseEvent
+from protocol.worker import GenerateRequest
+
+log = logging.getLogger("coordinator.cache")
+
+
+def cache_key(surface: str, model: str | None, request: GenerateRequest) -> bytes | None:
+    """The key of a request whose output is fully determined, else None (never cached)."""
+    if request.session_id is not None:
+        return None
+    if request.temperature > 0 and request.seed is None:
+        return None
+    body = request.model_dump_json(exclude={"model"})  # every field, defaults included: all decide the output
+    return hashlib.blake2b(f"{surface}\0{model or ''}\0{body}".encode(), digest_size=20).digest()
+
+
+@dataclass(slots=True)
+class Entry:
+    events: tuple[SseEvent, ...]
+    size: int
+    stored_at: float
+
+
+def _size(events: tuple[SseEvent, ...]) -> int:
+    return sum(len(e.event) + len(e.data) + 16 for e in events)
+
+
+class ResponseCache:
+    def __init__(self, *, entries: int, max_bytes: int, ttl: float, clock: Callable[[], float] = time.time,
+                 path: Path | None = None, on_evict: Callable[[], None] | None = None) -> None:
+        self.max_entries = entries
+        self.max_bytes = max_bytes
+        self.ttl = ttl
+        self._clock = clock
+        self._entries: OrderedDict[bytes, Entry] = OrderedDict()
+        self.bytes = 0
+        self._on_evict = on_evict or (lambda: None)
+        self._db: sqlite3.Connection | None = None
+        if path is not None and self.enabled:
+            self._db = self._open(path)
+            self._load()
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_entries > 0 and self.max_bytes > 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: bytes) -> tuple[SseEvent, ...] | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if self._clock() - entry.stored_at > self.ttl:
+            self._drop(key)
+            return None
+        self._entries.move_to_end(key)
+        return entry.events
+
+    def put(self, key: bytes, events: tuple[SseEvent, ...]) -> None:
+        size = _size(events)
+        if not self.enabled or size > self.max_bytes:
+            return
+        if key in self._entries:
+            self._drop(key, evicted=False)
+        entry = Entry(events, size, self._clock())
+        self._entries[key] = entry
+        self.bytes += size
+        self._write(key, entry)
+        while len(self._entries) > self.max_entries or self.bytes > self.max_bytes:
+            self._drop(next(iter(self._entries)))
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def _drop(self, key: bytes, *, evicted: bool = True) -> None:
+        entry = self._entries.pop(key)
+        self.bytes -= entry.size
+        if evicted:
+            self._on_evict()
+        if self._db is not None:
+            self._db.execute("DELETE FROM entries WHERE key = ?", (key,))
+            self._db.commit()
+
+    # -- persistence -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _open(path: Path) -> sqlite3.Connection:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for attempt in range(2):
+            try:
+                db = sqlite3.connect(path)
+                if db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
+                    raise sqlite3.DatabaseError("quick_check failed")
+                db.execute("CREATE TABLE IF NOT EXISTS entries (key BLOB PRIMARY KEY, stored_at REAL, events TEXT)")
+                db.commit()
+                return db
+            except sqlite3.DatabaseError as exc:
+                if attempt:
+                    raise
+                aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+                log.warning(json.dumps({"event": "cache_file_corrupt", "path": str(path), "moved_to": str(aside),
+                                        "error": str(exc)}))
+                path.replace(aside)
+        raise AssertionError("unreachable")
+
+    def _load(self) -> None:
+        assert self._db is not None
+        rows = self._db.execute("SELECT key, stored_at, events FROM entries ORDER BY stored_at").fetchall()
+        now = self._clock()
+        for key, stored_at, raw in rows:
+            try:
+                events = tuple(SseEvent(e, d) for e, d in json.loads(raw))
+            except (ValueError, TypeError):
+                continue  # a row we cannot read is dropped below with the expired ones
+            if now - stored_at > self.ttl:
+                continue
+            entry = Entry(events, _size(events), stored_at)
+            self._entries[key] = entry
+            self.bytes += entry.size
+        keep = set(self._entries)
+        self._db.executemany("DELETE FROM entries WHERE key = ?", [(k,) for k, _, _ in rows if k not in keep])
+        self._db.commit()
+        while len(self._entries) > self.max_entries or self.bytes > self.max_bytes:
+            self._drop(next(iter(self._entries)), evicted=False)
+
+    def _write(self, key: bytes, entry: Entry) -> None:
+        if self._db is not None:
+            raw = json.dumps([[e.event, e.data] for e in entry.events], separators=(",", ":"))
+            self._db.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, ?)", (key, entry.stored_at, raw))
+            self._db.commit()
