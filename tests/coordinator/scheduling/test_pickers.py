@@ -56,6 +56,20 @@ def test_least_latency_decays_while_idle(workers: list[W], expected: list[str]) 
     assert ids(LeastLatency(half_life=10.0).rank(Request(SMALL), workers, {}, NOW)) == expected
 
 
+@pytest.mark.parametrize(("workers", "expected"), [
+    # a burst before any sample: spread by in-flight streams, not all onto the lower id
+    ([W("a", in_flight=3), W("b", in_flight=2)], ["b", "a"]),
+    # the faster worker, until its queue of streams outweighs its speed: 0.1 x 5 > 0.3 x 1
+    ([W("a", ttft_ewma=0.1, ttft_at=NOW, in_flight=4), W("b", ttft_ewma=0.3, ttft_at=NOW)], ["b", "a"]),
+    ([W("a", ttft_ewma=0.1, ttft_at=NOW, in_flight=1), W("b", ttft_ewma=0.3, ttft_at=NOW)], ["a", "b"]),
+    # a busy worker's average does not decay: it is being measured
+    ([W("a", ttft_ewma=0.8, ttft_at=NOW - 30, in_flight=1), W("b", ttft_ewma=0.5, ttft_at=NOW, in_flight=1)],
+     ["b", "a"]),
+])
+def test_least_latency_weighs_streams_in_flight(workers: list[W], expected: list[str]) -> None:
+    assert ids(LeastLatency(half_life=10.0).rank(Request(SMALL), workers, {}, NOW)) == expected
+
+
 def test_score_orders_by_total_then_id() -> None:
     assert ids(ByScore().rank(Request(SMALL), [C, A, B], {"a": 0.5, "b": 0.1, "c": 0.1}, NOW)) == ["b", "c", "a"]
 
