@@ -3,8 +3,7 @@
 Owns: the checks that decide the HTTP status before the first byte (model name, session state,
 prompt length against the session's KV limit, KV and sequence capacity), prompt construction
 (the request's chat messages, or its prompt as a user turn after the session's history, rendered
-with the model's chat template; or raw text) and the reuse of the prompt prefix the session's own
-cells hold (the session table cuts them to it; the engine may find a longer one elsewhere).
+with the model's chat template; or raw text) and the reuse of a session's cached tokens.
 Must not: run inference or free KV itself; it hands jobs and frees to the engine in FIFO order.
 """
 
@@ -22,6 +21,14 @@ from worker.model import Message, Model
 from worker.naming import ModelNames
 from worker.sessions import Session, SessionTable
 from worker.simulated import SimulatedEngine, SimulatedModel
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 class Gate:
@@ -68,16 +75,20 @@ class Gate:
         if known is not None and (session is not known or len(session.messages) != turns):
             # Another turn ran or the session was deleted while we tokenized: our prompt is stale.
             self.engine.free(admission.freed_seq_ids)
-            seq_id = self.table.abandon(admission)
-            if seq_id is not None:
-                self.engine.free([seq_id])
+            self._undo(session, keep_kv=session is known)
             raise WorkerError(409, reasons.SESSION_BUSY, f"session {request.session_id!r} changed meanwhile")
+        cached = min(common_prefix(session.tokens, tokens), len(tokens) - 1)
         loop = asyncio.get_running_loop()
         job = Job(request_id=request_id, request=request, session=session, prompt_tokens=tokens,
-                  cached_tokens=admission.cached_tokens, history=history if not request.raw else [],
+                  cached_tokens=cached, history=history if not request.raw else [],
                   channel=TokenChannel[StreamItem](loop, self.stream_buffer), admitted_at=self._clock())
         self.engine.submit(job, admission.freed_seq_ids)
         return job
+
+    def _undo(self, session: Session, *, keep_kv: bool) -> None:
+        seq_id = self.table.release(session, keep_kv=keep_kv)
+        if seq_id is not None:
+            self.engine.free([seq_id])
 
     def _prompt_tokens(self, request: GenerateRequest, history: list[Message], cached: list[int]) -> list[int]:
         if request.raw and request.prompt is not None:

@@ -1,9 +1,7 @@
 """The continuously batched decode loop: one thread, one llama.cpp context, every request in one batch.
 
 Owns: the llama.cpp context and its batch, the running sequences, prefill chunking, sampling, ending
-a sequence (EOG, max_tokens, KV limit, stop string, cancel, slow consumer), and the calls that change
-KV cells: cutting a sequence to its reused prefix, copying or sharing another sequence's prefix (as
-the session table picks it), freeing.
+a sequence (EOG, max_tokens, KV limit, stop string, cancel, slow consumer) and freeing its KV cells.
 Must not: block on a consumer or touch asyncio objects other than through `TokenChannel` and
 `loop.call_soon_threadsafe`. Each step puts one token of every generating sequence, plus at most
 `prefill_chunk` prompt tokens of joining sequences, into a single `llama_decode` call.
@@ -45,12 +43,7 @@ class EngineConfig:
     kv_unified: bool = False
     slow_consumer_deadline: float = 10.0
     request_timeout: float = 600.0
-    prompt_cache: bool = True  # reuse prompt prefixes other requests left or hold (see `Engine._begin`)
-    # Split KV: the shortest prefix worth copying from another sequence. llama.cpp copies a sequence's
-    # whole buffer across streams (session_max_tokens cells, whatever the prefix), so a short prefix
-    # is cheaper to prefill (docs/benchmarks.md, "Worker prefix cache"). Unified KV shares cells with
-    # no copy: any longer prefix is taken.
-    prefix_min_tokens: int = 32
+    prompt_cache: bool = True  # split KV only: freed sequences keep their cells' tokens
 
 
 @dataclass(frozen=True)
@@ -82,11 +75,10 @@ class Job:
     request: GenerateRequest
     session: Session
     prompt_tokens: list[int]  # what the sequence must hold before the first generated token
-    cached_tokens: int  # leading prompt tokens already in the session's KV (the engine may raise it)
+    cached_tokens: int  # leading prompt tokens already in the session's KV
     history: list[Message]  # the conversation including this turn's prompt (chat mode)
     channel: TokenChannel[StreamItem]
     admitted_at: float
-    copied_tokens: int = 0  # of `cached_tokens`, those taken from another sequence's cells
 
 
 @dataclass(eq=False)
@@ -106,7 +98,6 @@ class _Running:
 class EngineObserver:
     """Hooks the metrics module implements; the default does nothing."""
 
-    def watch(self, table: SessionTable) -> None: ...
     def step(self, sequences: int, prefill_tokens: int, seconds: float) -> None: ...
     def token_gap(self, seconds: float) -> None: ...
     def finished(self, job: Job, item: Finished | Failed) -> None: ...
@@ -173,8 +164,6 @@ class Engine:
 
     def bind(self, table: SessionTable) -> None:
         self.table = table
-        table.kv_unified = self.config.kv_unified  # whether its cached cells take room from others
-        self._observer.watch(table)
 
     # -- control (any thread) ------------------------------------------------------------------------
 
@@ -275,23 +264,12 @@ class Engine:
     def _begin(self, job: Job, touched: set[TokenChannel[StreamItem]]) -> None:
         session, keep = job.session, job.cached_tokens
         if job.channel.cancelled:
-            ll.llama_memory_seq_rm(self._mem, session.seq_id, len(session.tokens), -1)  # as admitted: cut
             self._release(job, keep_kv=session.session_id is not None)
             return
-        assert self.table is not None, "Engine.bind(table) must be called before start()"
-        # The admission kept the prefix of the prompt this sequence's own cells hold. Another sequence
-        # (running, kept, or free with its leftover) may hold a longer one: take it from there.
-        source = (self.table.adopt(session, job.prompt_tokens,
-                                   min_gain=1 if self.config.kv_unified else self.config.prefix_min_tokens)
-                  if self.config.prompt_cache else None)
-        if source is not None:
-            keep = job.copied_tokens = len(session.tokens)
-            self._copy(source, session.seq_id, keep)
-        elif not ll.llama_memory_seq_rm(self._mem, session.seq_id, keep, -1):
+        if not ll.llama_memory_seq_rm(self._mem, session.seq_id, keep, -1):
             keep = 0  # this memory type cannot drop a tail: start the sequence over
             ll.llama_memory_seq_rm(self._mem, session.seq_id, -1, -1)
-            self.table.cut(session, 0)
-        job.cached_tokens = keep
+        del session.tokens[keep:]
         request = job.request
         params = SamplingParams(request.temperature, request.top_p, request.top_k, request.seed,
                                 self.model.eog_tokens if request.ignore_eos else ())
@@ -300,18 +278,6 @@ class Engine:
                        started_at=self._clock())
         # Kept in sequence-id order so each step's decode rows reach llama.cpp ascending (one pass).
         bisect.insort(self._running, run, key=lambda r: r.job.session.seq_id)
-
-    def _copy(self, source: int, seq_id: int, n: int) -> None:
-        """Makes `seq_id` hold the first `n` cells of `source`, and nothing else. Unified KV: the cells
-        are shared, llama.cpp only adds `seq_id` to them (a cell lives while any sequence is on it).
-        Split KV: llama.cpp copies only whole buffers across streams, at the start of the next
-        llama_decode; the copy's positions from `n` on are dropped at once."""
-        ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
-        if self.config.kv_unified:
-            ll.llama_memory_seq_cp(self._mem, source, seq_id, 0, n)
-        else:
-            ll.llama_memory_seq_cp(self._mem, source, seq_id, -1, -1)
-            ll.llama_memory_seq_rm(self._mem, seq_id, n, -1)
 
     def _step(self, touched: set[TokenChannel[StreamItem]]) -> bool:
         """Decodes one batch; returns False when nothing could be scheduled."""
@@ -425,10 +391,11 @@ class Engine:
         self._observer.finished(job, outcome)
 
     def _release(self, job: Job, *, keep_kv: bool, clean: bool = True) -> None:
-        """`clean`: the cells hold exactly `session.tokens`; they may then stay as a prefix cache for
-        later requests (a unified cache gives them up when it needs the room: `SessionTable.admit`)."""
+        """`clean`: the cells hold exactly `session.tokens`; with a split KV they may then stay as a
+        prompt cache for the next request on this id (no other sequence can use them anyway)."""
         assert self.table is not None, "Engine.bind(table) must be called before start()"
-        seq_id = self.table.release(job.session, keep_kv=keep_kv, retain_cells=clean and self.config.prompt_cache)
+        seq_id = self.table.release(job.session, keep_kv=keep_kv, retain_cells=clean and self.config.prompt_cache
+                                                                       and not self.config.kv_unified)
         if seq_id is not None:
             ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
             job.session.tokens.clear()

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from worker.engine import EngineObserver, Failed, Finished, Job
-from worker.sessions import SessionTable
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
@@ -25,15 +24,8 @@ class WorkerMetrics(EngineObserver):
         r = self.registry
         self.prompt_tokens = Counter("worker_prompt_tokens", "Prompt tokens prefilled (cached ones excluded)",
                                      registry=r)
-        self.cached_tokens = Counter("worker_cached_prompt_tokens", "Prompt tokens reused instead of prefilled",
+        self.cached_tokens = Counter("worker_cached_prompt_tokens", "Prompt tokens reused from a session's KV",
                                      registry=r)
-        self.reused_tokens = Counter(
-            "worker_prefix_reused_tokens",
-            "Prompt tokens reused instead of prefilled, by whose cells held them: own (the sequence's: a "
-            "session's earlier turns, or what its free sequence was left holding) or other (another "
-            "sequence's, shared in a unified KV cache, copied in a split one)", ["source"], registry=r)
-        for source in ("own", "other"):
-            self.reused_tokens.labels(source)  # exported from the start, at 0
         self.generation_tokens = Counter("worker_generation_tokens", "Tokens generated", registry=r)
         self.requests_finished = Counter("worker_requests_finished", "Requests ended, by finish reason or error reason",
                                 ["finish_reason"], registry=r)
@@ -61,11 +53,6 @@ class WorkerMetrics(EngineObserver):
         self.kv_reserved = Gauge("worker_kv_cache_reserved_ratio", "KV cells promised to requests / all",
                                  registry=r)
         self.sessions = Gauge("worker_sessions", "Sequences holding KV (streaming or kept)", registry=r)
-        self.cache_tokens = Gauge("worker_prefix_cache_tokens",
-                                  "KV cells only free sequences hold: the prefix cache, counted as free", registry=r)
-        self.shared_tokens = Gauge("worker_kv_shared_tokens",
-                                   "KV cells more than one sequence holds (shared prefixes, unified KV), "
-                                   "counted once in the usage", registry=r)
         self.sessions_expired = Gauge("worker_sessions_expired_total", "Idle sessions dropped by TTL", registry=r)
         self.sessions_evicted = Gauge("worker_sessions_evicted_total", "Idle sessions evicted for room",
                                       registry=r)
@@ -80,10 +67,6 @@ class WorkerMetrics(EngineObserver):
         self.sessions.set_function(sessions)
         self.sessions_expired.set_function(expired)
         self.sessions_evicted.set_function(evicted)
-
-    def watch(self, table: SessionTable) -> None:
-        self.cache_tokens.set_function(lambda: table.cells().cached)
-        self.shared_tokens.set_function(lambda: table.cells().shared)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -105,8 +88,6 @@ class WorkerMetrics(EngineObserver):
         self.requests_finished.labels(item.reason).inc()
         self.prompt_tokens.inc(item.prompt_tokens - item.cached_tokens)
         self.cached_tokens.inc(item.cached_tokens)
-        self.reused_tokens.labels("own").inc(item.cached_tokens - job.copied_tokens)
-        self.reused_tokens.labels("other").inc(job.copied_tokens)
         self.generation_tokens.inc(item.completion_tokens)
         self.queue_time.observe(item.queue_s)
         if item.completion_tokens:

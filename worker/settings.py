@@ -43,7 +43,6 @@ ENV_NAMES = {
     "slow_consumer_deadline": "WORKER_SLOW_CONSUMER_DEADLINE",
     "request_timeout": "WORKER_REQUEST_TIMEOUT",
     "prompt_cache": "WORKER_PROMPT_CACHE",
-    "prefix_min_tokens": "WORKER_PREFIX_MIN_TOKENS",
     "log_level": "LOG_LEVEL",
     "engine": "WORKER_ENGINE",
     "sim_token_rate": "SIM_TOKEN_RATE",
@@ -77,13 +76,7 @@ class WorkerSettings(BaseModel):
     heartbeat_interval: float = Field(default=10.0, gt=0)
     stream_buffer: int = Field(default=64, ge=1, le=65536, description="items buffered per stream")
     slow_consumer_deadline: float = Field(default=10.0, gt=0, description="seconds a full stream may wait")
-    prompt_cache: bool = Field(
-        default=True, description="a prompt reuses the longest prefix any sequence's cells hold; freed "
-                                  "sequences keep their tokens for it")
-    prefix_min_tokens: int = Field(
-        default=32, ge=1, le=65536,
-        description="split KV: shortest prefix worth copying from another sequence (a copy moves the "
-                    "sequence's whole KV buffer); unified KV shares cells at no cost, whatever the length")
+    prompt_cache: bool = Field(default=True, description="freed sequences keep their tokens for a next prompt")
     request_timeout: float = Field(default=600.0, gt=0, description="seconds a request may run in all")
     log_level: str = Field(default="info", pattern="^(debug|info|warning|error)$")
     engine: Literal["llama", "simulated"] = Field(

@@ -30,11 +30,3 @@ def test_every_invalid_value_is_reported_at_once() -> None:
         WorkerSettings.load(["--port", "70000", "--threads", "0", "--session-ttl", "-1"], environ={})
     fields = {e["loc"][0] for e in bad.value.errors()}
     assert fields == {"port", "threads", "session_ttl"}
-
-
-def test_prefix_cache_settings() -> None:
-    s = WorkerSettings.load([], environ={"WORKER_PREFIX_MIN_TOKENS": "64"})
-    assert (s.prompt_cache, s.prefix_min_tokens) == (True, 64)
-    assert WorkerSettings.load(["--no-prompt-cache"], environ={}).prompt_cache is False
-    with pytest.raises(ValidationError):
-        WorkerSettings.load(["--prefix-min-tokens", "0"], environ={})
