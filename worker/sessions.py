@@ -121,8 +121,9 @@ class SessionTable:
 
     def _take_seq(self, prompt: list[int] | tuple[int, ...]) -> int:
         """A free sequence id: the one whose leftover cells share the longest prefix with the prompt, if
-        that is at least half the prompt (or 256 of its tokens), else the lowest, which keeps the
-        running ids contiguous for llama.cpp. Half, not all: a chat client's next turn resends the
+        that is at least half the prompt (or 256 of its tokens); else the lowest empty one, which keeps
+        the running ids contiguous for llama.cpp without overwriting cells another prompt may match;
+        else (every free sequence holds a leftover) the one freed longest ago. Half, not all: a chat client's next turn resends the
         whole conversation, and the previous turn's cells hold all of it but the new message."""
         best, best_len = -1, max(1, min(256, (len(prompt) + 1) // 2))
         for seq_id, cells in self._leftover.items():
@@ -134,7 +135,12 @@ class SessionTable:
             if n >= best_len:
                 best, best_len = seq_id, n
         if best < 0:
-            return heapq.heappop(self._free_seq_ids)
+            # No match: an empty sequence (the lowest, for contiguous ids) rather than one whose cells a
+            # later prompt may still want; when every free one holds some, the one freed longest ago.
+            empty = [i for i in self._free_seq_ids if i not in self._leftover]
+            best = min(empty) if empty else next(iter(self._leftover))
+            if best == self._free_seq_ids[0]:
+                return heapq.heappop(self._free_seq_ids)
         self._free_seq_ids.remove(best)
         heapq.heapify(self._free_seq_ids)
         return best

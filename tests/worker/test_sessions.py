@@ -124,7 +124,7 @@ def test_sequence_ids_are_handed_out_lowest_first_so_batches_stay_contiguous() -
     assert t.admit(None, 1).session.seq_id == 1
 
 
-def test_a_free_sequence_holding_most_of_the_prompt_is_reused_else_the_lowest() -> None:
+def test_a_free_sequence_holding_most_of_the_prompt_is_reused_else_the_lowest_empty_one() -> None:
     t, _ = table(sessions=4)
     first, second = t.admit(None, 10).session, t.admit(None, 10).session
     first.tokens.extend([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
@@ -134,9 +134,12 @@ def test_a_free_sequence_holding_most_of_the_prompt_is_reused_else_the_lowest() 
     assert t.stats() == (0, 0, 0)  # kept cells are free capacity, not use
     reused = t.admit(None, 12, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]).session
     assert reused.seq_id == first.seq_id and reused.tokens == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
-    other = t.admit(None, 12, [1, 2, 99, 98, 97]).session  # shares too little: lowest free id
-    assert other.seq_id == 1 and other.tokens == [1, 2, 50, 60]  # its cells' content, to be trimmed
-    assert t.admit(None, 1, [5]).session.seq_id == 2
+    other = t.admit(None, 12, [1, 2, 99, 98, 97]).session  # shares too little: the lowest EMPTY id,
+    assert other.seq_id == 2 and other.tokens == []  # so seq 1's cells stay for a prompt they match
+    assert t.admit(None, 1, [5]).session.seq_id == 3
+    # Every free sequence holds a leftover now (only seq 1): it is the one freed longest ago.
+    last = t.admit(None, 1, [7]).session
+    assert last.seq_id == 1 and last.tokens == [1, 2, 50, 60]  # its cells' content, to be trimmed
 
 
 def test_released_without_retaining_the_cells_must_be_freed() -> None:
