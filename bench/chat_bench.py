@@ -24,14 +24,13 @@ import asyncio
 import json
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-from bench.processes import free_port, serving
+from bench.processes import pool
 from worker.provision import DEFAULT_MODEL_PATH
 
 SYSTEM = ("You are the keeper of a lighthouse on a small northern island. You write a log every night: "
@@ -91,40 +90,23 @@ async def conversation(client: httpx.AsyncClient, url: str, visitor: int, turns:
 
 def run_mode(mode: str, args: argparse.Namespace, log_dir: Path) -> list[list[tuple[float, int]]]:
     coordinator_extra, worker_extra = MODES[mode]
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with serving("coordinator", [sys.executable, "-m", "coordinator", "--port", str(port), "--heartbeat-interval",
-                                 "1", "--log-level", "warning", *coordinator_extra],
-                 url + "/coordinator/health", log_path=log_dir / f"{mode}-coordinator.log"):
-        workers = []
-        for i in (1, 2):
-            wport = free_port()
-            workers.append(serving(
-                f"worker-{i}", [sys.executable, "-m", "worker", "--port", str(wport), "--worker-id", f"w{i}",
-                                "--coordinator-url", url, "--threads", str(args.threads), "--max-sessions", "8",
-                                "--session-max-tokens", "2048", "--heartbeat-interval", "0.5",
-                                "--log-level", "warning", "--model-path", str(DEFAULT_MODEL_PATH), *worker_extra],
-                f"http://127.0.0.1:{wport}/worker/health", log_path=log_dir / f"{mode}-w{i}.log"))
-        with workers[0], workers[1]:
-            deadline = time.monotonic() + 30
-            while httpx.get(url + "/coordinator/health", timeout=2).json()["workers"]["alive"] < 2:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("workers did not register")
-                time.sleep(0.2)
+    worker = ["--threads", str(args.threads), "--max-sessions", "8", "--session-max-tokens", "2048",
+              "--model-path", str(DEFAULT_MODEL_PATH), *worker_extra]
 
-            async def rep(r: int) -> list[list[tuple[float, int]]]:
-                async with httpx.AsyncClient(timeout=300) as client:
-                    await turn(client, url, [{"role": "user", "content": "Hello"}], 4)  # warm-up
-                    # The same seeded think times in every mode, a fresh visitor per conversation and repeat.
-                    return list(await asyncio.gather(*[
-                        conversation(client, url, r * args.conversations + k, args.turns, args.max_tokens,
-                                     random.Random(1000 * r + k), args.think_ms / 1000)
-                        for k in range(args.conversations)]))
+    async def rep(url: str, r: int) -> list[list[tuple[float, int]]]:
+        async with httpx.AsyncClient(timeout=300) as client:
+            await turn(client, url, [{"role": "user", "content": "Hello"}], 4)  # warm-up
+            # The same seeded think times in every mode, a fresh visitor per conversation and repeat.
+            return list(await asyncio.gather(*[
+                conversation(client, url, r * args.conversations + k, args.turns, args.max_tokens,
+                             random.Random(1000 * r + k), args.think_ms / 1000)
+                for k in range(args.conversations)]))
 
-            results = []
-            for r in range(args.repeat):
-                results.extend(asyncio.run(rep(r)))
-            return results
+    with pool(log_dir, workers=[worker, worker], coordinator=coordinator_extra, name=mode) as running:
+        results = []
+        for r in range(args.repeat):
+            results.extend(asyncio.run(rep(running.url, r)))
+        return results
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,13 +17,12 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 
 from bench.load.report import read_json
-from bench.processes import free_port, serving
+from bench.processes import pool
 from worker.provision import DEFAULT_MODEL_PATH
 
 POLICIES = "score,round-robin,least-connections,random,least-latency"
@@ -49,33 +48,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'policy':>18} {'workload':>9} {'req/s':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'errors':>7}  spread")
     with tempfile.TemporaryDirectory(prefix="policy-bench-") as tmp:
         for policy in args.policies.split(","):
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            with serving("coordinator", [sys.executable, "-m", "coordinator", "--port", str(port),
-                                         "--heartbeat-interval", "1", "--log-level", "warning", "--routing-policy",
-                                         policy], url + "/coordinator/health", log_path=Path(tmp) / "c.log"):
-                ports = [free_port(), free_port()]
-                workers = [serving(f"w{i}", [sys.executable, "-m", "worker", "--port", str(p), "--worker-id", f"w{i}",
-                                             "--coordinator-url", url, "--threads", "1", "--heartbeat-interval", "0.5",
-                                             "--log-level", "warning", "--model-path", str(DEFAULT_MODEL_PATH)],
-                                   f"http://127.0.0.1:{p}/worker/health", log_path=Path(tmp) / f"w{i}.log")
-                           for i, p in enumerate(ports, start=1)]
-                with workers[0], workers[1]:
-                    while httpx.get(url + "/coordinator/health", timeout=2).json()["workers"]["alive"] < 2:
-                        time.sleep(0.2)
-                    for name, extra in WORKLOADS.items():
-                        before = [finished(f"http://127.0.0.1:{p}") for p in ports]
-                        out = Path(tmp) / f"{policy}-{name}.json"
-                        subprocess.run([sys.executable, "-m", "bench.load", "--url", url, "--api", "infer",
-                                        "--duration", str(args.duration), "--ignore-eos", "--seed", "1",
-                                        "--warmup", "2", "--no-progress", "--out", str(out), *extra],
-                                       check=True, stdout=subprocess.DEVNULL)
-                        after = [finished(f"http://127.0.0.1:{p}") for p in ports]
-                        served = [a - b for a, b in zip(after, before, strict=True)]
-                        s = read_json(out)[next(iter(read_json(out)))][0].summary
-                        spread = " / ".join(f"{n / max(1.0, sum(served)):.0%}" for n in served)
-                        print(f"{policy:>18} {name:>9} {s.requests_per_s:7.2f} {s.ttft_ms.p50 or 0:8.0f}ms "
-                              f"{s.ttft_ms.p99 or 0:8.0f}ms {s.failures:7d}  {spread}", flush=True)
+            worker = ["--threads", "1", "--model-path", str(DEFAULT_MODEL_PATH)]
+            with pool(Path(tmp), workers=[worker, worker], coordinator=["--routing-policy", policy],
+                      name=policy) as running:
+                for name, extra in WORKLOADS.items():
+                    before = [finished(w) for w in running.worker_urls]
+                    out = Path(tmp) / f"{policy}-{name}.json"
+                    subprocess.run([sys.executable, "-m", "bench.load", "--url", running.url, "--api", "infer",
+                                    "--duration", str(args.duration), "--ignore-eos", "--seed", "1",
+                                    "--warmup", "2", "--no-progress", "--out", str(out), *extra],
+                                   check=True, stdout=subprocess.DEVNULL)
+                    served = [finished(w) - b for w, b in zip(running.worker_urls, before, strict=True)]
+                    s = read_json(out)[next(iter(read_json(out)))][0].summary
+                    spread = " / ".join(f"{n / max(1.0, sum(served)):.0%}" for n in served)
+                    print(f"{policy:>18} {name:>9} {s.requests_per_s:7.2f} {s.ttft_ms.p50 or 0:8.0f}ms "
+                          f"{s.ttft_ms.p99 or 0:8.0f}ms {s.failures:7d}  {spread}", flush=True)
     return 0
 
 

@@ -23,14 +23,13 @@ import argparse
 import asyncio
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-from bench.processes import free_port, serving
+from bench.processes import pool
 from worker.provision import DEFAULT_MODEL_PATH
 
 TOPICS = ("a lighthouse keeper", "a ship's cook", "a mountain guide", "a beekeeper", "a night-train conductor",
@@ -78,39 +77,22 @@ async def user(client: httpx.AsyncClient, url: str, systems: list[str], rng: ran
 
 def run_mode(mode: str, args: argparse.Namespace, log_dir: Path, systems: list[str]) -> tuple[float, list[float], list[str]]:
     coordinator_extra, worker_extra = MODES[mode]
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with serving("coordinator", [sys.executable, "-m", "coordinator", "--port", str(port), "--heartbeat-interval",
-                                 "1", "--log-level", "warning", *coordinator_extra],
-                 url + "/coordinator/health", log_path=log_dir / f"{mode}-coordinator.log"):
-        workers = []
-        for i in (1, 2):
-            wport = free_port()
-            workers.append(serving(
-                f"worker-{i}", [sys.executable, "-m", "worker", "--port", str(wport), "--worker-id", f"w{i}",
-                                "--coordinator-url", url, "--threads", str(args.threads), "--max-sessions",
-                                str(args.sessions), "--session-max-tokens", "1024", "--heartbeat-interval", "0.5",
-                                "--log-level", "warning", "--model-path", str(DEFAULT_MODEL_PATH), *worker_extra],
-                f"http://127.0.0.1:{wport}/worker/health", log_path=log_dir / f"{mode}-w{i}.log"))
-        with workers[0], workers[1]:
-            deadline = time.monotonic() + 30
-            while httpx.get(url + "/coordinator/health", timeout=2).json()["workers"]["alive"] < 2:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("workers did not register")
-                time.sleep(0.2)
+    worker = ["--threads", str(args.threads), "--max-sessions", str(args.sessions), "--session-max-tokens", "1024",
+              "--model-path", str(DEFAULT_MODEL_PATH), *worker_extra]
 
-            async def load() -> tuple[float, list[float], list[str]]:
-                ttfts: list[float] = []
-                errors: list[str] = []
-                async with httpx.AsyncClient(timeout=300) as client:
-                    started = time.perf_counter()
-                    counts = await asyncio.gather(*[
-                        user(client, url, systems, random.Random(args.seed * 100 + u), started + args.duration,
-                             args.max_tokens, ttfts, errors) for u in range(args.users)])
-                    elapsed = time.perf_counter() - started
-                return sum(counts) / elapsed, ttfts, errors
+    async def load(url: str) -> tuple[float, list[float], list[str]]:
+        ttfts: list[float] = []
+        errors: list[str] = []
+        async with httpx.AsyncClient(timeout=300) as client:
+            started = time.perf_counter()
+            counts = await asyncio.gather(*[
+                user(client, url, systems, random.Random(args.seed * 100 + u), started + args.duration,
+                     args.max_tokens, ttfts, errors) for u in range(args.users)])
+            elapsed = time.perf_counter() - started
+        return sum(counts) / elapsed, ttfts, errors
 
-            return asyncio.run(load())
+    with pool(log_dir, workers=[worker, worker], coordinator=coordinator_extra, name=mode) as running:
+        return asyncio.run(load(running.url))
 
 
 def main(argv: list[str] | None = None) -> int:

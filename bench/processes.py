@@ -8,8 +8,10 @@ from __future__ import annotations
 import contextlib
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -63,3 +65,38 @@ def serving(name: str, argv: list[str], ready_url: str, *, log_path: Path | None
         stack.callback(stop, proc)
         wait_ready(proc, ready_url, name, timeout=timeout, detail=lambda: f"(log: {log_path})" if log_path else "")
         yield proc
+
+
+@dataclass(frozen=True)
+class Pool:
+    url: str  # the coordinator
+    worker_urls: tuple[str, ...]
+
+
+@contextlib.contextmanager
+def pool(log_dir: Path, *, workers: Sequence[Sequence[str]], coordinator: Sequence[str] = (),
+         name: str = "pool", timeout: float = 60.0) -> Iterator[Pool]:
+    """A real coordinator and real workers (`python -m worker`, one per entry of `workers`, which holds
+    each one's extra flags) on loopback; yields once every worker has registered, stops them all after."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(serving(
+            "coordinator", [sys.executable, "-m", "coordinator", "--port", str(port), "--heartbeat-interval", "1",
+                            "--log-level", "warning", *coordinator],
+            url + "/coordinator/health", log_path=log_dir / f"{name}-coordinator.log"))
+        worker_urls = []
+        for i, extra in enumerate(workers, start=1):
+            wport = free_port()
+            worker_urls.append(f"http://127.0.0.1:{wport}")
+            stack.enter_context(serving(
+                f"worker-{i}", [sys.executable, "-m", "worker", "--port", str(wport), "--worker-id", f"w{i}",
+                                "--coordinator-url", url, "--heartbeat-interval", "0.5", "--log-level", "warning",
+                                *extra],
+                worker_urls[-1] + "/worker/health", log_path=log_dir / f"{name}-w{i}.log"))
+        deadline = time.monotonic() + timeout
+        while httpx.get(url + "/coordinator/health", timeout=2).json()["workers"]["alive"] < len(workers):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the workers did not register within {timeout:g} s (logs in {log_dir})")
+            time.sleep(0.2)
+        yield Pool(url, tuple(worker_urls))
