@@ -29,6 +29,9 @@ from protocol.sse import SseEvent
 from protocol.worker import GenerateRequest
 
 log = logging.getLogger("coordinator.cache")
+# The largest stream one entry may hold: every cacheable stream in flight records up to this much, so
+# it bounds the relay's memory per stream, not only the cache's.
+MAX_ENTRY_BYTES = 1 << 20
 
 
 def cache_key(surface: str, model: str | None, request: GenerateRequest) -> bytes | None:
@@ -68,6 +71,10 @@ class ResponseCache:
             self._load()
 
     @property
+    def entry_limit(self) -> int:
+        return min(self.max_bytes, MAX_ENTRY_BYTES)
+
+    @property
     def enabled(self) -> bool:
         return self.max_entries > 0 and self.max_bytes > 0
 
@@ -86,7 +93,7 @@ class ResponseCache:
 
     def put(self, key: bytes, events: tuple[SseEvent, ...]) -> None:
         size = _size(events)
-        if not self.enabled or size > self.max_bytes:
+        if not self.enabled or size > self.entry_limit:
             return
         if key in self._entries:
             self._drop(key, evicted=False)

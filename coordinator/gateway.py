@@ -120,7 +120,7 @@ class Gateway:
 
         relay = Relay(stream, request_id=gen.request_id, buffer_events=settings.relay_buffer_events,
                       write_deadline=settings.relay_write_deadline, metrics=state.metrics, on_final=final,
-                      record_bytes=cache.max_bytes if key is not None else 0)
+                      record_bytes=cache.entry_limit if key is not None else 0)
         # Only these outlive this call: not the parsed request, nor its prompt.
         surface = gen.surface
         return Opened(relay, stream.worker.worker_id, model or stream.worker.model,

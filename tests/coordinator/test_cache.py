@@ -69,6 +69,9 @@ def test_bounded_by_entries_bytes_and_ttl() -> None:
     clock.advance(11)
     assert small.get(b"d") is None  # expired
     assert not ResponseCache(entries=0, max_bytes=300, ttl=10).enabled
+    big = ResponseCache(entries=10, max_bytes=100 << 20, ttl=10, clock=clock.time)
+    big.put(b"long", ev("x" * (2 << 20)))  # over the per-entry bound, though the cache has room
+    assert big.get(b"long") is None and big.entry_limit == 1 << 20
 
 
 def test_persists_across_a_restart_and_drops_what_expired(tmp_path: Path) -> None:
