@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -44,9 +45,13 @@ class Pool:
         proc.start()
         self.workers[worker_id] = proc
 
-    def state(self, worker_id: str) -> str | None:
+    def listing(self, worker_id: str) -> dict[str, Any] | None:
         listing = httpx.get(self.url + "/coordinator/health/workers", timeout=2).json()["workers"]
-        return next((w["state"] for w in listing if w["worker_id"] == worker_id), None)
+        return next((w for w in listing if w["worker_id"] == worker_id), None)
+
+    def state(self, worker_id: str) -> str | None:
+        found = self.listing(worker_id)
+        return None if found is None else found["state"]
 
     def stop(self) -> None:
         for proc in [*self.workers.values(), self.coordinator]:
@@ -103,7 +108,7 @@ async def hold(client: httpx.AsyncClient, url: str, model: str, release: asyncio
     """Keeps reading a long stream (a stream that stops being read may finish into buffers)."""
     body = {"prompt": "Count.", "model": model, "max_tokens": 480, "ignore_eos": True}
     async with client.stream("POST", url + "/coordinator/infer", json=body) as response:
-        assert response.status_code == 200
+        assert response.status_code == 200, (response.status_code, await response.aread())
         timed = Timed(response.status_code, dict(response.headers))
         reading = asyncio.create_task(read_events(response, timed))
         while "token" not in timed.names:
@@ -115,12 +120,23 @@ async def hold(client: httpx.AsyncClient, url: str, model: str, release: asyncio
 
 
 async def test_capacity_is_counted_per_model(pool: Pool) -> None:
+    # Start from a gem worker the coordinator sees idle: no stream, no session, breaker closed.
+    def idle() -> bool:
+        gem = pool.listing("gem")
+        return gem is not None and gem["sessions"] == 0 and gem["in_flight"] == 0 and gem["breaker"] == "closed"
+
+    wait_until(idle, 15, "gem idle in the coordinator's view", interval=0.2)
     release, opened = asyncio.Event(), asyncio.Queue()  # type: ignore[var-annotated]
     async with httpx.AsyncClient(timeout=60) as client:
         holders = [asyncio.create_task(hold(client, pool.url, GEMMA, release, opened)) for _ in range(2)]
         try:
-            for _ in range(2):
-                await asyncio.wait_for(opened.get(), timeout=60)
+            both_open = asyncio.ensure_future(asyncio.gather(opened.get(), opened.get()))
+            await asyncio.wait([both_open, *holders], timeout=60, return_when=asyncio.FIRST_COMPLETED)
+            failed = [h for h in holders if h.done()]
+            if not both_open.done():
+                both_open.cancel()
+                detail = repr(failed[0].exception()) if failed else "no first token in 60 s"
+                pytest.fail(f"a holding stream did not start: {detail}\n{pool.workers['gem'].log_tail()}")
             full = await infer(client, pool.url, {"prompt": "Hi", "model": GEMMA, "max_tokens": 2})
             assert full.status == 503 and full.body is not None and full.body["reason"] == "sessions_full"
             other = await infer(client, pool.url, {"prompt": "Hi", "model": SMOL, "max_tokens": 2})
