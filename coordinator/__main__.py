@@ -11,9 +11,11 @@ import sys
 
 import uvicorn
 
-from coordinator.app import create_app
+from coordinator import drain
+from coordinator.app import create_app, edge_limits
 from coordinator.server import DropAbandonedResponse, bounded_protocol
 from coordinator.settings import Settings
+from serving.server import DrainingServer
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -27,13 +29,15 @@ def main(argv: list[str] | None = None) -> None:
     requests_log.setLevel(level)
     requests_log.propagate = False
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(settings)
     config = uvicorn.Config(
-        create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-        http=bounded_protocol(settings.client_send_buffer_bytes), access_log=False,
-        timeout_graceful_shutdown=5, proxy_headers=False)  # nothing here reads the client's address
+        app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+        http=bounded_protocol(settings.client_send_buffer_bytes, edge_limits(settings)), access_log=False,
+        timeout_graceful_shutdown=5, proxy_headers=False, limit_concurrency=settings.max_connections,
+        timeout_keep_alive=settings.keep_alive_timeout)  # nothing here reads the client's address
     # After Config: it applies uvicorn's logging config, which would not keep a filter added before.
     logging.getLogger("uvicorn.error").addFilter(DropAbandonedResponse())
-    uvicorn.Server(config).run()
+    DrainingServer(config, lambda: drain.run(app.state.coordinator, settings.drain_timeout)).run()
 
 
 if __name__ == "__main__":

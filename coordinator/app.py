@@ -29,6 +29,7 @@ from coordinator.surfaces import infer, openai
 from coordinator.upstream import WorkerClient
 from coordinator.validate import request_id_of
 from protocol import reasons
+from serving.edge import EdgeLimits
 
 log = logging.getLogger("coordinator")
 
@@ -108,6 +109,24 @@ class FastPaths:
             return await handler(request)
         except CoordinatorError as exc:
             return on_error(request_id_of(request), exc)
+
+
+HEARTBEAT_MAX_BYTES = 64 * 1024  # a heartbeat is a few hundred bytes
+
+
+def edge_limits(settings: Settings) -> EdgeLimits:
+    """What serving/edge.py enforces before a request reaches this app; its refusals in the same
+    body shapes as the app's own (OpenAI's under `/v1/`)."""
+
+    def render(path: str, status: int, reason: str, message: str) -> tuple[bytes, bytes]:
+        exc = CoordinatorError(reason, message, status=status)
+        shaped = openai.error_response if path.startswith(openai.PREFIX) else infer.error_response
+        return b"application/json", bytes(shaped("", exc).body)
+
+    return EdgeLimits(max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes,
+                      max_headers=settings.max_headers, header_timeout=settings.header_timeout,
+                      body_timeout=settings.body_timeout,
+                      path_body_limits={health.HEARTBEAT_PATH: HEARTBEAT_MAX_BYTES}, render=render)
 
 
 def error_response(request: Request, exc: CoordinatorError) -> Response:

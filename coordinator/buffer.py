@@ -39,6 +39,12 @@ class EventBuffer(Generic[T]):
         _wake(self._getter)
         return True
 
+    def put_last(self, item: T) -> None:
+        """Appends the stream's final item even when full: at most one past `maxsize`, so a stream
+        that must end (an abort, an internal fault) never waits on a reader that may be gone."""
+        self._items.append(item)
+        _wake(self._getter)
+
     async def put(self, item: T, timeout: float) -> bool:
         """Appends, waiting up to `timeout` seconds for room; False when there was none in time."""
         if self.put_nowait(item):

@@ -80,6 +80,7 @@ class Gateway:
         disconnected, so a request waiting in the queue leaves it at once."""
         state = self._state
         try:
+            self._refuse_if_draining()
             model = self.resolve_model(gen.request.model)
             key = cache_key(gen.surface, model, gen.request) if state.cache.enabled else None
             if key is not None:
@@ -121,6 +122,7 @@ class Gateway:
         relay = Relay(stream, request_id=gen.request_id, buffer_events=settings.relay_buffer_events,
                       write_deadline=settings.relay_write_deadline, metrics=state.metrics, on_final=final,
                       record_bytes=cache.entry_limit if key is not None else 0)
+        state.streams.add(relay)
         # Only these outlive this call: not the parsed request, nor its prompt.
         surface = gen.surface
         return Opened(relay, stream.worker.worker_id, model or stream.worker.model,
@@ -186,8 +188,14 @@ class Gateway:
             if waiter is not None:
                 queue.leave(waiter)  # admitted or not: the next one may try now
 
+    def _refuse_if_draining(self) -> None:
+        if self._state.draining:
+            raise CoordinatorError(reasons.DRAINING, "the coordinator is shutting down; try another",
+                                   retry_after=self._state.settings.retry_after)
+
     async def _admit(self, gen: Generation, model: str | None) -> tuple[Generation, OpenStream]:
         state, body = self._state, gen.request
+        self._refuse_if_draining()  # also for a request that waited in the queue
         session_worker = state.sessions.worker_of(body.session_id) if body.session_id else None
         if session_worker is not None:
             # It continues a conversation: the worker already holds its sequence slot.
@@ -230,6 +238,7 @@ class Gateway:
                 started: float) -> None:
         """Runs once per admitted request, whatever the ending: release, count, log."""
         state = self._state
+        state.streams.discard(relay)
         outcome = relay.outcome
         done = outcome.done
         kept = done.usage.total_tokens if session_id is not None and done is not None else None
@@ -250,6 +259,9 @@ class Gateway:
         elif ending is Ending.CLIENT_GONE:
             metrics.client_disconnects.inc()
             finish = "client_gone"
+        elif ending is Ending.INTERNAL:
+            metrics.internal_errors.labels(task="relay_writer").inc()
+            finish = reasons.INTERNAL
         else:
             finish = done.finish_reason if done is not None else (outcome.error_reason or reasons.WORKER_FAILED)
         metrics.finished.labels(finish_reason=finish).inc()

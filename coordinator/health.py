@@ -10,7 +10,7 @@ from __future__ import annotations
 import hmac
 from typing import Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
 from coordinator.demand import Demand
@@ -28,7 +28,10 @@ from protocol.worker import PROTOCOL_VERSION
 router = APIRouter()
 
 
-@router.post("/coordinator/health/heartbeat")
+HEARTBEAT_PATH = "/coordinator/health/heartbeat"
+
+
+@router.post(HEARTBEAT_PATH)
 async def heartbeat(request: Request) -> HeartbeatAck:
     state: CoordinatorState = request.app.state.coordinator
     settings = state.settings
@@ -70,14 +73,22 @@ def _check(beat: Heartbeat, *, now_wall: float, max_skew: float, max_age: float)
         raise CoordinatorError(reasons.INVALID_REQUEST, f"timestamp: {now_wall - beat.timestamp:.1f} s old")
 
 
-@router.get("/coordinator/health")
+@router.get("/coordinator/health", responses={503: {"model": CoordinatorHealth, "description": "draining"}})
+async def health_route(request: Request, response: Response) -> CoordinatorHealth:
+    summary = await health(request)
+    if summary.status == "draining":
+        response.status_code = 503
+    return summary
+
+
 async def health(request: Request) -> CoordinatorHealth:
     state: CoordinatorState = request.app.state.coordinator
     registry = state.registry
     registry.sweep(state.clock.monotonic())
     counts = WorkerCounts(alive=registry.alive_count, stale=registry.stale_count,
                           total=registry.alive_count + registry.stale_count)
-    return CoordinatorHealth(status="ok" if counts.alive else "no_workers", workers=counts,
+    return CoordinatorHealth(status="draining" if state.draining else "ok" if counts.alive else "no_workers",
+                             workers=counts,
                              models=registry.alive_models(),
                              requests_running=state.admission.in_flight,
                              kv_reserved_bytes=max(0, state.admission.in_flight_kv_bytes))

@@ -57,6 +57,8 @@ class CoordinatorMetrics:
                                   registry=r)
         self.queue_wait = Histogram("coordinator_queue_wait_seconds", "Time requests spent in the admission queue",
                                     buckets=LATENCY_BUCKETS, registry=r)
+        self.internal_errors = Counter("coordinator_internal_errors", "Unexpected exceptions in a supervised task",
+                                       ["task"], registry=r)
         self.queue_outcomes = Counter("coordinator_queue_outcomes", "How waits in the admission queue ended",
                                       ["outcome"], registry=r)
 

@@ -15,6 +15,8 @@ the client (`slow` is set) and closes the worker request, which frees its KV cac
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -30,6 +32,8 @@ from protocol.worker import EVENT_DONE, EVENT_ERROR, EVENT_TOKEN, DoneEvent, Err
 
 TERMINAL = frozenset({EVENT_DONE, EVENT_ERROR})
 DRAIN_TIMEOUT = 1.0
+
+log = logging.getLogger("coordinator")
 
 
 class _SlowConsumer(Exception):
@@ -55,8 +59,8 @@ class Upstream(Protocol):
 
 
 class Relay:
-    __slots__ = ("_first_ends", "_metrics", "_on_final", "_record_left", "outcome", "queue", "record",
-                 "request_id", "slow", "stream", "write_deadline")
+    __slots__ = ("_abort", "_ended", "_first_ends", "_metrics", "_on_final", "_record_left", "_task", "outcome",
+                 "queue", "record", "request_id", "slow", "stream", "write_deadline")
 
     def __init__(self, stream: Upstream, *, request_id: str, buffer_events: int, write_deadline: float,
                  metrics: CoordinatorMetrics, on_final: Callable[[Outcome], None] | None = None,
@@ -75,6 +79,9 @@ class Relay:
         self.slow = False  # set when the client stopped taking events: the reader gave up on it
         self.outcome = Outcome()
         self._metrics = metrics
+        self._ended = False  # a final event is queued for the client
+        self._abort: tuple[str, str] | None = None  # (reason, message) of an `abort`
+        self._task: asyncio.Task[None] | None = None  # the reader task, once `run` started
         # The first event is already here (dispatch waited for it): queue it now, so the writer can
         # send it before the reader task has even started.
         self._first_ends = self._note(stream.first)
@@ -82,8 +89,12 @@ class Relay:
             self.queue.put_nowait(stream.first)
 
     async def run(self) -> None:
-        """The reader task. Always closes the worker response, however it ends."""
+        """The reader task. Always closes the worker response, however it ends, and always leaves a
+        final event for the client: an `abort` or a fault of its own ends the stream with `error`."""
+        self._task = asyncio.current_task()
         try:
+            if self._abort is not None:
+                raise asyncio.CancelledError
             if self._first_ends:
                 await self._drain()
                 return
@@ -98,9 +109,34 @@ class Relay:
             await self._relay(self._error(reasons.WORKER_FAILED, message))
         except _SlowConsumer:
             self.slow = True
+        except asyncio.CancelledError:
+            if self._abort is None:
+                raise  # the response is done with this stream (client gone, slow client)
+            self._end_with(*self._abort)
+        except Exception as exc:
+            log.error(json.dumps({"event": "internal_error", "task": "relay_reader", "request_id": self.request_id,
+                                  "error": repr(exc)}), exc_info=exc)
+            self._metrics.internal_errors.labels(task="relay_reader").inc()
+            self._end_with(reasons.INTERNAL, "internal error while relaying the worker's stream")
         finally:
             await self.stream.close()
             self._final()  # however it ended: the worker request is closed, its slot is free
+
+    def abort(self, reason: str, message: str) -> None:
+        """End the stream now with an `error` event (the coordinator is draining): the worker request
+        is closed, which frees its KV. Nothing happens to a stream whose final event is queued."""
+        if self._ended or self._abort is not None:
+            return
+        self._abort = (reason, message)
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    def _end_with(self, reason: str, message: str) -> None:
+        if self._ended:
+            return
+        event = self._error(reason, message)
+        self._note(event)
+        self.queue.put_last(event)
 
     async def _drain(self) -> None:
         """Read the stream's end (the last chunk follows the final event at once), so closing the
@@ -130,6 +166,7 @@ class Relay:
         else:
             return None  # an event type this coordinator does not know: not the client's business
         if event.event in TERMINAL:
+            self._ended = True
             self._final()
             return True
         return False

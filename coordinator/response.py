@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
+import logging
 from collections.abc import Callable
 from typing import Protocol
 
@@ -29,6 +31,7 @@ from coordinator.relay import TERMINAL, Relay
 from protocol.sse import PING, SseEvent, encode
 from protocol.worker import EVENT_TOKEN
 
+log = logging.getLogger("coordinator")
 _PING = SseEvent("", "")  # queued by the stream's timer when it has been quiet; sent as an SSE comment
 
 
@@ -48,6 +51,7 @@ class Ending(enum.Enum):
     COMPLETE = "complete"  # the done or error event reached the client
     CLIENT_GONE = "client_gone"
     SLOW_CLIENT = "slow_client"
+    INTERNAL = "internal"  # the writer itself failed: a bug, logged with its traceback
 
 
 class _SendTimeout(Exception):
@@ -83,10 +87,15 @@ class RelayResponse(Response):
         self._watchdog = loop.call_later(min(self.relay.write_deadline, self.ping_interval), self._watch, writer)
         try:
             await self._first_to_end(writer, client_left, reader)
-            if writer.done() and not writer.cancelled() and writer.exception() is None:
+            fault = writer.exception() if writer.done() and not writer.cancelled() else None
+            if writer.done() and not writer.cancelled() and fault is None:
                 ending = Ending.COMPLETE
             elif self._send_timed_out or self.relay.slow:
                 ending = Ending.SLOW_CLIENT
+            elif fault is not None:
+                ending = Ending.INTERNAL
+                log.error(json.dumps({"event": "internal_error", "task": "relay_writer",
+                                      "request_id": self.relay.request_id, "error": repr(fault)}), exc_info=fault)
             if ending is Ending.COMPLETE:
                 # End the client's response first: the reader may still be reading the worker's last bytes.
                 await self._end_body(send, {"type": "http.response.body", "body": b"", "more_body": False})

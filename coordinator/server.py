@@ -20,6 +20,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # httptools is a dependency
 
+from serving.edge import EdgeLimits, guarded_protocol
+
 
 class _CoalescingTransport:
     """Holds an event-stream response's head until its next write, so one TCP segment carries the
@@ -50,7 +52,9 @@ class _CoalescingTransport:
         return getattr(self._transport, name)
 
 
-def bounded_protocol(send_buffer_bytes: int) -> type[asyncio.Protocol]:
+def bounded_protocol(send_buffer_bytes: int, limits: EdgeLimits | None = None) -> type[asyncio.Protocol]:
+    """The coordinator's protocol: this send buffer, and the edge limits (serving/edge.py) when given."""
+
     class BoundedSendProtocol(HttpToolsProtocol):
         def connection_made(self, transport: Any) -> None:
             super().connection_made(_CoalescingTransport(transport))  # type: ignore[arg-type]  # a proxy
@@ -61,7 +65,7 @@ def bounded_protocol(send_buffer_bytes: int) -> type[asyncio.Protocol]:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer_bytes)
             transport.set_write_buffer_limits(high=send_buffer_bytes)
 
-    return BoundedSendProtocol
+    return BoundedSendProtocol if limits is None else guarded_protocol(limits, BoundedSendProtocol)
 
 
 class DropAbandonedResponse(logging.Filter):
@@ -70,3 +74,4 @@ class DropAbandonedResponse(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.getMessage() != "ASGI callable returned without completing response."
+

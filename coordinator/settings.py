@@ -42,14 +42,16 @@ class Settings(BaseModel):
     client_send_buffer_bytes: int = Field(
         default=32_768, ge=0, description="socket and transport send buffer per client connection (0: OS default)"
     )
-    ping_interval: float = Field(default=PING_INTERVAL, gt=0, description="seconds of silence before an SSE comment ping")
+    ping_interval: float = Field(default=15.0, gt=0,
+                                 description="seconds of silence before an SSE comment ping to a client")
     worker_connect_timeout: float = Field(default=2.0, gt=0)
     worker_first_event_timeout: float = Field(
-        default=120.0, gt=0, description="seconds from sending a request to a worker until its first event"
-    )
+        default=120.0, gt=0, description="seconds from sending a request to a worker until its first event "
+        "(its prefill), however busy; a worker that goes silent is found sooner by worker_read_timeout")
     worker_read_timeout: float = Field(
-        default=60.0, gt=0, description=f"longest silence in a worker stream (workers ping every {PING_INTERVAL:g} s)"
-    )
+        default=5.0, gt=0, description="longest silence from a worker, response head included (workers ping "
+        f"every {PING_INTERVAL:g} s): a hung worker is failed over before the first token, or its stream "
+        "ends with an error event after it")
     worker_max_connections: int = Field(default=1_000, ge=1)
     worker_keepalive_expiry: float = Field(
         default=2.0, ge=0, description="seconds an idle connection to a worker is kept; below the worker's "
@@ -89,7 +91,19 @@ class Settings(BaseModel):
         default=100_000, ge=0, description="conversation fingerprints remembered for prefix affinity (0: off)")
     default_model: str | None = Field(
         default=None, max_length=256, description="model for requests that name none (default: the only model)")
-    max_body_bytes: int = Field(default=4_194_304, ge=1024)
+    max_body_bytes: int = Field(default=4_194_304, ge=1024, description="largest request body, bytes (413)")
+    max_header_bytes: int = Field(default=16_384, ge=1024, le=1 << 20,
+                                  description="request line and headers together, bytes (431)")
+    max_headers: int = Field(default=100, ge=8, le=10_000, description="headers per request (431)")
+    header_timeout: float = Field(default=10.0, gt=0, description="seconds for a request's headers to arrive, "
+                                  "from the connection's start or the last response (408; slowloris)")
+    body_timeout: float = Field(default=30.0, gt=0, description="seconds for a request's body to arrive (408)")
+    max_connections: int = Field(default=10_000, ge=1, description="open client connections and requests; "
+                                 "past it new requests get 503 (uvicorn's limit_concurrency)")
+    keep_alive_timeout: int = Field(default=5, ge=1, le=3600, description="seconds an idle keep-alive connection stays")
+    drain_timeout: float = Field(
+        default=30.0, ge=0, le=3600, description="on SIGTERM: seconds streams in flight may still run before "
+        "they are ended with an error event (new requests get 503 draining meanwhile)")
     log_level: str = Field(default="info", pattern=r"^(?i:debug|info|warning|error|critical)$")
 
     @field_validator("scorers")

@@ -10,7 +10,7 @@ import itertools
 import logging
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from coordinator.admission import Admission
@@ -23,6 +23,7 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.prefixes import PrefixIndex
 from coordinator.queue import AdmissionQueue
 from coordinator.registry import Registry
+from coordinator.relay import Relay
 from coordinator.scheduling import Policy
 from coordinator.sessions import SessionTable
 from coordinator.settings import Settings
@@ -49,6 +50,9 @@ class CoordinatorState:
     breakers: Breakers
     log: logging.Logger
     started_at: float  # wall time the app started (OpenAI's `created` of the models it lists)
+    # The relays of the streams open now (drain ends them at its deadline), and whether it is draining.
+    streams: set[Relay] = field(default_factory=set)
+    draining: bool = False
 
 
 def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -> CoordinatorState:

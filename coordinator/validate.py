@@ -33,12 +33,12 @@ def request_id_of(request: Request) -> str:
 async def read_body(request: Request, max_bytes: int) -> bytes:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_bytes:
-        raise CoordinatorError(reasons.PROMPT_TOO_LONG, f"request body over {max_bytes} bytes")
+        raise CoordinatorError(reasons.BODY_TOO_LARGE, f"request body over {max_bytes} bytes")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > max_bytes:
-            raise CoordinatorError(reasons.PROMPT_TOO_LONG, f"request body over {max_bytes} bytes")
+            raise CoordinatorError(reasons.BODY_TOO_LARGE, f"request body over {max_bytes} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
 

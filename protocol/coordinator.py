@@ -28,9 +28,10 @@ class WorkerCounts(BaseModel):
 
 
 class CoordinatorHealth(BaseModel):
-    """`GET /coordinator/health`: 200 while the coordinator runs, whatever its workers' state."""
+    """`GET /coordinator/health`: 200 while the coordinator runs, whatever its workers' state; 503
+    with status `draining` once it is shutting down (a load balancer should move away)."""
 
-    status: Literal["ok", "no_workers"]
+    status: Literal["ok", "no_workers", "draining"]
     workers: WorkerCounts
     models: list[str] = Field(description="models served by at least one alive worker")
     requests_running: int = Field(ge=0)

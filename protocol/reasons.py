@@ -11,6 +11,10 @@ INVALID_REQUEST = "invalid_request"
 PROTOCOL_MISMATCH = "protocol_mismatch"
 # 401
 UNAUTHORIZED = "unauthorized"
+# 408, 413, 431: refused at the edge, before the app saw the request (serving/edge.py)
+REQUEST_TIMEOUT = "request_timeout"
+BODY_TOO_LARGE = "body_too_large"
+HEADERS_TOO_LARGE = "headers_too_large"
 # 404
 UNKNOWN_MODEL = "unknown_model"
 UNKNOWN_SESSION = "unknown_session"

@@ -37,9 +37,10 @@ EVENT_TOKEN = "token"
 EVENT_DONE = "done"
 EVENT_ERROR = "error"
 
-# Seconds of silence after which a stream carries an SSE comment ping; the coordinator's read
-# timeout on a worker stream must stay well above it.
-PING_INTERVAL = 15.0
+# Seconds between SSE comment pings on a worker stream, from its response head on (prefill included).
+# Short, so that the coordinator's read timeout on a worker stream (several of these) finds a hung
+# worker within seconds, before and after its first token; a ping is 8 bytes.
+PING_INTERVAL = 1.0
 
 FinishReason = Literal["stop", "length", "cancelled"]
 Role = Literal["system", "user", "assistant"]

@@ -6,9 +6,13 @@ import logging
 import sys
 
 import uvicorn
+from fastapi import FastAPI
 from pydantic import ValidationError
 
+from serving.edge import EdgeLimits, guarded_protocol
+from serving.server import DrainingServer
 from worker.app import create_app
+from worker.runtime import WorkerRuntime
 from worker.settings import WorkerSettings
 
 
@@ -22,9 +26,20 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(settings)
     # No Date or Server header: only the coordinator reads a worker's responses, and it keeps the
     # parsed headers of every open stream for as long as the stream lasts.
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                access_log=False, timeout_graceful_shutdown=5, date_header=False, server_header=False)
+    limits = EdgeLimits(max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes,
+                        max_headers=settings.max_headers, header_timeout=settings.header_timeout,
+                        body_timeout=settings.body_timeout)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                            access_log=False, timeout_graceful_shutdown=5, date_header=False, server_header=False,
+                            http=guarded_protocol(limits), limit_concurrency=settings.max_connections)
+    DrainingServer(config, lambda: _drain(app, settings.drain_timeout)).run()
     return 0
+
+
+async def _drain(app: FastAPI, timeout: float) -> None:
+    runtime: WorkerRuntime | None = app.state.runtime
+    if runtime is not None:  # still loading: nothing to finish
+        await runtime.drain(timeout)
 
 
 if __name__ == "__main__":

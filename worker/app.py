@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -21,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from protocol import reasons
 from protocol.health import SessionList, WorkerHealth
@@ -52,6 +54,7 @@ from worker.settings import WorkerSettings
 from worker.simulated import SimulatedModel
 
 log = logging.getLogger("worker.requests")
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.monotonic,
@@ -101,6 +104,13 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
                              for e in exc.errors())
         return WorkerError(400, reasons.INVALID_REQUEST, problems).to_response(_request_id(request))
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown routes and methods get the documented error body too, not FastAPI's {"detail": ...}.
+        reason = reasons.INVALID_REQUEST if exc.status_code < 500 else reasons.INTERNAL
+        error = WorkerError(exc.status_code, reason, str(exc.detail))
+        return error.to_response(_request_id(request))
+
     @app.post(GENERATE_PATH)
     async def generate(body: GenerateRequest, request: Request) -> Response:
         request_id = request.state.request_id = _request_id(request)
@@ -132,7 +142,8 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
         body = WorkerHealth(status=status, worker_id=settings.worker_id, model=runtime.names.name,
                             aliases=list(runtime.names.aliases), load=runtime.load(),
                             batch_steps=runtime.engine.steps)
-        return JSONResponse(body.model_dump())
+        # Draining: not ready for new work (a readiness probe or load balancer moves away).
+        return JSONResponse(body.model_dump(), status_code=503 if runtime.gate.draining else 200)
 
     @app.get("/worker/sessions")
     async def sessions(request: Request) -> SessionList:
@@ -164,13 +175,15 @@ def load_model(settings: WorkerSettings) -> Model | SimulatedModel:
 
 
 def _request_id(request: Request) -> str:
+    """The coordinator's id for the request, when it is one (it goes into headers and logs); else a new one."""
     given = request.headers.get(REQUEST_ID_HEADER, "")
-    return given[:128] if given else uuid.uuid4().hex
+    return given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
 
 
 async def _events(runtime: WorkerRuntime, job: Job) -> AsyncIterator[dict[str, str]]:
     """The SSE events of one job. If the client goes away, the job is cancelled and its KV freed."""
     outcome: Finished | Failed | None = None
+    runtime.jobs.add(job)
     try:
         while outcome is None:
             item = await job.channel.get()
@@ -185,6 +198,7 @@ async def _events(runtime: WorkerRuntime, job: Job) -> AsyncIterator[dict[str, s
                 event = TokenEvent(token=item.text, index=item.index, probability=item.probability)
                 yield {"event": EVENT_TOKEN, "data": event.model_dump_json()}
     finally:
+        runtime.jobs.discard(job)
         if outcome is None:
             job.channel.cancel()
             runtime.engine.poke()

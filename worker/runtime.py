@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Callable
 
 import httpx
 
+from protocol import reasons
 from protocol.health import WorkerLoad
 from worker.admission import Gate
-from worker.engine import Engine, EngineConfig
+from worker.engine import Engine, EngineConfig, Failed, Job
 from worker.heartbeat import HeartbeatSender
 from worker.metrics import WorkerMetrics
 from worker.model import Model
@@ -26,6 +28,8 @@ from worker.settings import WorkerSettings
 from worker.simulated import SimulatedEngine, SimulatedModel
 
 log = logging.getLogger("worker.runtime")
+DRAIN_POLL = 0.05
+DRAIN_FLUSH = 2.0  # for the `error` events of the streams ended at the drain deadline to be sent
 
 
 class WorkerRuntime:
@@ -58,6 +62,7 @@ class WorkerRuntime:
         self.gate = Gate(model, self.names, self.table, self.engine, stream_buffer=settings.stream_buffer,
                          clock=clock)
         self._tasks: list[asyncio.Task[None]] = []
+        self.jobs: set[Job] = set()  # the jobs whose stream is open (app.py keeps it), for the drain
         self.heartbeats: HeartbeatSender | None = None
         metrics.bind(
             running=lambda: self.engine.running, waiting=lambda: self.engine.queue_depth,
@@ -95,6 +100,31 @@ class WorkerRuntime:
             if expired:
                 self.engine.free(expired)
                 log.info('{"event": "sessions_expired", "count": %d}', len(expired))
+
+    async def drain(self, timeout: float) -> None:
+        """SIGTERM: refuse new requests (503 `draining`) and say so to the coordinator at once, so it
+        stops scheduling here; let the open streams finish up to `timeout`; end the rest with an
+        `error` event (reason `draining`), which also frees their KV."""
+        loop = asyncio.get_running_loop()
+        self.gate.draining = True
+        running = len(self.jobs)
+        log.warning(json.dumps({"event": "draining", "streams": running, "timeout_s": timeout}))
+        if self.heartbeats is not None:
+            await self.heartbeats.send_once()
+        deadline = loop.time() + timeout
+        while self.jobs and loop.time() < deadline:
+            await asyncio.sleep(DRAIN_POLL)
+        ended = len(self.jobs)
+        for job in list(self.jobs):
+            job.channel.push(Failed(reasons.DRAINING, f"the worker is shutting down; the stream ran past its "
+                                                      f"{timeout:g} s drain deadline"), terminal=True)
+            job.channel.cancel()  # the engine frees its sequence at its next step
+            job.channel.wake()
+        self.engine.poke()
+        flush_deadline = loop.time() + DRAIN_FLUSH
+        while self.jobs and loop.time() < flush_deadline:
+            await asyncio.sleep(DRAIN_POLL)
+        log.warning(json.dumps({"event": "drained", "streams_finished": running - ended, "streams_ended": ended}))
 
     async def stop(self) -> None:
         self.gate.draining = True

@@ -43,6 +43,13 @@ ENV_NAMES = {
     "slow_consumer_deadline": "WORKER_SLOW_CONSUMER_DEADLINE",
     "request_timeout": "WORKER_REQUEST_TIMEOUT",
     "prompt_cache": "WORKER_PROMPT_CACHE",
+    "drain_timeout": "WORKER_DRAIN_TIMEOUT",
+    "max_body_bytes": "WORKER_MAX_BODY_BYTES",
+    "max_header_bytes": "WORKER_MAX_HEADER_BYTES",
+    "max_headers": "WORKER_MAX_HEADERS",
+    "header_timeout": "WORKER_HEADER_TIMEOUT",
+    "body_timeout": "WORKER_BODY_TIMEOUT",
+    "max_connections": "WORKER_MAX_CONNECTIONS",
     "log_level": "LOG_LEVEL",
     "engine": "WORKER_ENGINE",
     "sim_token_rate": "SIM_TOKEN_RATE",
@@ -78,6 +85,17 @@ class WorkerSettings(BaseModel):
     slow_consumer_deadline: float = Field(default=10.0, gt=0, description="seconds a full stream may wait")
     prompt_cache: bool = Field(default=True, description="freed sequences keep their tokens for a next prompt")
     request_timeout: float = Field(default=600.0, gt=0, description="seconds a request may run in all")
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024,
+                                description="largest request body, bytes (413 before it is read)")
+    max_header_bytes: int = Field(default=16_384, ge=1024, le=1 << 20,
+                                  description="request line and headers together, bytes (431)")
+    max_headers: int = Field(default=100, ge=8, le=10_000, description="headers per request (431)")
+    header_timeout: float = Field(default=10.0, gt=0, description="seconds for a request's headers to arrive (408)")
+    body_timeout: float = Field(default=30.0, gt=0, description="seconds for a request's body to arrive (408)")
+    max_connections: int = Field(default=2_048, ge=1, description="open connections and requests; past it 503")
+    drain_timeout: float = Field(default=30.0, ge=0, le=3600,
+                                 description="on SIGTERM: seconds open streams may still run before they are "
+                                 "ended with an error event (new requests get 503 draining meanwhile)")
     log_level: str = Field(default="info", pattern="^(debug|info|warning|error)$")
     engine: Literal["llama", "simulated"] = Field(
         default="llama", description="llama: the real model; simulated: timed tokens, no model (benchmarks)")

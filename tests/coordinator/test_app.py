@@ -97,7 +97,7 @@ async def test_oversized_body_is_413() -> None:
     clock, fakes = ManualClock(), FakeWorkers()
     async with running_app(settings, fakes, clock) as client:
         response = await infer(client, {"prompt": "x" * 5000})
-        assert (response.status_code, response.json()["reason"]) == (413, "prompt_too_long")
+        assert (response.status_code, response.json()["reason"]) == (413, "body_too_large")
 
 
 async def test_no_workers_is_503_with_retry_after() -> None:

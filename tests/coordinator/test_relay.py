@@ -184,3 +184,65 @@ async def test_a_broken_or_abandoned_stream_also_frees_it_once() -> None:
     reader.cancel()  # the client left: the reader is cancelled
     await asyncio.gather(reader, return_exceptions=True)
     assert len(calls) == 2
+
+
+async def test_an_aborted_stream_ends_with_an_error_event_and_closes_the_worker_request() -> None:
+    """The drain's deadline: a stream still running is ended with `error`, never just cut."""
+    stream, client = FakeStream(tokens(100), delay=0.01), FakeClient()
+    relay = Relay(stream, request_id="r1", buffer_events=4, write_deadline=1.0,  # type: ignore[arg-type]
+                  metrics=CoordinatorMetrics())
+    endings: list[Ending] = []
+    response = RelayResponse(relay, headers={}, ping_interval=10, clock=SystemClock(), on_end=endings.append)
+    serving = asyncio.create_task(response({"type": "http"}, client.receive, client.send))
+    await asyncio.sleep(0.05)
+    relay.abort("draining", "shutting down")
+    await asyncio.wait_for(serving, timeout=5)
+    assert endings == [Ending.COMPLETE] and client.complete and stream.closed
+    last = [b for b in client.bodies if b][-1].decode()
+    assert last.startswith("event: error") and '"draining"' in last
+    assert relay.outcome.error_reason == "draining" and relay.outcome.tokens < 100
+
+
+async def test_abort_after_the_final_event_changes_nothing() -> None:
+    stream, client = FakeStream(tokens(3)), FakeClient()
+    ending, relay = await run(stream, client)
+    relay.abort("draining", "late")
+    assert ending is Ending.COMPLETE and relay.outcome.done is not None and relay.outcome.error_reason is None
+
+
+class Exploding(FakeStream):
+    async def _gen(self, rest: list[SseEvent]) -> AsyncIterator[SseEvent]:
+        yield rest[0]
+        raise RuntimeError("a bug in the reader")
+
+
+async def test_a_fault_in_the_reader_ends_the_stream_with_an_internal_error(caplog: pytest.LogCaptureFixture) -> None:
+    """Before: the client got pings forever, and nothing was logged."""
+    stream, client = Exploding(tokens(5)), FakeClient()
+    metrics = CoordinatorMetrics()
+    relay = Relay(stream, request_id="r9", buffer_events=4, write_deadline=1.0,  # type: ignore[arg-type]
+                  metrics=metrics)
+    endings: list[Ending] = []
+    response = RelayResponse(relay, headers={}, ping_interval=0.05, clock=SystemClock(), on_end=endings.append)
+    await asyncio.wait_for(response({"type": "http"}, client.receive, client.send), timeout=5)
+    assert endings == [Ending.COMPLETE] and client.complete and stream.closed
+    last = [b for b in client.bodies if b][-1].decode()
+    assert last.startswith("event: error") and '"internal"' in last and '"r9"' in last
+    assert "a bug in the reader" in caplog.text and "r9" in caplog.text
+    assert metrics.internal_errors.labels(task="relay_reader")._value.get() == 1
+
+
+async def test_a_fault_in_the_writer_is_logged_as_internal_not_client_gone(caplog: pytest.LogCaptureFixture) -> None:
+    stream = FakeStream(tokens(5))
+    relay = Relay(stream, request_id="r8", buffer_events=4, write_deadline=1.0,  # type: ignore[arg-type]
+                  metrics=CoordinatorMetrics())
+    endings: list[Ending] = []
+
+    def broken(event: SseEvent) -> bytes:
+        raise ValueError("a bug in the encoder")
+
+    response = RelayResponse(relay, headers={}, ping_interval=10, clock=SystemClock(), on_end=endings.append,
+                             encoder=broken)
+    await asyncio.wait_for(response({"type": "http"}, FakeClient().receive, FakeClient().send), timeout=5)
+    assert endings == [Ending.INTERNAL] and stream.closed
+    assert "a bug in the encoder" in caplog.text and "r8" in caplog.text
