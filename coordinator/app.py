@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -40,6 +41,9 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if not settings.worker_token:
+            log.warning('{"event": "no_worker_token", "detail": "heartbeats are not authenticated: anyone who can '
+                        'reach this coordinator can register a worker; set WORKER_TOKEN"}')
         state = build_state(settings, clock or SystemClock(), worker_client)
         app.state.coordinator = state
         app.state.gateway = Gateway(state)
@@ -94,6 +98,12 @@ class FastPaths:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not _let_in(scope):
+            refusal = error_response(Request(scope, receive), CoordinatorError(
+                reasons.UNAUTHORIZED, "an API key is needed: Authorization: Bearer <key>, or X-API-Key"))
+            refusal.headers["www-authenticate"] = "Bearer"
+            await refusal(scope, receive, send)
+            return
         route = FAST_ROUTES.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
         if route is None:
             await self.app(scope, receive, send)
@@ -127,6 +137,24 @@ def edge_limits(settings: Settings) -> EdgeLimits:
                       max_headers=settings.max_headers, header_timeout=settings.header_timeout,
                       body_timeout=settings.body_timeout,
                       path_body_limits={health.HEARTBEAT_PATH: HEARTBEAT_MAX_BYTES}, render=render)
+
+
+def _let_in(scope: Scope) -> bool:
+    """Client API keys (coordinator/auth.py), when configured, on the generation surfaces and, if
+    asked, on /metrics; health, the status page and heartbeats (the worker token's) stay open."""
+    state: CoordinatorState | None = getattr(scope["app"].state, "coordinator", None)
+    if state is None or state.api_keys is None:
+        return True
+    path = scope["path"]
+    if not (path == "/coordinator/infer" or path.startswith("/v1/")
+            or (path == "/metrics" and state.settings.metrics_require_key)):
+        return True
+    found = state.api_keys.identify(Headers(scope=scope))
+    if found is None:
+        state.metrics.unauthorized.inc()
+        return False
+    state.metrics.requests_by_key.labels(key_id=found).inc()
+    return True
 
 
 def error_response(request: Request, exc: CoordinatorError) -> Response:

@@ -79,7 +79,8 @@ async def worker_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[SseEvent]
 
 class Dispatcher:
     def __init__(self, client: WorkerClient, admission: Admission, metrics: CoordinatorMetrics, breakers: Breakers,
-                 *, max_attempts: int, first_event_timeout: float, retry_after: int) -> None:
+                 *, max_attempts: int, first_event_timeout: float, retry_after: int,
+                 worker_token: str | None = None) -> None:
         self._client = client
         self._breakers = breakers
         self._admission = admission
@@ -87,6 +88,7 @@ class Dispatcher:
         self._max_attempts = max_attempts
         self._first_event_timeout = first_event_timeout
         self._retry_after = retry_after
+        self._auth = {"authorization": f"Bearer {worker_token}"} if worker_token else {}
 
     async def open(self, valid: Generation, ranked: Sequence[WorkerRecord]) -> OpenStream:
         last: _Failover | None = None
@@ -125,7 +127,7 @@ class Dispatcher:
         response: WorkerResponse | None = None
         try:
             async with asyncio.timeout(self._first_event_timeout):
-                response = await self._client.post(url, valid.payload, _worker_headers(valid))
+                response = await self._client.post(url, valid.payload, _worker_headers(valid) | self._auth)
                 if response.status != 200:
                     raise await self._refusal(response)
                 self._admission.confirm(res, _int_header(response, PROMPT_TOKENS_HEADER))

@@ -18,6 +18,7 @@ STATUS_BY_REASON: dict[str, int] = {
     reasons.UNKNOWN_SESSION: 404,
     reasons.SESSION_EXPIRED: 404,
     reasons.SESSION_BUSY: 409,
+    reasons.WORKER_CONFLICT: 409,
     reasons.PROMPT_TOO_LONG: 413,
     reasons.BODY_TOO_LARGE: 413,
     reasons.REQUEST_TIMEOUT: 408,

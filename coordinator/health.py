@@ -8,6 +8,9 @@ Must not: schedule or admit requests.
 from __future__ import annotations
 
 import hmac
+import json
+import logging
+import re
 from typing import Literal
 
 from fastapi import APIRouter, Request, Response
@@ -26,6 +29,7 @@ from protocol.health import Heartbeat
 from protocol.worker import PROTOCOL_VERSION
 
 router = APIRouter()
+log = logging.getLogger("coordinator")
 
 
 HEARTBEAT_PATH = "/coordinator/health/heartbeat"
@@ -51,12 +55,35 @@ async def heartbeat(request: Request) -> HeartbeatAck:
         state.metrics.heartbeats.labels(outcome="invalid").inc()
         raise
     now = state.clock.monotonic()
-    record = state.registry.upsert(beat, now)
+    _check_identity(state, beat, now)
+    record = state.registry.upsert(beat.model_copy(update={"load": beat.load.clamped()}), now)
     state.registry.sweep(now)
     state.queue.wake(record.model)  # it may have room now (and catches any wake-up missed before)
     state.metrics.heartbeats.labels(outcome="accepted").inc()
     return HeartbeatAck(worker_id=record.worker_id, state="alive",
                         heartbeat_interval=settings.heartbeat_interval)
+
+
+def _check_identity(state: CoordinatorState, beat: Heartbeat, now: float) -> None:
+    """A worker id may move to another URL (a rescheduled pod gets a new address), but without a
+    worker token anyone could claim a live worker's id and receive its users' prompts: then the move
+    is refused until the old registration is no longer alive. Every move is logged."""
+    settings = state.settings
+    if settings.worker_url_pattern and not re.fullmatch(settings.worker_url_pattern, beat.url):
+        state.metrics.heartbeats.labels(outcome="invalid").inc()
+        raise CoordinatorError(reasons.INVALID_REQUEST, "url: not an address this coordinator accepts workers at")
+    state.registry.sweep(now)
+    known = state.registry.get(beat.worker_id)
+    if known is None or known.url == beat.url:
+        return
+    if not settings.worker_token and known.state == ALIVE:
+        state.metrics.heartbeats.labels(outcome="conflict").inc()
+        log.warning(json.dumps({"event": "worker_conflict", "worker_id": beat.worker_id, "registered_url": known.url,
+                                "claimed_url": beat.url}))
+        raise CoordinatorError(reasons.WORKER_CONFLICT, f"worker {beat.worker_id!r} is alive at another URL; "
+                               "without a worker token its id cannot move until it stops heartbeating")
+    log.warning(json.dumps({"event": "worker_moved", "worker_id": beat.worker_id, "from": known.url,
+                            "to": beat.url}))
 
 
 def _check(beat: Heartbeat, *, now_wall: float, max_skew: float, max_age: float) -> None:

@@ -57,6 +57,10 @@ class CoordinatorMetrics:
                                   registry=r)
         self.queue_wait = Histogram("coordinator_queue_wait_seconds", "Time requests spent in the admission queue",
                                     buckets=LATENCY_BUCKETS, registry=r)
+        self.requests_by_key = Counter("coordinator_requests_by_key", "Requests let in, by API key id (a hash "
+                                       "prefix, never the key)", ["key_id"], registry=r)
+        self.unauthorized = Counter("coordinator_unauthorized_requests", "Requests refused for a missing or wrong "
+                                    "API key", registry=r)
         self.internal_errors = Counter("coordinator_internal_errors", "Unexpected exceptions in a supervised task",
                                        ["task"], registry=r)
         self.queue_outcomes = Counter("coordinator_queue_outcomes", "How waits in the admission queue ended",

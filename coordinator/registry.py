@@ -72,6 +72,15 @@ class WorkerRecord:
         return self.load.max_sessions
 
     @property
+    def idle_sessions(self) -> int:
+        """Sessions kept for a next turn with no stream: the worker evicts them for a new request."""
+        return min(self.load.idle_sessions, self.sessions)
+
+    @property
+    def idle_kv_bytes(self) -> int:
+        return min(self.load.idle_kv_bytes, self.kv_reserved_bytes)
+
+    @property
     def kv_reserved_bytes(self) -> int:
         reported = max(self.load.kv_reserved_bytes, self.load.kv_used_bytes)
         return max(0, reported + self.extra_kv_bytes)
@@ -95,8 +104,8 @@ class WorkerRecord:
     def contribution(self) -> tuple[int, ...]:
         """What this worker adds to the sums: (workers, free sessions, session capacity, free KV
         bytes, KV capacity, bytes per token, session max tokens)."""
-        free_sessions = max(0, self.max_sessions - self.sessions)
-        free_kv = max(0, self.kv_capacity_bytes - self.kv_reserved_bytes)
+        free_sessions = max(0, self.max_sessions - self.sessions + self.idle_sessions)
+        free_kv = max(0, self.kv_capacity_bytes - self.kv_reserved_bytes + self.idle_kv_bytes)
         return (1, free_sessions, self.max_sessions, free_kv, self.kv_capacity_bytes,
                 self.bytes_per_token, self.session_max_tokens)
 

@@ -11,6 +11,7 @@ errors are reported together by pydantic at start-up.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -26,8 +27,15 @@ class Settings(BaseModel):
     host: str = Field(default="127.0.0.1", description="address to listen on")
     port: int = Field(default=1337, ge=0, le=65535)
     worker_token: str | None = Field(
-        default=None, description="shared secret workers must send as `Authorization: Bearer ...`"
-    )
+        default=None, repr=False, description="shared secret workers must send as `Authorization: Bearer ...` (heartbeats); "
+        "also sent to workers with each request. Without it the coordinator warns at start")
+    api_keys: str | None = Field(
+        default=None, repr=False, description="client API keys: comma-separated, or a file with one per line; "
+        "set, /coordinator/infer and /v1/* need `Authorization: Bearer <key>` or `X-API-Key` (401 otherwise)")
+    metrics_require_key: bool = Field(default=False, description="/metrics needs an API key too")
+    worker_url_pattern: str | None = Field(
+        default=None, max_length=512, description="regular expression a worker's advertised URL must match "
+        r"(e.g. ^http://10\.0\.\d+\.\d+:3001$); unset: any http(s) URL")
     heartbeat_interval: float = Field(default=10.0, gt=0, description="seconds between worker heartbeats")
     stale_after_intervals: float = Field(default=3, gt=0, description="no heartbeat this long: not scheduled")
     dead_after_intervals: float = Field(default=6, gt=0, description="no heartbeat this long: removed")
@@ -105,6 +113,13 @@ class Settings(BaseModel):
         default=30.0, ge=0, le=3600, description="on SIGTERM: seconds streams in flight may still run before "
         "they are ended with an error event (new requests get 503 draining meanwhile)")
     log_level: str = Field(default="info", pattern=r"^(?i:debug|info|warning|error|critical)$")
+
+    @field_validator("worker_url_pattern")
+    @classmethod
+    def _pattern_compiles(cls, value: str | None) -> str | None:
+        if value:
+            re.compile(value)
+        return value
 
     @field_validator("scorers")
     @classmethod

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coordinator.admission import Admission
+from coordinator.auth import ApiKeys
 from coordinator.breaker import Breakers
 from coordinator.cache import ResponseCache
 from coordinator.clock import Clock
@@ -50,6 +51,7 @@ class CoordinatorState:
     breakers: Breakers
     log: logging.Logger
     started_at: float  # wall time the app started (OpenAI's `created` of the models it lists)
+    api_keys: ApiKeys | None = None  # None: no client key is needed
     # The relays of the streams open now (drain ends them at its deadline), and whether it is draining.
     streams: set[Relay] = field(default_factory=set)
     draining: bool = False
@@ -85,7 +87,7 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
                                      keepalive_expiry=settings.worker_keepalive_expiry)
     dispatcher = Dispatcher(client, admission, metrics, breakers, max_attempts=settings.max_failover_attempts,
                             first_event_timeout=settings.worker_first_event_timeout,
-                            retry_after=settings.retry_after)
+                            retry_after=settings.retry_after, worker_token=settings.worker_token)
     return CoordinatorState(
         settings=settings, clock=clock, registry=registry, sessions=sessions,
         conversations=ConversationTable(settings.conversation_table_size), admission=admission, queue=queue, prefixes=prefixes, cache=cache,
@@ -94,4 +96,4 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
                            latency_half_life=settings.latency_half_life),
         turns=itertools.count(), rng=random.Random(settings.routing_seed), metrics=metrics,
         client=client, dispatcher=dispatcher, breakers=breakers, log=logging.getLogger("coordinator.requests"),
-        started_at=clock.time())
+        started_at=clock.time(), api_keys=ApiKeys.from_setting(settings.api_keys))

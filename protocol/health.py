@@ -8,38 +8,70 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from protocol.worker import MODEL_NAME_PATTERN, PROTOCOL_VERSION
 
 ModelName = Annotated[str, StringConstraints(pattern=MODEL_NAME_PATTERN)]
+# Ids and URLs end up in logs, metrics labels and headers: no whitespace, no control characters.
+WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+WORKER_URL_PATTERN = r"^https?://[A-Za-z0-9._~%:\[\]-]+(/[A-Za-z0-9._~%/-]*)?$"
+MAX_SESSIONS = 100_000
+MAX_BYTES = 1 << 50  # a pebibyte of KV cache: far past any device, far below a 400-digit number
+MAX_TOKENS = 1 << 24
 
 
 class WorkerLoad(BaseModel):
     """A worker's capacity and use, in the units its admission decides on."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Strict: a number is a JSON number (not "5", not true), and every claim has a ceiling.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    sessions: int = Field(ge=0, description="sequences holding KV now (streaming or kept for a next turn)")
-    max_sessions: int = Field(ge=1)
-    active_streams: int = Field(ge=0, description="requests generating or queued now")
-    queue_depth: int = Field(ge=0, description="admitted requests not yet in the decode batch")
-    kv_used_bytes: int = Field(ge=0, description="bytes of KV cache holding tokens now")
-    kv_reserved_bytes: int = Field(ge=0, description="bytes promised to admitted requests (>= used)")
-    kv_capacity_bytes: int = Field(ge=1)
-    bytes_per_token: int = Field(ge=1, description="KV bytes one token takes, read from the model")
-    session_max_tokens: int = Field(ge=1, description="most tokens one session may hold (prompt + output)")
+    sessions: int = Field(ge=0, le=MAX_SESSIONS,
+                          description="sequences holding KV now (streaming or kept for a next turn)")
+    max_sessions: int = Field(ge=1, le=MAX_SESSIONS)
+    active_streams: int = Field(ge=0, le=MAX_SESSIONS, description="requests generating or queued now")
+    queue_depth: int = Field(ge=0, le=MAX_SESSIONS, description="admitted requests not yet in the decode batch")
+    kv_used_bytes: int = Field(ge=0, le=MAX_BYTES, description="bytes of KV cache holding tokens now")
+    kv_reserved_bytes: int = Field(ge=0, le=MAX_BYTES, description="bytes promised to admitted requests (>= used)")
+    kv_capacity_bytes: int = Field(ge=1, le=MAX_BYTES)
+    bytes_per_token: int = Field(ge=1, le=MAX_TOKENS, description="KV bytes one token takes, read from the model")
+    session_max_tokens: int = Field(ge=1, le=MAX_TOKENS,
+                                    description="most tokens one session may hold (prompt + output)")
+    idle_sessions: int = Field(default=0, ge=0, le=MAX_SESSIONS,
+                               description="sessions kept for a next turn with no stream now: evictable when full")
+    idle_kv_bytes: int = Field(default=0, ge=0, le=MAX_BYTES, description="KV bytes those idle sessions hold")
     draining: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkerLoad:
+        if self.sessions > self.max_sessions:
+            raise ValueError(f"sessions {self.sessions} > max_sessions {self.max_sessions}")
+        if self.idle_sessions > self.sessions:
+            raise ValueError(f"idle_sessions {self.idle_sessions} > sessions {self.sessions}")
+        return self
+
+    def clamped(self) -> WorkerLoad:
+        """The same load with its capacity cut to what its own sessions could ever use: a claim of more
+        KV than `max_sessions` full sessions hold says nothing the scheduler could use, and a forged
+        huge one would make every other worker look full by comparison."""
+        ceiling = min(self.kv_capacity_bytes, self.bytes_per_token * self.session_max_tokens * self.max_sessions)
+        if max(self.kv_capacity_bytes, self.kv_used_bytes, self.kv_reserved_bytes, self.idle_kv_bytes) <= ceiling:
+            return self
+        return self.model_copy(update={"kv_capacity_bytes": ceiling,
+                                       "kv_used_bytes": min(self.kv_used_bytes, ceiling),
+                                       "kv_reserved_bytes": min(self.kv_reserved_bytes, ceiling),
+                                       "idle_kv_bytes": min(self.idle_kv_bytes, ceiling)})
 
 
 class Heartbeat(BaseModel):
     """`POST /coordinator/health/heartbeat` body, sent by each worker every interval."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    worker_id: str = Field(min_length=1, max_length=128)
-    url: str = Field(min_length=1, max_length=512, description="where the coordinator reaches the worker")
-    model: str = Field(min_length=1, max_length=256, description="the public name of the model it serves")
+    worker_id: str = Field(pattern=WORKER_ID_PATTERN)
+    url: str = Field(max_length=512, pattern=WORKER_URL_PATTERN, description="where the coordinator reaches the worker")
+    model: ModelName = Field(max_length=256, description="the public name of the model it serves")
     aliases: list[ModelName] = Field(default_factory=list, max_length=16, description="other names it answers to")
     protocol: int = Field(default=PROTOCOL_VERSION, description="version of protocol.worker it speaks")
     load: WorkerLoad

@@ -21,6 +21,7 @@ UNKNOWN_SESSION = "unknown_session"
 SESSION_EXPIRED = "session_expired"
 # 409
 SESSION_BUSY = "session_busy"
+WORKER_CONFLICT = "worker_conflict"  # a heartbeat claims a live worker's id from another URL
 # 413
 PROMPT_TOO_LONG = "prompt_too_long"
 # 503: capacity

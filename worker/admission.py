@@ -52,7 +52,8 @@ class Gate:
         if request.model is not None and not self.names.serves(request.model):
             raise WorkerError(404, reasons.UNKNOWN_MODEL,
                               f"model {request.model!r} is not served here (this worker serves {self.names.name!r})")
-        known = self.table.lookup(request.session_id) if request.session_id else None
+        # Without the coordinator's claim that it continues here, an expired id starts afresh.
+        known = self.table.lookup(request.session_id, continuation=session_expected) if request.session_id else None
         if known is None and session_expected and request.session_id:
             raise WorkerError(404, reasons.UNKNOWN_SESSION,
                               f"session {request.session_id!r} is not on this worker (restarted or dropped)")

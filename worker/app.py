@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import re
@@ -111,9 +112,18 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
         error = WorkerError(exc.status_code, reason, str(exc.detail))
         return error.to_response(_request_id(request))
 
+    expected_auth = f"Bearer {settings.worker_token}".encode() if settings.worker_token else None
+
+    def authorize(request: Request) -> None:
+        """With a worker token set, only its holder (the coordinator) may generate or delete sessions."""
+        if expected_auth is not None and not hmac.compare_digest(
+                request.headers.get("authorization", "").encode(), expected_auth):
+            raise WorkerError(401, reasons.UNAUTHORIZED, "this worker needs the worker token")
+
     @app.post(GENERATE_PATH)
     async def generate(body: GenerateRequest, request: Request) -> Response:
         request_id = request.state.request_id = _request_id(request)
+        authorize(request)
         version = request.headers.get(PROTOCOL_HEADER, str(PROTOCOL_VERSION))
         if version != str(PROTOCOL_VERSION):
             raise WorkerError(400, reasons.PROTOCOL_MISMATCH,
@@ -152,6 +162,7 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
 
     @app.delete("/worker/sessions/{session_id}", status_code=204)
     async def delete_session(session_id: str, request: Request) -> Response:
+        authorize(request)
         runtime = runtime_of(request)
         session = runtime.table.delete(session_id)
         if session.busy:

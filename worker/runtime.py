@@ -73,6 +73,7 @@ class WorkerRuntime:
 
     def load(self) -> WorkerLoad:
         sessions, used, reserved = self.table.stats()
+        idle, idle_tokens = self.table.idle()
         limits = self.table.limits
         return WorkerLoad(
             sessions=sessions, max_sessions=limits.max_sessions, active_streams=self.engine.active,
@@ -80,6 +81,7 @@ class WorkerRuntime:
             kv_reserved_bytes=reserved * limits.bytes_per_token,
             kv_capacity_bytes=limits.capacity_tokens * limits.bytes_per_token,
             bytes_per_token=limits.bytes_per_token, session_max_tokens=limits.session_max_tokens,
+            idle_sessions=min(idle, sessions), idle_kv_bytes=idle_tokens * limits.bytes_per_token,
             draining=self.gate.draining)
 
     async def start(self, transport: httpx.AsyncBaseTransport | None = None) -> None:

@@ -78,11 +78,14 @@ class SessionTable:
 
     # -- admission (event loop) --------------------------------------------------------------------
 
-    def lookup(self, session_id: str) -> Session | None:
-        """The idle or busy session of that id; raises 404 if it expired or was evicted."""
+    def lookup(self, session_id: str, *, continuation: bool = True) -> Session | None:
+        """The idle or busy session of that id. An id that expired or was evicted raises 404 when the
+        caller claims a continuation; otherwise the id is free again and starts a new conversation."""
         with self._lock:
             if session_id in self._expired:
-                raise WorkerError(404, reasons.SESSION_EXPIRED, f"session {session_id!r} expired")
+                if continuation:
+                    raise WorkerError(404, reasons.SESSION_EXPIRED, f"session {session_id!r} expired")
+                del self._expired[session_id]
             return self._named.get(session_id)
 
     def admit(self, session_id: str | None, need_tokens: int, prompt: list[int] | tuple[int, ...] = ()) -> Admission:
@@ -227,6 +230,11 @@ class SessionTable:
         """(sessions holding a sequence, tokens in KV, tokens reserved)."""
         with self._lock:
             return len(self._live), sum(len(s.tokens) for s in self._live), self._reserved_tokens
+
+    def idle(self) -> tuple[int, int]:
+        """(idle named sessions, tokens they reserve): what admission may evict for a new request."""
+        with self._lock:
+            return len(self._idle_lru), sum(s.reserved_tokens for s in self._idle_lru.values())
 
     def describe(self) -> list[SessionInfo]:
         now = self._clock()

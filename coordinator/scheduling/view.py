@@ -30,6 +30,10 @@ class WorkerView(Protocol):
     @property
     def max_sessions(self) -> int: ...
     @property
+    def idle_sessions(self) -> int: ...  # of `sessions`: kept with no stream, evictable for a new one
+    @property
+    def idle_kv_bytes(self) -> int: ...  # of `kv_reserved_bytes`: held by those idle sessions
+    @property
     def kv_reserved_bytes(self) -> int: ...
     @property
     def kv_capacity_bytes(self) -> int: ...

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.conftest import Cluster
+from tests.integration.conftest import TOKEN, Cluster
 from tests.integration.streams import infer
 
 pytestmark = [pytest.mark.model, pytest.mark.anyio]
@@ -84,7 +84,9 @@ async def test_a_session_stays_on_its_worker(cluster: Cluster) -> None:
         assert again.events[-1][1]["usage"]["cached_tokens"] > 0
         for url in cluster.worker_urls.values():
             for session_id in ("ada-1", "bob-1"):
-                await client.delete(f"{url}/worker/sessions/{session_id}")
+                gone = await client.delete(f"{url}/worker/sessions/{session_id}",
+                                           headers={"authorization": f"Bearer {TOKEN}"})
+                assert gone.status_code in (204, 404)
 
 
 @pytest.mark.parametrize(("body", "status", "reason"), [

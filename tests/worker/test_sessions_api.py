@@ -74,9 +74,17 @@ def test_idle_session_expires_after_ttl_and_frees_kv(worker: RunningWorker) -> N
     assert worker.load()["kv_used_bytes"] > 0
     wait_until(lambda: worker.load()["sessions"] == 0, 6.0, "the idle session to expire")
     assert worker.load()["kv_used_bytes"] == 0 and worker.load()["kv_reserved_bytes"] == 0
-    late = generate(worker.url, {"prompt": "Still there?", "session_id": "short-lived", "max_tokens": 4})
+    # The coordinator claims a continuation: the conversation is gone, and it must not restart silently.
+    late = generate(worker.url, {"prompt": "Still there?", "session_id": "short-lived", "max_tokens": 4},
+                    headers={"x-session-expected": "1"})
     assert late.status == 404 and late.body is not None and late.body["reason"] == "session_expired"
     assert worker.metric("worker_sessions_expired_total") >= 1
+    # No claim (the coordinator forgot the id too): the id starts a new conversation, as any new id would.
+    # Before, its tombstone answered 404 session_expired to every request with that id, indefinitely.
+    fresh = generate(worker.url, {"prompt": "Hello again", "session_id": "short-lived", "max_tokens": 4})
+    assert fresh.status == 200 and fresh.last[1]["usage"]["cached_tokens"] == 0
+    assert worker.load()["sessions"] == 1
+    assert httpx.delete(worker.url + "/worker/sessions/short-lived").status_code == 204
 
 
 def test_a_session_the_caller_expects_but_the_worker_lacks_is_404_not_a_fresh_start(worker: RunningWorker) -> None:

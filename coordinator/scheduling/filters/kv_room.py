@@ -1,5 +1,6 @@
 """KV room: the worker's free KV bytes cover the request's reservation (`Demand.tokens`, capped by
-the worker's session limit, times its bytes per token)."""
+the worker's session limit, times its bytes per token); KV held by idle kept sessions counts as free,
+since the worker evicts them to admit a request."""
 
 from __future__ import annotations
 
@@ -15,4 +16,4 @@ class KvRoom:
 
     def keep(self, request: Request, worker: WorkerView, now: float) -> bool:
         need = request.demand.tokens(worker.session_max_tokens) * worker.bytes_per_token
-        return worker.kv_capacity_bytes - worker.kv_reserved_bytes >= need
+        return worker.kv_capacity_bytes - worker.kv_reserved_bytes + worker.idle_kv_bytes >= need

@@ -1,0 +1,76 @@
+"""Client API keys (coordinator/auth.py) and where the app asks for them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from coordinator.auth import ApiKeys, key_id
+from coordinator.clock import ManualClock
+from coordinator.settings import Settings
+from tests.coordinator.fakes import FakeWorkers, done, heartbeat, register, running_app, streaming, token
+
+pytestmark = pytest.mark.anyio
+KEYS = "alpha-key-1,beta-key-2"
+
+
+def test_keys_come_from_a_list_or_a_file(tmp_path: Path) -> None:
+    listed = ApiKeys.from_setting(KEYS)
+    assert listed is not None and len(listed) == 2
+    path = tmp_path / "keys"
+    path.write_text("# clients\nalpha-key-1\n\nbeta-key-2\n")
+    filed = ApiKeys.from_setting(str(path))
+    assert filed is not None and len(filed) == 2
+    assert ApiKeys.from_setting(None) is None and ApiKeys.from_setting("") is None
+
+
+@pytest.mark.parametrize(("headers", "found"), [
+    ({"authorization": "Bearer alpha-key-1"}, key_id("alpha-key-1")),
+    ({"authorization": "bearer beta-key-2"}, key_id("beta-key-2")),
+    ({"x-api-key": "beta-key-2"}, key_id("beta-key-2")),
+    ({"authorization": "Bearer alpha-key"}, None),  # a prefix of a key is no key
+    ({"authorization": "alpha-key-1"}, None),
+    ({"authorization": "Bearer "}, None),
+    ({}, None),
+])
+def test_identify(headers: dict[str, str], found: str | None) -> None:
+    keys = ApiKeys.from_setting(KEYS)
+    assert keys is not None and keys.identify(headers) == found
+
+
+async def test_generation_surfaces_need_a_key_and_health_does_not(caplog: pytest.LogCaptureFixture) -> None:
+    clock = ManualClock()
+    fakes = FakeWorkers({"w1": streaming([token(0, "hi"), done()])})
+    settings = Settings(heartbeat_interval=1.0, queue_size=0, api_keys=KEYS)
+    async with running_app(settings, fakes, clock) as client:
+        assert (await register(client, heartbeat("w1", timestamp=clock.time()))).status_code == 200
+        body = {"prompt": "hi", "max_tokens": 3}
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"x-api-key": "alpha"}):
+            refused = await client.post("/coordinator/infer", json=body, headers=headers)
+            assert refused.status_code == 401 and refused.json()["reason"] == "unauthorized"
+            assert refused.headers["www-authenticate"] == "Bearer"
+        models = await client.get("/v1/models")
+        assert models.status_code == 401 and models.json()["error"]["code"] == "unauthorized"
+        chat = await client.post("/v1/chat/completions", json={"model": "smol", "messages": []})
+        assert chat.status_code == 401
+        assert fakes.calls == []  # nothing refused reached a worker
+        served = await client.post("/coordinator/infer", json=body, headers={"authorization": "Bearer alpha-key-1"})
+        assert served.status_code == 200
+        served = await client.post("/coordinator/infer", json=body, headers={"x-api-key": "beta-key-2"})
+        assert served.status_code == 200
+        assert (await client.get("/v1/models", headers={"x-api-key": "beta-key-2"})).status_code == 200
+        assert (await client.get("/coordinator/health")).status_code == 200
+        metrics = (await client.get("/metrics")).text
+        assert f'coordinator_requests_by_key_total{{key_id="{key_id("alpha-key-1")}"}} 1.0' in metrics
+        assert "coordinator_unauthorized_requests_total 5.0" in metrics
+        assert "alpha-key-1" not in metrics and "beta-key-2" not in metrics
+    assert "alpha-key-1" not in caplog.text and "beta-key-2" not in caplog.text
+
+
+async def test_metrics_can_be_protected_too() -> None:
+    settings = Settings(heartbeat_interval=1.0, api_keys=KEYS, metrics_require_key=True)
+    async with running_app(settings, FakeWorkers({}), ManualClock()) as client:
+        assert (await client.get("/metrics")).status_code == 401
+        assert (await client.get("/metrics", headers={"x-api-key": "alpha-key-1"})).status_code == 200
+        assert (await client.get("/coordinator/health")).status_code == 200

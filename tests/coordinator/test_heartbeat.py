@@ -1,0 +1,114 @@
+"""Heartbeats from someone who is not the worker: forged ids, impossible claims, loose types
+(issue 11's findings, each refused here before the fix was not)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from coordinator.clock import ManualClock
+from coordinator.settings import Settings
+from tests.coordinator.fakes import FakeWorkers, done, heartbeat, register, running_app, streaming, token
+
+pytestmark = pytest.mark.anyio
+OPEN = Settings(heartbeat_interval=1.0, queue_size=0)  # no worker token, as ./start.sh used to run
+STREAM = [token(0, "hi"), done()]
+
+
+async def post_raw(client: httpx.AsyncClient, body: dict[str, Any], token_: str | None = None) -> httpx.Response:
+    headers = {"authorization": f"Bearer {token_}"} if token_ else {}
+    return await client.post("/coordinator/health/heartbeat", content=json.dumps(body), headers=headers)
+
+
+def beat_dict(clock: ManualClock, **load: Any) -> dict[str, Any]:
+    return json.loads(heartbeat("w1", timestamp=clock.time(), **load).model_dump_json())
+
+
+async def test_without_a_token_a_live_workers_id_cannot_be_claimed_from_another_url() -> None:
+    clock, fakes = ManualClock(), FakeWorkers({"w1": streaming(STREAM)})
+    async with running_app(OPEN, fakes, clock) as client:
+        assert (await register(client, heartbeat("w1", timestamp=clock.time()))).status_code == 200
+        forged = await register(client, heartbeat("w1", timestamp=clock.time(), url="http://evil.test"))
+        assert forged.status_code == 409 and forged.json()["reason"] == "worker_conflict"
+        listing = (await client.get("/coordinator/health/workers")).json()["workers"]
+        assert [w["url"] for w in listing] == ["http://w1.test"]
+        # Once the real registration is no longer alive, the id may move (a restarted worker elsewhere).
+        clock.advance(OPEN.stale_after + 0.1)
+        moved = await register(client, heartbeat("w1", timestamp=clock.time(), url="http://w1b.test"))
+        assert moved.status_code == 200
+
+
+async def test_with_the_token_a_worker_may_move() -> None:
+    clock, fakes = ManualClock(), FakeWorkers({"w1": streaming(STREAM)})
+    settings = Settings(heartbeat_interval=1.0, queue_size=0, worker_token="s3cret")
+    async with running_app(settings, fakes, clock) as client:
+        assert (await register(client, heartbeat("w1", timestamp=clock.time()), "s3cret")).status_code == 200
+        moved = await register(client, heartbeat("w1", timestamp=clock.time(), url="http://w1b.test"), "s3cret")
+        assert moved.status_code == 200
+        listing = (await client.get("/coordinator/health/workers")).json()["workers"]
+        assert [w["url"] for w in listing] == ["http://w1b.test"]
+
+
+@pytest.mark.parametrize("change", [
+    {"load": {"sessions": 9, "max_sessions": 4}},  # more sessions than slots
+    {"load": {"kv_capacity_bytes": int("9" * 400)}},  # a 400-digit number
+    {"load": {"kv_capacity_bytes": 10 ** 20}},  # past any device
+    {"worker_id": "w1\nforged log line"},
+    {"worker_id": "w1 two"},
+    {"url": "http://w1.test/\nx"},
+    {"url": "ftp://w1.test"},
+    {"load": {"sessions": "1"}},  # strings are not numbers
+    {"load": {"sessions": True}},  # nor are booleans
+])
+async def test_impossible_or_loosely_typed_heartbeats_are_400(change: dict[str, Any]) -> None:
+    clock, fakes = ManualClock(), FakeWorkers({})
+    async with running_app(OPEN, fakes, clock) as client:
+        body = beat_dict(clock)
+        for key, value in change.items():
+            if key == "load":
+                body["load"].update(value)
+            else:
+                body[key] = value
+        response = await post_raw(client, body)
+        assert response.status_code == 400, response.text
+        assert (await client.get("/coordinator/health/workers")).json()["workers"] == []
+
+
+async def test_a_huge_capacity_claim_is_clamped_to_what_its_sessions_could_use() -> None:
+    """Before: a fake worker claiming a huge capacity made admission answer kv_full for everyone
+    while health said ok (the sums were dominated by it); now its capacity counts as at most
+    max_sessions x session_max_tokens x bytes_per_token."""
+    clock, fakes = ManualClock(), FakeWorkers({})
+    async with running_app(OPEN, fakes, clock) as client:
+        body = beat_dict(clock, kv_capacity_bytes=10 ** 14)
+        assert (await post_raw(client, body)).status_code == 200
+        seen = (await client.get("/coordinator/health/workers")).json()["workers"][0]
+        assert seen["kv_capacity_bytes"] == 4 * 2_000 * 100
+
+
+async def test_a_url_pattern_restricts_where_workers_may_be() -> None:
+    clock, fakes = ManualClock(), FakeWorkers({})
+    settings = Settings(heartbeat_interval=1.0, queue_size=0, worker_url_pattern=r"http://w\d\.test")
+    async with running_app(settings, fakes, clock) as client:
+        assert (await register(client, heartbeat("w1", timestamp=clock.time()))).status_code == 200
+        elsewhere = await register(client, heartbeat("w2", timestamp=clock.time(), url="http://other.test"))
+        assert elsewhere.status_code == 400
+
+
+async def test_idle_kept_sessions_do_not_make_a_full_worker_refuse_new_requests() -> None:
+    """Before: once kept sessions filled every slot, the coordinator answered sessions_full until
+    their TTL, although the worker evicts an idle session to admit a new one."""
+    clock, fakes = ManualClock(), FakeWorkers({"w1": streaming(STREAM)})
+    async with running_app(OPEN, fakes, clock) as client:
+        full_of_idle = heartbeat("w1", timestamp=clock.time(), sessions=4, idle_sessions=4,
+                                 kv_reserved_bytes=800_000, kv_used_bytes=800_000, idle_kv_bytes=800_000)
+        assert (await register(client, full_of_idle)).status_code == 200
+        served = await client.post("/coordinator/infer", json={"prompt": "hi", "max_tokens": 5})
+        assert served.status_code == 200
+        busy = heartbeat("w1", timestamp=clock.time(), sessions=4, idle_sessions=0)
+        assert (await register(client, busy)).status_code == 200
+        refused = await client.post("/coordinator/infer", json={"prompt": "hi", "max_tokens": 5})
+        assert refused.status_code == 503 and refused.json()["reason"] == "sessions_full"
