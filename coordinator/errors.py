@@ -31,6 +31,7 @@ STATUS_BY_REASON: dict[str, int] = {
     reasons.QUEUE_TIMEOUT: 503,
     reasons.LOADING: 503,
     reasons.DRAINING: 503,
+    reasons.STREAMS_FULL: 503,
     reasons.WORKER_UNAVAILABLE: 502,
     reasons.WORKER_FAILED: 502,
     reasons.ENGINE_FAILED: 502,

@@ -48,9 +48,30 @@ class Opened:
     finish: Callable[[Ending], None]  # call exactly once, when the client's response has ended
 
 
+class RateLimit:
+    """A token bucket: at most `per_second` on average, bursts of up to that many; counts what it refuses."""
+
+    def __init__(self, per_second: float) -> None:
+        self._rate = per_second
+        self._tokens = per_second
+        self._at: float | None = None
+        self.left_out = 0
+
+    def allow(self, now: float) -> bool:
+        if self._at is not None:
+            self._tokens = min(self._rate, self._tokens + (now - self._at) * self._rate)
+        self._at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        self.left_out += 1
+        return False
+
+
 class Gateway:
     def __init__(self, state: CoordinatorState) -> None:
         self._state = state
+        self._refusal_log = RateLimit(state.settings.refusal_log_rate)
 
     def now(self) -> float:
         return self._state.clock.monotonic()
@@ -80,7 +101,7 @@ class Gateway:
         disconnected, so a request waiting in the queue leaves it at once."""
         state = self._state
         try:
-            self._refuse_if_draining()
+            self._check_own_limits()
             model = self.resolve_model(gen.request.model)
             key = cache_key(gen.surface, model, gen.request) if state.cache.enabled else None
             if key is not None:
@@ -146,10 +167,16 @@ class Gateway:
         return Opened(relay, "cache", model or "", finish)
 
     def refused(self, request_id: str, exc: CoordinatorError, started: float, *, surface: str) -> None:
-        """Count and log a request refused before its first byte (a surface's parse errors too)."""
+        """Count every request refused before its first byte (a surface's parse errors too), and log
+        them at a bounded rate: a flood of 503s must not become a flood of log lines. The next line
+        logged says how many were left out since the last one."""
         self._state.metrics.rejected(exc.reason)
+        now = self.now()
+        if not self._refusal_log.allow(now):
+            return
+        left_out, self._refusal_log.left_out = self._refusal_log.left_out, 0
         self._log(request_id=request_id, surface=surface, status=exc.status, reason=exc.reason,
-                  duration_ms=_ms(self.now() - started))
+                  duration_ms=_ms(now - started), **({"refusals_not_logged": left_out} if left_out else {}))
 
     async def _admit_in_turn(self, gen: Generation, model: str | None, started: float,
                              client_gone: Callable[[], Awaitable[None]] | None) -> tuple[Generation, OpenStream]:
@@ -188,14 +215,35 @@ class Gateway:
             if waiter is not None:
                 queue.leave(waiter)  # admitted or not: the next one may try now
 
-    def _refuse_if_draining(self) -> None:
-        if self._state.draining:
+    def _check_own_limits(self) -> None:
+        """Also the process's own limit: past `max_streams` relayed at once, one more would slow them all."""
+        state = self._state
+        if state.draining:
             raise CoordinatorError(reasons.DRAINING, "the coordinator is shutting down; try another",
-                                   retry_after=self._state.settings.retry_after)
+                                   retry_after=state.settings.retry_after)
+        if len(state.streams) >= state.settings.max_streams:
+            raise CoordinatorError(reasons.STREAMS_FULL, f"this coordinator is relaying {len(state.streams)} "
+                                   "streams, its limit", retry_after=state.settings.retry_after)
 
     async def _admit(self, gen: Generation, model: str | None) -> tuple[Generation, OpenStream]:
         state, body = self._state, gen.request
-        self._refuse_if_draining()  # also for a request that waited in the queue
+        self._check_own_limits()  # also for a request that waited in the queue
+        session_id = body.session_id
+        if session_id is None or state.sessions.worker_of(session_id) is not None:
+            return await self._place(gen, model)
+        # A first turn: one at a time per id, or two workers would each start the conversation.
+        if not state.sessions.claim(session_id):
+            raise CoordinatorError(reasons.SESSION_BUSY,
+                                   f"session {session_id!r} is starting on another request; send turns one at a time")
+        try:
+            placed = await self._place(gen, model)
+            state.sessions.remember(session_id, placed[1].worker.worker_id)
+            return placed
+        finally:
+            state.sessions.unclaim(session_id)
+
+    async def _place(self, gen: Generation, model: str | None) -> tuple[Generation, OpenStream]:
+        state, body = self._state, gen.request
         session_worker = state.sessions.worker_of(body.session_id) if body.session_id else None
         if session_worker is not None:
             # It continues a conversation: the worker already holds its sequence slot.

@@ -106,12 +106,17 @@ class Settings(BaseModel):
     header_timeout: float = Field(default=10.0, gt=0, description="seconds for a request's headers to arrive, "
                                   "from the connection's start or the last response (408; slowloris)")
     body_timeout: float = Field(default=30.0, gt=0, description="seconds for a request's body to arrive (408)")
+    max_streams: int = Field(
+        default=1_500, ge=1, le=1_000_000, description="streams this process relays at once; past it new "
+        "requests get 503 streams_full instead of every stream slowing (one coordinator core relays ~10k tokens/s)")
     max_connections: int = Field(default=10_000, ge=1, description="open client connections and requests; "
                                  "past it new requests get 503 (uvicorn's limit_concurrency)")
     keep_alive_timeout: int = Field(default=5, ge=1, le=3600, description="seconds an idle keep-alive connection stays")
     drain_timeout: float = Field(
         default=30.0, ge=0, le=3600, description="on SIGTERM: seconds streams in flight may still run before "
         "they are ended with an error event (new requests get 503 draining meanwhile)")
+    refusal_log_rate: float = Field(default=20.0, gt=0, description="refused requests logged per second at "
+                                    "most (all are counted in metrics; the next line says how many were left out)")
     log_level: str = Field(default="info", pattern=r"^(?i:debug|info|warning|error|critical)$")
 
     @field_validator("worker_url_pattern")

@@ -46,9 +46,10 @@ Stop = str | Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_ST
 
 
 class _Common(BaseModel):
-    """Fields both endpoints share: model, sampling, streaming, our extensions."""
+    """Fields both endpoints share: model, sampling, streaming, our extensions. Strict types, as
+    OpenAI's own API checks them: `"5"` is not a number and `true` is not 1."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = Field(default=None, max_length=256)
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_COMPLETION_TOKENS)

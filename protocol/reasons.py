@@ -33,6 +33,7 @@ QUEUE_FULL = "queue_full"
 QUEUE_TIMEOUT = "queue_timeout"
 LOADING = "loading"
 DRAINING = "draining"
+STREAMS_FULL = "streams_full"  # the coordinator relays as many streams as it is set to: it protects itself
 # 502 / stream errors
 WORKER_UNAVAILABLE = "worker_unavailable"
 WORKER_FAILED = "worker_failed"

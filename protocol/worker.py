@@ -61,9 +61,10 @@ class ChatMessage(BaseModel):
 
 
 class GenerationFields(BaseModel):
-    """The fields every generation request shares, public or internal: model, sampling, session."""
+    """The fields every generation request shares, public or internal: model, sampling, session.
+    Strict: a number is a JSON number and a flag a JSON boolean (`"5"` and `true` are not 5 and 1)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = Field(default=None, max_length=256, description="None: the worker's own model")
     max_tokens: int = Field(default=128, ge=1, le=32_768)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -357,3 +359,45 @@ async def test_an_unexpected_error_in_infer_is_a_500_in_the_json_error_shape() -
         response = await infer(client, headers={"x-request-id": "req-1"})
         assert response.status_code == 500
         assert response.json() == {"error": "internal error", "reason": "internal", "request_id": "req-1"}
+
+
+async def test_a_flood_of_refusals_is_counted_in_full_but_logged_at_a_bounded_rate(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Before: every 503 wrote a line (21,748 lines in one minute of flood)."""
+    settings = Settings(heartbeat_interval=1.0, queue_size=0, refusal_log_rate=5)
+    async with running_app(settings, FakeWorkers({}), ManualClock()) as client:
+        with caplog.at_level("INFO", logger="coordinator.requests"):
+            for _ in range(50):
+                assert (await infer(client)).status_code == 503
+        lines = [r.getMessage() for r in caplog.records if r.name == "coordinator.requests"]
+        assert len(lines) == 5  # the manual clock stands still: one burst's worth
+        assert await metric(client, 'coordinator_admission_decisions_total{outcome="rejected"') == 50
+
+
+async def test_past_max_streams_the_coordinator_refuses_instead_of_slowing_every_stream() -> None:
+    release = asyncio.Event()
+
+    def held(request: httpx.Request) -> httpx.Response:
+        async def body() -> AsyncIterator[bytes]:
+            yield token(0, "a")
+            await release.wait()
+            yield done()
+
+        return httpx.Response(200, headers={"content-type": "text/event-stream", "x-prompt-tokens": "5"},
+                              content=body())
+
+    clock = ManualClock()
+    settings = Settings(heartbeat_interval=1.0, queue_size=0, max_streams=1)
+    async with running_app(settings, FakeWorkers({"w1": held}), clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+        first = asyncio.create_task(infer(client))
+        while await metric(client, "coordinator_requests_running") < 1:
+            await asyncio.sleep(0.01)
+        refused = await infer(client)
+        assert refused.status_code == 503 and refused.json()["reason"] == "streams_full"
+        assert refused.headers["retry-after"] == "1"
+        release.set()
+        assert (await first).status_code == 200
+        release.clear()
+        release.set()
+        assert (await infer(client)).status_code == 200  # the slot is free again

@@ -100,3 +100,13 @@ async def test_requests_that_cannot_be_served_are_never_queued() -> None:
         unknown = await client.post("/coordinator/infer", content=json.dumps({"prompt": "x", "model": "gpt-9"}))
         assert unknown.json()["reason"] == "unknown_model"
         assert await metric(client, "coordinator_queue_wait_seconds_count") == 0
+
+
+def test_refusal_log_rate_limit_allows_bursts_then_counts_what_it_leaves_out() -> None:
+    from coordinator.gateway import RateLimit
+
+    limit = RateLimit(per_second=5)
+    assert [limit.allow(0.0) for _ in range(8)] == [True] * 5 + [False] * 3
+    assert limit.left_out == 3
+    assert limit.allow(0.2) and not limit.allow(0.2)  # one token back after 0.2 s at 5/s
+    assert limit.allow(10.0)

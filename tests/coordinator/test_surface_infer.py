@@ -36,7 +36,11 @@ def test_parse_sends_only_the_fields_the_client_set() -> None:
 
 
 @pytest.mark.parametrize("raw", [b'{"messages": [{"role": "user", "content": "x"}]}', b'{"prompt": "x", "n": 1}',
-                                 b"[1]", b"{"])
+                                 b"[1]", b"{",
+                                 # Loose types (before: true was taken as 1, strings as numbers).
+                                 b'{"prompt": "x", "max_tokens": true}', b'{"prompt": "x", "max_tokens": "5"}',
+                                 b'{"prompt": "x", "temperature": "0.5"}', b'{"prompt": "x", "ignore_eos": 1}',
+                                 b'{"prompt": "x", "seed": 1.5}'])
 def test_parse_refuses_what_the_public_contract_does_not_have(raw: bytes) -> None:
     with pytest.raises(CoordinatorError) as caught:
         parse(raw, "r1")
