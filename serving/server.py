@@ -19,7 +19,7 @@ import uvicorn
 class DrainingServer(uvicorn.Server):
     """The first SIGTERM or SIGINT runs `drain` while the server keeps answering (503 `draining`, so
     clients and load balancers learn it), then shuts down as uvicorn does; the process exits 0, as a
-    planned shutdown should. A second signal exits at once, as uvicorn's second Ctrl+C does."""
+    planned shutdown should. A second SIGINT exits at once, as uvicorn's second Ctrl+C does."""
 
     def __init__(self, config: uvicorn.Config, drain: Callable[[], Awaitable[None]]) -> None:
         super().__init__(config)
@@ -32,9 +32,16 @@ class DrainingServer(uvicorn.Server):
         await super().startup(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._draining is not None or self._loop is None or sig not in (signal.SIGTERM, signal.SIGINT):
-            self.force_exit = self._draining is not None
+        if self._loop is None or sig not in (signal.SIGTERM, signal.SIGINT):
             super().handle_exit(sig, frame)
+            return
+        if self._draining is not None:
+            # A terminal's Ctrl+C reaches the whole process group and a supervisor (start.sh) then
+            # sends SIGTERM too: that is the same request to stop, not an order to hurry. Only a
+            # second Ctrl+C skips the drain.
+            if sig == signal.SIGINT:
+                self.force_exit = True
+                super().handle_exit(sig, frame)
             return
         # Not recorded as captured: uvicorn would raise it again after shutdown and exit by the signal.
         self._loop.call_soon_threadsafe(self._start_drain)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 
 import uvicorn
@@ -23,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llm-worker: invalid settings:\n{exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    app = create_app(settings)
+    app = create_app(settings, on_load_failure=lambda: os.kill(os.getpid(), signal.SIGTERM))
     # No Date or Server header: only the coordinator reads a worker's responses, and it keeps the
     # parsed headers of every open stream for as long as the stream lasts.
     limits = EdgeLimits(max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes,
@@ -33,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
                             access_log=False, timeout_graceful_shutdown=5, date_header=False, server_header=False,
                             http=guarded_protocol(limits), limit_concurrency=settings.max_connections)
     DrainingServer(config, lambda: _drain(app, settings.drain_timeout)).run()
+    if getattr(app.state, "load_error", None):
+        print(f"llm-worker: the model could not be loaded: {app.state.load_error}", file=sys.stderr)
+        return 1
     return 0
 
 

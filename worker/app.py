@@ -59,10 +59,14 @@ REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.monotonic,
-               transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
+               transport: httpx.AsyncBaseTransport | None = None,
+               on_load_failure: Callable[[], None] = lambda: None) -> FastAPI:
+    """`on_load_failure`: called once if the model cannot be loaded (the process entry point stops the
+    server, so the worker exits non-zero instead of answering 503 loading forever)."""
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.runtime = None
+        app.state.load_error = None
         app.state.metrics = WorkerMetrics()
         loading = asyncio.create_task(_load(app))
         yield
@@ -77,8 +81,11 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
             model = await asyncio.to_thread(load_model, settings)
             runtime = await asyncio.to_thread(WorkerRuntime, settings, model, app.state.metrics, clock=clock)
             await runtime.start(transport)
-        except Exception:
+        except Exception as exc:
+            # Answering 503 loading forever would hide it: record why and stop the process (non-zero exit).
             log.exception("worker failed to start")
+            app.state.load_error = f"{type(exc).__name__}: {exc}"
+            on_load_failure()
             raise
         app.state.runtime = runtime
         log.info(json.dumps({"event": "ready", "worker_id": settings.worker_id, "model": runtime.names.name,

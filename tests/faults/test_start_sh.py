@@ -1,0 +1,143 @@
+"""`./start.sh` as an operator meets it: a token by default, one worker's death restarts that worker
+and leaves the other serving, Ctrl+C drains, and a model that cannot load stops the start with its
+reason (before: one crash stopped the whole pool, and a bad model answered 503 loading forever)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import httpx
+import pytest
+
+from tests.conftest import free_port
+from tests.polling import wait_until
+
+pytestmark = pytest.mark.model
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def launch(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str, Path, int]:
+    port, worker_port = free_port(), free_port()
+    while worker_port + 1 == port:
+        worker_port = free_port()
+    log_dir = tmp_path / "pool"
+    env = {k: v for k, v in os.environ.items() if k not in ("WORKER_TOKEN", "PORT", "HOST", "MODEL_PATH")}
+    env["LOG_DIR"] = str(log_dir)
+    proc = subprocess.Popen([str(ROOT / "start.sh"), "--port", str(port), "--worker-port", str(worker_port),
+                             "--drain-timeout", "5", *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, f"http://127.0.0.1:{port}", log_dir, worker_port
+
+
+class Output:
+    """start.sh's output, read as it comes (so the pipe never fills)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.text = ""
+        assert proc.stdout is not None
+        self._thread = threading.Thread(target=self._read, args=(proc.stdout,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: IO[bytes]) -> None:
+        for line in stream:
+            self.text += line.decode(errors="replace")
+
+    def finished(self) -> str:
+        self._thread.join(timeout=10)
+        return self.text
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, Path, int, Output]]:
+    proc, url, log_dir, worker_port = launch(tmp_path)
+    out = Output(proc)
+    try:
+        # Ready once start.sh itself says so (its own health check done), not merely the coordinator.
+        wait_until(lambda: proc.poll() is None and "Press Ctrl+C" in out.text, 180, "start.sh's pool to be up",
+                   interval=0.2)
+        yield proc, url, log_dir, worker_port, out
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def worker_pid(worker_port: int) -> int | None:
+    """The pid of the worker start.sh runs on that port (read from /proc: ps may cut long command lines)."""
+    want = ["-m", "worker", "--host", "127.0.0.1", "--port", str(worker_port)]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if argv[1:1 + len(want)] == want:
+            return int(entry.name)
+    return None
+
+
+def test_a_dead_worker_is_restarted_and_the_other_keeps_serving_then_ctrl_c_drains(
+        pool: tuple[subprocess.Popen[bytes], str, Path, int, Output]) -> None:
+    proc, url, log_dir, worker_port, output = pool
+    token = (log_dir / "worker-token").read_text().strip()
+    assert len(token) >= 24 and (log_dir / "worker-token").stat().st_mode & 0o077 == 0
+    beat = httpx.post(url + "/coordinator/health/heartbeat", json={}, timeout=5)
+    assert beat.status_code == 401  # secure by default: no token, no registration
+    before = {w["worker_id"]: w["url"] for w in httpx.get(url + "/coordinator/health/workers", timeout=5)
+              .json()["workers"]}
+    victim = worker_pid(worker_port)
+    assert victim is not None
+    os.kill(victim, signal.SIGKILL)
+    for _ in range(5):  # the other worker serves throughout
+        answer = httpx.post(url + "/coordinator/infer", json={"prompt": "Hi", "max_tokens": 4}, timeout=30)
+        assert answer.status_code in (200, 503), answer.text
+    wait_until(lambda: worker_pid(worker_port) not in (None, victim), 20, "worker-1 restarted")
+    wait_until(lambda: {w["worker_id"]: w["state"] for w in httpx.get(url + "/coordinator/health/workers",
+                        timeout=5).json()["workers"]}.get("worker-1") == "alive", 60, "worker-1 back")
+    assert proc.poll() is None and set(before) == {"worker-1", "worker-2"}
+    # Ctrl+C with a stream running: it finishes (within the drain), then everything stops.
+    with httpx.Client(timeout=60) as client, client.stream(
+            "POST", url + "/coordinator/infer", json={"prompt": "Count.", "max_tokens": 24, "ignore_eos": True}
+    ) as stream:
+        lines = stream.iter_lines()
+        assert any(line.startswith("event: token") for line in lines)
+        os.killpg(proc.pid, signal.SIGINT)
+        rest = list(lines)
+    assert any(line.startswith("event: done") for line in rest) or any(
+        line.startswith("event: error") for line in rest), rest[-5:]
+    assert proc.wait(timeout=30) == 130
+    out = output.finished()
+    assert "restarting it (1 of 3)" in out and "draining" in out
+
+
+def test_a_model_that_cannot_load_stops_the_start_with_its_reason(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\0" * 64)
+    proc, _, _, _ = launch(tmp_path, "--workers", "1", "--model", str(broken))
+    output = Output(proc)
+    try:
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = output.finished()
+    assert code == 1 and "did not become healthy" in out and "could not be loaded" in out, out[-2000:]
+
+
+def test_the_worker_itself_exits_non_zero_when_its_model_cannot_load(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a model")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "worker", "--port", str(free_port()), "--model-path", str(broken)],
+                          check=False, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "could not be loaded" in done.stderr
+    assert time.monotonic() - started < 60
