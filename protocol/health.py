@@ -42,6 +42,9 @@ class WorkerLoad(BaseModel):
                                description="sessions kept for a next turn with no stream now: evictable when full")
     idle_kv_bytes: int = Field(default=0, ge=0, le=MAX_BYTES, description="KV bytes those idle sessions hold")
     draining: bool = False
+    backend: Literal["cpu", "gpu"] = Field(default="cpu", description="where llama.cpp computes: gpu once any "
+                                           "layer is offloaded (then the KV of those layers lives on the device)")
+    gpu_layers: int = Field(default=0, ge=0, le=1 << 20, description="layers offloaded to the GPU")
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkerLoad:

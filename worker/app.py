@@ -189,7 +189,7 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
 def load_model(settings: WorkerSettings) -> Model | SimulatedModel:
     if settings.engine == "simulated":
         return SimulatedModel(bytes_per_token=settings.sim_bytes_per_token)
-    return Model(settings.model_path)
+    return Model(settings.model_path, gpu_layers=settings.gpu_layers)
 
 
 def _request_id(request: Request) -> str:

@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import llama_cpp as ll
+import numpy as np
 
 from protocol import reasons
 from protocol.worker import GenerateRequest
 from worker.channel import TokenChannel
 from worker.model import Message, Model
-from worker.sampling import Sampler, SamplingParams
+from worker.sampling import RequestSampling, SamplingParams, StepSampler
 from worker.sessions import Session, SessionTable
 from worker.textstream import Piece, TextAssembler
 
@@ -84,7 +85,7 @@ class Job:
 @dataclass(eq=False)
 class _Running:
     job: Job
-    sampler: Sampler
+    sampling: RequestSampling
     text: TextAssembler
     todo: list[int]
     started_at: float
@@ -129,6 +130,7 @@ class Engine:
         self._mem = ll.llama_get_memory(self._ctx)
         self._n_batch = params.n_batch
         self._batch = ll.llama_batch_init(self._n_batch, 0, 1)
+        self._sampler = StepSampler(model.shape.n_vocab)
         self._cond = threading.Condition()
         # Bounded by admission, not by a maxlen: jobs <= sequence slots, frees <= slots, one cancel per
         # DELETE request; the loop drains it whole at every step.
@@ -273,7 +275,7 @@ class Engine:
         request = job.request
         params = SamplingParams(request.temperature, request.top_p, request.top_k, request.seed,
                                 self.model.eog_tokens if request.ignore_eos else ())
-        run = _Running(job=job, sampler=Sampler(params, self.model.shape.n_vocab),
+        run = _Running(job=job, sampling=RequestSampling(params),
                        text=TextAssembler(request.stop), todo=job.prompt_tokens[keep:],
                        started_at=self._clock())
         # Kept in sequence-id order so each step's decode rows reach llama.cpp ascending (one pass).
@@ -301,7 +303,7 @@ class Engine:
                 self._put(n, run.next_token, len(run.job.session.tokens), run.job.session.seq_id, True)
                 run.job.session.tokens.append(run.next_token)
                 run.next_token = None
-                rows.append((run, n))
+                rows.append(run)
                 n += 1
         decoding = n
         sequences = n
@@ -317,7 +319,7 @@ class Engine:
                 self._put(n, token, len(session.tokens), session.seq_id, last)
                 session.tokens.append(token)
                 if last:
-                    rows.append((run, n))
+                    rows.append(run)
                 n += 1
             budget -= len(chunk)
         if n == 0:
@@ -329,8 +331,14 @@ class Engine:
             raise RuntimeError(f"llama_decode returned {status}")
         self.steps += 1
         self._observer.step(sequences, n - decoding, time.perf_counter() - started)
-        for run, row in rows:
-            self._sample(run, row, touched)
+        if rows:
+            # The rows asking for logits, in batch order, are `rows`: llama.cpp keeps their logits
+            # contiguous in that order, so the step samples them all from one view of its buffer.
+            logits = np.ctypeslib.as_array(ll.llama_get_logits(self._ctx),
+                                           shape=(len(rows), self.model.shape.n_vocab))
+            picks = self._sampler.sample(logits, [run.sampling for run in rows])
+            for run, (token, probability) in zip(rows, picks, strict=True):
+                self._accept(run, token, probability, touched)
         return True
 
     def _put(self, i: int, token: int, pos: int, seq_id: int, logits: bool) -> None:
@@ -341,8 +349,8 @@ class Engine:
         batch.seq_id[i][0] = seq_id
         batch.logits[i] = logits
 
-    def _sample(self, run: _Running, row: int, touched: set[TokenChannel[StreamItem]]) -> None:
-        token, probability = run.sampler.sample(self._ctx, row)
+    def _accept(self, run: _Running, token: int, probability: float,
+                touched: set[TokenChannel[StreamItem]]) -> None:
         now = self._clock()
         if run.first_token_at is None:
             run.first_token_at = now
@@ -377,7 +385,6 @@ class Engine:
 
     def _end(self, run: _Running, outcome: Finished | Failed, touched: set[TokenChannel[StreamItem]]) -> None:
         self._running.remove(run)
-        run.sampler.close()
         job = run.job
         completed = isinstance(outcome, Finished) and outcome.reason != "cancelled"
         if completed:

@@ -82,7 +82,8 @@ class WorkerRuntime:
             kv_capacity_bytes=limits.capacity_tokens * limits.bytes_per_token,
             bytes_per_token=limits.bytes_per_token, session_max_tokens=limits.session_max_tokens,
             idle_sessions=min(idle, sessions), idle_kv_bytes=idle_tokens * limits.bytes_per_token,
-            draining=self.gate.draining)
+            draining=self.gate.draining, backend="gpu" if self.model.backend == "gpu" else "cpu",
+            gpu_layers=min(self.model.gpu_layers, self.model.shape.n_layer + 1))  # "all" is a huge number
 
     async def start(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.engine.start(asyncio.get_running_loop())

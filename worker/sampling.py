@@ -1,17 +1,37 @@
-"""One request's sampler: a llama.cpp sampler chain built from its parameters.
+"""Sampling for a whole decode step at once: numpy over llama.cpp's logits matrix, one row per sequence.
 
-Owns: the chain's construction and lifetime, and the sampled token's probability.
-Must not: touch the batch or the KV cache. Used only on the engine thread.
+Owns: choosing each row's next token (greedy, or top-k, top-p, temperature and a seeded draw), the
+chosen token's probability, and each request's random generator.
+Must not: touch the batch, the context or the KV cache; it reads a logits matrix it is handed (a view
+of llama.cpp's buffer, no copy) and writes nothing into it. Used only on the engine thread.
+
+The rules are llama.cpp's sampler chain, which the worker used before (one `llama_sampler_sample` per
+sequence, each building a candidate array of the whole vocabulary): banned tokens get -inf, then top-k,
+then top-p over the softmax of what is left (the smallest set of most likely tokens whose probability
+reaches p), then the temperature, then one draw from the softmax of the rest. Greedy is the first
+largest logit of the row with banned tokens excluded, exactly as llama.cpp's greedy sampler picks it.
+Draws use numpy's generator seeded per request, so a seeded request repeats itself; the draws are not
+llama.cpp's (its generator is a different one), only their distribution is the same.
+
+The probability reported with each token is its softmax under the raw logits (before bans, top-k,
+top-p or temperature), computed as before: float32 exp of (logit - row max), float32 sum. That sum
+over the vocabulary is most of the work per row (numpy's float32 exp is about 1.5 ns an element
+on an AVX2 machine, so about 75 us for a 49,152-token vocabulary); every other step is a single
+pass (argmax) over the matrix or work on a few candidates.
 """
 
 from __future__ import annotations
 
-import ctypes
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-import llama_cpp as ll
 import numpy as np
+
+# Top-p without top-k looks for the nucleus among this many of the most likely tokens first, and
+# only widens the search (x4 each time) when they do not reach p: sorting the whole vocabulary per
+# row would cost more than the rest of the step.
+NUCLEUS_FIRST_GUESS = 64
 
 
 @dataclass(frozen=True)
@@ -22,42 +42,110 @@ class SamplingParams:
     seed: int | None
     banned_tokens: tuple[int, ...] = ()  # end-of-generation tokens when ignore_eos is asked
 
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
 
-class Sampler:
-    def __init__(self, params: SamplingParams, n_vocab: int) -> None:
-        self._n_vocab = n_vocab
-        chain_params = ll.llama_sampler_chain_default_params()
-        chain_params.no_perf = True
-        self._chain = ll.llama_sampler_chain_init(chain_params)
-        if params.banned_tokens:
-            bias = (ll.llama_logit_bias * len(params.banned_tokens))(
-                *(ll.llama_logit_bias(t, -math.inf) for t in params.banned_tokens)
-            )
-            self._add(ll.llama_sampler_init_logit_bias(n_vocab, len(params.banned_tokens), bias))
-        if params.temperature <= 0.0:
-            self._add(ll.llama_sampler_init_greedy())
-            return
-        if params.top_k > 0:
-            self._add(ll.llama_sampler_init_top_k(params.top_k))
-        if params.top_p < 1.0:
-            self._add(ll.llama_sampler_init_top_p(params.top_p, 1))
-        self._add(ll.llama_sampler_init_temp(params.temperature))
-        seed = ll.LLAMA_DEFAULT_SEED if params.seed is None else params.seed
-        self._add(ll.llama_sampler_init_dist(seed))
 
-    def _add(self, sampler: ll.llama_sampler_p) -> None:
-        ll.llama_sampler_chain_add(self._chain, sampler)  # the chain owns it from here
+class RequestSampling:
+    """One request's sampling parameters and its own random generator (the seed's, or fresh entropy)."""
 
-    def sample(self, ctx: ll.llama_context_p, batch_index: int) -> tuple[int, float]:
-        """Samples from the logits of one batch row; returns the token and its raw softmax probability."""
-        token = ll.llama_sampler_sample(self._chain, ctx, batch_index)  # also accepts it into the chain
-        logits = np.ctypeslib.as_array(ll.llama_get_logits_ith(ctx, batch_index), shape=(self._n_vocab,))
-        top = float(logits.max())
-        total = float(np.exp(logits - top, dtype=np.float32).sum())
-        probability = math.exp(float(logits[token]) - top) / total
-        return int(token), min(1.0, probability)
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self.banned = np.array(params.banned_tokens, dtype=np.intp)
+        self.rng = np.random.default_rng(params.seed)
 
-    def close(self) -> None:
-        if self._chain:
-            ll.llama_sampler_free(self._chain)
-            self._chain = ctypes.c_void_p(0)
+
+class StepSampler:
+    """Samples one token for every row of a step's logits; holds only scratch space between steps."""
+
+    def __init__(self, n_vocab: int) -> None:
+        self._scratch = np.empty(n_vocab, dtype=np.float32)
+
+    def sample(self, logits: np.ndarray, requests: Sequence[RequestSampling]) -> list[tuple[int, float]]:
+        """`logits` is (len(requests), n_vocab) float32, row i for requests[i]; returns (token, probability)
+        per row."""
+        best = logits.argmax(axis=1)  # one pass over the matrix serves every greedy row and every row max
+        out = []
+        for i, request in enumerate(requests):
+            row = logits[i]
+            top = float(row[best[i]])
+            total = self._exp_sum(row, top)
+            params = request.params
+            if params.greedy:
+                token = int(best[i])
+                if request.banned.size and token in params.banned_tokens:
+                    token = int(self._without_banned(row, request.banned).argmax())
+            else:
+                token = self._draw(row, request)
+            out.append((token, min(1.0, math.exp(float(row[token]) - top) / total)))
+        return out
+
+    def _exp_sum(self, row: np.ndarray, top: float) -> float:
+        """Sum of exp(logit - top) over the row: the raw softmax's denominator (float32, as before)."""
+        scratch = self._scratch
+        np.subtract(row, np.float32(top), out=scratch)
+        np.exp(scratch, out=scratch)
+        return float(scratch.sum())
+
+    def _without_banned(self, row: np.ndarray, banned: np.ndarray) -> np.ndarray:
+        copy = self._scratch
+        np.copyto(copy, row)
+        copy[banned] = -np.inf
+        return copy
+
+    def _draw(self, row: np.ndarray, request: RequestSampling) -> int:
+        params = request.params
+        if request.banned.size:
+            row = self._without_banned(row, request.banned)
+        ids, kept = support(row, params.top_k, params.top_p, allowed=row.size - request.banned.size)
+        scaled = kept.astype(np.float64) / params.temperature
+        weights = np.exp(scaled - scaled.max())
+        cumulative = np.cumsum(weights)
+        pick = int(np.searchsorted(cumulative, request.rng.random() * cumulative[-1], side="right"))
+        return int(ids[min(pick, len(ids) - 1)])
+
+
+def support(row: np.ndarray, top_k: int, top_p: float, *, allowed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens that top-k then top-p leave of one row, and their logits.
+
+    `row` holds -inf at banned tokens; `allowed` counts the others. With neither cut the whole row
+    comes back in token order (banned tokens at -inf weigh nothing in the draw); otherwise the kept
+    tokens, most likely first."""
+    k = min(top_k, allowed) if top_k > 0 else allowed
+    if top_p >= 1.0:
+        if k == allowed:
+            return np.arange(row.size), row
+        ids = _largest(row, k)
+        return ids, row[ids]
+    if k < allowed:  # top-p's softmax is over what top-k left, at the logits as they are
+        ids = _largest(row, k)
+        probs = np.exp(row[ids] - row[ids[0]])
+        cut = _nucleus(probs / probs.sum(), top_p)
+        return ids[:cut], row[ids[:cut]]
+    # Softmax over the whole row, its denominator summed in token order in float32 as llama.cpp sums
+    # it: with p near 1 the cut falls among tokens of about 1e-6 each, where a more exact sum keeps a
+    # few percent more tokens than llama.cpp does. A cumulative sum is numpy's sequential one.
+    top = np.float32(row.max())
+    total = np.cumsum(np.exp(row - top))[-1]
+    guess = NUCLEUS_FIRST_GUESS
+    while True:
+        ids = _largest(row, min(guess, allowed))
+        probs = np.exp(row[ids] - top) / total
+        if probs.sum() >= top_p or guess >= allowed:
+            cut = _nucleus(probs, top_p)
+            return ids[:cut], row[ids[:cut]]
+        guess *= 4
+
+
+def _largest(row: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest values, largest first (ties: lower token id first)."""
+    part = np.arange(row.size) if k >= row.size else np.argpartition(row, row.size - k)[row.size - k:]
+    return part[np.lexsort((part, -row[part]))]
+
+
+def _nucleus(probs: np.ndarray, top_p: float) -> int:
+    """How many of the most likely tokens (probabilities sorted, largest first) reach `top_p`; at least
+    one. The running sum is float32, as llama.cpp's is."""
+    reached = np.flatnonzero(np.cumsum(probs) >= top_p)
+    return int(reached[0]) + 1 if reached.size else len(probs)

@@ -31,6 +31,7 @@ ENV_NAMES = {
     "host": "WORKER_HOST",
     "port": "WORKER_PORT",
     "threads": "WORKER_THREADS",
+    "gpu_layers": "N_GPU_LAYERS",
     "ctx_size": "WORKER_CTX_SIZE",
     "max_sessions": "WORKER_MAX_SESSIONS",
     "session_max_tokens": "WORKER_SESSION_MAX_TOKENS",
@@ -73,6 +74,8 @@ class WorkerSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=3001, ge=0, le=65535)
     threads: int = Field(default=os.cpu_count() or 1, ge=1, le=256, description="llama.cpp threads")
+    gpu_layers: int = Field(default=-1, ge=-1, description="layers offloaded to the GPU; -1: all when the "
+                            "llama.cpp build can offload, else 0")
     ctx_size: int = Field(default=0, ge=0, description="KV cells in all; 0: derived from the limits")
     max_sessions: int = Field(default=16, ge=1, le=256, description="llama.cpp sequences, busy or idle")
     session_max_tokens: int = Field(default=2048, ge=16, description="KV cells one session may hold")

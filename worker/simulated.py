@@ -39,6 +39,7 @@ class SimulatedModel:
         self.shape = ModelShape(n_layer=0, n_head=0, n_head_kv=0, n_embd=0, head_dim_k=0, head_dim_v=0,
                                 n_ctx_train=n_ctx_train, n_vocab=len(WORDS))
         self.eog_tokens: tuple[int, ...] = ()
+        self.backend, self.gpu_layers = "cpu", 0
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         data = text.encode()

@@ -30,3 +30,11 @@ def test_every_invalid_value_is_reported_at_once() -> None:
         WorkerSettings.load(["--port", "70000", "--threads", "0", "--session-ttl", "-1"], environ={})
     fields = {e["loc"][0] for e in bad.value.errors()}
     assert fields == {"port", "threads", "session_ttl"}
+
+
+def test_gpu_layers_from_env_and_flag() -> None:
+    assert WorkerSettings.load([], {"N_GPU_LAYERS": "0"}).gpu_layers == 0
+    assert WorkerSettings.load(["--gpu-layers", "12"], {}).gpu_layers == 12
+    assert WorkerSettings.load([], {}).gpu_layers == -1  # all layers where the build can offload, else none
+    with pytest.raises(ValidationError):
+        WorkerSettings.load(["--gpu-layers", "-2"], {})

@@ -1,0 +1,142 @@
+"""The step sampler against llama.cpp's own sampler chain on the same logits (no model needed)."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import llama_cpp as ll
+import numpy as np
+import pytest
+
+from worker.sampling import RequestSampling, SamplingParams, StepSampler
+
+VOCAB = 49152  # SmolLM2's vocabulary: the size the worker really samples from
+BANNED = (0, 2, 4)
+TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")], align=True)
+
+
+def chain_apply(row: np.ndarray, *stages: ll.llama_sampler_p) -> tuple[np.ndarray, int]:
+    """Runs llama.cpp's chain of `stages` over `row` (as `llama_sampler_sample` does); returns the
+    candidates left (their id, logit, p) and the selected index (-1: none)."""
+    chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+    for stage in stages:
+        ll.llama_sampler_chain_add(chain, stage)
+    data = np.zeros(row.size, dtype=TOKEN_DATA)
+    data["id"] = np.arange(row.size)
+    data["logit"] = row
+    array = ll.llama_token_data_array(data=data.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)),
+                                      size=row.size, selected=-1, sorted=False)
+    try:
+        ll.llama_sampler_apply(chain, ctypes.byref(array))
+        # Some samplers move `data` to storage of their own: read what the struct points at now.
+        left = np.ctypeslib.as_array(ctypes.cast(array.data, ctypes.POINTER(ctypes.c_byte)),
+                                     shape=(array.size * TOKEN_DATA.itemsize,)).view(TOKEN_DATA).copy()
+        return left, int(array.selected)
+    finally:
+        ll.llama_sampler_free(chain)
+
+
+def ban(tokens: tuple[int, ...]) -> list[ll.llama_sampler_p]:
+    if not tokens:
+        return []
+    bias = (ll.llama_logit_bias * len(tokens))(*(ll.llama_logit_bias(t, -math.inf) for t in tokens))
+    return [ll.llama_sampler_init_logit_bias(VOCAB, len(tokens), bias)]
+
+
+def logits_matrix(rows: int, seed: int, *, ties: bool = False) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if ties:  # few distinct values, so the largest one occurs many times per row
+        return rng.integers(-20, 8, size=(rows, VOCAB)).astype(np.float32)
+    return (rng.standard_normal((rows, VOCAB)) * 4).astype(np.float32)
+
+
+def greedy(banned: tuple[int, ...] = ()) -> RequestSampling:
+    return RequestSampling(SamplingParams(0.0, 1.0, 0, None, banned))
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("banned", [(), BANNED])
+def test_greedy_picks_llama_cpp_greedy_token(ties: bool, banned: tuple[int, ...]) -> None:
+    logits = logits_matrix(8, seed=1, ties=ties)
+    if banned:
+        logits[:4, banned[1]] = logits.max() + 1.0  # rows whose largest logit is a banned token
+    picks = StepSampler(VOCAB).sample(logits, [greedy(banned) for _ in range(len(logits))])
+    for row, (token, _) in zip(logits, picks, strict=True):
+        left, selected = chain_apply(row, *ban(banned), ll.llama_sampler_init_greedy())
+        assert token == left["id"][selected]
+
+
+def test_probability_is_llama_cpp_softmax_of_the_raw_logits() -> None:
+    logits = logits_matrix(6, seed=2)
+    logits[0] *= 4  # a peaked row as well as flat ones
+    requests = [greedy(), greedy(BANNED), RequestSampling(SamplingParams(0.7, 0.9, 40, 5)),
+                RequestSampling(SamplingParams(1.3, 1.0, 0, 6, BANNED)), greedy(), greedy()]
+    picks = StepSampler(VOCAB).sample(logits, requests)
+    for row, (token, probability) in zip(logits, picks, strict=True):
+        left, _ = chain_apply(row, ll.llama_sampler_init_dist(1))  # the dist stage softmaxes every token
+        p_of = dict(zip(left["id"].tolist(), left["p"].tolist(), strict=True))
+        assert probability == pytest.approx(p_of[token], abs=1e-5)
+
+
+@pytest.mark.parametrize(("top_k", "top_p", "banned"), [
+    (40, 1.0, ()), (40, 0.9, ()), (0, 0.9, ()), (0, 0.5, BANNED), (5, 0.3, BANNED), (1, 0.95, ()),
+    (0, 0.999, ()),  # a nucleus larger than the first guess of 64 tokens
+])
+def test_top_k_top_p_support_is_llama_cpp_s(top_k: int, top_p: float, banned: tuple[int, ...]) -> None:
+    from worker.sampling import support
+
+    logits = logits_matrix(4, seed=3)
+    logits[0] *= 3
+    for row in logits:
+        stages = ban(banned)
+        if top_k > 0:
+            stages.append(ll.llama_sampler_init_top_k(top_k))
+        if top_p < 1.0:
+            stages.append(ll.llama_sampler_init_top_p(top_p, 1))
+        left, _ = chain_apply(row, *stages)
+        expected = set(left["id"][np.isfinite(left["logit"])].tolist())
+        work = row.copy()
+        work[list(banned)] = -np.inf
+        ids, _ = support(work, top_k, top_p, allowed=VOCAB - len(banned))
+        assert set(ids.tolist()) == expected
+
+
+def test_draws_stay_in_the_support_and_follow_the_tempered_softmax() -> None:
+    row = np.full(VOCAB, -30.0, dtype=np.float32)
+    row[[10, 20, 30, 40]] = [2.0, 1.5, 1.0, 0.0]
+    request = RequestSampling(SamplingParams(temperature=0.5, top_p=1.0, top_k=3, seed=7))
+    sampler = StepSampler(VOCAB)
+    counts: dict[int, int] = {}
+    for _ in range(3000):
+        token, _ = sampler.sample(row[None, :], [request])[0]
+        counts[token] = counts.get(token, 0) + 1
+    assert set(counts) <= {10, 20, 30}  # top-k 3 cuts token 40
+    weights = np.exp(np.array([2.0, 1.5, 1.0]) / 0.5)
+    expected = weights / weights.sum()  # temperature applied: 0.67, 0.24, 0.09
+    for token, share in zip((10, 20, 30), expected, strict=True):
+        assert counts.get(token, 0) / 3000 == pytest.approx(share, abs=0.03)
+
+
+def test_a_seeded_request_repeats_itself_and_seeds_differ() -> None:
+    logits = logits_matrix(64, seed=4)
+
+    def run(seed: int) -> list[int]:
+        request = RequestSampling(SamplingParams(1.0, 0.95, 0, seed))
+        sampler = StepSampler(VOCAB)
+        return [sampler.sample(logits[i:i + 1], [request])[0][0] for i in range(len(logits))]
+
+    assert run(11) == run(11)
+    assert run(11) != run(12)
+
+
+def test_rows_do_not_share_a_generator() -> None:
+    """A seeded request draws the same tokens whether or not other requests sample in the same steps."""
+    logits = logits_matrix(32, seed=5)
+    sampler = StepSampler(VOCAB)
+    alone = RequestSampling(SamplingParams(1.0, 1.0, 0, 3))
+    solo = [sampler.sample(logits[i:i + 1], [alone])[0][0] for i in range(len(logits))]
+    seeded = RequestSampling(SamplingParams(1.0, 1.0, 0, 3))
+    other = RequestSampling(SamplingParams(1.0, 1.0, 0, 99))
+    paired = [sampler.sample(np.stack([logits[i], logits[i]]), [other, seeded])[1][0] for i in range(len(logits))]
+    assert paired == solo
