@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The test command: bootstraps what is missing (.venv, packages, the default model), checks ruff and
+# The test command: bootstraps what is missing (.venv, packages, the default model, Chromium), checks ruff and
 # mypy, then runs every test: unit tests per module and integration tests over real processes with
 # the real model.
 # Extra arguments go to pytest, e.g. ./test.sh tests/worker -k session
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 scripts/bootstrap.sh
+scripts/test-deps.sh  # the browser test's Chromium (Debian packages), when missing
 # Lint and types first: the style guide asks both to be clean, so the tests hold them to it.
 .venv/bin/ruff check --quiet .
 .venv/bin/mypy --no-error-summary worker protocol coordinator bench

@@ -20,7 +20,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from coordinator import health
+from coordinator import health, status_page
 from coordinator.clock import Clock, SystemClock
 from coordinator.errors import CoordinatorError
 from coordinator.gateway import Gateway
@@ -57,6 +57,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     app.include_router(health.router)
     app.include_router(infer.router)
     app.include_router(openai.router)
+    app.include_router(status_page.router)
     app.add_middleware(FastPaths)
     app.add_exception_handler(CoordinatorError, _coordinator_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
@@ -141,13 +142,14 @@ def edge_limits(settings: Settings) -> EdgeLimits:
 
 def _let_in(scope: Scope) -> bool:
     """Client API keys (coordinator/auth.py), when configured, on the generation surfaces and, if
-    asked, on /metrics; health, the status page and heartbeats (the worker token's) stay open."""
+    asked, on /metrics and the status page's snapshot (the same counters); health, the page itself and
+    heartbeats (the worker token's) stay open."""
     state: CoordinatorState | None = getattr(scope["app"].state, "coordinator", None)
     if state is None or state.api_keys is None:
         return True
     path = scope["path"]
     if not (path == "/coordinator/infer" or path.startswith("/v1/")
-            or (path == "/metrics" and state.settings.metrics_require_key)):
+            or (path in ("/metrics", "/coordinator/status") and state.settings.metrics_require_key)):
         return True
     found = state.api_keys.identify(Headers(scope=scope))
     if found is None:

@@ -74,3 +74,11 @@ async def test_metrics_can_be_protected_too() -> None:
         assert (await client.get("/metrics")).status_code == 401
         assert (await client.get("/metrics", headers={"x-api-key": "alpha-key-1"})).status_code == 200
         assert (await client.get("/coordinator/health")).status_code == 200
+
+
+async def test_the_status_snapshot_is_protected_with_the_metrics() -> None:
+    settings = Settings(heartbeat_interval=1.0, api_keys=KEYS, metrics_require_key=True)
+    async with running_app(settings, FakeWorkers({}), ManualClock()) as client:
+        assert (await client.get("/coordinator/status")).status_code == 401
+        assert (await client.get("/coordinator/status", headers={"x-api-key": "alpha-key-1"})).status_code == 200
+        assert (await client.get("/status")).status_code == 200  # the page: no data in it
