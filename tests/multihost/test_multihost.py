@@ -1,0 +1,180 @@
+"""The pool over a real (virtual) network: five worker hosts and a coordinator host on one bridge.
+
+Checks what only a network shows: requests spread over hosts that registered by heartbeat across
+it; a host unplugged mid-stream ends its streams with an `error` event within the coordinator's read
+deadline, new requests go elsewhere, nothing admitted is lost without an explicit error, and the host
+rejoins once plugged back; latency added to one host shows in its TTFT only.
+The figures are printed at the end (`-s`) and written to `<pytest tmp>/multihost*/multihost-figures.json`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter, defaultdict
+from typing import Any
+
+import pytest
+
+from tests.multihost.client import Streamed, wait
+from tests.multihost.conftest import (
+    CONNECT_TIMEOUT,
+    FIRST_EVENT_TIMEOUT,
+    HEARTBEAT_INTERVAL,
+    READ_TIMEOUT,
+    WORKER_PORT,
+    WORKERS,
+    Pool,
+)
+
+pytestmark = pytest.mark.model
+
+SHORT = {"prompt": "Say hello.", "max_tokens": 4, "ignore_eos": True}
+LONG = {"prompt": "Count slowly from one to a thousand.", "max_tokens": 200, "ignore_eos": True}
+DELAY = 0.050  # added to one host's outgoing traffic
+STALE_AFTER = 3 * HEARTBEAT_INTERVAL  # the coordinator's default stale_after_intervals
+
+
+def test_requests_spread_over_all_five_hosts(pool: Pool) -> None:
+    pool.ensure()
+    states = pool.states()
+    for worker_id in WORKERS:  # each registered over the bridge, with the address of its own host
+        assert states[worker_id]["url"] == f"http://{pool.host(worker_id).address}:{WORKER_PORT}"
+    # Ten at once fill the pool's 5 x 2 sessions; the default scoring puts two on each host.
+    results = pool.client.run([{**SHORT, "max_tokens": 16}] * 10)
+    assert [r.ended for r in results] == ["done"] * 10, [(r.status, r.error_body, r.failure) for r in results]
+    for r in results:
+        assert r.terminal is not None and r.terminal[1]["worker_id"] == r.worker_id
+    served = Counter(r.worker_id for r in results)
+    pool.figures["spread"] = dict(sorted(served.items()))
+    assert set(served) == set(WORKERS), served
+
+
+def test_latency_on_one_host_shows_in_its_ttft_only(pool: Pool) -> None:
+    pool.ensure()
+    slow = "w2"
+    baseline = _ttft_by_worker(pool)
+    with pool.network.delay(pool.host(slow), DELAY) as delay:
+        delayed = _ttft_by_worker(pool)
+    # The network's share of TTFT: what the client saw minus the worker's own admission-to-token
+    # time, so the two cores' scheduling noise in prefill does not blur the comparison.
+    added = {w: _median(delayed[w], "network") - _median(baseline[w], "network") for w in WORKERS}
+    pool.figures["latency"] = {
+        "host": slow, "delay_ms": DELAY * 1e3, "method": delay.method,
+        "samples_per_host": {w: [len(baseline[w]), len(delayed[w])] for w in WORKERS},
+        "ttft_median_ms": {w: {"before": round(_median(baseline[w], "client") * 1e3, 1),
+                               "during": round(_median(delayed[w], "client") * 1e3, 1)} for w in WORKERS},
+        "network_share_added_ms": {w: round(added[w] * 1e3, 1) for w in WORKERS},
+    }
+    # Every frame the slow host sends is held DELAY, so each of its first tokens arrived at least
+    # that long after the worker made it.
+    assert min(s["network"] for s in delayed[slow]) >= DELAY, pool.figures["latency"]
+    assert added[slow] >= 0.7 * DELAY, pool.figures["latency"]
+    for other in sorted(set(WORKERS) - {slow}):
+        assert added[other] < DELAY / 2, pool.figures["latency"]
+
+
+def test_partition_ends_its_streams_sends_new_requests_elsewhere_and_heals(pool: Pool) -> None:
+    pool.ensure()
+    long = [pool.client.start(LONG) for _ in WORKERS]  # one per host: each takes the least loaded
+    _wait_for(lambda: all(s.tokens >= 2 for s in long), 60, "every long stream to be generating", long)
+    serving = sorted({str(s.worker_id) for s in long})
+    victim = "w3" if "w3" in serving else serving[-1]
+    on_victim = [s for s in long if s.worker_id == victim]
+    figures: dict[str, Any] = {
+        "host": victim, "streams_on_it": len(on_victim),
+        "deadlines_s": {"read": READ_TIMEOUT, "first_event": FIRST_EVENT_TIMEOUT, "connect": CONNECT_TIMEOUT,
+                        "stale_after": STALE_AFTER}}
+    pool.figures["partition"] = figures  # filled in as it goes, so a failure still shows how far it got
+    failovers = pool.client.metric("coordinator_failovers_total")
+
+    partitioned_at = time.monotonic()
+    pool.network.partition(pool.host(victim))
+    # At once, while the coordinator still lists the victim as alive: these may be sent to it first,
+    # and must fail over (the connect deadline, or on a kept-alive connection the read deadline, which
+    # also covers the response head).
+    right_after = [pool.client.start(SHORT) for _ in range(3)]
+    # Stale, or already removed (no heartbeat for 6 intervals) if this poll was slow.
+    stale_at = _wait_for(lambda: pool.states().get(victim, {}).get("state") != "alive", STALE_AFTER + 10,
+                         f"{victim} to go stale", long)
+    figures["partition_to_stale_s"] = round(stale_at - partitioned_at, 2)
+    right_after = [wait(s, READ_TIMEOUT + 30) for s in right_after]
+    figures["right_after_partition"] = {
+        "workers": sorted(str(s.worker_id) for s in right_after),
+        "seconds": sorted(round(_total(s), 2) for s in right_after),
+        "failovers": pool.client.metric("coordinator_failovers_total") - failovers}
+    once_stale = pool.client.run([SHORT] * 4)
+    figures["once_stale_workers"] = sorted(str(s.worker_id) for s in once_stale)
+    for s in long:
+        wait(s, READ_TIMEOUT + 30)
+    figures["partition_to_error_s"] = [round(s.terminal[2] - partitioned_at, 2) for s in on_victim if s.terminal]
+    figures["error_reasons"] = sorted({s.terminal[1].get("reason", "") for s in on_victim if s.terminal})
+
+    figures["state_before_heal"] = pool.states().get(victim, {}).get("state", "removed")
+    healed_at = time.monotonic()
+    figures["partition_lasted_s"] = round(healed_at - partitioned_at, 2)
+    pool.network.heal(pool.host(victim))
+    # It was removed from the registry meanwhile; its next heartbeat registers it anew.
+    alive_at = _wait_for(lambda: pool.states().get(victim, {}).get("state") == "alive", 30,
+                         f"{victim} to rejoin", long)
+    figures["heal_to_alive_s"] = round(alive_at - healed_at, 2)
+    rejoin: list[Streamed] = []
+
+    def victim_serves() -> bool:
+        wave = pool.client.run([SHORT] * len(WORKERS))
+        rejoin.extend(wave)
+        return any(r.worker_id == victim and r.ended == "done" for r in wave)
+
+    serving_at = _wait_for(victim_serves, 60, f"{victim} to serve again", long)
+    figures["heal_to_serving_s"] = round(serving_at - healed_at, 2)
+
+    everything = [*long, *right_after, *once_stale, *rejoin]
+    ended = Counter(s.ended for s in everything)
+    figures.update(requests=len(everything), outcomes=dict(ended), lost=ended.get("lost", 0))
+    # Nothing admitted is lost: every request got a done, an error event, or an explicit refusal.
+    assert figures["lost"] == 0, [(s.worker_id, s.status, s.failure, s.events[-1:]) for s in everything]
+    # The victim's streams end with an error event, within the coordinator's read deadline.
+    for s in on_victim:
+        assert s.ended == "error", (s.status, s.failure, s.events[-2:])
+        assert s.terminal is not None and s.terminal[2] - partitioned_at < READ_TIMEOUT + 5, figures
+    # The others finish untouched.
+    for s in long:
+        if s.worker_id != victim:
+            assert s.ended == "done" and s.tokens == LONG["max_tokens"], (s.worker_id, s.events[-1:])
+    # New requests are served elsewhere, both before and after the coordinator marks the host stale.
+    for s in [*right_after, *once_stale]:
+        assert s.ended == "done" and s.worker_id != victim, (s.worker_id, s.status, s.error_body, s.events[-1:])
+
+
+def _ttft_by_worker(pool: Pool, per_host: int = 10, max_waves: int = 30) -> dict[str, list[dict[str, float]]]:
+    """Waves of five concurrent short requests (mostly one per host, as each takes the least loaded
+    host) until every host has `per_host` samples."""
+    samples: dict[str, list[dict[str, float]]] = defaultdict(list)
+    for _ in range(max_waves):
+        for r in pool.client.run([SHORT] * len(WORKERS)):
+            assert r.ended == "done", (r.status, r.error_body, r.failure, r.events[-1:])
+            assert r.ttft is not None and r.worker_ttft is not None and r.worker_id is not None
+            samples[r.worker_id].append({"client": r.ttft, "network": r.ttft - r.worker_ttft})
+        if all(len(samples[w]) >= per_host for w in WORKERS):
+            return samples
+    raise AssertionError(f"fewer than {per_host} samples per host after {max_waves} waves: "
+                         f"{ {w: len(samples[w]) for w in WORKERS} }")
+
+
+def _median(samples: list[dict[str, float]], key: str) -> float:
+    return round(statistics.median(s[key] for s in samples), 4)
+
+
+def _total(s: Streamed) -> float:
+    return (s.terminal[2] if s.terminal else time.monotonic()) - s.sent_at
+
+
+def _wait_for(check: Any, timeout: float, what: str, streams: list[Streamed]) -> float:
+    """Polls `check` until true; returns the time it first was."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return time.monotonic()
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}; streams: "
+                         f"{[(s.worker_id, s.tokens, s.ended) for s in streams]}")
