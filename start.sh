@@ -19,12 +19,16 @@
 #   --drain-timeout S  on Ctrl+C/SIGTERM, seconds running streams may finish [DRAIN_TIMEOUT, default 30]
 #   --max-restarts N   times a dying worker is restarted [MAX_RESTARTS, default 3]
 #   --no-worker-token  run without heartbeat authentication (an explicit, logged choice)
+# LLAMA_CUDA=1 builds and uses llama.cpp with CUDA (a separate .venv-cuda; workers then offload every
+# layer unless N_GPU_LAYERS says otherwise).
 # WORKER_TOKEN is shared by the coordinator and the workers (heartbeats, and requests to workers);
 # without one, start.sh generates one for this pool.
 # Logs go to $LOG_DIR (default: a new temporary directory, printed at start).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$root"
+# LLAMA_CUDA=1: the CUDA build of llama.cpp, in its own venv (scripts/bootstrap.sh makes it).
+venv="${VENV:-$(if [ "${LLAMA_CUDA:-0}" = 1 ]; then echo .venv-cuda; else echo .venv; fi)}"
 
 workers="${WORKERS:-2}"
 port="${PORT:-1337}"
@@ -66,7 +70,7 @@ if [ -n "$models" ]; then
         if [ -f "$spec" ]; then
             path="$spec"
         else
-            path="$(.venv/bin/python - "$spec" <<'PY'
+            path="$("$venv"/bin/python - "$spec" <<'PY'
 import sys
 from worker.provision import MODEL_DIR, MODELS, provision
 if sys.argv[1] not in MODELS:
@@ -130,14 +134,14 @@ start_worker() {  # $1: worker number, from 1
                 --coordinator-url "$coordinator_url" --threads "$threads")
     local wm="${worker_models[$((i - 1))]}"
     if [ -n "$wm" ]; then args+=(--model-path "$wm"); fi
-    .venv/bin/python -m worker "${args[@]}" >> "$log_dir/worker-$i.log" 2>&1 &
+    "$venv"/bin/python -m worker "${args[@]}" >> "$log_dir/worker-$i.log" 2>&1 &
     worker_pids[$((i - 1))]=$!
     return 0
 }
 
 coordinator_url="http://$host:$port"
 echo "start.sh: logs in $log_dir"
-HOST="$host" PORT="$port" .venv/bin/python -m coordinator > "$log_dir/coordinator.log" 2>&1 &
+HOST="$host" PORT="$port" "$venv"/bin/python -m coordinator > "$log_dir/coordinator.log" 2>&1 &
 coordinator_pid=$!
 for i in $(seq 1 "$workers"); do
     start_worker "$i"
@@ -146,7 +150,7 @@ done
 
 # Healthy = the coordinator answers and counts every worker alive (each heartbeats once loaded). A
 # process that exits meanwhile (a model that fails to load, a port in use) stops the start, with its log.
-if ! .venv/bin/python - "$coordinator_url" "$workers" $(all_pids) <<'PY'
+if ! "$venv"/bin/python - "$coordinator_url" "$workers" $(all_pids) <<'PY'
 import json, os, sys, time, urllib.request
 url, want, pids = sys.argv[1], int(sys.argv[2]), [int(p) for p in sys.argv[3:]]
 deadline = time.monotonic() + 180
@@ -192,7 +196,7 @@ cat <<EOM
 Try it:
   curl -N $coordinator_url/coordinator/infer -H 'content-type: application/json' \\
        -d '{"prompt": "Write a haiku about the sea", "max_tokens": 64}'
-  .venv/bin/python test_inference.py "Write a haiku about the sea" 64
+  $venv/bin/python test_inference.py "Write a haiku about the sea" 64
   curl $coordinator_url/v1/chat/completions -H 'content-type: application/json' \\
        -d '{"messages": [{"role": "user", "content": "Write a haiku about the sea"}], "max_tokens": 64}'
 

@@ -5,9 +5,10 @@
 # Extra arguments go to pytest, e.g. ./test.sh tests/worker -k session
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
+venv="${VENV:-$(if [ "${LLAMA_CUDA:-0}" = 1 ]; then echo .venv-cuda; else echo .venv; fi)}"
 scripts/bootstrap.sh
 scripts/test-deps.sh  # the browser test's Chromium (Debian packages), when missing
 # Lint and types first: the style guide asks both to be clean, so the tests hold them to it.
-.venv/bin/ruff check --quiet .
-.venv/bin/mypy --no-error-summary worker protocol coordinator bench
-exec .venv/bin/python -m pytest "$@"
+"$venv"/bin/ruff check --quiet .
+"$venv"/bin/mypy --no-error-summary worker protocol coordinator bench
+exec "$venv"/bin/python -m pytest "$@"

@@ -89,27 +89,36 @@ main() {
     cd "$root"
 
     python="${PYTHON:-python3}"
-    if [ ! -x .venv/bin/python ]; then
-        echo "bootstrap: creating .venv with $($python --version)"
-        "$python" -m venv .venv
+    # LLAMA_CUDA=1: llama.cpp built with CUDA, in a venv (and pip wheel cache) of its own, so the CPU
+    # build is never reused for it nor replaced by it. start.sh and test.sh pick the same venv.
+    local venv="${VENV:-.venv}" stamp=.bootstrap-stamp cuda="${LLAMA_CUDA:-0}"
+    if [ "$cuda" = 1 ]; then
+        venv="${VENV:-.venv-cuda}"
+        stamp=.bootstrap-stamp-cuda
+        export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_CUDA=on}" PIP_CACHE_DIR="$root/$venv/pip-cache"
     fi
-    logs="$root/.venv/logs"
+    if [ ! -x "$venv/bin/python" ]; then
+        echo "bootstrap: creating $venv with $($python --version)"
+        "$python" -m venv "$venv"
+    fi
+    logs="$root/$venv/logs"
 
     # Reinstall only when pyproject.toml changed since the last successful install.
     want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
-    have="$(cat .bootstrap-stamp 2>/dev/null || true)"
+    have="$(cat "$stamp" 2>/dev/null || true)"
     if [ "$want" != "$have" ]; then
-        echo "bootstrap: installing packages (the first time llama.cpp compiles from source: several minutes)"
-        .venv/bin/python -m pip install --quiet --upgrade pip
+        echo "bootstrap: installing packages into $venv (the first time llama.cpp compiles from source:" \
+             "several minutes$([ "$cuda" = 1 ] && echo ", much longer with CUDA"))"
+        "$venv/bin/python" -m pip install --quiet --upgrade pip
         # -v: pip passes the build's own output (CMake and Ninja steps) through to the log.
         CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" \
             run_with_progress "installing packages" "$logs/pip-install.log" \
-            .venv/bin/python -m pip install -v -e ".[dev]"
-        echo "$want" > .bootstrap-stamp
+            "$venv/bin/python" -m pip install -v -e ".[dev]"
+        echo "$want" > "$stamp"
     fi
 
     # Nothing to do (the model is there): ends before the first progress line, silently.
-    run_with_progress "fetching the model" "$logs/provision.log" .venv/bin/python -m worker.provision
+    run_with_progress "fetching the model" "$logs/provision.log" "$venv/bin/python" -m worker.provision
 }
 
 # Sourced (tests/deploy/test_bootstrap_progress.py): define the functions only.

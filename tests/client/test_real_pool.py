@@ -116,8 +116,10 @@ def test_a_job_that_fails_for_good_gives_a_failure_exit_and_a_rerun_sends_only_i
 
 
 def test_an_interrupted_run_resumes_where_it_stopped(stack: Pool, tmp_path: Path) -> None:
+    # Long enough that the interrupt always lands mid-run, however fast the pool is.
+    prompts = [f"Write one short sentence about the number {i}." for i in range(80)]
     jobs = tmp_path / "jobs.txt"
-    jobs.write_text("\n".join(PROMPTS) + "\n")
+    jobs.write_text("\n".join(prompts) + "\n")
     out = tmp_path / "results.jsonl"
     before = requests_seen(stack.url)
     proc = subprocess.Popen(argv(jobs, stack.url, out, "--max-tokens", "8", "--concurrency", "1"), cwd=ROOT,
@@ -133,13 +135,13 @@ def test_an_interrupted_run_resumes_where_it_stopped(stack: Pool, tmp_path: Path
     assert proc.returncode == 130, stderr
     assert "the same command resumes" in stderr
     written = len(records(out))
-    assert 5 <= written < len(PROMPTS)
+    assert 5 <= written < len(prompts)
 
     resumed = batch(jobs, stack.url, out, "--max-tokens", "8", "--concurrency", "2")
     assert resumed.returncode == 0, resumed.stderr
     assert f"{written} skipped" in resumed.stdout
     got = records(out)
-    assert [r["index"] for r in got] == list(range(len(PROMPTS))) and all(r["error"] is None for r in got)
+    assert [r["index"] for r in got] == list(range(len(prompts))) and all(r["error"] is None for r in got)
     # Each job reached the pool once, except at most the one in flight when the run was interrupted.
     time.sleep(0.5)
-    assert len(PROMPTS) <= requests_seen(stack.url) - before <= len(PROMPTS) + 1
+    assert len(prompts) <= requests_seen(stack.url) - before <= len(prompts) + 1
