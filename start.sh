@@ -207,7 +207,12 @@ EOM
 # coordinator dying stops everything.
 while true; do
     if ! kill -0 "$coordinator_pid" 2>/dev/null; then
-        echo "start.sh: the coordinator exited; stopping the workers. Logs: $log_dir" >&2
+        code=0; wait "$coordinator_pid" 2>/dev/null || code=$?
+        if [ "$code" = 0 ]; then  # it was asked to stop (a Ctrl+C reaches the whole group) and drained
+            echo "start.sh: the coordinator shut down; stopping the workers"
+            exit 0
+        fi
+        echo "start.sh: the coordinator exited ($code); stopping the workers. Logs: $log_dir" >&2
         exit 1
     fi
     for i in $(seq 1 "$workers"); do
@@ -215,7 +220,10 @@ while true; do
         [ -n "$pid" ] || continue
         if ! kill -0 "$pid" 2>/dev/null; then
             code=0; wait "$pid" 2>/dev/null || code=$?
-            if [ "${restarts[$((i - 1))]}" -lt "$max_restarts" ]; then
+            if [ "$code" = 0 ]; then  # asked to stop, and drained: not a crash
+                echo "start.sh: worker-$i shut down"
+                worker_pids[$((i - 1))]=""
+            elif [ "${restarts[$((i - 1))]}" -lt "$max_restarts" ]; then
                 restarts[$((i - 1))]=$(( ${restarts[$((i - 1))]} + 1 ))
                 echo "start.sh: worker-$i exited ($code); restarting it (${restarts[$((i - 1))]} of $max_restarts). Log: $log_dir/worker-$i.log" >&2
                 start_worker "$i"

@@ -158,7 +158,9 @@ class Dispatcher:
             return _Failover(reasons.WORKER_FAILED, refused=False)
         if response.status == 503 or body.reason in reasons.RETRYABLE_ON_OTHER_WORKER:
             return _Failover(body.reason, refused=True, retry_after=_int_header(response, "retry-after"))
-        if response.status >= 500:
+        if response.status >= 500 or response.status == 401:
+            # 401: the worker wants another worker token than ours. Not the client's fault, and
+            # perhaps only this worker's: a misconfigured worker, tried like a failing one.
             return _Failover(body.reason, refused=False)
         return CoordinatorError(body.reason, body.error, status=response.status)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,11 @@ def gemma_path() -> Path:
                         f"{exc!r}; run `python -m worker.provision --model gemma3-270m`")
     assert is_provisioned(GEMMA_MODEL_PATH, GEMMA_MODEL), f"{GEMMA_MODEL_PATH} has the wrong size"
     return GEMMA_MODEL_PATH
+
+
+# Prefix for a command whose SIGINT a test sends: SIGINT back to its default, then exec. A test run
+# started in the background by a non-interactive shell inherits SIGINT ignored, and a signal ignored
+# at a shell's start cannot be trapped, nor does Python then turn it into KeyboardInterrupt.
+_EXEC_WITH_DEFAULT_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                             "os.execvp(sys.argv[1], sys.argv[1:])")
+WITH_DEFAULT_SIGINT = [sys.executable, "-c", _EXEC_WITH_DEFAULT_SIGINT]

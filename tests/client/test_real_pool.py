@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from bench.processes import Pool, pool
+from tests.conftest import WITH_DEFAULT_SIGINT
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.model
@@ -122,7 +123,8 @@ def test_an_interrupted_run_resumes_where_it_stopped(stack: Pool, tmp_path: Path
     jobs.write_text("\n".join(prompts) + "\n")
     out = tmp_path / "results.jsonl"
     before = requests_seen(stack.url)
-    proc = subprocess.Popen(argv(jobs, stack.url, out, "--max-tokens", "8", "--concurrency", "1"), cwd=ROOT,
+    proc = subprocess.Popen([*WITH_DEFAULT_SIGINT, *argv(jobs, stack.url, out, "--max-tokens", "8",
+                                                         "--concurrency", "1")], cwd=ROOT,
                             env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: out.exists() and len(out.read_text().splitlines()) >= 5, 120, "5 results")

@@ -183,6 +183,18 @@ async def test_worker_client_errors_pass_through_without_retry(status: int, reas
         assert fakes.hosts_called() == ["w1"]
 
 
+async def test_a_worker_refusing_our_worker_token_is_failed_over_not_passed_to_the_client() -> None:
+    """Its 401 is about the coordinator's credentials, not the client's."""
+    clock = ManualClock()
+    fakes = FakeWorkers({"w1": refusing(401, "unauthorized"), "w2": streaming(STREAM)})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        for w in ("w1", "w2"):
+            await register(client, heartbeat(w, timestamp=clock.time()))
+        response = await infer(client)
+        assert response.status_code == 200 and response.headers["x-worker-id"] == "w2"
+        assert fakes.hosts_called() == ["w1", "w2"]
+
+
 @pytest.mark.parametrize("chunks", [[token(0), token(1)], [token(0), b"event: tok"]])
 async def test_worker_failing_mid_stream_ends_with_an_error_event(chunks: list[bytes]) -> None:
     clock = ManualClock()

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from protocol.health import Heartbeat, WorkerLoad
-from tests.integration.conftest import Cluster, Proc, start_coordinator
+from tests.integration.conftest import TOKEN, Cluster, Proc, start_coordinator
 from tests.integration.streams import Timed, infer
 from tests.polling import wait_until
 
@@ -32,13 +32,13 @@ def tight_coordinator(cluster: Cluster, tmp_path: Path) -> Iterator[tuple[str, s
     """A second coordinator with small buffers that knows only w1 (registered by hand), so two
     requests through it share one worker. Returns (coordinator URL, worker id)."""
     proc, url = start_coordinator(
-        tmp_path, "tight-coordinator", "--heartbeat-interval", "60", "--relay-buffer-events", "8",
+        tmp_path, "tight-coordinator", "--worker-token", TOKEN, "--heartbeat-interval", "60", "--relay-buffer-events", "8",
         "--relay-write-deadline", str(DEADLINE), "--client-send-buffer-bytes", "4096")
     try:
         health = httpx.get(cluster.worker_urls["w1"] + "/worker/health", timeout=5).json()
         beat = Heartbeat(worker_id="w1", url=cluster.worker_urls["w1"], model=health["model"],
                          load=WorkerLoad(**health["load"]), timestamp=time.time())
-        assert httpx.post(url + "/coordinator/health/heartbeat", content=beat.model_dump_json(),
+        assert httpx.post(url + "/coordinator/health/heartbeat", content=beat.model_dump_json(), headers={"authorization": f"Bearer {TOKEN}"},
                           timeout=5).status_code == 200
         yield url, "w1"
     finally:

@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from protocol.health import Heartbeat, WorkerLoad
 from tests.conftest import free_port
-from tests.integration.conftest import Cluster, Proc, start_coordinator
+from tests.integration.conftest import TOKEN, Cluster, Proc, start_coordinator
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.model
@@ -61,7 +61,7 @@ class Flaky:
 @pytest.fixture
 def coordinator(cluster: Cluster, tmp_path: Path) -> Iterator[str]:
     """A coordinator of its own (heartbeats registered by hand, so nothing goes stale meanwhile)."""
-    proc, url = start_coordinator(tmp_path, "breaker-coordinator", "--heartbeat-interval", "60",
+    proc, url = start_coordinator(tmp_path, "breaker-coordinator", "--worker-token", TOKEN, "--heartbeat-interval", "60",
                                   "--breaker-failures", "2", "--breaker-cooldown", "1", "--queue-size", "0")
     try:
         yield url
@@ -71,7 +71,8 @@ def coordinator(cluster: Cluster, tmp_path: Path) -> Iterator[str]:
 
 def register(url: str, worker_id: str, worker_url: str, model: str, load: WorkerLoad) -> None:
     beat = Heartbeat(worker_id=worker_id, url=worker_url, model=model, load=load, timestamp=time.time())
-    assert httpx.post(url + "/coordinator/health/heartbeat", content=beat.model_dump_json(), timeout=5).is_success
+    assert httpx.post(url + "/coordinator/health/heartbeat", content=beat.model_dump_json(),
+                      headers={"authorization": f"Bearer {TOKEN}"}, timeout=5).is_success
 
 
 def breaker_of(url: str, worker_id: str) -> str:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from protocol.health import Heartbeat, WorkerLoad
-from tests.integration.conftest import Cluster, Proc, start_coordinator
+from tests.integration.conftest import TOKEN, Cluster, Proc, start_coordinator
 
 pytestmark = pytest.mark.model
 BODY = {"prompt": "Name three rivers.", "max_tokens": 12, "temperature": 0}
@@ -21,7 +21,8 @@ def register(url: str, cluster: Cluster) -> None:
     health = httpx.get(cluster.worker_urls["w1"] + "/worker/health", timeout=5).json()
     beat = Heartbeat(worker_id="w1", url=cluster.worker_urls["w1"], model=health["model"],
                      load=WorkerLoad(**health["load"]), timestamp=time.time())
-    assert httpx.post(url + "/coordinator/health/heartbeat", content=beat.model_dump_json(), timeout=5).is_success
+    assert httpx.post(url + "/coordinator/health/heartbeat", content=beat.model_dump_json(),
+                      headers={"authorization": f"Bearer {TOKEN}"}, timeout=5).is_success
 
 
 def events(response: httpx.Response) -> list[tuple[str, dict]]:  # type: ignore[type-arg]
@@ -35,7 +36,7 @@ def events(response: httpx.Response) -> list[tuple[str, dict]]:  # type: ignore[
 
 def test_replayed_from_memory_and_after_a_restart(cluster: Cluster, tmp_path: Path) -> None:
     path = tmp_path / "cache.sqlite"
-    args = ("--heartbeat-interval", "60", "--cache-entries", "100", "--cache-path", str(path))
+    args = ("--worker-token", TOKEN, "--heartbeat-interval", "60", "--cache-entries", "100", "--cache-path", str(path))
     proc, url = start_coordinator(tmp_path, "cache-coordinator", *args)
     try:
         register(url, cluster)

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from protocol.health import Heartbeat, WorkerLoad
-from tests.integration.conftest import Cluster, Proc, start_coordinator
+from tests.integration.conftest import TOKEN, Cluster, Proc, start_coordinator
 from tests.integration.streams import infer
 
 pytestmark = [pytest.mark.model, pytest.mark.anyio]
@@ -24,14 +24,14 @@ BODY = {"prompt": "Say hi.", "max_tokens": 3}
 
 @pytest.fixture
 def with_policy(cluster: Cluster, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
-    proc, url = start_coordinator(tmp_path, f"coordinator-{request.param}", "--heartbeat-interval", "60",
+    proc, url = start_coordinator(tmp_path, f"coordinator-{request.param}", "--worker-token", TOKEN, "--heartbeat-interval", "60",
                                   "--routing-policy", request.param, "--queue-size", "0")
     try:
         for worker_id, worker_url in cluster.worker_urls.items():
             health = httpx.get(worker_url + "/worker/health", timeout=5).json()
             beat = Heartbeat(worker_id=worker_id, url=worker_url, model=health["model"],
                              aliases=health["aliases"], load=WorkerLoad(**health["load"]), timestamp=time.time())
-            assert httpx.post(url + "/coordinator/health/heartbeat", content=beat.model_dump_json(),
+            assert httpx.post(url + "/coordinator/health/heartbeat", content=beat.model_dump_json(), headers={"authorization": f"Bearer {TOKEN}"},
                               timeout=5).is_success
         yield url
     finally:
