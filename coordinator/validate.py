@@ -11,7 +11,7 @@ import re
 import uuid
 
 from pydantic import ValidationError
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from coordinator.errors import CoordinatorError
 from protocol import reasons
@@ -35,11 +35,15 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     if declared.isdigit() and int(declared) > max_bytes:
         raise CoordinatorError(reasons.BODY_TOO_LARGE, f"request body over {max_bytes} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise CoordinatorError(reasons.BODY_TOO_LARGE, f"request body over {max_bytes} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise CoordinatorError(reasons.BODY_TOO_LARGE, f"request body over {max_bytes} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # An ordinary event (the client gave up mid-body): a log line and a count, not a traceback.
+        raise CoordinatorError(reasons.CLIENT_GONE, "the client went away while sending its request") from None
     return b"".join(chunks)
 
 

@@ -102,6 +102,7 @@ class EngineObserver:
     def step(self, sequences: int, prefill_tokens: int, seconds: float) -> None: ...
     def token_gap(self, seconds: float) -> None: ...
     def finished(self, job: Job, item: Finished | Failed) -> None: ...
+    def internal_error(self, task: str) -> None: ...
 
 
 class Engine:
@@ -235,6 +236,7 @@ class Engine:
                         self._cond.wait(timeout=0.005)
             except Exception as exc:  # a bug or llama.cpp failure must not leave streams hanging
                 log.exception("engine step failed")
+                self._observer.internal_error("engine_step")
                 for run in list(self._running):
                     self._end(run, Failed(reasons.ENGINE_FAILED, f"engine failure: {exc}"), touched)
             if touched:

@@ -31,6 +31,8 @@ class WorkerMetrics(EngineObserver):
                                 ["finish_reason"], registry=r)
         self.admission = Counter("worker_admission_decisions", "Admission decisions by outcome and reason",
                                  ["outcome", "reason"], registry=r)
+        self.internal_errors = Counter("worker_internal_errors", "Unexpected exceptions in a supervised task "
+                                       "(engine step, heartbeats, session sweeper)", ["task"], registry=r)
         self.steps = Counter("worker_decode_steps", "llama_decode calls made by the batch loop", registry=r)
         self.batch_size = Histogram("worker_batch_size", "Sequences in one llama_decode call",
                                     buckets=BATCH_BUCKETS, registry=r)
@@ -95,3 +97,6 @@ class WorkerMetrics(EngineObserver):
             self.e2e.observe(item.total_s)
         if item.completion_tokens > 1:
             self.tpot.observe((item.total_s - item.ttft_s) / (item.completion_tokens - 1))
+
+    def internal_error(self, task: str) -> None:
+        self.internal_errors.labels(task=task).inc()

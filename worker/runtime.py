@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import httpx
 
@@ -29,6 +29,7 @@ from worker.simulated import SimulatedEngine, SimulatedModel
 
 log = logging.getLogger("worker.runtime")
 DRAIN_POLL = 0.05
+SUPERVISOR_PAUSE, SUPERVISOR_MAX_PAUSE = 0.5, 30.0
 DRAIN_FLUSH = 2.0  # for the `error` events of the streams ended at the drain deadline to be sent
 
 
@@ -87,14 +88,32 @@ class WorkerRuntime:
 
     async def start(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.engine.start(asyncio.get_running_loop())
-        self._tasks.append(asyncio.create_task(self._sweep(), name="session-sweeper"))
+        self._tasks.append(asyncio.create_task(self._supervised("session_sweeper", self._sweep)))
         s = self.settings
         if s.coordinator_url:
             self.heartbeats = HeartbeatSender(
                 coordinator_url=s.coordinator_url, worker_id=s.worker_id, worker_url=s.worker_url,
                 names=self.names, token=s.worker_token, interval=s.heartbeat_interval,
                 load=self.load, transport=transport)
-            self._tasks.append(asyncio.create_task(self.heartbeats.run(), name="heartbeats"))
+            self._tasks.append(asyncio.create_task(self._supervised("heartbeats", self.heartbeats.run)))
+
+    async def _supervised(self, task: str, run: Callable[[], Awaitable[None]]) -> None:
+        """Runs a background loop for the worker's life: an unexpected exception is logged with its
+        traceback, counted (worker_internal_errors_total{task}), and the loop starts again after a
+        pause that doubles up to SUPERVISOR_MAX_PAUSE, instead of the task dying silently (a worker
+        whose heartbeats stopped would look dead to the coordinator while it still served)."""
+        pause = SUPERVISOR_PAUSE
+        while True:
+            try:
+                await run()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception(json.dumps({"event": "internal_error", "task": task, "restart_in_s": pause}))
+                self.metrics.internal_error(task)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, SUPERVISOR_MAX_PAUSE)
 
     async def _sweep(self) -> None:
         while True:

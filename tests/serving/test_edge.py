@@ -9,6 +9,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -154,3 +155,19 @@ def test_well_formed_requests_still_pass(services: tuple[int, int]) -> None:
         for _ in range(3):
             assert client.get("/coordinator/health").status_code == 200
             time.sleep(0.3)
+
+
+def test_a_client_leaving_mid_body_is_logged_as_client_gone_not_a_traceback(tmp_path: Path) -> None:
+    """Before: an unhandled ClientDisconnect traceback in the coordinator's log."""
+    coordinator, url = start_coordinator(tmp_path, "coordinator-disconnect")
+    try:
+        port = int(url.rsplit(":", 1)[1])
+        for path in (b"/coordinator/infer", b"/v1/chat/completions"):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: 1000\r\n\r\n{\"prompt\": \"half")
+                time.sleep(0.3)  # the app is reading the body now
+        wait_until(lambda: "client_gone" in coordinator.log_path.read_text(), 5, "the request logged as client_gone")
+        assert "Traceback" not in coordinator.log_path.read_text()
+    finally:
+        coordinator.stop()
