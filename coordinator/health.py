@@ -26,7 +26,8 @@ from coordinator.validate import describe
 from protocol import reasons
 from protocol.coordinator import CoordinatorHealth, HeartbeatAck, WorkerCounts, WorkerStatus, WorkerStatusList
 from protocol.health import Heartbeat
-from protocol.worker import PROTOCOL_VERSION
+from protocol.openapi import inlined
+from protocol.worker import PROTOCOL_VERSION, ErrorBody
 
 router = APIRouter()
 log = logging.getLogger("coordinator")
@@ -35,7 +36,15 @@ log = logging.getLogger("coordinator")
 HEARTBEAT_PATH = "/coordinator/health/heartbeat"
 
 
-@router.post(HEARTBEAT_PATH)
+_HEARTBEAT_REFUSALS = {400: "`invalid_request`: not a valid heartbeat, another protocol version, a clock too far off",
+                       401: "`unauthorized`: the worker token is set and the heartbeat does not carry it",
+                       409: "`worker_conflict`: without a worker token, a live worker's id from another URL",
+                       413: "`body_too_large`: over 64 KiB"}
+
+
+@router.post(HEARTBEAT_PATH, openapi_extra={"requestBody": {
+    "required": True, "content": {"application/json": {"schema": inlined(Heartbeat)}}}},
+    responses={status: {"model": ErrorBody, "description": text} for status, text in _HEARTBEAT_REFUSALS.items()})
 async def heartbeat(request: Request) -> HeartbeatAck:
     state: CoordinatorState = request.app.state.coordinator
     settings = state.settings

@@ -16,12 +16,12 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Literal
+from typing import Any, Literal
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -40,6 +40,7 @@ from protocol.worker import (
     SESSION_EXPECTED_HEADER,
     WORKER_ID_HEADER,
     DoneEvent,
+    ErrorBody,
     ErrorEvent,
     GenerateRequest,
     Timings,
@@ -56,6 +57,57 @@ from worker.simulated import SimulatedModel
 
 log = logging.getLogger("worker.requests")
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+_GENERATE_REFUSALS: dict[int | str, str] = {
+    400: "`invalid_request` or `protocol_mismatch`",
+    401: "`unauthorized`: the worker token is set and the request does not carry it",
+    404: "`unknown_model`, `session_expired`, or `unknown_session` (with X-Session-Expected)",
+    409: "`session_busy`",
+    413: "`prompt_too_long` or `body_too_large`",
+    503: "`sessions_full`, `kv_full`, `queue_full`, `loading` or `draining`, with Retry-After",
+    "4XX": "any other refusal (`request_timeout`, `headers_too_large`, an unknown method)",
+}
+
+
+def _generate_responses() -> dict[int | str, dict[str, Any]]:
+    """`/worker/generate`'s answers as OpenAPI describes them: the event stream (`itemSchema` is one
+    event, as FastAPI writes it for its own SSE routes) or a refusal in `ErrorBody`. "4XX" also keeps
+    FastAPI from documenting a 422 this worker never sends (its validation errors are 400s)."""
+    header = {"schema": {"type": "string"}}
+    event = {"type": "object", "required": ["event", "data"],
+             "properties": {"event": {"type": "string", "enum": [EVENT_TOKEN, EVENT_DONE, EVENT_ERROR]},
+                            "data": {"type": "string", "description": "JSON: `TokenEvent`, `DoneEvent` or "
+                                                                      "`ErrorEvent` (protocol/worker.py)"}}}
+    found: dict[int | str, dict[str, Any]] = {200: {
+        "description": "`token` events, then one `done` event, or an `error` event if the stream cannot "
+                       "finish",
+        "headers": {REQUEST_ID_HEADER: header, WORKER_ID_HEADER: header, PROMPT_TOKENS_HEADER: header},
+        "content": {"text/event-stream": {"itemSchema": event}}}}
+    for status, description in _GENERATE_REFUSALS.items():
+        found[status] = {"model": ErrorBody, "description": description,
+                         "headers": {REQUEST_ID_HEADER: header}}
+    found[503]["headers"]["retry-after"] = {"required": True, **header}
+    return found
+
+
+# What GenerateRequest's validator adds to its JSON schema: exactly one of `prompt` and `messages`.
+_ONE_OF_PROMPT_OR_MESSAGES = {"content": {"application/json": {"schema": {"oneOf": [
+    {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+    {"required": ["messages"], "properties": {"messages": {"type": "array"}}}]}}}}
+
+
+def _generate_headers() -> list[dict[str, Any]]:
+    """The request headers the coordinator sends with a generation (read from the request, not parameters)."""
+    return [
+        {"name": REQUEST_ID_HEADER, "in": "header", "required": False,
+         "schema": {"type": "string", "pattern": f"^{REQUEST_ID.pattern}$"},
+         "description": "the coordinator's id for the request; otherwise a new one is made"},
+        {"name": PROTOCOL_HEADER, "in": "header", "required": False,
+         "schema": {"type": "string", "enum": [str(PROTOCOL_VERSION)]},
+         "description": "the protocol version the request speaks; another one: 400 `protocol_mismatch`"},
+        {"name": SESSION_EXPECTED_HEADER, "in": "header", "required": False, "schema": {"type": "string"},
+         "description": "`1`: continue a session this worker holds, or 404 `unknown_session`"}]
 
 
 def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.monotonic,
@@ -127,7 +179,9 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
                 request.headers.get("authorization", "").encode(), expected_auth):
             raise WorkerError(401, reasons.UNAUTHORIZED, "this worker needs the worker token")
 
-    @app.post(GENERATE_PATH)
+    # `response_class=Response` (no media type) keeps FastAPI from listing `application/json` for 200.
+    @app.post(GENERATE_PATH, response_class=Response, responses=_generate_responses(),
+              openapi_extra={"parameters": _generate_headers(), "requestBody": _ONE_OF_PROMPT_OR_MESSAGES})
     async def generate(body: GenerateRequest, request: Request) -> Response:
         request_id = request.state.request_id = _request_id(request)
         authorize(request)
@@ -167,7 +221,10 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
         runtime = runtime_of(request)
         return SessionList(ttl_seconds=runtime.table.ttl, sessions=runtime.table.describe())
 
-    @app.delete("/worker/sessions/{session_id}", status_code=204)
+    @app.delete("/worker/sessions/{session_id}", status_code=204, responses={
+        401: {"model": ErrorBody, "description": "`unauthorized`: the worker token is set and missing here"},
+        404: {"model": ErrorBody, "description": "`unknown_session`"},
+        503: {"model": ErrorBody, "description": "`loading`"}})
     async def delete_session(session_id: str, request: Request) -> Response:
         authorize(request)
         runtime = runtime_of(request)
@@ -179,7 +236,7 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
             runtime.engine.free([session.seq_id])
         return Response(status_code=204)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics(request: Request) -> Response:
         return Response(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4")
 

@@ -3,7 +3,8 @@
 Owns: parsing OpenAI's request bodies into the internal request (chat messages go to the worker as
 messages, rendered there with the model's own template; completions are raw prompts), the
 refusals OpenAI clients expect (`n` other than 1, non-text content parts, tool roles), OpenAI's
-error shape, and choosing a streamed (`ChunkEncoder`) or collected (`assemble`) answer.
+error shape, choosing a streamed (`ChunkEncoder`) or collected (`assemble`) answer, and the OpenAPI
+description of these routes (the bodies narrowed to what the parsers here accept).
 Must not: admit, schedule or relay; the gateway does, exactly as for `/coordinator/infer`.
 """
 
@@ -22,11 +23,13 @@ from coordinator.gateway import Gateway
 from coordinator.generation import Generation
 from coordinator.response import RelayResponse, client_left_of
 from coordinator.state import CoordinatorState
+from coordinator.surfaces.infer import event_stream, json_body, refusals
 from coordinator.surfaces.openai_format import ChunkEncoder, Options, assemble
 from coordinator.validate import describe, first_field, read_body, request_id_of
 from protocol import openai as oa
 from protocol import reasons
-from protocol.worker import REQUEST_ID_HEADER, WORKER_ID_HEADER, GenerateRequest
+from protocol.openapi import inlined
+from protocol.worker import MAX_PROMPT_CHARS, REQUEST_ID_HEADER, WORKER_ID_HEADER, GenerateRequest
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -49,19 +52,72 @@ async def completions(request: Request) -> Response:
     return await _serve(request, "openai-completions", _parse_completion)
 
 
+# The request bodies as this surface serves them: OpenAI's types (protocol/openai.py), narrowed to what
+# the parsers below accept (anything else gets 400 with `param` naming the field).
+def _body(model: type[BaseModel]) -> dict[str, Any]:
+    schema = inlined(model)
+    schema["properties"]["n"] = {"type": "integer", "enum": [1], "default": 1, "description": "only 1"}
+    return schema
+
+
+def _chat_body() -> dict[str, Any]:
+    """Roles and content parts as `_message` takes them."""
+    schema = _body(oa.ChatCompletionRequest)
+    message = schema["properties"]["messages"]["items"]["properties"]
+    message["role"]["enum"] = list(ROLES)
+    parts = next(option for option in message["content"]["anyOf"] if option.get("type") == "array")
+    parts["items"]["properties"]["type"]["enum"] = ["text"]
+    return schema
+
+
+def _completion_body() -> dict[str, Any]:
+    """One non-empty prompt (a string or a list of one), no `echo` and no `suffix`, as `_parse_completion`
+    takes them."""
+    schema = _body(oa.CompletionRequest)
+    text = {"type": "string", "minLength": 1, "maxLength": MAX_PROMPT_CHARS}
+    schema["properties"].update(
+        prompt={"anyOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": 1}]},
+        echo={"type": "boolean", "enum": [False], "default": False, "description": "not supported"},
+        suffix={"anyOf": [{"type": "string", "maxLength": 0}, {"type": "null"}],
+                "description": "not supported"})
+    return schema
+
+
+def _described(body: type[BaseModel], schema: dict[str, Any], answer: type[BaseModel],
+               chunk: str) -> dict[str, Any]:
+    """The OpenAPI description of a generation route (app.py's fast path serves it, so nothing is inferred
+    from the handler): its body, a JSON or streamed 200, and OpenAI-shaped refusals."""
+    streamed = event_stream(f"`{answer.__name__}` JSON, or with `stream: true` Server-Sent Events",
+                            ["message"], f"JSON `{chunk}` objects, an `error` object if the stream cannot "
+                            "finish, then `[DONE]`")
+    return {"response_model": None, "response_class": Response,
+            "openapi_extra": json_body(schema, f"`{body.__name__}`; unknown fields are ignored"),
+            "responses": {200: {**streamed, "model": answer}, **refusals(oa.ErrorResponse)}}
+
+
 # Registered so the OpenAPI schema lists them and other methods get 405; app.py's fast path serves
 # every POST to these paths before the router is reached.
-router.add_api_route(CHAT_PATH, chat_completions, methods=["POST"], response_model=None)
-router.add_api_route(COMPLETIONS_PATH, completions, methods=["POST"], response_model=None)
+router.add_api_route(
+    CHAT_PATH, chat_completions, methods=["POST"], summary="Chat completion (OpenAI's API)",
+    **_described(oa.ChatCompletionRequest, _chat_body(), oa.ChatCompletion, "chat.completion.chunk"))
+router.add_api_route(
+    COMPLETIONS_PATH, completions, methods=["POST"], summary="Text completion (OpenAI's API)",
+    **_described(oa.CompletionRequest, _completion_body(), oa.Completion, "text_completion"))
+# Listing models is refused only by the API keys and the edge; "4XX" also keeps FastAPI from
+# documenting a 422 that this API never sends.
+_OTHER_REFUSALS: dict[int | str, dict[str, Any]] = {"4XX": {
+    "model": oa.ErrorResponse,
+    "description": "`unauthorized` (401, with client API keys), or a refusal at the edge"}}
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=_OTHER_REFUSALS)
 async def models(request: Request) -> oa.ModelList:
     state: CoordinatorState = request.app.state.coordinator
     return oa.ModelList(data=[_card(state, name) for name in _served(state)])
 
 
-@router.get("/v1/models/{model:path}")
+@router.get("/v1/models/{model:path}",
+            responses={404: {"model": oa.ErrorResponse, "description": "`unknown_model`"}, **_OTHER_REFUSALS})
 async def model(model: str, request: Request) -> oa.ModelCard:
     state: CoordinatorState = request.app.state.coordinator
     name = state.registry.resolve(model)
