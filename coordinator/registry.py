@@ -24,7 +24,8 @@ from protocol.health import Heartbeat, WorkerLoad
 
 ALIVE = "alive"
 STALE = "stale"
-MODELS_REMEMBERED = 256  # models whose workers all went away, still answered as "unavailable"
+MODELS_REMEMBERED = 256
+RELEASE_LAG = 0.5  # seconds a worker may take to free a sequence after its stream ended  # models whose workers all went away, still answered as "unavailable"
 
 
 @dataclass(slots=True)
@@ -297,7 +298,12 @@ class Registry:
             if corr.stamp == math.inf:
                 continue  # the worker has not admitted it yet: no heartbeat can include it
             corr.seen += 1
-            if corr.stamp <= stamp or corr.seen >= 2:
+            # A release (negative) is only trusted to be in a heartbeat made a moment after it: the
+            # worker frees a cancelled stream's sequence at its next step, so a heartbeat made in
+            # between still counts it, and dropping the release then left the view one too high
+            # until the next heartbeat (tests/faults/test_churn.py).
+            lag = RELEASE_LAG if corr.sessions < 0 or corr.kv_bytes < 0 else 0.0
+            if corr.stamp + lag <= stamp or corr.seen >= 2:
                 Registry._set_correction(rec, key, None)
 
     def _join(self, rec: WorkerRecord) -> None:

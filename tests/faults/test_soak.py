@@ -1,0 +1,127 @@
+"""A soak at moderate load: the coordinator's and the workers' resident memory and the KV cache in
+use stay flat (within 5% between the second quarter of the run, after warm-up, and the last), and
+every session and KV cell is back to 0 at the end.
+
+Moderate load: 4 users on the pool's 8 sequences, each sending a 32-token request and, one request
+in four, hanging up after its fourth token (so the disconnect path runs as often as the normal end).
+`FAULTS_LONG=1` runs the 10-minute version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import os
+import statistics
+import threading
+import time
+from typing import Any, Self
+
+import httpx
+import pytest
+
+from bench.scale_bench import rss_kib
+from tests.faults.conftest import FaultPool, since
+from tests.faults.test_flood import held, pid, worker_load
+from tests.integration.streams import infer
+
+pytestmark = [pytest.mark.model, pytest.mark.anyio]
+LONG_RUN = os.environ.get("FAULTS_LONG") == "1"
+SOAK_SECONDS = 600.0 if LONG_RUN else 60.0
+USERS = 4
+BODY = {"prompt": "Describe a walk by the sea.", "max_tokens": 32, "ignore_eos": True}
+HANG_UP_EVERY = 4
+KV_EVERY, RSS_EVERY = 0.5, 2.0  # seconds between samples
+FLAT = 0.05
+
+
+class Sampler:
+    """KV in use on the workers every KV_EVERY seconds, and resident memory of every process every
+    RSS_EVERY, in a thread, while the block runs."""
+
+    def __init__(self, pool: FaultPool) -> None:
+        self.pool = pool
+        self.pids = {"coordinator": pid(pool.coordinator), **{w: pid(p) for w, p in pool.workers.items()}}
+        self.kv: list[tuple[float, int]] = []
+        self.rss: dict[str, list[tuple[float, int]]] = {name: [] for name in self.pids}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        next_rss = 0.0
+        while not self._stop.wait(KV_EVERY):
+            now = time.monotonic()
+            try:
+                self.kv.append((now, sum(worker_load(self.pool, w)["kv_used_bytes"] for w in self.pool.workers)))
+            except (httpx.HTTPError, ValueError):
+                pass  # a sample lost to a busy moment; the next one counts
+            if now >= next_rss:
+                for name, process in self.pids.items():
+                    self.rss[name].append((now, rss_kib(process)))
+                next_rss = now + RSS_EVERY
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def quarter_means(series: list[tuple[float, int]], start: float, length: float) -> tuple[float, float]:
+    """The mean over the run's second quarter and over its last quarter."""
+    second = [v for t, v in series if start + length / 4 <= t < start + length / 2]
+    last = [v for t, v in series if t >= start + 3 * length / 4]
+    assert second and last, f"too few samples: {len(second)}, {len(last)}"
+    return statistics.fmean(second), statistics.fmean(last)
+
+
+async def test_memory_and_kv_stay_flat_and_return_to_zero(fault_pool: FaultPool, figures: list[dict[str, Any]]) -> None:
+    pool = fault_pool
+    statuses: collections.Counter[int] = collections.Counter()
+    ends: collections.Counter[str] = collections.Counter()
+    until = time.monotonic() + SOAK_SECONDS
+
+    async def user(client: httpx.AsyncClient) -> None:
+        sent = 0
+        while time.monotonic() < until:
+            sent += 1
+            hang_up = sent % HANG_UP_EVERY == 0
+            result = await infer(client, pool.url, BODY, stop_after_tokens=4 if hang_up else None)
+            statuses[result.status] += 1
+            if result.status != 200:
+                await asyncio.sleep(0.2)
+            elif hang_up:
+                ends["hung_up"] += 1
+            else:
+                ends[result.names[-1] if result.names else "nothing"] += 1
+
+    with Sampler(pool) as sampler:
+        started = time.monotonic()
+        async with httpx.AsyncClient(timeout=60) as client:
+            await asyncio.gather(*(user(client) for _ in range(USERS)))
+        length = time.monotonic() - started
+    ended = time.monotonic()
+    still_held = held(pool)
+    while still_held and time.monotonic() - ended < 10:
+        await asyncio.sleep(0.1)
+        still_held = held(pool)
+
+    flat = {name: quarter_means(series, started, length) for name, series in sampler.rss.items()}
+    flat["kv_used"] = quarter_means(sampler.kv, started, length)
+    change = {name: round(last / second - 1, 4) if second else 0.0 for name, (second, last) in flat.items()}
+    figure = {"case": "soak", "seconds": round(length, 1), "users": USERS, "statuses": dict(statuses),
+              "ends": dict(ends), "requests_per_s": round(sum(statuses.values()) / length, 2),
+              "kv_samples": len(sampler.kv),
+              "rss_kib_second_quarter": {n: round(v[0]) for n, v in flat.items() if n != "kv_used"},
+              "rss_kib_last_quarter": {n: round(v[1]) for n, v in flat.items() if n != "kv_used"},
+              "kv_used_bytes_mean_second_quarter": round(flat["kv_used"][0]),
+              "kv_used_bytes_mean_last_quarter": round(flat["kv_used"][1]),
+              "change_last_vs_second_quarter": change, "back_to_zero_s": since(ended)}
+    print("FIGURE", json.dumps(figure))
+    figures.append(figure)
+    assert set(statuses) <= {200, 503} and ends["nothing"] == ends["error"] == 0, figure
+    assert not still_held, f"still held 10 s after the soak: {still_held}"
+    assert all(abs(c) <= FLAT for c in change.values()), change
