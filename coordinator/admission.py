@@ -72,8 +72,13 @@ class Admission:
         self.in_flight_kv_bytes += kv_bytes
         return res
 
-    def confirm(self, res: Reservation, prompt_tokens: int | None) -> None:
-        """The worker admitted it: shrink to the exact size and start waiting for a heartbeat to show it."""
+    def confirm(self, res: Reservation, prompt_tokens: int | None, *, admitted_at: float | None = None) -> None:
+        """The worker admitted it: shrink to the exact size and start waiting for a heartbeat to show it.
+
+        `admitted_at`: the worker's wall time of its admission (`X-Admitted-At`). A heartbeat stamped
+        after it counts the request, even one that arrived before this confirmation; without it the
+        coordinator's own clock stands in, and such a heartbeat would count the request twice until
+        the next one."""
         worker = self._registry.get(res.worker_id)
         if worker is not None and prompt_tokens is not None:
             # Exact, up or down: the worker has tokenized the templated prompt and admitted it at this
@@ -82,8 +87,8 @@ class Admission:
             self.in_flight_kv_bytes += exact - res.kv_bytes
             res.kv_bytes = exact
         res.confirmed = True
-        self._registry.correct(res.worker_id, res.key,
-                               Correction(res.kv_bytes, res.sessions, stamp=self._clock.time()))
+        stamp = admitted_at if admitted_at is not None else self._clock.time()
+        self._registry.correct(res.worker_id, res.key, Correction(res.kv_bytes, res.sessions, stamp=stamp))
 
     def release(self, res: Reservation, *, kept_tokens: int | None = None) -> None:
         """Idempotent; call it on every ending (done, error, client gone, worker gone, timeout).

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ from coordinator.upstream import WorkerClient, WorkerResponse, WorkerStreamError
 from protocol import reasons
 from protocol.sse import SseEvent, SseParser, SseTooLarge
 from protocol.worker import (
+    ADMITTED_AT_HEADER,
     EVENT_ERROR,
     GENERATE_PATH,
     PROMPT_TOKENS_HEADER,
@@ -130,7 +132,8 @@ class Dispatcher:
                 response = await self._client.post(url, valid.payload, _worker_headers(valid) | self._auth)
                 if response.status != 200:
                     raise await self._refusal(response)
-                self._admission.confirm(res, _int_header(response, PROMPT_TOKENS_HEADER))
+                self._admission.confirm(res, _int_header(response, PROMPT_TOKENS_HEADER),
+                                        admitted_at=_float_header(response, ADMITTED_AT_HEADER))
                 events = worker_events(response.chunks())
                 first = await anext(events, None)
         except (WorkerUnreachable, WorkerStreamError, TimeoutError) as exc:
@@ -163,6 +166,14 @@ class Dispatcher:
             # perhaps only this worker's: a misconfigured worker, tried like a failing one.
             return _Failover(body.reason, refused=False)
         return CoordinatorError(body.reason, body.error, status=response.status)
+
+
+def _float_header(response: WorkerResponse, name: str) -> float | None:
+    try:
+        value = float(response.header(name) or "")
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _int_header(response: WorkerResponse, name: str) -> int | None:

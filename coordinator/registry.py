@@ -54,6 +54,7 @@ class WorkerRecord:
     in_flight: int = 0  # reservations held on it now (admission.py)
     ttft_ewma: float | None = None  # recent time to first token, seconds (gateway.py)
     ttft_at: float = 0.0
+    beat_stamp: float = -math.inf  # the worker's wall time of its latest heartbeat
 
     def observe_ttft(self, seconds: float, now: float, weight: float = 0.3) -> None:
         self.ttft_ewma = seconds if self.ttft_ewma is None else (1 - weight) * self.ttft_ewma + weight * seconds
@@ -213,7 +214,8 @@ class Registry:
         rec = self._workers.get(hb.worker_id)
         aliases = tuple(hb.aliases)
         if rec is None:
-            rec = WorkerRecord(hb.worker_id, hb.url, hb.model, hb.load, now, state=STALE, aliases=aliases)
+            rec = WorkerRecord(hb.worker_id, hb.url, hb.model, hb.load, now, state=STALE, aliases=aliases,
+                               beat_stamp=hb.timestamp)
             self._workers[hb.worker_id] = rec
             self._know(rec)
         else:
@@ -223,6 +225,7 @@ class Registry:
                 rec.model, rec.aliases = hb.model, aliases
                 self._know(rec)
             rec.url, rec.load, rec.last_seen = hb.url, hb.load, now
+            rec.beat_stamp = max(rec.beat_stamp, hb.timestamp)
             self._reflect(rec, hb.timestamp)
         self._join(rec)
         return rec
@@ -253,9 +256,13 @@ class Registry:
             self._on_removed(rec)
 
     def correct(self, worker_id: str, key: int, correction: Correction) -> None:
-        """Add (or replace) one correction on a worker's load."""
+        """Add (or replace) one correction on a worker's load; none when the latest heartbeat already
+        includes it (a positive correction stamped before that heartbeat)."""
         rec = self._workers.get(worker_id)
         if rec is None:
+            return
+        if correction.sessions >= 0 and correction.kv_bytes >= 0 and correction.stamp < rec.beat_stamp:
+            self._update(rec, lambda: self._set_correction(rec, key, None))
             return
         self._update(rec, lambda: self._set_correction(rec, key, correction))
 

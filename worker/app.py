@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from protocol import reasons
 from protocol.health import SessionList, WorkerHealth
 from protocol.worker import (
+    ADMITTED_AT_HEADER,
     EVENT_DONE,
     EVENT_ERROR,
     EVENT_TOKEN,
@@ -197,9 +198,10 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
         except WorkerError as refused:
             metrics.admission.labels("rejected", refused.reason).inc()
             raise
+        admitted_at = time.time()  # after the table holds its sequence: a heartbeat stamped later counts it
         metrics.admission.labels("admitted", "").inc()
         headers = {REQUEST_ID_HEADER: request_id, WORKER_ID_HEADER: settings.worker_id,
-                   PROMPT_TOKENS_HEADER: str(len(job.prompt_tokens))}
+                   PROMPT_TOKENS_HEADER: str(len(job.prompt_tokens)), ADMITTED_AT_HEADER: f"{admitted_at:.6f}"}
         return EventSourceResponse(_events(runtime, job), headers=headers, ping=int(PING_INTERVAL),
                                    send_timeout=settings.slow_consumer_deadline)
 

@@ -154,3 +154,21 @@ def test_a_release_tells_who_waits_for_that_model() -> None:
     adm.release(res)
     adm.release(res)  # idempotent: told once
     assert released == ["x"]
+
+
+def test_a_heartbeat_made_after_the_workers_admission_is_not_counted_twice() -> None:
+    """Churn (issue 11): a heartbeat made between the worker's admission and the coordinator's
+    confirmation counts the stream; the reservation's correction used to count it again until the
+    next heartbeat. The worker's X-Admitted-At tells the two apart."""
+    reg, adm, clock = setup({"max_sessions": 4})
+    worker = reg.get("w0")
+    assert worker is not None
+    res = adm.reserve(worker, SMALL)
+    admitted_at = clock.time() + 0.1
+    reg.upsert(heartbeat("w0", timestamp=clock.time() + 0.2, max_sessions=4, sessions=1, kv_reserved_bytes=11_000),
+               now=clock.monotonic())
+    assert worker.sessions == 2  # the heartbeat and the unconfirmed reservation: it cannot know yet
+    adm.confirm(res, prompt_tokens=10, admitted_at=admitted_at)
+    assert worker.sessions == 1 and worker.corrections == {}
+    adm.release(res)
+    assert worker.sessions == 0  # until a heartbeat after the release shows it freed
