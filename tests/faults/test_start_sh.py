@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -24,9 +25,18 @@ pytestmark = pytest.mark.model
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def launch(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str, Path, int]:
     port, worker_port = free_port(), free_port()
-    while worker_port + 1 == port:
+    while worker_port + 1 == port or not port_is_free(worker_port + 1):  # start.sh uses the next one too
         worker_port = free_port()
     log_dir = tmp_path / "pool"
     env = {k: v for k, v in os.environ.items() if k not in ("WORKER_TOKEN", "PORT", "HOST", "MODEL_PATH")}

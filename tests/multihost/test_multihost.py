@@ -149,12 +149,13 @@ def test_partition_ends_its_streams_sends_new_requests_elsewhere_and_heals(pool:
         assert s.ended == "done" and s.worker_id != victim, (s.worker_id, s.status, s.error_body, s.events[-1:])
 
 
-def _ttft_by_worker(pool: Pool, per_host: int = 10, max_waves: int = 30) -> dict[str, list[dict[str, float]]]:
-    """Waves of five concurrent short requests (mostly one per host, as each takes the least loaded
-    host) until every host has `per_host` samples."""
+def _ttft_by_worker(pool: Pool, per_host: int = 10, max_waves: int = 80) -> dict[str, list[dict[str, float]]]:
+    """Waves of five concurrent requests (mostly one per host, as each takes the least loaded host)
+    until every host has `per_host` samples. Long enough (24 tokens) to overlap even on a loaded
+    machine: short ones could finish before the next one is placed and all go to one host."""
     samples: dict[str, list[dict[str, float]]] = defaultdict(list)
     for _ in range(max_waves):
-        for r in pool.client.run([SHORT] * len(WORKERS)):
+        for r in pool.client.run([{**SHORT, "max_tokens": 24}] * len(WORKERS)):
             assert r.ended == "done", (r.status, r.error_body, r.failure, r.events[-1:])
             assert r.ttft is not None and r.worker_ttft is not None and r.worker_id is not None
             samples[r.worker_id].append({"client": r.ttft, "network": r.ttft - r.worker_ttft})
