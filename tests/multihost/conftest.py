@@ -41,6 +41,9 @@ COORDINATOR_FLAGS = [
     "--heartbeat-interval", str(HEARTBEAT_INTERVAL), "--worker-token", TOKEN,
     "--worker-connect-timeout", str(CONNECT_TIMEOUT), "--worker-first-event-timeout", str(FIRST_EVENT_TIMEOUT),
     "--worker-read-timeout", str(READ_TIMEOUT),
+    # Round-robin: every host gets its share of the latency test's samples however loaded the machine
+    # is (the load-based default sent 5 of 400 to one host during a full, busy test run).
+    "--routing-policy", "round-robin",
 ]
 WORKER_FLAGS = ["--threads", "1", "--max-sessions", "2", "--session-max-tokens", "512",
                 "--heartbeat-interval", "0.5", "--worker-token", TOKEN]
