@@ -106,7 +106,9 @@ def test_the_original_curl_example_works_under_the_name_tinyllama(pool: Pool) ->
 async def hold(client: httpx.AsyncClient, url: str, model: str, release: asyncio.Event, opened: asyncio.Queue,  # type: ignore[type-arg]
                ) -> None:
     """Keeps reading a long stream (a stream that stops being read may finish into buffers)."""
-    body = {"prompt": "Count.", "model": model, "max_tokens": 480, "ignore_eos": True}
+    # raw: no chat turns, so no turn-stop string either (Gemma 3 270M has no template; its plain turns
+    # stop at the next "user:", which a sampled reply sometimes writes at once and ends the hold).
+    body = {"prompt": "Count.", "model": model, "max_tokens": 480, "ignore_eos": True, "raw": True}
     async with client.stream("POST", url + "/coordinator/infer", json=body) as response:
         assert response.status_code == 200, (response.status_code, await response.aread())
         timed = Timed(response.status_code, dict(response.headers))
