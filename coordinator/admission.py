@@ -8,12 +8,15 @@ A reservation lives from the moment a worker is chosen until its stream ends, wh
 It first holds the upper bound from `Demand.tokens`, then the exact size once the worker reports
 `X-Prompt-Tokens` (larger than the estimate too, when a chat template adds more than it allows).
 It is released as soon as the stream's final event is read, before the client sees it, so a client
-that sends its next request at once finds the slot free here as it is on the worker. It reaches the scheduler through a registry correction on that worker.
+that sends its next request at once finds the slot free here as it is on the worker. It reaches the
+scheduler through a registry correction on that worker, keyed by the reservation's key, which the
+worker lists in its heartbeats while the stream holds a session (registry.py).
 """
 
 from __future__ import annotations
 
 import itertools
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -31,7 +34,6 @@ class Reservation:
     demand: Demand
     kv_bytes: int
     sessions: int
-    confirmed: bool = False
     released: bool = False
 
 
@@ -42,7 +44,9 @@ class Admission:
         self._clock = clock
         self._retry_after = retry_after
         self._on_release = on_release or (lambda model: None)  # capacity for that model may have freed
-        self._keys = itertools.count(1)
+        # Stream references (X-Stream-Ref) start at a random point, so another coordinator's streams
+        # on the same worker do not share them.
+        self._keys = itertools.count(secrets.randbits(48))
         self.in_flight = 0
         self.in_flight_kv_bytes = 0
 
@@ -72,13 +76,8 @@ class Admission:
         self.in_flight_kv_bytes += kv_bytes
         return res
 
-    def confirm(self, res: Reservation, prompt_tokens: int | None, *, admitted_at: float | None = None) -> None:
-        """The worker admitted it: shrink to the exact size and start waiting for a heartbeat to show it.
-
-        `admitted_at`: the worker's wall time of its admission (`X-Admitted-At`). A heartbeat stamped
-        after it counts the request, even one that arrived before this confirmation; without it the
-        coordinator's own clock stands in, and such a heartbeat would count the request twice until
-        the next one."""
+    def confirm(self, res: Reservation, prompt_tokens: int | None) -> None:
+        """The worker admitted it: shrink (or grow) the reservation to its exact size."""
         worker = self._registry.get(res.worker_id)
         if worker is not None and prompt_tokens is not None:
             # Exact, up or down: the worker has tokenized the templated prompt and admitted it at this
@@ -86,9 +85,7 @@ class Admission:
             exact = res.demand.exact_tokens(prompt_tokens, worker.session_max_tokens) * worker.bytes_per_token
             self.in_flight_kv_bytes += exact - res.kv_bytes
             res.kv_bytes = exact
-        res.confirmed = True
-        stamp = admitted_at if admitted_at is not None else self._clock.time()
-        self._registry.correct(res.worker_id, res.key, Correction(res.kv_bytes, res.sessions, stamp=stamp))
+        self._registry.correct(res.worker_id, res.key, Correction(res.kv_bytes, res.sessions))
 
     def release(self, res: Reservation, *, kept_tokens: int | None = None) -> None:
         """Idempotent; call it on every ending (done, error, client gone, worker gone, timeout).
@@ -101,29 +98,15 @@ class Admission:
         res.released = True
         self.in_flight -= 1
         self.in_flight_kv_bytes -= res.kv_bytes
-        pending = self._registry.has_correction(res.worker_id, res.key)
         worker = self._registry.get(res.worker_id)
         if worker is not None:
             worker.in_flight = max(0, worker.in_flight - 1)
         try:
-            self._settle(res, worker, pending, kept_tokens)
+            kept = kept_tokens * worker.bytes_per_token if worker is not None and kept_tokens is not None else None
+            self._registry.end(res.worker_id, res.key, self._clock.time(), kept_kv_bytes=kept)
         finally:
             if worker is not None:
                 self._on_release(worker.model)
-
-    def _settle(self, res: Reservation, worker: WorkerRecord | None, pending: bool, kept_tokens: int | None) -> None:
-        if kept_tokens is not None:
-            if pending and worker is not None:
-                # No heartbeat has shown the session yet: keep counting what it holds until one does.
-                kept = Correction(kept_tokens * worker.bytes_per_token, res.sessions, stamp=self._clock.time())
-                self._registry.correct(res.worker_id, res.key, kept)
-            return
-        if pending:
-            self._registry.drop_correction(res.worker_id, res.key)
-        elif res.confirmed:
-            # A heartbeat already counts it: subtract it until one made after now shows it freed.
-            freed = Correction(-res.kv_bytes, -res.sessions, stamp=self._clock.time())
-            self._registry.correct(res.worker_id, next(self._keys), freed)
 
     def _overloaded(self, reason: str, message: str) -> CoordinatorError:
         return CoordinatorError(reason, message, retry_after=self._retry_after)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
@@ -32,7 +31,6 @@ from coordinator.upstream import WorkerClient, WorkerResponse, WorkerStreamError
 from protocol import reasons
 from protocol.sse import SseEvent, SseParser, SseTooLarge
 from protocol.worker import (
-    ADMITTED_AT_HEADER,
     EVENT_ERROR,
     GENERATE_PATH,
     PROMPT_TOKENS_HEADER,
@@ -40,6 +38,7 @@ from protocol.worker import (
     PROTOCOL_VERSION,
     REQUEST_ID_HEADER,
     SESSION_EXPECTED_HEADER,
+    STREAM_REF_HEADER,
     ErrorBody,
 )
 
@@ -129,11 +128,10 @@ class Dispatcher:
         response: WorkerResponse | None = None
         try:
             async with asyncio.timeout(self._first_event_timeout):
-                response = await self._client.post(url, valid.payload, _worker_headers(valid) | self._auth)
+                response = await self._client.post(url, valid.payload, _worker_headers(valid, res) | self._auth)
                 if response.status != 200:
                     raise await self._refusal(response)
-                self._admission.confirm(res, _int_header(response, PROMPT_TOKENS_HEADER),
-                                        admitted_at=_float_header(response, ADMITTED_AT_HEADER))
+                self._admission.confirm(res, _int_header(response, PROMPT_TOKENS_HEADER))
                 events = worker_events(response.chunks())
                 first = await anext(events, None)
         except (WorkerUnreachable, WorkerStreamError, TimeoutError) as exc:
@@ -168,14 +166,6 @@ class Dispatcher:
         return CoordinatorError(body.reason, body.error, status=response.status)
 
 
-def _float_header(response: WorkerResponse, name: str) -> float | None:
-    try:
-        value = float(response.header(name) or "")
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
-
-
 def _int_header(response: WorkerResponse, name: str) -> int | None:
     value = response.header(name) or ""
     return int(value) if value.isdigit() else None
@@ -184,9 +174,9 @@ def _int_header(response: WorkerResponse, name: str) -> int | None:
 _PROTOCOL = str(PROTOCOL_VERSION)
 
 
-def _worker_headers(valid: Generation) -> dict[str, str]:
+def _worker_headers(valid: Generation, res: Reservation) -> dict[str, str]:
     headers = {"content-type": "application/json", REQUEST_ID_HEADER: valid.request_id,
-               PROTOCOL_HEADER: _PROTOCOL}
+               PROTOCOL_HEADER: _PROTOCOL, STREAM_REF_HEADER: str(res.key)}
     if valid.request.session_id is not None and not valid.demand.new_session:
         headers[SESSION_EXPECTED_HEADER] = "1"  # affinity: the worker must already hold this session
     return headers

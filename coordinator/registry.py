@@ -8,9 +8,18 @@ Must not: decide admission, pick workers or do I/O (admission.py, scheduler.py, 
 
 Why corrections: a heartbeat says what a worker held when it was made. A reservation made after
 that is invisible to it, so without a correction two requests in the same interval would both see
-an idle worker. A correction is dropped as soon as a heartbeat stamped after it arrives (the
-worker's own numbers then include it), or after two heartbeats whatever their stamps (so a worker
-with a slow clock cannot pin one forever).
+an idle worker; and a stream that ended since is still in it. Each of this coordinator's streams
+carries a reference (`X-Stream-Ref`, the reservation's key), and every heartbeat lists the
+references of the streams it counts (`load.streams`). So a correction knows exactly whether the
+latest heartbeat counts its stream:
+- a running stream (LIVE), or one whose named session stays on the worker (KEPT), adds its amount
+  when the heartbeat does not list it, and nothing when it does;
+- an ended stream (ENDED) takes its amount off when the heartbeat still lists it, and nothing when
+  it does not.
+A KEPT or ENDED correction is forgotten once a heartbeat made after the end no longer lists it
+(ENDED waits RELEASE_LAG more: a request the client left during its admission may still be admitted
+and listed a moment later), or after a few heartbeats whatever their stamps (a worker clock behind
+ours, a stream the worker still holds: its report is the truth then).
 """
 
 from __future__ import annotations
@@ -25,15 +34,35 @@ from protocol.health import Heartbeat, WorkerLoad
 ALIVE = "alive"
 STALE = "stale"
 MODELS_REMEMBERED = 256
-RELEASE_LAG = 0.5  # seconds a worker may take to free a sequence after its stream ended  # models whose workers all went away, still answered as "unavailable"
+RELEASE_LAG = 0.5  # seconds an ended stream's reference may still turn up in a heartbeat
+LIVE, KEPT, ENDED = "live", "kept", "ended"
+BEATS_KEPT = 2  # heartbeats after its end that a KEPT correction outlives at most
+BEATS_ENDED = 3  # and an ENDED one
 
 
 @dataclass(slots=True)
 class Correction:
+    """One of this coordinator's streams on a worker, relative to the worker's latest report."""
+
     kv_bytes: int
     sessions: int
-    stamp: float = math.inf  # wall time after which the worker's numbers include it
-    seen: int = 0  # heartbeats received since the stamp was set
+    state: str = LIVE
+    ended_at: float = math.inf  # wall time of the stream's end (KEPT, ENDED)
+    beats: int = 0  # heartbeats received since its end
+
+    def effect(self, listed: bool) -> tuple[int, int]:
+        """(KV bytes, sessions) to add to a report that does or does not list this stream."""
+        if self.state == ENDED:
+            return (-self.kv_bytes, -self.sessions) if listed else (0, 0)
+        return (0, 0) if listed else (self.kv_bytes, self.sessions)
+
+    def outlived(self, listed: bool, stamp: float) -> bool:
+        """Whether a heartbeat stamped `stamp` makes this correction redundant (counted after `beats`)."""
+        if self.state == LIVE:
+            return False
+        if self.state == KEPT:
+            return (not listed and stamp >= self.ended_at) or self.beats >= BEATS_KEPT
+        return (not listed and stamp >= self.ended_at + RELEASE_LAG) or self.beats >= BEATS_ENDED
 
 
 @dataclass(slots=True)
@@ -54,7 +83,6 @@ class WorkerRecord:
     in_flight: int = 0  # reservations held on it now (admission.py)
     ttft_ewma: float | None = None  # recent time to first token, seconds (gateway.py)
     ttft_at: float = 0.0
-    beat_stamp: float = -math.inf  # the worker's wall time of its latest heartbeat
 
     def observe_ttft(self, seconds: float, now: float, weight: float = 0.3) -> None:
         self.ttft_ewma = seconds if self.ttft_ewma is None else (1 - weight) * self.ttft_ewma + weight * seconds
@@ -62,6 +90,7 @@ class WorkerRecord:
     extra_kv_bytes: int = 0
     extra_sessions: int = 0
     corrections: dict[int, Correction] = field(default_factory=dict)
+    listed: frozenset[int] = frozenset()  # the stream references in the latest heartbeat
     # What this record added to the aggregates while alive, so it can be taken out exactly.
     counted: tuple[int, ...] = ()
 
@@ -215,7 +244,7 @@ class Registry:
         aliases = tuple(hb.aliases)
         if rec is None:
             rec = WorkerRecord(hb.worker_id, hb.url, hb.model, hb.load, now, state=STALE, aliases=aliases,
-                               beat_stamp=hb.timestamp)
+                               listed=frozenset(hb.load.streams))
             self._workers[hb.worker_id] = rec
             self._know(rec)
         else:
@@ -225,8 +254,7 @@ class Registry:
                 rec.model, rec.aliases = hb.model, aliases
                 self._know(rec)
             rec.url, rec.load, rec.last_seen = hb.url, hb.load, now
-            rec.beat_stamp = max(rec.beat_stamp, hb.timestamp)
-            self._reflect(rec, hb.timestamp)
+            self._reflect(rec, frozenset(hb.load.streams), hb.timestamp)
         self._join(rec)
         return rec
 
@@ -256,27 +284,21 @@ class Registry:
             self._on_removed(rec)
 
     def correct(self, worker_id: str, key: int, correction: Correction) -> None:
-        """Add (or replace) one correction on a worker's load; none when the latest heartbeat already
-        includes it (a positive correction stamped before that heartbeat)."""
+        """Add (or replace) the correction of stream `key` on a worker."""
         rec = self._workers.get(worker_id)
-        if rec is None:
-            return
-        if correction.sessions >= 0 and correction.kv_bytes >= 0 and correction.stamp < rec.beat_stamp:
-            self._update(rec, lambda: self._set_correction(rec, key, None))
-            return
-        self._update(rec, lambda: self._set_correction(rec, key, correction))
+        if rec is not None:
+            self._update(rec, lambda: self._set_correction(rec, key, correction))
 
-    def has_correction(self, worker_id: str, key: int) -> bool:
+    def end(self, worker_id: str, key: int, at: float, *, kept_kv_bytes: int | None = None) -> None:
+        """Stream `key` ended at wall time `at`; `kept_kv_bytes`: its named session stays on the worker
+        holding that much KV."""
         rec = self._workers.get(worker_id)
-        return rec is not None and key in rec.corrections
-
-    def drop_correction(self, worker_id: str, key: int) -> bool:
-        """Remove a correction; False when a heartbeat had already made it part of the report."""
-        rec = self._workers.get(worker_id)
-        if rec is None or key not in rec.corrections:
-            return False
-        self._update(rec, lambda: self._set_correction(rec, key, None))
-        return True
+        corr = rec.corrections.get(key) if rec is not None else None
+        if rec is None or corr is None:
+            return
+        ended = (Correction(kept_kv_bytes, corr.sessions, KEPT, at) if kept_kv_bytes is not None
+                 else Correction(corr.kv_bytes, corr.sessions, ENDED, at))
+        self._update(rec, lambda: self._set_correction(rec, key, ended))
 
     # --- internals ----------------------------------------------------------------------------
     def _update(self, rec: WorkerRecord, change: Callable[[], None]) -> None:
@@ -290,28 +312,31 @@ class Registry:
     @staticmethod
     def _set_correction(rec: WorkerRecord, key: int, new: Correction | None) -> None:
         old = rec.corrections.pop(key, None)
+        listed = key in rec.listed
         if old is not None:
-            rec.extra_kv_bytes -= old.kv_bytes
-            rec.extra_sessions -= old.sessions
+            kv, sessions = old.effect(listed)
+            rec.extra_kv_bytes -= kv
+            rec.extra_sessions -= sessions
         if new is not None:
             rec.corrections[key] = new
-            rec.extra_kv_bytes += new.kv_bytes
-            rec.extra_sessions += new.sessions
+            kv, sessions = new.effect(listed)
+            rec.extra_kv_bytes += kv
+            rec.extra_sessions += sessions
 
     @staticmethod
-    def _reflect(rec: WorkerRecord, stamp: float) -> None:
-        """Drop corrections the heartbeat stamped `stamp` already includes (record not counted now)."""
+    def _reflect(rec: WorkerRecord, listed: frozenset[int], stamp: float) -> None:
+        """Lay the corrections on a new heartbeat stamped `stamp` listing `listed` (record not counted now)."""
+        rec.listed = listed
+        rec.extra_kv_bytes = rec.extra_sessions = 0
         for key, corr in list(rec.corrections.items()):
-            if corr.stamp == math.inf:
-                continue  # the worker has not admitted it yet: no heartbeat can include it
-            corr.seen += 1
-            # A release (negative) is only trusted to be in a heartbeat made a moment after it: the
-            # worker frees a cancelled stream's sequence at its next step, so a heartbeat made in
-            # between still counts it, and dropping the release then left the view one too high
-            # until the next heartbeat (tests/faults/test_churn.py).
-            lag = RELEASE_LAG if corr.sessions < 0 or corr.kv_bytes < 0 else 0.0
-            if corr.stamp + lag <= stamp or corr.seen >= 2:
-                Registry._set_correction(rec, key, None)
+            if corr.state != LIVE:
+                corr.beats += 1
+            if corr.outlived(key in listed, stamp):
+                del rec.corrections[key]
+                continue
+            kv, sessions = corr.effect(key in listed)
+            rec.extra_kv_bytes += kv
+            rec.extra_sessions += sessions
 
     def _join(self, rec: WorkerRecord) -> None:
         self._stale.pop(rec.worker_id, None)

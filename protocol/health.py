@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from protocol.worker import MODEL_NAME_PATTERN, PROTOCOL_VERSION
+from protocol.worker import MAX_STREAM_REF, MODEL_NAME_PATTERN, PROTOCOL_VERSION
 
 ModelName = Annotated[str, StringConstraints(pattern=MODEL_NAME_PATTERN)]
 # Ids and URLs end up in logs, metrics labels and headers: no whitespace, no control characters.
@@ -45,11 +45,17 @@ class WorkerLoad(BaseModel):
     backend: Literal["cpu", "gpu"] = Field(default="cpu", description="where llama.cpp computes: gpu once any "
                                            "layer is offloaded (then the KV of those layers lives on the device)")
     gpu_layers: int = Field(default=0, ge=0, le=1 << 20, description="layers offloaded to the GPU")
+    streams: list[Annotated[int, Field(ge=0, le=MAX_STREAM_REF)]] = Field(
+        default_factory=list, max_length=MAX_SESSIONS,
+        description="the coordinators' references (`X-Stream-Ref`) of the streams holding a session now; "
+                    "`sessions` counts each of them")
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkerLoad:
         if self.sessions > self.max_sessions:
             raise ValueError(f"sessions {self.sessions} > max_sessions {self.max_sessions}")
+        if len(self.streams) > self.sessions:
+            raise ValueError(f"{len(self.streams)} streams listed > sessions {self.sessions}")
         if self.idle_sessions > self.sessions:
             raise ValueError(f"idle_sessions {self.idle_sessions} > sessions {self.sessions}")
         return self

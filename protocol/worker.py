@@ -28,9 +28,11 @@ REQUEST_ID_HEADER = "x-request-id"
 WORKER_ID_HEADER = "x-worker-id"
 # Worker -> coordinator, on the 200 response: the templated prompt's length in tokens.
 PROMPT_TOKENS_HEADER = "x-prompt-tokens"
-# Worker -> coordinator: the worker's wall time (Unix seconds) just after it admitted the request. A
-# heartbeat stamped later counts the request's sequence; one stamped earlier does not.
-ADMITTED_AT_HEADER = "x-admitted-at"
+# Coordinator -> worker: the coordinator's reference of this stream (an integer below 2**63). The
+# worker lists the references of the streams that hold a session in every heartbeat
+# (`WorkerLoad.streams`), so the coordinator knows exactly which of its streams a heartbeat counts.
+STREAM_REF_HEADER = "x-stream-ref"
+MAX_STREAM_REF = (1 << 63) - 1
 # Coordinator -> worker: "this session_id continues a conversation you hold". A worker that does not
 # hold it answers 404 unknown_session instead of starting a new conversation under the same id.
 SESSION_EXPECTED_HEADER = "x-session-expected"

@@ -44,9 +44,11 @@ class Gate:
         self.draining = False
         self._clock = clock
 
-    async def admit(self, request: GenerateRequest, request_id: str, *, session_expected: bool = False) -> Job:
+    async def admit(self, request: GenerateRequest, request_id: str, *, session_expected: bool = False,
+                    stream_ref: int | None = None) -> Job:
         """`session_expected`: the caller knows this session lives here (the coordinator's affinity),
-        so its absence means the conversation was lost (e.g. a restart): 404, never a fresh start."""
+        so its absence means the conversation was lost (e.g. a restart): 404, never a fresh start.
+        `stream_ref`: the coordinator's reference of this stream, listed in heartbeats while it runs."""
         if self.draining:
             raise WorkerError(503, reasons.DRAINING, "worker is draining")
         if request.model is not None and not self.names.serves(request.model):
@@ -71,7 +73,7 @@ class Gate:
                               f"prompt is {len(tokens)} tokens; a session holds at most {limit} tokens "
                               "including the output")
         need = min(limit, len(tokens) + request.max_tokens)
-        admission = self.table.admit(request.session_id, need, tokens)
+        admission = self.table.admit(request.session_id, need, tokens, stream_ref=stream_ref)
         session = admission.session
         if known is not None and (session is not known or len(session.messages) != turns):
             # Another turn ran or the session was deleted while we tokenized: our prompt is stale.

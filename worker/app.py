@@ -28,17 +28,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from protocol import reasons
 from protocol.health import SessionList, WorkerHealth
 from protocol.worker import (
-    ADMITTED_AT_HEADER,
     EVENT_DONE,
     EVENT_ERROR,
     EVENT_TOKEN,
     GENERATE_PATH,
+    MAX_STREAM_REF,
     PING_INTERVAL,
     PROMPT_TOKENS_HEADER,
     PROTOCOL_HEADER,
     PROTOCOL_VERSION,
     REQUEST_ID_HEADER,
     SESSION_EXPECTED_HEADER,
+    STREAM_REF_HEADER,
     WORKER_ID_HEADER,
     DoneEvent,
     ErrorBody,
@@ -108,7 +109,11 @@ def _generate_headers() -> list[dict[str, Any]]:
          "schema": {"type": "string", "enum": [str(PROTOCOL_VERSION)]},
          "description": "the protocol version the request speaks; another one: 400 `protocol_mismatch`"},
         {"name": SESSION_EXPECTED_HEADER, "in": "header", "required": False, "schema": {"type": "string"},
-         "description": "`1`: continue a session this worker holds, or 404 `unknown_session`"}]
+         "description": "`1`: continue a session this worker holds, or 404 `unknown_session`"},
+        {"name": STREAM_REF_HEADER, "in": "header", "required": False,
+         "schema": {"type": "string", "pattern": "^[0-9]{1,19}$"},
+         "description": "the coordinator's reference of the stream, listed in heartbeats (`load.streams`) "
+                        "while it holds a session; not a number below 2**63: 400 `invalid_request`"}]
 
 
 def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.monotonic,
@@ -191,17 +196,17 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
             raise WorkerError(400, reasons.PROTOCOL_MISMATCH,
                               f"this worker speaks protocol {PROTOCOL_VERSION}, the request is version {version}")
         expected = request.headers.get(SESSION_EXPECTED_HEADER, "") == "1"
+        stream_ref = _stream_ref(request)
         metrics: WorkerMetrics = request.app.state.metrics
         try:  # only this route's refusals are admission decisions
             runtime = runtime_of(request)
-            job = await runtime.gate.admit(body, request_id, session_expected=expected)
+            job = await runtime.gate.admit(body, request_id, session_expected=expected, stream_ref=stream_ref)
         except WorkerError as refused:
             metrics.admission.labels("rejected", refused.reason).inc()
             raise
-        admitted_at = time.time()  # after the table holds its sequence: a heartbeat stamped later counts it
         metrics.admission.labels("admitted", "").inc()
         headers = {REQUEST_ID_HEADER: request_id, WORKER_ID_HEADER: settings.worker_id,
-                   PROMPT_TOKENS_HEADER: str(len(job.prompt_tokens)), ADMITTED_AT_HEADER: f"{admitted_at:.6f}"}
+                   PROMPT_TOKENS_HEADER: str(len(job.prompt_tokens))}
         return EventSourceResponse(_events(runtime, job), headers=headers, ping=int(PING_INTERVAL),
                                    send_timeout=settings.slow_consumer_deadline)
 
@@ -249,6 +254,15 @@ def load_model(settings: WorkerSettings) -> Model | SimulatedModel:
     if settings.engine == "simulated":
         return SimulatedModel(bytes_per_token=settings.sim_bytes_per_token)
     return Model(settings.model_path, gpu_layers=settings.gpu_layers)
+
+
+def _stream_ref(request: Request) -> int | None:
+    given = request.headers.get(STREAM_REF_HEADER)
+    if given is None:
+        return None
+    if not (given.isascii() and given.isdigit() and len(given) <= 19 and int(given) <= MAX_STREAM_REF):
+        raise WorkerError(400, reasons.INVALID_REQUEST, f"{STREAM_REF_HEADER} must be an integer below 2**63")
+    return int(given)
 
 
 def _request_id(request: Request) -> str:

@@ -73,16 +73,16 @@ class WorkerRuntime:
             evicted=lambda: self.table.evicted_total)
 
     def load(self) -> WorkerLoad:
-        sessions, used, reserved = self.table.stats()
-        idle, idle_tokens = self.table.idle()
+        table = self.table.load()
         limits = self.table.limits
         return WorkerLoad(
-            sessions=sessions, max_sessions=limits.max_sessions, active_streams=self.engine.active,
-            queue_depth=self.engine.queue_depth, kv_used_bytes=used * limits.bytes_per_token,
-            kv_reserved_bytes=reserved * limits.bytes_per_token,
+            sessions=table.sessions, max_sessions=limits.max_sessions, active_streams=self.engine.active,
+            queue_depth=self.engine.queue_depth, kv_used_bytes=table.used_tokens * limits.bytes_per_token,
+            kv_reserved_bytes=table.reserved_tokens * limits.bytes_per_token,
             kv_capacity_bytes=limits.capacity_tokens * limits.bytes_per_token,
             bytes_per_token=limits.bytes_per_token, session_max_tokens=limits.session_max_tokens,
-            idle_sessions=min(idle, sessions), idle_kv_bytes=idle_tokens * limits.bytes_per_token,
+            idle_sessions=table.idle_sessions, idle_kv_bytes=table.idle_reserved_tokens * limits.bytes_per_token,
+            streams=list(table.stream_refs),
             draining=self.gate.draining, backend="gpu" if self.model.backend == "gpu" else "cpu",
             gpu_layers=min(self.model.gpu_layers, self.model.shape.n_layer + 1))  # "all" is a huge number
 

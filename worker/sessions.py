@@ -45,6 +45,19 @@ class Session:
     messages: list[Message] = field(default_factory=list)  # chat history, for templated turns
     reserved_tokens: int = 0
     busy: bool = False
+    stream_ref: int | None = None  # the coordinator's reference of the stream running on it now
+
+
+@dataclass(frozen=True)
+class TableLoad:
+    """One consistent reading of the table, for a heartbeat."""
+
+    sessions: int  # holding a sequence, busy or idle
+    used_tokens: int
+    reserved_tokens: int
+    idle_sessions: int
+    idle_reserved_tokens: int
+    stream_refs: tuple[int, ...]  # the coordinator's references of the streams running now
 
 
 @dataclass(frozen=True)
@@ -88,8 +101,12 @@ class SessionTable:
                 del self._expired[session_id]
             return self._named.get(session_id)
 
-    def admit(self, session_id: str | None, need_tokens: int, prompt: list[int] | tuple[int, ...] = ()) -> Admission:
+    def admit(self, session_id: str | None, need_tokens: int, prompt: list[int] | tuple[int, ...] = (), *,
+              stream_ref: int | None = None) -> Admission:
         """Reserves a sequence and `need_tokens` of KV for one request, or raises 409/503.
+
+        `stream_ref`: the coordinator's reference of the request (`X-Stream-Ref`); heartbeats list it
+        while the stream holds its session, so the coordinator knows which of its streams they count.
 
         A new sequence is the free one that already holds most of `prompt` (see `_take_seq`); its
         `tokens` then say what its cells hold, and the engine keeps their common prefix.
@@ -120,6 +137,7 @@ class SessionTable:
             self._reserved_tokens += need_tokens - session.reserved_tokens
             session.reserved_tokens = need_tokens
             session.busy = True
+            session.stream_ref = stream_ref
             return Admission(session, tuple(freed))
 
     def _take_seq(self, prompt: list[int] | tuple[int, ...]) -> int:
@@ -169,6 +187,7 @@ class SessionTable:
         """
         with self._lock:
             session.busy = False
+            session.stream_ref = None
             session.last_used = self._clock()
             named = session.session_id is not None and self._named.get(session.session_id) is session
             if keep_kv and named and session in self._live:
@@ -231,10 +250,12 @@ class SessionTable:
         with self._lock:
             return len(self._live), sum(len(s.tokens) for s in self._live), self._reserved_tokens
 
-    def idle(self) -> tuple[int, int]:
-        """(idle named sessions, tokens they reserve): what admission may evict for a new request."""
+    def load(self) -> TableLoad:
         with self._lock:
-            return len(self._idle_lru), sum(s.reserved_tokens for s in self._idle_lru.values())
+            idle = self._idle_lru.values()
+            return TableLoad(len(self._live), sum(len(s.tokens) for s in self._live), self._reserved_tokens,
+                             len(idle), sum(s.reserved_tokens for s in idle),
+                             tuple(s.stream_ref for s in self._live if s.stream_ref is not None))
 
     def describe(self) -> list[SessionInfo]:
         now = self._clock()

@@ -8,7 +8,7 @@ from coordinator.admission import Admission
 from coordinator.clock import ManualClock
 from coordinator.demand import TEMPLATE_TOKENS, Demand
 from coordinator.errors import CoordinatorError
-from coordinator.registry import Registry
+from coordinator.registry import ENDED, Registry
 from protocol import reasons
 from tests.coordinator.fakes import heartbeat
 
@@ -82,7 +82,9 @@ def test_reservations_fill_capacity_then_release_to_zero() -> None:
     adm.release(first)  # idempotent
     adm.release(second)
     assert adm.in_flight == 0 and adm.in_flight_kv_bytes == 0
-    assert worker.kv_reserved_bytes == 0 and worker.sessions == 0 and worker.corrections == {}
+    assert worker.kv_reserved_bytes == 0 and worker.sessions == 0
+    # Kept until a heartbeat shows the worker no longer counts them (none ever did here).
+    assert {c.state for c in worker.corrections.values()} == {ENDED}
     assert reason_of(adm, SMALL) is None
 
 
@@ -93,14 +95,14 @@ def test_release_after_a_heartbeat_counted_it_frees_until_the_next_heartbeat() -
     res = adm.reserve(worker, SMALL)
     adm.confirm(res, prompt_tokens=10)
     clock.advance(0.5)  # the worker's next heartbeat includes the stream
-    reg.upsert(heartbeat("w0", timestamp=clock.time(), max_sessions=1, sessions=1, kv_reserved_bytes=11_000),
-               now=clock.monotonic())
+    reg.upsert(heartbeat("w0", timestamp=clock.time(), max_sessions=1, sessions=1, kv_reserved_bytes=11_000,
+                         streams=[res.key]), now=clock.monotonic())
     assert worker.sessions == 1 and worker.kv_reserved_bytes == 11_000
     assert reason_of(adm, SMALL) == reasons.SESSIONS_FULL
     adm.release(res)  # stream ended: admits at once, before the next heartbeat
     assert worker.sessions == 0 and worker.kv_reserved_bytes == 0
     assert reason_of(adm, SMALL) is None
-    clock.advance(0.5)
+    clock.advance(1.0)
     reg.upsert(heartbeat("w0", timestamp=clock.time(), max_sessions=1), now=clock.monotonic())
     assert worker.sessions == 0 and worker.corrections == {}
 
@@ -156,19 +158,44 @@ def test_a_release_tells_who_waits_for_that_model() -> None:
     assert released == ["x"]
 
 
-def test_a_heartbeat_made_after_the_workers_admission_is_not_counted_twice() -> None:
+def test_a_heartbeat_that_lists_the_stream_is_not_counted_twice() -> None:
     """Churn (issue 11): a heartbeat made between the worker's admission and the coordinator's
     confirmation counts the stream; the reservation's correction used to count it again until the
-    next heartbeat. The worker's X-Admitted-At tells the two apart."""
+    next heartbeat. The heartbeat's list of stream references tells the two apart."""
     reg, adm, clock = setup({"max_sessions": 4})
     worker = reg.get("w0")
     assert worker is not None
     res = adm.reserve(worker, SMALL)
-    admitted_at = clock.time() + 0.1
-    reg.upsert(heartbeat("w0", timestamp=clock.time() + 0.2, max_sessions=4, sessions=1, kv_reserved_bytes=11_000),
-               now=clock.monotonic())
-    assert worker.sessions == 2  # the heartbeat and the unconfirmed reservation: it cannot know yet
-    adm.confirm(res, prompt_tokens=10, admitted_at=admitted_at)
-    assert worker.sessions == 1 and worker.corrections == {}
+    reg.upsert(heartbeat("w0", timestamp=clock.time() + 0.2, max_sessions=4, sessions=1, kv_reserved_bytes=11_000,
+                         streams=[res.key]), now=clock.monotonic())
+    assert worker.sessions == 1
+    adm.confirm(res, prompt_tokens=10)
+    assert worker.sessions == 1
     adm.release(res)
-    assert worker.sessions == 0  # until a heartbeat after the release shows it freed
+    assert worker.sessions == 0  # the report still lists it: taken off until one does not
+
+
+def test_a_release_before_the_worker_answered_takes_off_what_a_later_heartbeat_lists() -> None:
+    """The client left during the worker's admission: the coordinator never saw the worker's answer,
+    yet the worker admitted the stream and a heartbeat counts it until the worker frees it."""
+    reg, adm, clock = setup({"max_sessions": 4})
+    worker = reg.get("w0")
+    assert worker is not None
+    res = adm.reserve(worker, SMALL)
+    adm.release(res)
+    assert worker.sessions == 0
+    clock.advance(0.1)
+    reg.upsert(heartbeat("w0", timestamp=clock.time(), max_sessions=4, sessions=1, streams=[res.key]),
+               now=clock.monotonic())
+    assert worker.sessions == 0
+    clock.advance(1.0)
+    reg.upsert(heartbeat("w0", timestamp=clock.time(), max_sessions=4), now=clock.monotonic())
+    assert worker.sessions == 0 and worker.corrections == {}
+
+
+def test_stream_references_of_two_coordinators_do_not_meet() -> None:
+    reg, first, clock = setup({})
+    second = Admission(reg, clock, retry_after=2)
+    worker = reg.get("w0")
+    assert worker is not None
+    assert first.reserve(worker, SMALL).key != second.reserve(worker, SMALL).key

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
 import random
 
-from coordinator.registry import ALIVE, MODELS_REMEMBERED, STALE, Correction, Registry
+from coordinator.registry import ALIVE, MODELS_REMEMBERED, RELEASE_LAG, STALE, Correction, Registry
 from tests.coordinator.fakes import heartbeat
 
 
@@ -72,43 +71,72 @@ def test_aggregates_match_recomputation_under_random_changes() -> None:
         now += rng.random() * 0.1
         action = rng.random()
         wid = f"w{rng.randrange(12)}"
-        if action < 0.5:
-            reg.upsert(heartbeat(wid, timestamp=step, model=rng.choice(["x", "y"]),
-                                 sessions=rng.randrange(5), kv_reserved_bytes=rng.randrange(1_200_000)), now=now)
-        elif action < 0.7:
-            reg.correct(wid, step, Correction(rng.randrange(-50_000, 200_000), rng.choice([0, 1]),
-                                              stamp=rng.choice([math.inf, step])))
-        elif action < 0.8 and reg.get(wid) is not None and reg.get(wid).corrections:  # type: ignore[union-attr]
-            reg.drop_correction(wid, rng.choice(list(reg.get(wid).corrections)))  # type: ignore[union-attr]
+        rec = reg.get(wid)
+        keys = list(rec.corrections) if rec is not None else []
+        if action < 0.45:
+            listed = rng.sample(keys, k=rng.randrange(min(len(keys), 4) + 1))
+            reg.upsert(heartbeat(wid, timestamp=now + rng.uniform(-1, 1), model=rng.choice(["x", "y"]),
+                                 sessions=rng.randrange(len(listed), 5), streams=listed,
+                                 kv_reserved_bytes=rng.randrange(1_200_000)), now=now)
+        elif action < 0.65:
+            reg.correct(wid, step, Correction(rng.randrange(0, 200_000), rng.choice([0, 1])))
+        elif action < 0.8 and keys:
+            kept = rng.choice([None, rng.randrange(50_000)])
+            reg.end(wid, rng.choice(keys), now + rng.uniform(-1, 1), kept_kv_bytes=kept)
         else:
             reg.sweep(now)
         for model in (None, "x", "y"):
             assert summed(reg, model) == recomputed(reg, model), step
+        for w in reg.all():
+            expect = [sum(c.effect(k in w.listed)[i] for k, c in w.corrections.items()) for i in (0, 1)]
+            assert [w.extra_kv_bytes, w.extra_sessions] == expect, step
 
 
-def test_correction_counts_until_a_later_heartbeat_shows_it() -> None:
+def test_a_running_stream_counts_while_the_workers_report_does_not_list_it() -> None:
     reg = fresh()
     reg.upsert(heartbeat("a", timestamp=100.0), now=0.0)
-    reg.correct("a", 1, Correction(50_000, 1))  # not yet admitted by the worker: stamp is infinite
-    reg.upsert(heartbeat("a", timestamp=101.0), now=1.0)
+    reg.correct("a", 7, Correction(50_000, 1))  # reserved: not on the worker yet
+    assert (reg.get("a").sessions, reg.get("a").kv_reserved_bytes) == (1, 50_000)  # type: ignore[union-attr]
+    reg.upsert(heartbeat("a", timestamp=101.0), now=1.0)  # made before the worker admitted it
+    assert reg.get("a").sessions == 1  # type: ignore[union-attr]
+    reg.upsert(heartbeat("a", timestamp=101.5, sessions=1, kv_reserved_bytes=40_000, streams=[7]), now=1.5)
+    assert (reg.get("a").sessions, reg.get("a").kv_reserved_bytes) == (1, 40_000)  # type: ignore[union-attr]
+    # The worker finished it; the coordinator has not read its end yet: still counted, once.
     reg.upsert(heartbeat("a", timestamp=102.0), now=2.0)
-    assert reg.get("a").kv_reserved_bytes == 50_000  # type: ignore[union-attr]
-    reg.correct("a", 1, Correction(40_000, 1, stamp=102.5))  # admitted at 102.5
-    reg.upsert(heartbeat("a", timestamp=102.4, kv_reserved_bytes=0), now=2.5)  # made before: still counts
-    assert reg.get("a").kv_reserved_bytes == 40_000 and reg.get("a").sessions == 1  # type: ignore[union-attr]
-    reg.upsert(heartbeat("a", timestamp=103.0, kv_reserved_bytes=40_000, sessions=1), now=3.0)
-    assert reg.get("a").kv_reserved_bytes == 40_000 and reg.get("a").sessions == 1  # type: ignore[union-attr]
-    assert reg.get("a").corrections == {}  # type: ignore[union-attr]
+    assert (reg.get("a").sessions, reg.get("a").kv_reserved_bytes) == (1, 50_000)  # type: ignore[union-attr]
+    reg.end("a", 7, 102.1)
+    assert (reg.get("a").sessions, reg.get("a").kv_reserved_bytes) == (0, 0)  # type: ignore[union-attr]
 
 
-def test_correction_dropped_after_two_heartbeats_whatever_their_stamps() -> None:
+def test_an_ended_stream_is_taken_off_every_report_that_still_lists_it() -> None:
+    """Churn (issue 11): a heartbeat that counts a stream which has ended since (the worker frees a
+    cancelled stream's sequence at its next step, and a heartbeat may be in flight) no longer holds a
+    phantom session until the next one."""
     reg = fresh()
-    reg.upsert(heartbeat("a", timestamp=100.0), now=0.0)
-    reg.correct("a", 1, Correction(10, 0, stamp=500.0))  # worker clock far behind ours
-    reg.upsert(heartbeat("a", timestamp=101.0), now=1.0)
-    assert 1 in reg.get("a").corrections  # type: ignore[union-attr]
-    reg.upsert(heartbeat("a", timestamp=102.0), now=2.0)
-    assert reg.get("a").corrections == {}  # type: ignore[union-attr]
+    reg.upsert(heartbeat("a", timestamp=100.0, sessions=1, kv_reserved_bytes=10_000, streams=[7]), now=0.0)
+    reg.correct("a", 7, Correction(10_000, 1))
+    assert reg.get("a").sessions == 1  # type: ignore[union-attr]
+    reg.end("a", 7, 100.2)
+    assert (reg.get("a").sessions, reg.get("a").kv_reserved_bytes) == (0, 0)  # type: ignore[union-attr]
+    # Made after the end, before the worker freed it: still listed, still taken off.
+    reg.upsert(heartbeat("a", timestamp=100.3, sessions=1, kv_reserved_bytes=10_000, streams=[7]), now=0.3)
+    assert reg.get("a").sessions == 0 and 7 in reg.get("a").corrections  # type: ignore[union-attr]
+    # Not listed, but made within RELEASE_LAG of the end: kept in case it turns up yet.
+    reg.upsert(heartbeat("a", timestamp=100.4), now=0.4)
+    assert reg.get("a").sessions == 0 and 7 in reg.get("a").corrections  # type: ignore[union-attr]
+    reg.upsert(heartbeat("a", timestamp=100.2 + RELEASE_LAG), now=1.0)
+    assert reg.get("a").sessions == 0 and reg.get("a").corrections == {}  # type: ignore[union-attr]
+
+
+def test_a_stream_the_worker_keeps_listing_is_believed_after_a_few_heartbeats() -> None:
+    reg = fresh()
+    reg.upsert(heartbeat("a", timestamp=100.0, sessions=1, streams=[7]), now=0.0)
+    reg.correct("a", 7, Correction(10, 1))
+    reg.end("a", 7, 100.0)
+    for beat in range(1, 4):
+        assert reg.get("a").sessions == 0  # type: ignore[union-attr]
+        reg.upsert(heartbeat("a", timestamp=100.0 + beat, sessions=1, streams=[7]), now=float(beat))
+    assert reg.get("a").sessions == 1 and reg.get("a").corrections == {}  # type: ignore[union-attr]
 
 
 def test_corrections_on_stale_worker_leave_aggregates_alone() -> None:
@@ -117,7 +145,9 @@ def test_corrections_on_stale_worker_leave_aggregates_alone() -> None:
     reg.sweep(4.0)
     reg.correct("a", 1, Correction(10_000, 1))
     assert summed(reg) == (0, 0, 0, 0, 0)
-    assert reg.drop_correction("a", 1) and not reg.drop_correction("a", 1)
+    reg.end("a", 1, 2.0)
+    reg.upsert(heartbeat("a", timestamp=3), now=5.0)
+    assert summed(reg) == recomputed(reg) == (1, 4, 4, 1_000_000, 1_000_000)
 
 
 def test_names_resolve_to_models_and_aliases_follow_their_workers() -> None:

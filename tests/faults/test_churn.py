@@ -209,20 +209,6 @@ def phantom_full(refusals: list[tuple[float, str]], samples: list[Sample]) -> tu
     return round(longest, 2), refused
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "measured 2026-11-23 on a shared 2-core machine (4 runs of 15 s, 1 of 60 s, heartbeats every 2 s): "
-    "a worker's `sessions` in the coordinator's view ran 1-2 above max(the worker's own count, the "
-    "coordinator's in-flight requests to it) for 1.6-2.1 s, one heartbeat interval (e.g. view 4, "
-    "in_flight 2, worker 2), in 29-49% of samples; above real + in_flight (the looser allowance) by 1 for "
-    "up to 1.8 s in 4 of 5 runs; 101-1,677 sessions_full refusals per run came while the view saw both "
-    "workers full and one had 1-2 free sequences (longest such stretch 0.5-1.0 s). With the fault pool's "
-    "0.5 s heartbeats: 1-2 above for 0.7 s. Likely cause: a release's -1 correction is dropped by the first "
-    "heartbeat made after it, though the worker frees a cancelled stream's sequence only at its next decode "
-    "step, so that heartbeat still counts it until the one after. Since then a release is trusted only in "
-    "a heartbeat made RELEASE_LAG (0.5 s) after it, and a reservation's correction is dropped at "
-    "confirmation when a heartbeat stamped after the worker's X-Admitted-At already counts it: then 0 of 181 "
-    "samples were above real + in_flight, but max(real, in_flight) was still exceeded by 2 for up to 2.0 s "
-    "(65 samples), and 678 sessions_full refusals came while a worker had a free sequence."))
 async def test_the_coordinators_view_of_sessions_stays_within_real_use_plus_in_flight(
         churn_pool: FaultPool, figures: list[dict[str, Any]]) -> None:
     pool = churn_pool

@@ -105,17 +105,36 @@ def test_deleting_an_unknown_session_is_404(worker: RunningWorker) -> None:
     assert response.status_code == 404 and response.json()["reason"] == "unknown_session"
 
 
-def _hold_streams(url: str, n: int, started: threading.Barrier, release: threading.Event) -> list[threading.Thread]:
+def test_heartbeats_list_the_stream_references_of_running_streams(worker: RunningWorker) -> None:
+    """The coordinator's `X-Stream-Ref` is listed in the load while its stream holds a session, and no
+    longer once it ended: what lets the coordinator tell which of its streams a heartbeat counts."""
+    started, release = threading.Barrier(3), threading.Event()
+    threads = _hold_streams(worker.url, 2, started, release, refs=[41, 2**63 - 1])
+    started.wait(timeout=20)
+    load = worker.load()
+    assert sorted(load["streams"]) == [41, 2**63 - 1] and load["sessions"] >= 2
+    release.set()
+    for thread in threads:
+        thread.join(timeout=20)
+    wait_until(lambda: worker.load()["streams"] == [], 5.0, "the references to go with their streams")
+    for bad in ("-1", "x", str(2**63), "1" * 20):
+        refused = generate(worker.url, {"prompt": "Hi", "max_tokens": 2}, headers={"x-stream-ref": bad})
+        assert refused.status == 400 and refused.body is not None and "x-stream-ref" in refused.body["error"]
+
+
+def _hold_streams(url: str, n: int, started: threading.Barrier, release: threading.Event,
+                  refs: list[int] | None = None) -> list[threading.Thread]:
     """Starts n long streams that stay open (reading slowly) until `release` is set."""
-    def run() -> None:
+    def run(headers: dict[str, str]) -> None:
         with httpx.Client(timeout=30) as client, client.stream(
-                "POST", url + "/worker/generate",
+                "POST", url + "/worker/generate", headers=headers,
                 json={"prompt": "Tell a long story.", "max_tokens": 300, "ignore_eos": True}) as response:
             lines = response.iter_lines()
             next(lines)
             started.wait(timeout=20)
             release.wait(timeout=20)
-    threads = [threading.Thread(target=run, daemon=True) for _ in range(n)]
+    headers = [{"x-stream-ref": str(ref)} for ref in refs] if refs else [{} for _ in range(n)]
+    threads = [threading.Thread(target=run, args=(h,), daemon=True) for h in headers]
     for thread in threads:
         thread.start()
     return threads
