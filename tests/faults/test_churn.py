@@ -36,8 +36,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.faults.conftest import COORDINATOR_FLAGS, WORKER_FLAGS, FaultPool
-from tests.faults.test_flood import held, pool_fixture
+from tests.faults.pool import COORDINATOR_FLAGS, WORKER_FLAGS, FaultPool, pool_fixture
 from tests.integration.streams import infer
 from tests.polling import wait_until
 
@@ -220,7 +219,7 @@ async def test_the_coordinators_view_of_sessions_stays_within_real_use_plus_in_f
         await asyncio.gather(*(churn(pool.url, seed, until, out) for seed in range(CLIENTS)))
         await asyncio.sleep(HEARTBEAT + 0.5)  # and until every worker has heartbeated after the churn
     samples, lost = sampled.get(timeout=30)
-    wait_until(lambda: not held(pool), 10, "everything released after the churn")
+    wait_until(lambda: not pool.held(), 10, "everything released after the churn")
     (pool.log_dir / "churn-samples.json").write_text(json.dumps(
         {"samples": [dataclasses.asdict(s) for s in samples], "refusals": out.refusals}))
 

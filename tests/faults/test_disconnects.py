@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.faults.conftest import FaultPool, since
-from tests.faults.test_flood import held
+from tests.faults.conftest import since
+from tests.faults.pool import FaultPool
 from tests.integration.streams import Timed, infer
 
 pytestmark = [pytest.mark.model, pytest.mark.anyio]
@@ -62,10 +62,10 @@ async def test_clients_that_hang_up_after_the_first_token_leave_nothing_behind(
     assert all(r.status == 200 and r.names == ["token"] for r in results), [
         (r.status, r.body, r.events[-1:]) for r in results if r.status != 200 or r.names != ["token"]][:5]
 
-    still_held = held(pool)
+    still_held = pool.held()
     while still_held and time.monotonic() - hung_up < BACK_TO_ZERO + 5:
         await asyncio.sleep(0.05)
-        still_held = held(pool)
+        still_held = pool.held()
     back_to_zero = since(hung_up)
     figure = {"case": "clients hanging up after the first token", "clients": CLIENTS, "wave": WAVE,
               "run_s": took, "refused_then_retried": dict(refusals), "back_to_zero_s": back_to_zero,

@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.faults.conftest import COORDINATOR_DRAIN, WORKER_DRAIN, FaultPool, since
+from tests.faults.conftest import since
+from tests.faults.pool import COORDINATOR_DRAIN, WORKER_DRAIN, FaultPool
 from tests.integration.streams import Timed, infer, read_events
 from tests.polling import wait_until
 

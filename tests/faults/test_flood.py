@@ -7,8 +7,7 @@ over raw keep-alive HTTP/1.1 connections: an httpx client costs several times th
 and on a small machine the load generator would otherwise be what is measured. `FAULTS_LONG=1`
 runs the long version (60 s of flood instead of 10 s).
 
-Also here, for the other fault cases: `TunedPool` (the fault pool with flags of the test's choosing)
-and `closed_loop` (users that send, read to the end and send again).
+Also here, for the other fault cases: `closed_loop` (users that send, read to the end and send again).
 """
 
 from __future__ import annotations
@@ -20,24 +19,18 @@ import itertools
 import json
 import multiprocessing
 import os
-import signal
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import httpx
 import pytest
 
 from bench.scale_bench import cpu_seconds, rss_kib
-from tests.conftest import free_port
-from tests.faults.conftest import COORDINATOR_FLAGS, WORKER_FLAGS, FaultPool
-from tests.integration.conftest import Proc
+from tests.faults.pool import COORDINATOR_FLAGS, FaultPool, periodically, pid, pool_fixture
 from tests.integration.streams import infer
-from tests.polling import wait_until
 
 pytestmark = [pytest.mark.model, pytest.mark.anyio]
 LONG_RUN = os.environ.get("FAULTS_LONG") == "1"
@@ -62,104 +55,6 @@ RETRY_PAUSE = 0.2
 FLOOD_WORKERS = ("f1", "f2") if (os.cpu_count() or 1) > 2 else ("f1",)
 USERS = 4 * len(FLOOD_WORKERS)  # one per sequence
 BODY = {"prompt": "Say hi.", "max_tokens": 8, "ignore_eos": True}
-
-
-@dataclass
-class TunedPool(FaultPool):
-    """The fault pool with the coordinator's flags, the workers' flags and the worker ids of the test's
-    choosing (the coordinator can be restarted with other flags on the same port: workers re-register)."""
-
-    coordinator_flags: list[str] = field(default_factory=lambda: list(COORDINATOR_FLAGS))
-    worker_flags: list[str] = field(default_factory=lambda: list(WORKER_FLAGS))
-    worker_ids: tuple[str, ...] = ("f1", "f2")
-
-    def start_coordinator(self) -> None:
-        self.coordinator = Proc("coordinator", [sys.executable, "-m", "coordinator", "--port", str(self.port),
-                                                *self.coordinator_flags], self.log_dir / "coordinator.log")
-        self.coordinator.start()
-        wait_until(lambda: httpx.get(self.url + "/coordinator/health", timeout=1).status_code == 200, 30,
-                   "the coordinator to answer")
-
-    def restart_coordinator(self, flags: list[str]) -> None:
-        if self.coordinator is not None:
-            self.coordinator.stop()
-        self.coordinator_flags = flags
-        self.ensure()
-
-    def start_worker(self, worker_id: str) -> None:
-        port = free_port()
-        self.worker_urls[worker_id] = f"http://127.0.0.1:{port}"
-        proc = Proc(worker_id, [sys.executable, "-m", "worker", "--port", str(port), "--worker-id", worker_id,
-                                "--coordinator-url", self.url, "--model-path", str(self.model_path),
-                                *self.worker_flags], self.log_dir / f"{worker_id}.log")
-        proc.start()
-        self.workers[worker_id] = proc
-
-    def ensure(self) -> None:
-        if self.coordinator is None or not self.coordinator.running:
-            self.start_coordinator()
-        for worker_id in self.worker_ids:
-            proc = self.workers.get(worker_id)
-            if proc is not None:
-                proc.signal(signal.SIGCONT)
-            if proc is None or not proc.running:
-                self.start_worker(worker_id)
-
-        def idle(w: str) -> bool:
-            seen = self.listing().get(w)
-            return (seen is not None and seen["state"] == "alive" and seen["url"] == self.worker_urls[w]
-                    and not seen["draining"] and seen["sessions"] == 0 and seen["in_flight"] == 0)
-
-        for worker_id in self.worker_ids:
-            wait_until(lambda w=worker_id: idle(w), 60, f"{worker_id} alive and idle", interval=0.2)
-
-
-
-def pid(proc: Proc | None) -> int:
-    assert proc is not None and proc.popen is not None
-    return proc.popen.pid
-
-
-def worker_load(pool: FaultPool, worker_id: str) -> dict[str, Any]:
-    load = pool.worker_health(worker_id).json()["load"]
-    if load is None:
-        raise ValueError(f"{worker_id} is loading")
-    return load  # type: ignore[no-any-return]
-
-
-def coordinator_health(pool: FaultPool) -> dict[str, Any]:
-    return httpx.get(pool.url + "/coordinator/health", timeout=2).json()  # type: ignore[no-any-return]
-
-
-def held(pool: FaultPool) -> dict[str, dict[str, int]]:
-    """Every session, reservation and KV cell still held, in the coordinator's view and on each worker
-    (only the counters that are not 0): empty when all are back to 0."""
-    found = {}
-    health = coordinator_health(pool)
-    found["coordinator"] = {k: health[k] for k in ("requests_running", "kv_reserved_bytes") if health[k]}
-    for worker_id, seen in pool.listing().items():
-        found[f"view of {worker_id}"] = {k: seen[k] for k in ("sessions", "in_flight", "kv_reserved_bytes",
-                                                              "kv_used_bytes") if seen[k]}
-    for worker_id in pool.worker_urls:
-        load = worker_load(pool, worker_id)
-        found[worker_id] = {k: load[k] for k in ("sessions", "active_streams", "kv_used_bytes",
-                                                 "kv_reserved_bytes") if load[k]}
-    return {where: counters for where, counters in found.items() if counters}
-
-
-def pool_fixture(name: str, **tuning: Any) -> Any:
-    """A module-scoped `TunedPool` fixture, stopped after the module's tests."""
-
-    @pytest.fixture(scope="module")
-    def fixture(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TunedPool]:
-        pool = TunedPool(tmp_path_factory.mktemp(name), model_path, **tuning)
-        try:
-            pool.ensure()
-            yield pool
-        finally:
-            pool.stop()
-
-    return fixture
 
 
 # --- the steady users -----------------------------------------------------------------------------
@@ -339,26 +234,6 @@ def flood(port: int, rate: float, seconds: float, connections: int) -> Iterator[
             proc.join(timeout=5)
 
 
-class RssSampler:
-    """The coordinator's resident memory every half second, in a thread, while the block runs."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid, self.samples, self._stop = pid, list[int](), threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            self.samples.append(rss_kib(self.pid))
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-
 def refusal_lines(path: Path) -> int:
     """Lines the coordinator logged for 503 answers."""
     return path.read_bytes().count(b'"status":503')
@@ -367,20 +242,22 @@ def refusal_lines(path: Path) -> int:
 flood_pool = pool_fixture("flood", worker_ids=FLOOD_WORKERS)
 
 
-async def run_flood(pool: TunedPool, rate: float, connections: int, seconds: float,
+async def run_flood(pool: FaultPool, rate: float, connections: int, seconds: float,
                     ) -> tuple[Tally, FloodResult, float, dict[str, float]]:
     """The users for `seconds` while the flood runs; returns what each saw, the window's start and
     the coordinator's RSS (KiB) before, at its peak and after, and the refusals it logged meanwhile."""
-    log_path = pool.log_dir / "coordinator.log"
-    lines_before, rss_before = refusal_lines(log_path), rss_kib(pid(pool.coordinator))
-    cpu_before = cpu_seconds(pid(pool.coordinator))
-    with RssSampler(pid(pool.coordinator)) as rss, flood(pool.port, rate, seconds + 1, connections) as out:
+    log_path, coordinator = pool.log_dir / "coordinator.log", pid(pool.coordinator)
+    lines_before, rss_before = refusal_lines(log_path), rss_kib(coordinator)
+    cpu_before = cpu_seconds(coordinator)
+    rss: list[int] = []  # every half second
+    with (periodically(0.5, lambda: rss.append(rss_kib(coordinator))),
+          flood(pool.port, rate, seconds + 1, connections) as out):
         window = time.monotonic()
         users = await closed_loop(pool.url, USERS, BODY, seconds, retry_pause=RETRY_PAUSE)
         result: FloodResult = await asyncio.to_thread(out.get, timeout=seconds + 120)
-    memory = {"rss_before_kib": rss_before, "rss_peak_kib": max([rss_before, *rss.samples]),
-              "rss_after_kib": rss_kib(pid(pool.coordinator)), "refusal_log_lines": refusal_lines(log_path) - lines_before,
-              "coordinator_cpu_s": round(cpu_seconds(pid(pool.coordinator)) - cpu_before, 2),
+    memory = {"rss_before_kib": rss_before, "rss_peak_kib": max([rss_before, *rss]),
+              "rss_after_kib": rss_kib(coordinator), "refusal_log_lines": refusal_lines(log_path) - lines_before,
+              "coordinator_cpu_s": round(cpu_seconds(coordinator) - cpu_before, 2),
               "flood_process_cpu_s": round(result.cpu_s, 2)}
     return users, result, window, memory
 
@@ -391,7 +268,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def test_a_10x_flood_is_answered_200_or_503_and_served_throughput_holds(
-        flood_pool: TunedPool, figures: list[dict[str, Any]]) -> None:
+        flood_pool: FaultPool, figures: list[dict[str, Any]]) -> None:
     pool = flood_pool
     pool.ensure()
     # The baseline is measured in two halves, before and after the flood, so that a change in what
@@ -434,7 +311,7 @@ async def test_a_10x_flood_is_answered_200_or_503_and_served_throughput_holds(
     assert served_with >= SERVED_BOUND * served_without, figure
 
 
-async def test_the_same_flood_with_the_admission_queue_on(flood_pool: TunedPool, figures: list[dict[str, Any]]) -> None:
+async def test_the_same_flood_with_the_admission_queue_on(flood_pool: FaultPool, figures: list[dict[str, Any]]) -> None:
     """With the default queue (256 places, 30 s) the flood waits in line instead of being refused at
     once: served throughput is the pool's either way, but the steady users wait behind the flood."""
     pool = flood_pool

@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.faults.conftest import FaultPool, since
+from tests.faults.conftest import since
+from tests.faults.pool import FaultPool
 from tests.faults.test_drain import LONG, open_stream
 from tests.integration.streams import infer
 from tests.polling import wait_until

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -50,8 +49,7 @@ from schemathesis.specs.openapi.checks import (
 
 from protocol.sse import SseParser
 from protocol.worker import REQUEST_ID_HEADER
-from tests.conftest import free_port
-from tests.integration.conftest import Proc, start_coordinator
+from tests.integration.conftest import start_coordinator, start_worker
 from tests.polling import wait_until
 
 EXAMPLES = 50  # per operation and generation mode
@@ -99,15 +97,11 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     set_hypothesis_home_dir(logs / "hypothesis")  # its caches go there, not into the work tree
     coordinator, url = start_coordinator(logs, "coordinator", "--queue-size", "0",
                                          "--heartbeat-interval", "1")
-    port = free_port()
-    worker = Proc("worker", [sys.executable, "-m", "worker", "--port", str(port), "--worker-id", "sim",
-                             "--coordinator-url", url, "--model-path", str(logs / "none.gguf"),
-                             *WORKER_FLAGS], logs / "worker.log")
-    worker.start()
+    worker, worker_url = start_worker(logs, "sim", url, logs / "none.gguf", *WORKER_FLAGS)
     try:
         wait_until(lambda: httpx.get(url + "/coordinator/health", timeout=1).json()["workers"]["alive"] == 1,
                    30, "the simulated worker to register")
-        found = Services(url, f"http://127.0.0.1:{port}")
+        found = Services(url, worker_url)
         for name, base in (("coordinator", found.coordinator), ("worker", found.worker)):
             found.schemas[name] = schemathesis.openapi.from_url(base + "/openapi.json", config=CONFIG)
         yield found

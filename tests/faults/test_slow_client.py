@@ -23,9 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.faults.conftest import COORDINATOR_FLAGS
+from tests.faults.pool import COORDINATOR_FLAGS, FaultPool, pool_fixture
 from tests.faults.test_disconnects import metric
-from tests.faults.test_flood import TunedPool, percentile, pool_fixture
+from tests.faults.test_flood import percentile
 from tests.integration.streams import Timed, infer
 from tests.integration.test_backpressure import open_slow_reader
 from tests.polling import wait_until
@@ -96,7 +96,7 @@ def summary(streams: list[Timed]) -> dict[str, float]:
 
 
 async def test_a_slow_client_is_cut_and_the_other_streams_keep_their_pace(
-        slow_pool: TunedPool, figures: list[dict[str, Any]]) -> None:
+        slow_pool: FaultPool, figures: list[dict[str, Any]]) -> None:
     pool = slow_pool
     pool.ensure()
     async with httpx.AsyncClient(timeout=120) as client:

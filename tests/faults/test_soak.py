@@ -14,16 +14,15 @@ import collections
 import json
 import os
 import statistics
-import threading
 import time
-from typing import Any, Self
+from typing import Any
 
 import httpx
 import pytest
 
 from bench.scale_bench import rss_kib
-from tests.faults.conftest import FaultPool, since
-from tests.faults.test_flood import held, pid, worker_load
+from tests.faults.conftest import since
+from tests.faults.pool import FaultPool, periodically, pid
 from tests.integration.streams import infer
 
 pytestmark = [pytest.mark.model, pytest.mark.anyio]
@@ -37,37 +36,25 @@ FLAT = 0.05
 
 
 class Sampler:
-    """KV in use on the workers every KV_EVERY seconds, and resident memory of every process every
-    RSS_EVERY, in a thread, while the block runs."""
+    """KV in use on the workers at each `sample()`, and resident memory of every process every RSS_EVERY."""
 
     def __init__(self, pool: FaultPool) -> None:
         self.pool = pool
         self.pids = {"coordinator": pid(pool.coordinator), **{w: pid(p) for w, p in pool.workers.items()}}
         self.kv: list[tuple[float, int]] = []
         self.rss: dict[str, list[tuple[float, int]]] = {name: [] for name in self.pids}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._next_rss = 0.0
 
-    def _run(self) -> None:
-        next_rss = 0.0
-        while not self._stop.wait(KV_EVERY):
-            now = time.monotonic()
-            try:
-                self.kv.append((now, sum(worker_load(self.pool, w)["kv_used_bytes"] for w in self.pool.workers)))
-            except (httpx.HTTPError, ValueError):
-                pass  # a sample lost to a busy moment; the next one counts
-            if now >= next_rss:
-                for name, process in self.pids.items():
-                    self.rss[name].append((now, rss_kib(process)))
-                next_rss = now + RSS_EVERY
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+    def sample(self) -> None:
+        now = time.monotonic()
+        try:
+            self.kv.append((now, sum(self.pool.worker_load(w)["kv_used_bytes"] for w in self.pool.workers)))
+        except (httpx.HTTPError, ValueError):
+            pass  # a sample lost to a busy moment; the next one counts
+        if now >= self._next_rss:
+            for name, process in self.pids.items():
+                self.rss[name].append((now, rss_kib(process)))
+            self._next_rss = now + RSS_EVERY
 
 
 def quarter_means(series: list[tuple[float, int]], start: float, length: float) -> tuple[float, float]:
@@ -98,16 +85,17 @@ async def test_memory_and_kv_stay_flat_and_return_to_zero(fault_pool: FaultPool,
             else:
                 ends[result.names[-1] if result.names else "nothing"] += 1
 
-    with Sampler(pool) as sampler:
+    sampler = Sampler(pool)
+    with periodically(KV_EVERY, sampler.sample):
         started = time.monotonic()
         async with httpx.AsyncClient(timeout=60) as client:
             await asyncio.gather(*(user(client) for _ in range(USERS)))
         length = time.monotonic() - started
     ended = time.monotonic()
-    still_held = held(pool)
+    still_held = pool.held()
     while still_held and time.monotonic() - ended < 10:
         await asyncio.sleep(0.1)
-        still_held = held(pool)
+        still_held = pool.held()
 
     flat = {name: quarter_means(series, started, length) for name, series in sampler.rss.items()}
     flat["kv_used"] = quarter_means(sampler.kv, started, length)

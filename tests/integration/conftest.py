@@ -3,11 +3,14 @@
 One cluster serves the whole integration session (loading the model twice costs ~2 s; starting it
 per test would dominate the run). Tests that kill or stop a worker leave it to `cluster.ensure()`,
 which runs before every test, to bring the cluster back to two idle, alive workers.
-Every wait here has a deadline; every process is killed at teardown.
+Every wait here has a deadline; every process is killed at teardown. The pools of other tests
+(tests/faults, test_queue.py, test_status_page.py) start theirs with the same helpers
+(`start_coordinator`, `start_worker`, `running_cluster`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -74,13 +77,29 @@ class Proc:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def start_coordinator(log_dir: Path, name: str, *extra: str) -> tuple[Proc, str]:
-    port = free_port()
+def start_coordinator(log_dir: Path, name: str, *extra: str, port: int | None = None) -> tuple[Proc, str]:
+    """A real coordinator on `port` (a free one if none: a pool that restarts its coordinator keeps the
+    port its workers know), answering once this returns; the process and its URL."""
+    port = free_port() if port is None else port
     proc = Proc(name, [sys.executable, "-m", "coordinator", "--port", str(port), *extra], log_dir / f"{name}.log")
     proc.start()
     url = f"http://127.0.0.1:{port}"
     wait_until(lambda: httpx.get(url + "/coordinator/health", timeout=1).status_code == 200, 30,
                f"{name} to answer")
+    return proc, url
+
+
+def start_worker(log_dir: Path, worker_id: str, coordinator_url: str, model_path: Path, *extra: str,
+                 ) -> tuple[Proc, str]:
+    """A real worker on a free loopback port, registering with `coordinator_url`; the process and its
+    URL. It is still loading when this returns: wait for it through the coordinator."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = Proc(worker_id, [
+        sys.executable, "-m", "worker", "--host", "127.0.0.1", "--port", str(port), "--worker-id", worker_id,
+        "--worker-url", url, "--coordinator-url", coordinator_url, "--model-path", str(model_path), *extra],
+        log_dir / f"{worker_id}.log")
+    proc.start()
     return proc, url
 
 
@@ -94,15 +113,9 @@ class Cluster:
     worker_urls: dict[str, str] = field(default_factory=dict)
 
     def start_worker(self, worker_id: str) -> None:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        proc = Proc(worker_id, [
-            sys.executable, "-m", "worker", "--host", "127.0.0.1", "--port", str(port), "--worker-id", worker_id,
-            "--worker-url", url, "--coordinator-url", self.url, "--threads", "1",
-            "--heartbeat-interval", str(WORKER_HEARTBEAT), "--worker-token", TOKEN,
-            "--model-path", str(self.model_path), *WORKER_LIMITS], self.log_dir / f"{worker_id}.log")
-        proc.start()
-        self.workers[worker_id], self.worker_urls[worker_id] = proc, url
+        self.workers[worker_id], self.worker_urls[worker_id] = start_worker(
+            self.log_dir, worker_id, self.url, self.model_path, "--threads", "1",
+            "--heartbeat-interval", str(WORKER_HEARTBEAT), "--worker-token", TOKEN, *WORKER_LIMITS)
 
     def states(self) -> dict[str, dict]:  # type: ignore[type-arg]
         listing = httpx.get(self.url + "/coordinator/health/workers", timeout=2).json()["workers"]
@@ -145,15 +158,12 @@ def _idle(status: dict) -> bool:  # type: ignore[type-arg]
     return bool(status["sessions"] == 0 and status["active_streams"] == 0)
 
 
-@pytest.fixture(scope="session")
-def cluster_session(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    log_dir = tmp_path_factory.mktemp("cluster-logs")
-    coordinator, url = start_coordinator(
-        log_dir, "coordinator", "--heartbeat-interval", str(COORDINATOR_HEARTBEAT), "--worker-token", TOKEN,
-        "--relay-buffer-events", "16", "--relay-write-deadline", "2", "--worker-first-event-timeout", "20",
-        "--retry-after", "1",
-        # No admission queue: these tests check the immediate 503s; test_queue.py has its own pool.
-        "--queue-size", "0")
+@contextlib.contextmanager
+def running_cluster(log_dir: Path, model_path: Path, coordinator_name: str, *coordinator_flags: str,
+                    ) -> Iterator[Cluster]:
+    """A coordinator started with `coordinator_flags` and the workers w1 and w2, alive and idle;
+    all stopped however the block ends."""
+    coordinator, url = start_coordinator(log_dir, coordinator_name, *coordinator_flags)
     cluster = Cluster(log_dir, model_path, coordinator, url)
     try:
         for worker_id in ("w1", "w2"):
@@ -162,6 +172,18 @@ def cluster_session(model_path: Path, tmp_path_factory: pytest.TempPathFactory) 
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster_session(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with running_cluster(
+            tmp_path_factory.mktemp("cluster-logs"), model_path, "coordinator",
+            "--heartbeat-interval", str(COORDINATOR_HEARTBEAT), "--worker-token", TOKEN,
+            "--relay-buffer-events", "16", "--relay-write-deadline", "2", "--worker-first-event-timeout", "20",
+            "--retry-after", "1",
+            # No admission queue: these tests check the immediate 503s; test_queue.py has its own pool.
+            "--queue-size", "0") as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -5,15 +5,13 @@ A pool of its own (one worker, two sessions) so its capacity is easy to fill."""
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import free_port
-from tests.integration.conftest import Proc, start_coordinator
+from tests.integration.conftest import start_coordinator, start_worker
 from tests.integration.streams import infer
 from tests.integration.test_capacity import hold
 from tests.polling import wait_until
@@ -27,12 +25,8 @@ class Pool:
     def __init__(self, log_dir: Path, model_path: Path) -> None:
         self.coordinator, self.url = start_coordinator(log_dir, "coordinator-q", "--heartbeat-interval", "1",
                                                        "--queue-size", "2", "--queue-timeout", "3")
-        port = free_port()
-        self.worker = Proc("wq", [sys.executable, "-m", "worker", "--port", str(port), "--worker-id", "wq",
-                                  "--coordinator-url", self.url, "--model-path", str(model_path), "--threads", "1",
-                                  "--max-sessions", "2", "--session-max-tokens", "512", "--heartbeat-interval", "0.5"],
-                           log_dir / "wq.log")
-        self.worker.start()
+        self.worker, _ = start_worker(log_dir, "wq", self.url, model_path, "--threads", "1", "--max-sessions", "2",
+                                      "--session-max-tokens", "512", "--heartbeat-interval", "0.5")
         wait_until(lambda: httpx.get(self.url + "/coordinator/health", timeout=2).json()["workers"]["alive"] == 1,
                    60, "the worker to register")
 

@@ -28,7 +28,7 @@ import pytest
 from coordinator import status_page
 from coordinator.status_page import Counters, StatusSnapshot
 from protocol.coordinator import CoordinatorHealth, WorkerCounts, WorkerStatus, WorkerStatusList
-from tests.integration.conftest import TOKEN, Cluster, start_coordinator
+from tests.integration.conftest import TOKEN, Cluster, running_cluster
 
 pytestmark = pytest.mark.model
 
@@ -69,17 +69,9 @@ return {polls: Number(document.body.getAttribute('data-polls')), title: document
 @pytest.fixture(scope="module")
 def pool(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A pool of its own (this test stops and kills its workers and its coordinator)."""
-    log_dir = tmp_path_factory.mktemp("status-page")
-    coordinator, url = start_coordinator(log_dir, "coordinator-status", "--heartbeat-interval", "1",
-                                         "--worker-token", TOKEN, "--retry-after", "1")
-    cluster = Cluster(log_dir, model_path, coordinator, url)
-    try:
-        for worker_id in ("w1", "w2"):
-            cluster.start_worker(worker_id)
-        cluster.ensure()
+    with running_cluster(tmp_path_factory.mktemp("status-page"), model_path, "coordinator-status",
+                         "--heartbeat-interval", "1", "--worker-token", TOKEN, "--retry-after", "1") as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")
