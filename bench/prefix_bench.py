@@ -14,7 +14,10 @@ Modes (the same workers' settings except the prompt cache):
 Workers keep `--sessions` sequences each: fewer than the prompts times workers, as KV is in a real pool,
 so which worker a prompt goes to decides whether its prefix is still held.
 
-    .venv/bin/python -m bench.prefix_bench [--users 8] [--duration 40] [--sessions 4] [--threads 1]
+    .venv/bin/python -m bench.prefix_bench [--users 8] [--duration 60] [--warmup 30] [--sessions 4] [--threads 1]
+
+Besides the client's figures, each mode prints the workers' prompt-token counters over the measured
+part: tokens prefilled, tokens reused from cells, and of those the ones copied from another sequence.
 """
 
 from __future__ import annotations
@@ -80,25 +83,44 @@ def run_mode(mode: str, args: argparse.Namespace, log_dir: Path, systems: list[s
     worker = ["--threads", str(args.threads), "--max-sessions", str(args.sessions), "--session-max-tokens", "1024",
               "--model-path", str(DEFAULT_MODEL_PATH), *worker_extra]
 
-    async def load(url: str) -> tuple[float, list[float], list[str]]:
+    async def load(url: str, seconds: float, seed: int) -> tuple[float, list[float], list[str]]:
         ttfts: list[float] = []
         errors: list[str] = []
         async with httpx.AsyncClient(timeout=300) as client:
             started = time.perf_counter()
             counts = await asyncio.gather(*[
-                user(client, url, systems, random.Random(args.seed * 100 + u), started + args.duration,
+                user(client, url, systems, random.Random(seed * 100 + u), started + seconds,
                      args.max_tokens, ttfts, errors) for u in range(args.users)])
             elapsed = time.perf_counter() - started
         return sum(counts) / elapsed, ttfts, errors
 
     with pool(log_dir, workers=[worker, worker], coordinator=coordinator_extra, name=mode) as running:
-        return asyncio.run(load(running.url))
+        if args.warmup > 0:  # the same load, not measured: the caches fill as they would in service
+            asyncio.run(load(running.url, args.warmup, args.seed + 1))
+        before = [prompt_counters(w) for w in running.worker_urls]
+        result = asyncio.run(load(running.url, args.duration, args.seed))
+        after = [prompt_counters(w) for w in running.worker_urls]
+    prefilled, cached, copied = (sum(a[i] - b[i] for a, b in zip(after, before, strict=True)) for i in range(3))
+    print(f"         prompt tokens while measured: {prefilled:,.0f} prefilled, {cached:,.0f} reused "
+          f"(of those {copied:,.0f} copied from another sequence)")
+    return result
+
+
+def prompt_counters(worker_url: str) -> tuple[float, float, float]:
+    """The worker's (prefilled, reused, copied) prompt-token counters."""
+    values = {}
+    for line in httpx.get(worker_url + "/metrics", timeout=10).text.splitlines():
+        name, _, value = line.partition(" ")
+        values[name] = value
+    return tuple(float(values.get(f"worker_{n}_total", "nan"))  # type: ignore[return-value]
+                 for n in ("prompt_tokens", "cached_prompt_tokens", "copied_prompt_tokens"))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=8)
-    parser.add_argument("--duration", type=float, default=40.0)
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds measured per mode")
+    parser.add_argument("--warmup", type=float, default=30.0, help="seconds of the same load before, not measured")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--system-tokens", type=int, default=500)
     parser.add_argument("--max-tokens", type=int, default=8)
@@ -108,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="prefix,load,none")
     args = parser.parse_args(argv)
     systems = [system_prompt(i, args.system_tokens) for i in range(args.prompts)]
-    print(f"{args.users} users, {args.duration:g} s per mode, {args.prompts} system prompts of ~{args.system_tokens} "
+    print(f"{args.users} users, {args.duration:g} s per mode after {args.warmup:g} s of warm-up, {args.prompts} system prompts of ~{args.system_tokens} "
           f"tokens, answers of {args.max_tokens} tokens (greedy); 2 workers x {args.threads} llama.cpp thread(s) x "
           f"{args.sessions} sequences")
     results: dict[str, tuple[float, float]] = {}

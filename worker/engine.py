@@ -45,6 +45,11 @@ class EngineConfig:
     slow_consumer_deadline: float = 10.0
     request_timeout: float = 600.0
     prompt_cache: bool = True  # split KV only: freed sequences keep their cells' tokens
+    # Split KV, prompt cache on: a new request copies the cells of another sequence (running, kept or
+    # freed) that holds at least this many more of its prompt's leading tokens than its own cells do.
+    # llama.cpp copies a sequence's whole buffer across streams (session_max_tokens cells, a few ms),
+    # so a short gain is left to prefill (docs/benchmarks.md, "Shared prefixes copied").
+    prefix_min_tokens: int = 64
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class Job:
     history: list[Message]  # the conversation including this turn's prompt (chat mode)
     channel: TokenChannel[StreamItem]
     admitted_at: float
+    copied_tokens: int = 0  # of `cached_tokens`, those copied from another sequence's cells
 
 
 @dataclass(eq=False)
@@ -140,6 +146,7 @@ class Engine:
         self._loop: Any = None
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._copied: set[int] = set()  # sequences whose copy llama.cpp makes at the next decode
         self.steps = 0
 
     # -- facts the admission needs -------------------------------------------------------------------
@@ -270,7 +277,10 @@ class Engine:
         if job.channel.cancelled:
             self._release(job, keep_kv=session.session_id is not None)
             return
-        if not ll.llama_memory_seq_rm(self._mem, session.seq_id, keep, -1):
+        source = self._prefix_source(job)
+        if source is not None:
+            keep = job.cached_tokens = job.copied_tokens = self._copy_prefix(source, session, job.prompt_tokens)
+        elif not ll.llama_memory_seq_rm(self._mem, session.seq_id, keep, -1):
             keep = 0  # this memory type cannot drop a tail: start the sequence over
             ll.llama_memory_seq_rm(self._mem, session.seq_id, -1, -1)
         del session.tokens[keep:]
@@ -282,6 +292,26 @@ class Engine:
                        started_at=self._clock())
         # Kept in sequence-id order so each step's decode rows reach llama.cpp ascending (one pass).
         bisect.insort(self._running, run, key=lambda r: r.job.session.seq_id)
+
+    def _prefix_source(self, job: Job) -> tuple[int, int] | None:
+        """(sequence, tokens) of another sequence holding a longer prefix of the prompt, worth a copy."""
+        if not self.config.prompt_cache or self.config.kv_unified or self.table is None:
+            return None
+        # A sequence whose own copy is still pending holds nothing yet; one prompt token is always
+        # decoded, for the logits of the first generated token.
+        return self.table.prefix_source(job.prompt_tokens[:-1], at_least=job.cached_tokens + self.config.prefix_min_tokens,
+                                        skip=self._copied | {job.session.seq_id})
+
+    def _copy_prefix(self, source: tuple[int, int], session: Session, prompt: list[int]) -> int:
+        """Makes `session`'s sequence hold the first cells of `source`. Split KV: llama.cpp copies the
+        source's whole stream at the start of the next llama_decode (before that decode writes any
+        cell); the copy's cells past the prefix are dropped at once."""
+        src, n = source
+        ll.llama_memory_seq_cp(self._mem, src, session.seq_id, -1, -1)
+        ll.llama_memory_seq_rm(self._mem, session.seq_id, n, -1)
+        session.tokens[:] = prompt[:n]
+        self._copied.add(session.seq_id)
+        return n
 
     def _step(self, touched: set[TokenChannel[StreamItem]]) -> bool:
         """Decodes one batch; returns False when nothing could be scheduled."""
@@ -329,6 +359,7 @@ class Engine:
         batch.n_tokens = n
         started = time.perf_counter()
         status = ll.llama_decode(self._ctx, batch)
+        self._copied.clear()  # made at the start of that decode
         if status != 0:
             raise RuntimeError(f"llama_decode returned {status}")
         self.steps += 1

@@ -26,6 +26,9 @@ class WorkerMetrics(EngineObserver):
                                      registry=r)
         self.cached_tokens = Counter("worker_cached_prompt_tokens", "Prompt tokens reused from a session's KV",
                                      registry=r)
+        self.copied_tokens = Counter("worker_copied_prompt_tokens",
+                                     "Of the reused prompt tokens, those copied from another sequence's cells",
+                                     registry=r)
         self.generation_tokens = Counter("worker_generation_tokens", "Tokens generated", registry=r)
         self.requests_finished = Counter("worker_requests_finished", "Requests ended, by finish reason or error reason",
                                 ["finish_reason"], registry=r)
@@ -90,6 +93,7 @@ class WorkerMetrics(EngineObserver):
         self.requests_finished.labels(item.reason).inc()
         self.prompt_tokens.inc(item.prompt_tokens - item.cached_tokens)
         self.cached_tokens.inc(item.cached_tokens)
+        self.copied_tokens.inc(job.copied_tokens)
         self.generation_tokens.inc(item.completion_tokens)
         self.queue_time.observe(item.queue_s)
         if item.completion_tokens:

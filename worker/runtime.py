@@ -46,7 +46,8 @@ class WorkerRuntime:
                               threads=settings.threads, prefill_chunk=settings.prefill_chunk,
                               kv_unified=settings.kv_unified,
                               slow_consumer_deadline=settings.slow_consumer_deadline,
-                              request_timeout=settings.request_timeout, prompt_cache=settings.prompt_cache)
+                              request_timeout=settings.request_timeout, prompt_cache=settings.prompt_cache,
+                              prefix_min_tokens=settings.prefix_min_tokens)
         # The table is sized from the context llama.cpp actually made, not from what we asked for.
         self.engine: Engine | SimulatedEngine
         if isinstance(model, SimulatedModel):

@@ -24,6 +24,20 @@ from worker.errors import WorkerError
 from worker.model import Message
 
 
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of two token lists: slices compared in C, halving the range."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while lo < hi:  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 @dataclass(frozen=True)
 class KvLimits:
     capacity_tokens: int  # KV cells of the whole llama.cpp context
@@ -164,6 +178,24 @@ class SessionTable:
                 return heapq.heappop(self._free_seq_ids)
         self._free_seq_ids.remove(best)
         heapq.heapify(self._free_seq_ids)
+        return best
+
+    def prefix_source(self, prompt: list[int], *, at_least: int, skip: set[int]) -> tuple[int, int] | None:
+        """The sequence (not in `skip`) whose cells hold the longest prefix of `prompt`, and its length,
+        if that is at least `at_least` tokens: a running or kept session, or a freed sequence's leftover.
+        Engine thread only: the cells hold exactly what the table says there."""
+        if at_least > len(prompt):
+            return None
+        best: tuple[int, int] | None = None
+        with self._lock:
+            held = [(s.seq_id, s.tokens) for s in self._live]
+            held.extend(self._leftover.items())
+            for seq_id, cells in held:
+                if seq_id in skip or len(cells) < at_least or cells[0] != prompt[0]:
+                    continue
+                n = shared_prefix(cells, prompt)
+                if n >= at_least and (best is None or n > best[1]):
+                    best = (seq_id, n)
         return best
 
     def _evict_one(self, *, keep: Session | None, into: list[int]) -> bool:

@@ -44,6 +44,7 @@ ENV_NAMES = {
     "slow_consumer_deadline": "WORKER_SLOW_CONSUMER_DEADLINE",
     "request_timeout": "WORKER_REQUEST_TIMEOUT",
     "prompt_cache": "WORKER_PROMPT_CACHE",
+    "prefix_min_tokens": "WORKER_PREFIX_MIN_TOKENS",
     "drain_timeout": "WORKER_DRAIN_TIMEOUT",
     "max_body_bytes": "WORKER_MAX_BODY_BYTES",
     "max_header_bytes": "WORKER_MAX_HEADER_BYTES",
@@ -87,6 +88,9 @@ class WorkerSettings(BaseModel):
     stream_buffer: int = Field(default=64, ge=1, le=65536, description="items buffered per stream")
     slow_consumer_deadline: float = Field(default=10.0, gt=0, description="seconds a full stream may wait")
     prompt_cache: bool = Field(default=True, description="freed sequences keep their tokens for a next prompt")
+    prefix_min_tokens: int = Field(default=64, ge=1, le=1 << 20,
+                                   description="split KV: copy another sequence's cells when they hold at least "
+                                               "this many more leading prompt tokens than the request's own")
     request_timeout: float = Field(default=600.0, gt=0, description="seconds a request may run in all")
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024,
                                 description="largest request body, bytes (413 before it is read)")

@@ -1,7 +1,7 @@
 import pytest
 
 from worker.errors import WorkerError
-from worker.sessions import KvLimits, SessionTable
+from worker.sessions import KvLimits, SessionTable, shared_prefix
 
 
 class Clock:
@@ -147,3 +147,28 @@ def test_released_without_retaining_the_cells_must_be_freed() -> None:
     s = t.admit(None, 10).session
     s.tokens.extend([1, 2, 3])
     assert t.release(s, keep_kv=False) == s.seq_id
+
+
+@pytest.mark.parametrize(("a", "b", "expected"), [
+    ([], [1, 2], 0), ([1, 2, 3], [1, 2, 3], 3), ([1, 2, 3], [1, 2], 2), ([1, 2, 3], [1, 9, 3], 1),
+    ([5], [6], 0), (list(range(1000)), [*range(637), -1], 637), (list(range(1000)), list(range(999)), 999),
+])
+def test_shared_prefix(a: list[int], b: list[int], expected: int) -> None:
+    assert shared_prefix(a, b) == shared_prefix(b, a) == expected
+
+
+def test_prefix_source_is_the_longest_holder_past_the_minimum() -> None:
+    t, _ = table(capacity=1000, session_max=200, sessions=4)
+    running = t.admit(None, 100).session
+    running.tokens = [7] * 80 + [1, 2]
+    kept = t.admit("chat", 100).session
+    kept.tokens = [7] * 90 + [3]
+    freed = t.admit(None, 100).session
+    freed.tokens = [7] * 95
+    t.release(freed, keep_kv=False, retain_cells=True)  # a leftover
+    prompt = [7] * 120
+    assert t.prefix_source(prompt, at_least=10, skip=set()) == (freed.seq_id, 95)
+    assert t.prefix_source(prompt, at_least=10, skip={freed.seq_id}) == (kept.seq_id, 90)
+    assert t.prefix_source(prompt, at_least=91, skip={freed.seq_id}) is None
+    assert t.prefix_source([8] * 120, at_least=1, skip=set()) is None
+    assert t.prefix_source([7] * 5, at_least=10, skip=set()) is None
