@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import ctypes
 import math
+from pathlib import Path
 
 import llama_cpp as ll
 import numpy as np
 import pytest
 
-from worker.sampling import RequestSampling, SamplingParams, StepSampler
+from worker.sampling import RequestSampling, SamplingParams, StepSampler, ggml_exp_sum, numpy_exp_sum
 
 VOCAB = 49152  # SmolLM2's vocabulary: the size the worker really samples from
 BANNED = (0, 2, 4)
@@ -67,12 +68,15 @@ def test_greedy_picks_llama_cpp_greedy_token(ties: bool, banned: tuple[int, ...]
         assert token == left["id"][selected]
 
 
-def test_probability_is_llama_cpp_softmax_of_the_raw_logits() -> None:
+@pytest.mark.parametrize("exp_sum", ["ggml", "numpy"])
+def test_probability_is_llama_cpp_softmax_of_the_raw_logits(exp_sum: str) -> None:
     logits = logits_matrix(6, seed=2)
     logits[0] *= 4  # a peaked row as well as flat ones
     requests = [greedy(), greedy(BANNED), RequestSampling(SamplingParams(0.7, 0.9, 40, 5)),
                 RequestSampling(SamplingParams(1.3, 1.0, 0, 6, BANNED)), greedy(), greedy()]
-    picks = StepSampler(VOCAB).sample(logits, requests)
+    kernel = ggml_exp_sum() if exp_sum == "ggml" else numpy_exp_sum
+    assert kernel is not None, "llama-cpp-python's ggml CPU library exports ggml_vec_soft_max_f32"
+    picks = StepSampler(VOCAB, kernel).sample(logits, requests)
     for row, (token, probability) in zip(logits, picks, strict=True):
         left, _ = chain_apply(row, ll.llama_sampler_init_dist(1))  # the dist stage softmaxes every token
         p_of = dict(zip(left["id"].tolist(), left["p"].tolist(), strict=True))
@@ -140,3 +144,15 @@ def test_rows_do_not_share_a_generator() -> None:
     other = RequestSampling(SamplingParams(1.0, 1.0, 0, 99))
     paired = [sampler.sample(np.stack([logits[i], logits[i]]), [other, seeded])[1][0] for i in range(len(logits))]
     assert paired == solo
+
+
+def test_the_ggml_kernel_is_used_only_where_it_is_found(tmp_path: Path) -> None:
+    assert ggml_exp_sum(tmp_path) is None  # no library there: numpy stands in
+    kernel = ggml_exp_sum()
+    assert kernel is not None
+    rows = logits_matrix(3, seed=9)
+    scratch = np.empty(VOCAB, dtype=np.float32)
+    for row in [*rows, rows[:, ::2][0]]:  # a strided row takes numpy's path inside the kernel's wrapper
+        top = float(row.max())
+        expected = float(np.exp(row.astype(np.float64) - top).sum())
+        assert kernel(row, top, scratch) == pytest.approx(expected, rel=1e-6)
