@@ -80,6 +80,8 @@ async def user(client: httpx.AsyncClient, url: str, systems: list[str], rng: ran
 
 def run_mode(mode: str, args: argparse.Namespace, log_dir: Path, systems: list[str]) -> tuple[float, list[float], list[str]]:
     coordinator_extra, worker_extra = MODES[mode]
+    if mode == "prefix" and args.balance_threshold is not None:
+        coordinator_extra = [*coordinator_extra, "--prefix-balance-threshold", str(args.balance_threshold)]
     worker = ["--threads", str(args.threads), "--max-sessions", str(args.sessions), "--session-max-tokens", "1024",
               "--model-path", str(DEFAULT_MODEL_PATH), *worker_extra]
 
@@ -128,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads per worker")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--modes", default="prefix,load,none")
+    parser.add_argument("--balance-threshold", type=float, default=None,
+                        help="the coordinator's --prefix-balance-threshold in the prefix mode (its default otherwise)")
     args = parser.parse_args(argv)
     systems = [system_prompt(i, args.system_tokens) for i in range(args.prompts)]
     print(f"{args.users} users, {args.duration:g} s per mode after {args.warmup:g} s of warm-up, {args.prompts} system prompts of ~{args.system_tokens} "

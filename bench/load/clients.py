@@ -75,19 +75,21 @@ class StreamClient(ABC):
         """Sends one request and reads its stream to the end; never raises for a failed request."""
         record = RequestRecord(item.index)
         start = record.sent_at = self._clock()
+        answered = False  # a 200 head arrived: a failure from here on cut a started stream
         try:
             async with asyncio.timeout(self.timeout):
                 async with http.stream("POST", self.url, json=self.body(item)) as response:
                     if response.status_code != 200:
                         reason = error_reason(await response.aread())
                         return record.fail(Failure.HTTP, reason, status=response.status_code)
+                    answered = True
                     await self._consume(self._events(response, start), record)
         except TimeoutError:
             record.fail(Failure.TIMEOUT)
         except httpx.TimeoutException as exc:
             record.fail(Failure.TIMEOUT, type(exc).__name__)
         except httpx.HTTPError as exc:
-            record.fail(Failure.TRANSPORT, type(exc).__name__)
+            record.fail(Failure.TRANSPORT, f"{type(exc).__name__} {'mid_stream' if answered else 'before_response'}")
         except (ValueError, KeyError, TypeError, AttributeError) as exc:  # JSON that is not the format
             record.fail(Failure.PROTOCOL, f"bad_event:{type(exc).__name__}")
         return record

@@ -138,9 +138,9 @@ def test_infer_bad_event_json_is_a_protocol_failure() -> None:
 
 
 @pytest.mark.parametrize("exc,failure,reason", [
-    (httpx.ConnectError("refused"), Failure.TRANSPORT, "ConnectError"),
+    (httpx.ConnectError("refused"), Failure.TRANSPORT, "ConnectError before_response"),
     (httpx.ReadTimeout("slow"), Failure.TIMEOUT, "ReadTimeout"),
-    (httpx.RemoteProtocolError("cut"), Failure.TRANSPORT, "RemoteProtocolError"),
+    (httpx.RemoteProtocolError("cut"), Failure.TRANSPORT, "RemoteProtocolError before_response"),
 ])
 def test_transport_failures(exc: Exception, failure: Failure, reason: str) -> None:
     def handler(request: httpx.Request) -> httpx.Response:
@@ -148,6 +148,16 @@ def test_transport_failures(exc: Exception, failure: Failure, reason: str) -> No
 
     record = send(infer(), handler)
     assert (record.failure, record.reason) == (failure, reason)
+
+
+def test_a_connection_cut_mid_stream_is_told_from_one_that_never_answered() -> None:
+    async def cut() -> AsyncIterator[bytes]:
+        yield token("a", 0)
+        raise httpx.ReadError("reset")
+
+    record = send(infer(), lambda request: httpx.Response(200, content=cut()))
+    assert (record.failure, record.reason) == (Failure.TRANSPORT, "ReadError mid_stream")
+    assert record.error_key == "transport ReadError mid_stream"
 
 
 def test_the_per_request_deadline_covers_the_whole_stream() -> None:
