@@ -33,7 +33,7 @@ from protocol.health import Heartbeat, WorkerLoad
 
 ALIVE = "alive"
 STALE = "stale"
-MODELS_REMEMBERED = 256
+MODELS_REMEMBERED = 256  # models whose workers all went away, still answered as "unavailable"
 RELEASE_LAG = 0.5  # seconds an ended stream's reference may still turn up in a heartbeat
 LIVE, KEPT, ENDED = "live", "kept", "ended"
 BEATS_KEPT = 2  # heartbeats after its end that a KEPT correction outlives at most

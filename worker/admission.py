@@ -19,16 +19,8 @@ from worker.engine import Engine, Job, StreamItem
 from worker.errors import WorkerError
 from worker.model import Message, Model
 from worker.naming import ModelNames
-from worker.sessions import Session, SessionTable
+from worker.sessions import Session, SessionTable, shared_prefix
 from worker.simulated import SimulatedEngine, SimulatedModel
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class Gate:
@@ -80,7 +72,7 @@ class Gate:
             self.engine.free(admission.freed_seq_ids)
             self._undo(session, keep_kv=session is known)
             raise WorkerError(409, reasons.SESSION_BUSY, f"session {request.session_id!r} changed meanwhile")
-        cached = min(common_prefix(session.tokens, tokens), len(tokens) - 1)
+        cached = min(shared_prefix(session.tokens, tokens), len(tokens) - 1)
         loop = asyncio.get_running_loop()
         job = Job(request_id=request_id, request=request, session=session, prompt_tokens=tokens,
                   cached_tokens=cached, history=history if not request.raw else [],

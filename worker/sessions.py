@@ -161,12 +161,9 @@ class SessionTable:
         else (every free sequence holds a leftover) the one freed longest ago. Half, not all: a chat client's next turn resends the
         whole conversation, and the previous turn's cells hold all of it but the new message."""
         best, best_len = -1, max(1, min(256, (len(prompt) + 1) // 2))
+        wanted = list(prompt)
         for seq_id, cells in self._leftover.items():
-            n = 0
-            for a, b in zip(cells, prompt, strict=False):
-                if a != b:
-                    break
-                n += 1
+            n = shared_prefix(cells, wanted)
             if n >= best_len:
                 best, best_len = seq_id, n
         if best < 0:
