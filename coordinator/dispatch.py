@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -91,11 +91,16 @@ class Dispatcher:
         self._retry_after = retry_after
         self._auth = {"authorization": f"Bearer {worker_token}"} if worker_token else {}
 
-    async def open(self, valid: Generation, ranked: Sequence[WorkerRecord]) -> OpenStream:
+    async def open(self, valid: Generation, ranked: Sequence[WorkerRecord], *,
+                   reserved: Callable[[], None] | None = None) -> OpenStream:
+        """`reserved` runs once, when the first attempt's reservation is made (before any await)."""
         last: _Failover | None = None
         refused_only = True
         for attempt, worker in enumerate(ranked[: self._max_attempts], start=1):
             reservation = self._admission.reserve(worker, valid.demand)
+            if reserved is not None:
+                reserved()
+                reserved = None
             self._breakers.attempt(worker)
             try:
                 stream = await self._attempt(worker, valid, reservation)

@@ -11,6 +11,7 @@ a `Generation` and turn the relay's internal events (protocol.worker) into their
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -191,15 +192,19 @@ class Gateway:
             if queue.waiting(model):
                 waiter = queue.join(model)  # FIFO: no overtaking the requests already waiting
             while True:
+                placed = None
                 if waiter is not None:
                     await queue.wait(waiter, deadline=deadline, now=self.now, client_gone=client_gone)
+                    placed = functools.partial(queue.leave, waiter)  # the next may try while this dispatches
                 try:
-                    result = await self._admit(gen, model)
+                    result = await self._admit(gen, model, placed)
                 except CoordinatorError as exc:
                     if exc.reason not in QUEUEABLE:
                         raise
                     if waiter is None:
                         waiter = queue.join(model)
+                    else:
+                        queue.rejoin(waiter)  # placed, then refused by the worker: back at the head
                     continue
                 if waiter is not None:
                     metrics.dequeued("admitted", self.now() - started)
@@ -225,24 +230,27 @@ class Gateway:
             raise CoordinatorError(reasons.STREAMS_FULL, f"this coordinator is relaying {len(state.streams)} "
                                    "streams, its limit", retry_after=state.settings.retry_after)
 
-    async def _admit(self, gen: Generation, model: str | None) -> tuple[Generation, OpenStream]:
+    async def _admit(self, gen: Generation, model: str | None,
+                     placed: Callable[[], None] | None = None) -> tuple[Generation, OpenStream]:
+        """`placed` runs once a worker's capacity is reserved for it, before that worker answers."""
         state, body = self._state, gen.request
         self._check_own_limits()  # also for a request that waited in the queue
         session_id = body.session_id
         if session_id is None or state.sessions.worker_of(session_id) is not None:
-            return await self._place(gen, model)
+            return await self._place(gen, model, placed)
         # A first turn: one at a time per id, or two workers would each start the conversation.
         if not state.sessions.claim(session_id):
             raise CoordinatorError(reasons.SESSION_BUSY,
                                    f"session {session_id!r} is starting on another request; send turns one at a time")
         try:
-            placed = await self._place(gen, model)
-            state.sessions.remember(session_id, placed[1].worker.worker_id)
-            return placed
+            result = await self._place(gen, model, placed)
+            state.sessions.remember(session_id, result[1].worker.worker_id)
+            return result
         finally:
             state.sessions.unclaim(session_id)
 
-    async def _place(self, gen: Generation, model: str | None) -> tuple[Generation, OpenStream]:
+    async def _place(self, gen: Generation, model: str | None,
+                     placed: Callable[[], None] | None) -> tuple[Generation, OpenStream]:
         state, body = self._state, gen.request
         session_worker = state.sessions.worker_of(body.session_id) if body.session_id else None
         if session_worker is not None:
@@ -273,7 +281,7 @@ class Gateway:
                                    retry_after=state.settings.retry_after)
         ranked = [state.registry.get(w.worker_id) for w in decision.ranked]
         try:
-            stream = await state.dispatcher.open(gen, [w for w in ranked if w is not None])
+            stream = await state.dispatcher.open(gen, [w for w in ranked if w is not None], reserved=placed)
         except CoordinatorError as exc:
             if body.session_id is not None and exc.reason in (reasons.SESSION_EXPIRED, reasons.UNKNOWN_SESSION):
                 state.sessions.forget(body.session_id)

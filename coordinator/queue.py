@@ -10,7 +10,9 @@ resource while a request waits.
 O(1) throughout: joining and leaving are deque and dict operations; a release or a heartbeat wakes
 only the head of that model's queue (`wake`), never scanning it, and a woken request that is
 admitted wakes the next one (`admitted`), so freed capacity is handed down the line one request at a
-time. A waiter whose client goes away leaves at once (its entry is removed from the middle of the
+time. A woken request leaves the queue as soon as it holds a reservation on a worker, before
+the worker answers, so the next one tries while the first is still being dispatched; if that
+dispatch is refused it comes back at the head (`rejoin`). A waiter whose client goes away leaves at once (its entry is removed from the middle of the
 deque, which is O(n) in the queue's bound, itself a setting).
 """
 
@@ -28,6 +30,7 @@ from protocol import reasons
 @dataclass(eq=False, slots=True)
 class Waiter:
     model: str
+    queued: bool = True  # holds a place in its model's queue
     future: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -61,6 +64,15 @@ class AdmissionQueue:
         self.length += 1
         return waiter
 
+    def rejoin(self, waiter: Waiter) -> None:
+        """Back at the head: it left when it was placed, and its dispatch was refused. Allowed past
+        the bound: it held a place a moment ago."""
+        if waiter.queued:
+            return
+        self._queues.setdefault(waiter.model, collections.deque()).appendleft(waiter)
+        waiter.queued = True
+        self.length += 1
+
     async def wait(self, waiter: Waiter, *, deadline: float, now: Callable[[], float],
                    client_gone: Callable[[], Awaitable[None]] | None) -> None:
         """Until woken (returns, still at the head), the deadline (503 `queue_timeout`) or the
@@ -93,13 +105,14 @@ class AdmissionQueue:
         """Leave the queue (admitted, refused for good, timed out or gone); wakes the next one if it
         was at the head, so a departure never strands the queue."""
         queue = self._queues.get(waiter.model)
-        if not queue:
+        if not waiter.queued or not queue:
             return
         was_head = queue[0] is waiter
-        try:
+        if was_head:
+            queue.popleft()
+        else:
             queue.remove(waiter)
-        except ValueError:
-            return
+        waiter.queued = False
         self.length -= 1
         if not queue:
             del self._queues[waiter.model]

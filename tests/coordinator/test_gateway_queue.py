@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
 from coordinator.clock import ManualClock
 from coordinator.settings import Settings
-from tests.coordinator.fakes import FakeWorkers, done, heartbeat, register, running_app, streaming, token
+from tests.coordinator.fakes import (
+    FakeWorkers,
+    done,
+    heartbeat,
+    refusing,
+    register,
+    running_app,
+    streaming,
+    token,
+)
 
 pytestmark = pytest.mark.anyio
 STREAM = [token(0, "Hi"), done()]
@@ -38,6 +48,14 @@ async def wait_queued(client: httpx.AsyncClient, n: int, timeout: float = 2.0) -
             return
         await asyncio.sleep(0.005)
     raise AssertionError(f"never {n} requests in the queue")
+
+
+async def wait_called(fakes: FakeWorkers, n: int, timeout: float = 2.0) -> None:
+    for _ in range(int(timeout / 0.005)):
+        if len(fakes.calls) >= n:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"the workers were never called {n} times")
 
 
 async def test_a_request_at_capacity_waits_and_is_admitted_when_a_heartbeat_shows_room() -> None:
@@ -110,3 +128,56 @@ def test_refusal_log_rate_limit_allows_bursts_then_counts_what_it_leaves_out() -
     assert limit.left_out == 3
     assert limit.allow(0.2) and not limit.allow(0.2)  # one token back after 0.2 s at 5/s
     assert limit.allow(10.0)
+
+
+async def test_the_head_hands_on_its_place_once_reserved_not_when_its_worker_answers() -> None:
+    """A woken request leaves the queue when its worker's capacity is reserved: the next one is
+    dispatched while the first still waits for its first token (prefill), not one prefill after it."""
+    clock, first_token = ManualClock(), asyncio.Event()
+
+    def slow_prefill(request: httpx.Request) -> httpx.Response:
+        async def body() -> AsyncIterator[bytes]:
+            await first_token.wait()
+            for chunk in STREAM:
+                yield chunk
+
+        return httpx.Response(200, headers={"content-type": "text/event-stream", "x-prompt-tokens": "5"},
+                              content=body())
+
+    fakes = FakeWorkers({"w1": slow_prefill})
+    async with running_app(settings(), fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=4))
+        first = asyncio.create_task(infer(client, "first"))
+        await wait_queued(client, 1)
+        second = asyncio.create_task(infer(client, "second"))
+        await wait_queued(client, 2)
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=0))
+        await wait_called(fakes, 2)
+        assert [request.headers["x-request-id"] for _, request in fakes.calls] == ["first", "second"]
+        assert not first.done() and not second.done()  # both dispatched, neither has its first token
+        first_token.set()
+        assert (await first).status_code == 200 and (await second).status_code == 200
+
+
+async def test_a_placed_head_that_its_worker_refuses_waits_again_instead_of_failing() -> None:
+    clock, refusals = ManualClock(), [refusing(503, "sessions_full")]
+    ok = streaming(STREAM)
+
+    def refuse_once(request: httpx.Request) -> httpx.Response:
+        return refusals.pop()(request) if refusals else ok(request)
+
+    fakes = FakeWorkers({"w1": refuse_once})
+    async with running_app(settings(), fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=4))
+        first = asyncio.create_task(infer(client, "first"))
+        await wait_queued(client, 1)
+        # Room for one in the coordinator's view: the head leaves the queue when placed, the worker
+        # refuses it (its view was newer), and it takes its place at the head again.
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=3))
+        await wait_called(fakes, 1)
+        await wait_queued(client, 1)
+        assert not first.done()
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=0))
+        assert (await first).status_code == 200
+        assert [request.headers["x-request-id"] for _, request in fakes.calls] == ["first", "first"]
+        assert await metric(client, "coordinator_queue_length") == 0

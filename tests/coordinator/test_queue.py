@@ -83,3 +83,18 @@ async def test_a_woken_head_that_still_does_not_fit_waits_again_in_its_place() -
     assert not again.done() and q.is_head(head) and not behind.future.done()
     q.wake(None)  # any model
     await again
+
+
+async def test_a_waiter_that_left_when_placed_rejoins_at_the_head_even_when_full() -> None:
+    q = queue(size=2)
+    head, behind = q.join("m"), q.join("m")
+    q.leave(head)  # placed: the next one may try
+    assert behind.future.done() and not head.queued
+    q.join("m")  # its place is taken: the queue is full again
+    q.rejoin(head)  # its dispatch was refused: back in front, past the bound
+    assert q.is_head(head) and (q.waiting("m"), q.length) == (3, 3)
+    q.rejoin(head)  # once only
+    assert q.length == 3
+    q.leave(head)
+    q.leave(head)  # leaving twice is harmless
+    assert q.length == 2 and q.is_head(behind)
