@@ -49,7 +49,7 @@ class EngineConfig:
     # freed) that holds at least this many more of its prompt's leading tokens than its own cells do.
     # llama.cpp copies a sequence's whole buffer across streams (session_max_tokens cells, a few ms),
     # so a short gain is left to prefill (docs/benchmarks.md, "Shared prefixes copied").
-    prefix_min_tokens: int = 64
+    prefix_min_tokens: int = 8
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,7 @@ class WorkerSettings(BaseModel):
     stream_buffer: int = Field(default=64, ge=1, le=65536, description="items buffered per stream")
     slow_consumer_deadline: float = Field(default=10.0, gt=0, description="seconds a full stream may wait")
     prompt_cache: bool = Field(default=True, description="freed sequences keep their tokens for a next prompt")
-    prefix_min_tokens: int = Field(default=64, ge=1, le=1 << 20,
+    prefix_min_tokens: int = Field(default=8, ge=1, le=1 << 20,
                                    description="split KV: copy another sequence's cells when they hold at least "
                                                "this many more leading prompt tokens than the request's own")
     request_timeout: float = Field(default=600.0, gt=0, description="seconds a request may run in all")
