@@ -4,7 +4,8 @@ Owns: the llama.cpp context and its batch, the running sequences, prefill chunki
 a sequence (EOG, max_tokens, KV limit, stop string, cancel, slow consumer) and freeing its KV cells.
 Must not: block on a consumer or touch asyncio objects other than through `TokenChannel` and
 `loop.call_soon_threadsafe`. Each step puts one token of every generating sequence, plus at most
-`prefill_chunk` prompt tokens of joining sequences, into a single `llama_decode` call.
+`prefill_chunk` prompt tokens of joining sequences (the shortest remaining prompt first), into a
+single `llama_decode` call.
 """
 
 from __future__ import annotations
@@ -340,7 +341,10 @@ class Engine:
         decoding = n
         sequences = n
         budget = min(self.config.prefill_chunk, self._n_batch - n)
-        for run in sorted((r for r in self._running if r.todo), key=lambda r: r.started_at):
+        # Shortest remaining prompt first (then oldest): a prompt whose prefix was cached has a few
+        # tokens left and gets its first token in this step, not after a long cold prompt's chunks.
+        # The long one takes what the short ones leave of the budget.
+        for run in sorted((r for r in self._running if r.todo), key=lambda r: (len(r.todo), r.started_at)):
             if budget <= 0:
                 break
             chunk, run.todo = run.todo[:budget], run.todo[budget:]
