@@ -15,6 +15,12 @@ For each stream count it reports:
   worker CPU/token the worker process's user+system CPU (/proc/<pid>/stat, every thread: engine, HTTP,
                    SSE) over the measured window, divided by the generated tokens; llama.cpp runs on 1
                    thread, so no spin-waiting is counted. `of which decode` is the decode seconds.
+  per thread       the same CPU split by thread (/proc/<pid>/task): the engine thread (the busiest, as
+                   llama.cpp decodes on it), its part outside decode, and every other thread (HTTP,
+                   SSE); and the engine thread's waiting: its wall time outside decode less its CPU
+                   outside decode, per token (the GIL held by the HTTP side, or the core taken by
+                   another process). Moving the HTTP side to its own process (the vLLM split) could
+                   save at most the part of that wait that is the GIL's.
   tok/s            generated tokens over the window, against the ceiling: the same model and context
                    shape in a plain in-process loop (one `llama_decode` per step with one row per
                    sequence, prompts prefilled `prefill_chunk` tokens at a time, numpy argmax over the
@@ -77,6 +83,13 @@ class Cell:
     mean_decode_ms: float
     client_cpu_s: float
     errors: list[str]
+    # Per thread of the worker (/proc/<pid>/task): the engine thread is the busiest one, since
+    # llama.cpp decodes on it with --threads 1. What a separate engine process would take off it is
+    # bounded by `engine_wait_us_per_token`: the engine thread's wall time outside decode that it did
+    # not spend computing (waiting for the GIL held by the HTTP side, or descheduled).
+    engine_cpu_us_per_token: float = 0.0
+    http_cpu_us_per_token: float = 0.0  # every other thread of the worker
+    engine_wait_us_per_token: float = 0.0
 
 
 @dataclass
@@ -250,6 +263,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
 
 
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended
+        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / TICKS
+    return out
+
+
 def scrape(url: str) -> dict[str, float]:
     values = {}
     for line in httpx.get(f"{url}/metrics", timeout=10, trust_env=False).text.splitlines():
@@ -270,7 +294,7 @@ def run_worker_cell(url: str, port: int, pid: int, n: int, tokens: int, clients:
             assert proc.stdout is not None
             if proc.stdout.readline().strip() != "ready":
                 raise RuntimeError("a load generator failed to start")
-        before, cpu0 = scrape(url), cpu_seconds(pid)
+        before, cpu0, threads0 = scrape(url), cpu_seconds(pid), thread_cpu_seconds(pid)
         started = time.perf_counter()
         for proc in procs:
             assert proc.stdin is not None
@@ -278,7 +302,7 @@ def run_worker_cell(url: str, port: int, pid: int, n: int, tokens: int, clients:
             proc.stdin.flush()
         results = [json.loads(proc.communicate(timeout=600)[0].strip().splitlines()[-1]) for proc in procs]
         wall = time.perf_counter() - started
-        cpu1, after = cpu_seconds(pid), scrape(url)
+        cpu1, threads1, after = cpu_seconds(pid), thread_cpu_seconds(pid), scrape(url)
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -293,14 +317,21 @@ def run_worker_cell(url: str, port: int, pid: int, n: int, tokens: int, clients:
                                                                   or 1.0)
     mean_batch = delta["worker_batch_size_sum"] / (delta["worker_batch_size_count"] or 1.0)
     worker_cpu = cpu1 - cpu0
+    per_thread = {tid: t - threads0.get(tid, 0.0) for tid, t in threads1.items()}
+    engine_cpu = max(per_thread.values(), default=0.0)
+    engine_outside_cpu_us = (engine_cpu - delta["worker_decode_step_seconds_sum"]) / generated * 1e6
+    outside_us = (mean_step - mean_decode) / mean_batch * 1e6
     return Cell(streams=n, tokens=generated, verified=not errors and generated == n * tokens, wall_s=wall,
                 tokens_per_s=generated / wall, worker_cpu_s=worker_cpu,
                 cpu_us_per_token=worker_cpu / generated * 1e6,
                 decode_s=delta["worker_decode_step_seconds_sum"],
                 decode_us_per_token=delta["worker_decode_step_seconds_sum"] / generated * 1e6,
-                outside_decode_us_per_token=(mean_step - mean_decode) / mean_batch * 1e6,
+                outside_decode_us_per_token=outside_us,
                 mean_batch=mean_batch, mean_step_ms=mean_step * 1e3, mean_decode_ms=mean_decode * 1e3,
-                client_cpu_s=sum(r["cpu_s"] for r in results), errors=errors[:5])
+                client_cpu_s=sum(r["cpu_s"] for r in results), errors=errors[:5],
+                engine_cpu_us_per_token=engine_cpu / generated * 1e6,
+                http_cpu_us_per_token=(worker_cpu - engine_cpu) / generated * 1e6,
+                engine_wait_us_per_token=outside_us - engine_outside_cpu_us)
 
 
 def worker_argv(model: Path, port: int, n: int, threads: int) -> list[str]:
@@ -330,12 +361,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                "cpu_us_per_token": med("cpu_us_per_token"), "decode_us_per_token": med("decode_us_per_token"),
                "worker_tokens_per_s": med("tokens_per_s"), "ceiling_tokens_per_s": ceiling_tps,
                "vs_ceiling": med("tokens_per_s") / ceiling_tps, "verified": all(c.verified for c in cells),
+               "engine_cpu_us_per_token": med("engine_cpu_us_per_token"),
+               "http_cpu_us_per_token": med("http_cpu_us_per_token"),
+               "engine_wait_us_per_token": med("engine_wait_us_per_token"),
                "cells": [asdict(c) for c in cells], "ceilings": [asdict(c) for c in ceilings]}
         rows.append(row)
         print(f"n={n:>3}  outside decode {row['outside_decode_us_per_token']:6.1f} us/tok  "
               f"worker CPU {row['cpu_us_per_token']:6.1f} us/tok (decode {row['decode_us_per_token']:6.1f})  "
               f"{row['worker_tokens_per_s']:7.0f} tok/s vs ceiling {ceiling_tps:7.0f} "
-              f"({row['vs_ceiling']:.2f}x)  mean batch {med('mean_batch'):5.1f}"
+              f"({row['vs_ceiling']:.2f}x)  mean batch {med('mean_batch'):5.1f}\n"
+              f"       engine thread CPU {row['engine_cpu_us_per_token']:6.1f} us/tok, of which outside decode "
+              f"{row['engine_cpu_us_per_token'] - row['decode_us_per_token']:6.1f}; engine thread waiting "
+              f"{row['engine_wait_us_per_token']:6.1f} us/tok; other threads (HTTP, SSE) CPU "
+              f"{row['http_cpu_us_per_token']:6.1f} us/tok"
               f"{'' if row['verified'] else '  NOT VERIFIED: ' + '; '.join(cells[0].errors)}",
               file=sys.stderr, flush=True)
     return {"rows": rows}
