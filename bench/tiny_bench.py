@@ -31,7 +31,7 @@ its streams to the end and parses them only afterwards, so their cost stays out 
 they connect first and start together on a signal, and the window is from that signal to the last
 stream's end.
 
-    .venv/bin/python -m bench.tiny_bench [--streams 16,64,256] [--tokens 128] [--clients 2]
+    .venv/bin/python -m bench.tiny_bench [--streams 16,64,256] [--tokens 128] [--clients 2] [--no-probabilities]
 """
 
 from __future__ import annotations
@@ -105,9 +105,11 @@ class Ceiling:
 # -- the load generator (its own process) ----------------------------------------------------------------
 
 
-async def _one_stream(port: int, i: int, tokens: int, go: asyncio.Event) -> bytes:
-    body = json.dumps({"prompt": prompt_text(i), "max_tokens": tokens, "ignore_eos": True,
-                       "temperature": 0}).encode()
+async def _one_stream(port: int, i: int, tokens: int, go: asyncio.Event, probabilities: bool) -> bytes:
+    fields: dict[str, Any] = {"prompt": prompt_text(i), "max_tokens": tokens, "ignore_eos": True, "temperature": 0}
+    if not probabilities:
+        fields["probabilities"] = False  # as the OpenAI surface sends when no logprobs are asked for
+    body = json.dumps(fields).encode()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     head = (f"POST /worker/generate HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
@@ -158,9 +160,9 @@ def check_stream(raw: bytes, tokens: int) -> str:
     return ""
 
 
-async def _client(port: int, ids: list[int], tokens: int) -> dict[str, Any]:
+async def _client(port: int, ids: list[int], tokens: int, probabilities: bool) -> dict[str, Any]:
     go = asyncio.Event()
-    tasks = [asyncio.create_task(_one_stream(port, i, tokens, go)) for i in ids]
+    tasks = [asyncio.create_task(_one_stream(port, i, tokens, go, probabilities)) for i in ids]
     await asyncio.sleep(0.2)  # let every connection open before the signal
     print("ready", flush=True)
     await asyncio.to_thread(sys.stdin.readline)
@@ -283,10 +285,11 @@ def scrape(url: str) -> dict[str, float]:
     return values
 
 
-def run_worker_cell(url: str, port: int, pid: int, n: int, tokens: int, clients: int) -> Cell:
+def run_worker_cell(url: str, port: int, pid: int, n: int, tokens: int, clients: int, probabilities: bool) -> Cell:
     ids = [list(range(n))[c::clients] for c in range(clients)]
     procs = [subprocess.Popen([sys.executable, "-m", "bench.tiny_bench", "--client-child", "--port", str(port),
-                               "--ids", ",".join(map(str, part)), "--tokens", str(tokens)],
+                               "--ids", ",".join(map(str, part)), "--tokens", str(tokens),
+                               *([] if probabilities else ["--no-probabilities"])],
                               cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
              for part in ids if part]
     try:
@@ -350,8 +353,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         url = f"http://127.0.0.1:{port}"
         with serving("worker", worker_argv(args.model, port, n, args.threads), f"{url}/worker/health",
                      log_path=RESULTS / "tiny_worker.log") as proc:
-            run_worker_cell(url, port, proc.pid, min(n, 4), 8, 1)  # warm-up
-            cells = [run_worker_cell(url, port, proc.pid, n, args.tokens, args.clients) for _ in range(args.reps)]
+            run_worker_cell(url, port, proc.pid, min(n, 4), 8, 1, args.probabilities)  # warm-up
+            cells = [run_worker_cell(url, port, proc.pid, n, args.tokens, args.clients, args.probabilities)
+                     for _ in range(args.reps)]
         ceiling_tps = statistics.median(c.tokens_per_s for c in ceilings)
 
         def med(name: str, cells: list[Cell] = cells) -> float:
@@ -396,6 +400,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", type=Path, default=DEFAULT_OUT, help="written by bench.tiny_model if absent")
     parser.add_argument("--out", type=Path, default=RESULTS / "tiny_bench.json")
     parser.add_argument("--ceiling-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-probabilities", dest="probabilities", action="store_false",
+                        help="requests say probabilities: false (no per-token softmax), as an OpenAI client "
+                             "that asks for no logprobs")
     parser.add_argument("--client-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--ids", default="", help=argparse.SUPPRESS)
@@ -410,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.client_child:
         ids = [int(i) for i in args.ids.split(",")]
-        print(json.dumps(asyncio.run(_client(args.port, ids, args.tokens))))
+        print(json.dumps(asyncio.run(_client(args.port, ids, args.tokens, args.probabilities))))
         return 0
     if args.ceiling_child:
         print(json.dumps(ceiling_child(args.model, args.streams[0], args.tokens, args.threads)))

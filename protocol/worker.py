@@ -102,6 +102,9 @@ class GenerateRequest(GenerationFields):
 
     prompt: str | None = Field(default=None, min_length=1, max_length=MAX_PROMPT_CHARS)
     messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=MAX_MESSAGES)
+    probabilities: bool = Field(default=True, description="False: token events carry `probability: null` and "
+                                "the worker skips the softmax over the vocabulary that a probability needs "
+                                "(a surface whose client did not ask for them)")
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> GenerateRequest:
@@ -124,12 +127,13 @@ class TokenEvent(BaseModel):
     `token` is the text of one generated token, or of several when a UTF-8 character or a possible
     stop string spans tokens (the text is held until it is complete). `index` is the 0-based position,
     among generated tokens, of the last token the text includes; `probability` is the product of the
-    included tokens' softmax probabilities under the model's raw logits.
+    included tokens' softmax probabilities under the model's raw logits, or None when the request
+    said `probabilities: false` (never on the public `/coordinator/infer`, which always asks).
     """
 
     token: str
     index: int = Field(ge=0)
-    probability: float = Field(ge=0.0, le=1.0)
+    probability: float | None = Field(ge=0.0, le=1.0)
     finished: Literal[False] = False
 
 

@@ -286,7 +286,8 @@ async def _events(runtime: WorkerRuntime, job: Job) -> AsyncIterator[dict[str, s
                 error = ErrorEvent(error=item.message, reason=item.reason, request_id=job.request_id)
                 yield {"event": EVENT_ERROR, "data": error.model_dump_json()}
             else:
-                event = TokenEvent(token=item.text, index=item.index, probability=item.probability)
+                event = TokenEvent(token=item.text, index=item.index,
+                                   probability=item.probability if job.request.probabilities else None)
                 yield {"event": EVENT_TOKEN, "data": event.model_dump_json()}
     finally:
         runtime.jobs.discard(job)

@@ -287,7 +287,7 @@ class Engine:
         del session.tokens[keep:]
         request = job.request
         params = SamplingParams(request.temperature, request.top_p, request.top_k, request.seed,
-                                self.model.eog_tokens if request.ignore_eos else ())
+                                self.model.eog_tokens if request.ignore_eos else (), request.probabilities)
         run = _Running(job=job, sampling=RequestSampling(params),
                        text=TextAssembler(request.stop), todo=job.prompt_tokens[keep:],
                        started_at=self._clock())

@@ -52,10 +52,14 @@ class SamplingParams:
     top_k: int
     seed: int | None
     banned_tokens: tuple[int, ...] = ()  # end-of-generation tokens when ignore_eos is asked
+    probability: bool = True  # False: the chosen token's probability is not computed (NOT_COMPUTED)
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+
+NOT_COMPUTED = math.nan  # the probability of a row whose request did not ask for it
 
 
 class RequestSampling:
@@ -126,8 +130,6 @@ class StepSampler:
         out = []
         for i, request in enumerate(requests):
             row = logits[i]
-            top = float(row[best[i]])
-            total = self._exp_sum(row, top)
             params = request.params
             if params.greedy:
                 token = int(best[i])
@@ -135,7 +137,11 @@ class StepSampler:
                     token = int(self._without_banned(row, request.banned).argmax())
             else:
                 token = self._draw(row, request)
-            out.append((token, min(1.0, math.exp(float(row[token]) - top) / total)))
+            if params.probability:  # the whole vocabulary's softmax denominator: most of a row's cost
+                top = float(row[best[i]])
+                out.append((token, min(1.0, math.exp(float(row[token]) - top) / self._exp_sum(row, top))))
+            else:
+                out.append((token, NOT_COMPUTED))
         return out
 
     def _exp_sum(self, row: np.ndarray, top: float) -> float:

@@ -196,7 +196,8 @@ def _parse_chat(raw: bytes) -> tuple[dict[str, Any], Options]:
     fields = _common(body, body.max_completion_tokens or body.max_tokens)
     fields["messages"] = [_message(m, i) for i, m in enumerate(body.messages)]
     top = body.top_logprobs or 0
-    return fields, Options("chat", body.stream, _usage(body), body.logprobs or top > 0, top)
+    options = Options("chat", body.stream, _usage(body), body.logprobs or top > 0, top)
+    return _probabilities(fields, options), options
 
 
 def _parse_completion(raw: bytes) -> tuple[dict[str, Any], Options]:
@@ -215,7 +216,16 @@ def _parse_completion(raw: bytes) -> tuple[dict[str, Any], Options]:
     fields = _common(body, body.max_tokens)
     fields.update(prompt=prompt, raw=True)
     top = body.logprobs or 0
-    return fields, Options("text", body.stream, _usage(body), body.logprobs is not None, top)
+    options = Options("text", body.stream, _usage(body), body.logprobs is not None, top)
+    return _probabilities(fields, options), options
+
+
+def _probabilities(fields: dict[str, Any], options: Options) -> dict[str, Any]:
+    """A client that did not ask for logprobs does not pay for them: the worker then skips the
+    softmax over the whole vocabulary that each token's probability needs."""
+    if not options.logprobs:
+        fields["probabilities"] = False
+    return fields
 
 
 def _usage(body: oa.ChatCompletionRequest | oa.CompletionRequest) -> bool:

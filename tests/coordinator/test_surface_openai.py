@@ -73,10 +73,11 @@ async def test_chat_stream_through_the_sdk_reassembles_the_text_and_reports_usag
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
     assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (5, 3)
     assert {c.id for c in chunks} == {chunks[0].id} and chunks[0].id.startswith("chatcmpl-")
-    # The messages reach the worker as messages, for its own chat template.
+    # The messages reach the worker as messages, for its own chat template; no logprobs were asked
+    # for, so the worker is told to skip each token's probability.
     assert sent_body(fakes) == {"messages": [{"role": "system", "content": "Be brief."},
                                              {"role": "user", "content": "Hi"}],
-                                "model": "smol", "max_tokens": 5}
+                                "model": "smol", "max_tokens": 5, "probabilities": False}
 
 
 async def test_chat_without_stream_is_one_object_with_logprobs() -> None:
@@ -91,7 +92,7 @@ async def test_chat_without_stream_is_one_object_with_logprobs() -> None:
     assert choice.logprobs.content[0].token == "Hi"
     assert choice.logprobs.content[0].logprob == pytest.approx(-0.6931, abs=1e-3)  # the fake's p = 0.5
     assert answer.usage is not None and answer.usage.total_tokens == 6
-    assert sent_body(fakes)["max_tokens"] == 1
+    assert sent_body(fakes)["max_tokens"] == 1 and "probabilities" not in sent_body(fakes)  # the default: computed
 
 
 async def test_completions_send_a_raw_prompt_and_stream_text_chunks() -> None:
@@ -103,10 +104,10 @@ async def test_completions_send_a_raw_prompt_and_stream_text_chunks() -> None:
     assert "".join(c.choices[0].text for c in chunks) == "Hello!"
     assert chunks[-1].choices[0].finish_reason == "stop"
     assert sent_body(fakes, 0) == {"prompt": "Once upon", "raw": True, "model": "smol", "max_tokens": 16,
-                                   "seed": 7, "stop": ["\n"]}
+                                   "seed": 7, "stop": ["\n"], "probabilities": False}
     assert whole.object == "text_completion" and whole.choices[0].text == "Hello!"
     assert whole.choices[0].logprobs is not None and whole.choices[0].logprobs.text_offset == [0, 2, 5]
-    assert sent_body(fakes, 1)["temperature"] == 0
+    assert sent_body(fakes, 1)["temperature"] == 0 and "probabilities" not in sent_body(fakes, 1)
 
 
 async def test_wire_format_ends_with_done_and_every_chunk_parses() -> None:

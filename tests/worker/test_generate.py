@@ -65,6 +65,16 @@ def test_same_seed_same_text_greedy_is_deterministic(worker: RunningWorker) -> N
     assert generate(worker.url, greedy).text == generate(worker.url, greedy).text
 
 
+def test_without_probabilities_the_tokens_are_the_same_and_carry_none(worker: RunningWorker) -> None:
+    body = {"prompt": "Name three animals.", "max_tokens": 12, "temperature": 0}
+    with_p = generate(worker.url, body)
+    without = generate(worker.url, {**body, "probabilities": False})
+    assert without.last[0] == "done" and without.text == with_p.text
+    assert [t["index"] for t in without.tokens] == [t["index"] for t in with_p.tokens]
+    assert all(t["probability"] is None for t in without.tokens)
+    assert all(0.0 < t["probability"] <= 1.0 for t in with_p.tokens)
+
+
 def test_stop_string_cuts_the_output(worker: RunningWorker) -> None:
     free = generate(worker.url, {"prompt": "Count upwards: 1, 2, 3,", "raw": True, "max_tokens": 12,
                                  "temperature": 0})

@@ -83,6 +83,29 @@ def test_probability_is_llama_cpp_softmax_of_the_raw_logits(exp_sum: str) -> Non
         assert probability == pytest.approx(p_of[token], abs=1e-5)
 
 
+def test_a_request_that_does_not_ask_for_probabilities_gets_the_same_tokens_without_them() -> None:
+    from worker.sampling import NOT_COMPUTED
+
+    logits = logits_matrix(4, seed=4)
+
+    def requests(probability: bool) -> list[RequestSampling]:
+        return [RequestSampling(SamplingParams(0.0, 1.0, 0, None, BANNED, probability)),
+                RequestSampling(SamplingParams(0.9, 0.9, 40, 11, (), probability))] * 2
+
+    calls: list[int] = []
+
+    def counting(row: np.ndarray, top: float, scratch: np.ndarray) -> float:
+        calls.append(row.size)
+        return numpy_exp_sum(row, top, scratch)
+
+    with_p = StepSampler(VOCAB, counting).sample(logits, requests(True))
+    assert len(calls) == 4
+    without = StepSampler(VOCAB, counting).sample(logits, requests(False))
+    assert len(calls) == 4  # no softmax over the vocabulary for them
+    assert [t for t, _ in without] == [t for t, _ in with_p]
+    assert all(math.isnan(p) for _, p in without) and math.isnan(NOT_COMPUTED)
+
+
 @pytest.mark.parametrize(("top_k", "top_p", "banned"), [
     (40, 1.0, ()), (40, 0.9, ()), (0, 0.9, ()), (0, 0.5, BANNED), (5, 0.3, BANNED), (1, 0.95, ()),
     (0, 0.999, ()),  # a nucleus larger than the first guess of 64 tokens
