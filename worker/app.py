@@ -22,7 +22,6 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from protocol import reasons
@@ -46,11 +45,11 @@ from protocol.worker import (
     ErrorEvent,
     GenerateRequest,
     Timings,
-    TokenEvent,
     Usage,
 )
 from worker.engine import Failed, Finished, Job
 from worker.errors import WorkerError
+from worker.event_stream import EventStream, event, token_event
 from worker.metrics import WorkerMetrics
 from worker.model import Model
 from worker.runtime import WorkerRuntime
@@ -207,8 +206,8 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
         metrics.admission.labels("admitted", "").inc()
         headers = {REQUEST_ID_HEADER: request_id, WORKER_ID_HEADER: settings.worker_id,
                    PROMPT_TOKENS_HEADER: str(len(job.prompt_tokens))}
-        return EventSourceResponse(_events(runtime, job), headers=headers, ping=int(PING_INTERVAL),
-                                   send_timeout=settings.slow_consumer_deadline)
+        return EventStream(_events(runtime, job), headers=headers, ping_interval=PING_INTERVAL,
+                           send_timeout=settings.slow_consumer_deadline)
 
     @app.get("/worker/health")
     async def health(request: Request) -> JSONResponse:
@@ -271,24 +270,23 @@ def _request_id(request: Request) -> str:
     return given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
 
 
-async def _events(runtime: WorkerRuntime, job: Job) -> AsyncIterator[dict[str, str]]:
+async def _events(runtime: WorkerRuntime, job: Job) -> AsyncIterator[bytes]:
     """The SSE events of one job. If the client goes away, the job is cancelled and its KV freed."""
     outcome: Finished | Failed | None = None
     runtime.jobs.add(job)
+    probabilities = job.request.probabilities
     try:
         while outcome is None:
             item = await job.channel.get()
             if isinstance(item, Finished):
                 outcome = item
-                yield {"event": EVENT_DONE, "data": _done(runtime, job, item).model_dump_json()}
+                yield event(EVENT_DONE, _done(runtime, job, item).model_dump_json())
             elif isinstance(item, Failed):
                 outcome = item
                 error = ErrorEvent(error=item.message, reason=item.reason, request_id=job.request_id)
-                yield {"event": EVENT_ERROR, "data": error.model_dump_json()}
+                yield event(EVENT_ERROR, error.model_dump_json())
             else:
-                event = TokenEvent(token=item.text, index=item.index,
-                                   probability=item.probability if job.request.probabilities else None)
-                yield {"event": EVENT_TOKEN, "data": event.model_dump_json()}
+                yield token_event(item.text, item.index, item.probability if probabilities else None)
     finally:
         runtime.jobs.discard(job)
         if outcome is None:
