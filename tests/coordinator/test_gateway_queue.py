@@ -58,6 +58,16 @@ async def wait_called(fakes: FakeWorkers, n: int, timeout: float = 2.0) -> None:
     raise AssertionError(f"the workers were never called {n} times")
 
 
+async def two_queued(client: httpx.AsyncClient, clock: ManualClock) -> tuple[asyncio.Task[httpx.Response], ...]:
+    """w1 full (4 of 4 sessions), then requests "first" and "second" waiting in that order."""
+    await register(client, heartbeat("w1", timestamp=clock.time(), sessions=4))
+    first = asyncio.create_task(infer(client, "first"))
+    await wait_queued(client, 1)
+    second = asyncio.create_task(infer(client, "second"))
+    await wait_queued(client, 2)
+    return first, second
+
+
 async def test_a_request_at_capacity_waits_and_is_admitted_when_a_heartbeat_shows_room() -> None:
     clock, fakes = ManualClock(), FakeWorkers({"w1": streaming(STREAM)})
     async with running_app(settings(), fakes, clock) as client:
@@ -75,11 +85,7 @@ async def test_a_request_at_capacity_waits_and_is_admitted_when_a_heartbeat_show
 async def test_waiters_are_admitted_in_arrival_order_and_none_overtakes_them() -> None:
     clock, fakes = ManualClock(), FakeWorkers({"w1": streaming(STREAM)})
     async with running_app(settings(), fakes, clock) as client:
-        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=4))
-        first = asyncio.create_task(infer(client, "first"))
-        await wait_queued(client, 1)
-        second = asyncio.create_task(infer(client, "second"))
-        await wait_queued(client, 2)
+        first, second = await two_queued(client, clock)
         # Room for all: the head goes first, then hands on to the next.
         await register(client, heartbeat("w1", timestamp=clock.time(), sessions=0))
         assert (await first).status_code == 200 and (await second).status_code == 200
@@ -146,11 +152,7 @@ async def test_the_head_hands_on_its_place_once_reserved_not_when_its_worker_ans
 
     fakes = FakeWorkers({"w1": slow_prefill})
     async with running_app(settings(), fakes, clock) as client:
-        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=4))
-        first = asyncio.create_task(infer(client, "first"))
-        await wait_queued(client, 1)
-        second = asyncio.create_task(infer(client, "second"))
-        await wait_queued(client, 2)
+        first, second = await two_queued(client, clock)
         await register(client, heartbeat("w1", timestamp=clock.time(), sessions=0))
         await wait_called(fakes, 2)
         assert [request.headers["x-request-id"] for _, request in fakes.calls] == ["first", "second"]
