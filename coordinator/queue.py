@@ -10,10 +10,10 @@ resource while a request waits.
 O(1) throughout: joining and leaving are deque and dict operations; a release or a heartbeat wakes
 only the head of that model's queue (`wake`), never scanning it, and a woken request that is
 admitted wakes the next one (`admitted`), so freed capacity is handed down the line one request at a
-time. A woken request leaves the queue as soon as it holds a reservation on a worker, before
-the worker answers, so the next one tries while the first is still being dispatched; if that
-dispatch is refused it comes back at the head (`rejoin`). A waiter whose client goes away leaves at once (its entry is removed from the middle of the
-deque, which is O(n) in the queue's bound, itself a setting).
+time. A woken request leaves the queue as soon as it holds a reservation on a worker, before the
+worker answers, so the next one tries while the first is still being dispatched; if that dispatch
+is refused it comes back at the head (`rejoin`). A waiter whose client goes away leaves at once (its
+entry is removed from the middle of the deque, which is O(n) in the queue's bound, itself a setting).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from protocol import reasons
 from protocol.health import SessionList, WorkerHealth
+from protocol.sse import encode
 from protocol.worker import (
     EVENT_DONE,
     EVENT_ERROR,
@@ -49,7 +50,7 @@ from protocol.worker import (
 )
 from worker.engine import Failed, Finished, Job
 from worker.errors import WorkerError
-from worker.event_stream import EventStream, event, token_event
+from worker.event_stream import EventStream, token_event
 from worker.metrics import WorkerMetrics
 from worker.model import Model
 from worker.runtime import WorkerRuntime
@@ -280,11 +281,11 @@ async def _events(runtime: WorkerRuntime, job: Job) -> AsyncIterator[bytes]:
             item = await job.channel.get()
             if isinstance(item, Finished):
                 outcome = item
-                yield event(EVENT_DONE, _done(runtime, job, item).model_dump_json())
+                yield encode(EVENT_DONE, _done(runtime, job, item).model_dump_json())
             elif isinstance(item, Failed):
                 outcome = item
                 error = ErrorEvent(error=item.message, reason=item.reason, request_id=job.request_id)
-                yield event(EVENT_ERROR, error.model_dump_json())
+                yield encode(EVENT_ERROR, error.model_dump_json())
             else:
                 yield token_event(item.text, item.index, item.probability if probabilities else None)
     finally:

@@ -22,14 +22,11 @@ from collections.abc import AsyncIterator, Mapping
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-SEP = b"\r\n"
-PING = b": ping" + SEP + SEP
+from protocol.sse import encode
+from protocol.worker import EVENT_TOKEN
+
+PING = b": ping\r\n\r\n"
 _HEAD = {"cache-control": "no-store", "x-accel-buffering": "no"}
-
-
-def event(name: str, data: str) -> bytes:
-    """One SSE event whose data is a single line (JSON is)."""
-    return b"event: " + name.encode() + SEP + b"data: " + data.encode() + SEP + SEP
 
 
 def token_event(text: str, index: int, probability: float | None) -> bytes:
@@ -41,8 +38,8 @@ def token_event(text: str, index: int, probability: float | None) -> bytes:
         p = repr(float(probability))
     else:
         raise ValueError(f"probability {probability!r} is not in [0, 1]")
-    data = f'{{"token":{json.dumps(text, ensure_ascii=False)},"index":{int(index)},"probability":{p},"finished":false}}'
-    return b"event: token" + SEP + b"data: " + data.encode() + SEP + SEP
+    return encode(EVENT_TOKEN, f'{{"token":{json.dumps(text, ensure_ascii=False)},"index":{int(index)},'
+                               f'"probability":{p},"finished":false}}')
 
 
 class EventStream(StreamingResponse):

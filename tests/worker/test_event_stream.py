@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from protocol.sse import SseParser
+from protocol.sse import SseParser, encode
 from protocol.worker import TokenEvent
-from worker.event_stream import PING, EventStream, event, token_event
+from worker.event_stream import PING, EventStream, token_event
 
 pytestmark = pytest.mark.anyio
 
@@ -52,7 +52,7 @@ async def test_events_in_order_then_the_end_with_pings_while_idle() -> None:
     async def events() -> AsyncIterator[bytes]:
         yield token_event("Hi", 0, 0.5)
         await asyncio.sleep(0.2)  # a long prefill: pings meanwhile
-        yield event("done", '{"finished":true}')
+        yield encode("done", '{"finished":true}')
 
     server = Server()
     await stream(events())({"type": "http"}, server.receive, server.send)
