@@ -79,7 +79,7 @@ class SseParser:
 
 
 def encode(event: str, data: str) -> bytes:
-    """One event, CRLF line ends like sse-starlette's; multi-line data becomes several data lines."""
+    """One event, CRLF line ends; multi-line data becomes several data lines."""
     if "\n" not in data and "\r" not in data:
         return f"event: {event}\r\ndata: {data}\r\n\r\n".encode()
     lines = "".join(f"data: {line}\r\n" for line in _EOL.split(data))

@@ -15,7 +15,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Literal
 
 import httpx
@@ -271,7 +271,7 @@ def _request_id(request: Request) -> str:
     return given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
 
 
-async def _events(runtime: WorkerRuntime, job: Job) -> AsyncIterator[bytes]:
+async def _events(runtime: WorkerRuntime, job: Job) -> AsyncGenerator[bytes, None]:
     """The SSE events of one job. If the client goes away, the job is cancelled and its KV freed."""
     outcome: Finished | Failed | None = None
     runtime.jobs.add(job)

@@ -48,8 +48,8 @@ class EngineConfig:
     prompt_cache: bool = True  # split KV only: freed sequences keep their cells' tokens
     # Split KV, prompt cache on: a new request copies the cells of another sequence (running, kept or
     # freed) that holds at least this many more of its prompt's leading tokens than its own cells do.
-    # llama.cpp copies a sequence's whole buffer across streams (session_max_tokens cells, a few ms),
-    # so a short gain is left to prefill (docs/benchmarks.md, "Shared prefixes copied").
+    # llama.cpp copies a sequence's whole buffer across streams (session_max_tokens cells), so a
+    # very short gain is left to prefill (docs/benchmarks.md, the 40-user runs by this minimum).
     prefix_min_tokens: int = 8
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -46,7 +46,7 @@ class EventStream(StreamingResponse):
     """A response streaming `events` (each one or more whole SSE events). A Starlette response, so
     FastAPI passes it through; only `__call__` differs from `StreamingResponse`'s."""
 
-    def __init__(self, events: AsyncIterator[bytes], *, headers: Mapping[str, str], ping_interval: float,
+    def __init__(self, events: AsyncGenerator[bytes, None], *, headers: Mapping[str, str], ping_interval: float,
                  send_timeout: float) -> None:
         super().__init__(events, headers={**_HEAD, **headers}, media_type="text/event-stream")
         self._events = events
@@ -74,7 +74,7 @@ class EventStream(StreamingResponse):
             raise error
 
     async def _write(self, send: Send, loop: asyncio.AbstractEventLoop) -> None:
-        async with contextlib.aclosing(self._events) as events:  # type: ignore[type-var]
+        async with contextlib.aclosing(self._events) as events:
             async for chunk in events:
                 self._writing_since = loop.time()
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, MutableMapping
 from typing import Any
 
 import pytest
@@ -26,12 +26,12 @@ class Server:
     """Collects what the response sends; `block` makes body writes hang; `gone` says the client left."""
 
     def __init__(self) -> None:
-        self.messages: list[dict[str, Any]] = []
+        self.messages: list[MutableMapping[str, Any]] = []
         self.block = asyncio.Event()
         self.block.set()
         self.gone = asyncio.Event()
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, message: MutableMapping[str, Any]) -> None:
         if message["type"] == "http.response.body" and message.get("body"):
             await self.block.wait()
         self.messages.append(message)
@@ -44,12 +44,12 @@ class Server:
         return b"".join(m.get("body", b"") for m in self.messages if m["type"] == "http.response.body")
 
 
-def stream(events: AsyncIterator[bytes], *, ping: float = 0.05, timeout: float = 0.2) -> EventStream:
+def stream(events: AsyncGenerator[bytes, None], *, ping: float = 0.05, timeout: float = 0.2) -> EventStream:
     return EventStream(events, headers={"x-worker-id": "w1"}, ping_interval=ping, send_timeout=timeout)
 
 
 async def test_events_in_order_then_the_end_with_pings_while_idle() -> None:
-    async def events() -> AsyncIterator[bytes]:
+    async def events() -> AsyncGenerator[bytes, None]:
         yield token_event("Hi", 0, 0.5)
         await asyncio.sleep(0.2)  # a long prefill: pings meanwhile
         yield encode("done", '{"finished":true}')
@@ -71,7 +71,7 @@ async def test_events_in_order_then_the_end_with_pings_while_idle() -> None:
 async def test_a_client_that_disconnects_closes_the_events_at_once() -> None:
     closed = asyncio.Event()
 
-    async def events() -> AsyncIterator[bytes]:
+    async def events() -> AsyncGenerator[bytes, None]:
         try:
             yield token_event("a", 0, 1.0)
             await asyncio.sleep(30)
@@ -90,7 +90,7 @@ async def test_a_client_that_disconnects_closes_the_events_at_once() -> None:
 async def test_a_write_blocked_past_the_send_timeout_ends_the_stream() -> None:
     closed = asyncio.Event()
 
-    async def events() -> AsyncIterator[bytes]:
+    async def events() -> AsyncGenerator[bytes, None]:
         try:
             while True:
                 yield token_event("x", 0, 1.0)
@@ -108,7 +108,7 @@ async def test_a_write_blocked_past_the_send_timeout_ends_the_stream() -> None:
 
 
 async def test_an_error_in_the_events_reaches_the_server() -> None:
-    async def events() -> AsyncIterator[bytes]:
+    async def events() -> AsyncGenerator[bytes, None]:
         yield token_event("a", 0, 1.0)
         raise RuntimeError("boom")
 

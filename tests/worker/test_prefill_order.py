@@ -35,6 +35,7 @@ def test_a_short_prompt_overtakes_a_long_prompt_still_in_prefill(model_path: Pat
         while worker.load()["active_streams"] < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.3)  # a few of its chunks are in
+        assert "long" not in finished, "the long prompt was prefilled before the short one came"
         run("short", "Hi")
         long.join(timeout=120)
         assert streams["long"].last[0] == "done" and streams["short"].last[0] == "done"
