@@ -11,6 +11,11 @@ encoder, like a live stream) or hold a worker resource (a hit is never admitted 
 Persistence: every insertion and eviction is written through to the file at once (small writes on
 the event loop; the file is bounded by the same entry and byte limits). A file that SQLite reports as
 corrupt is moved aside (`<file>.corrupt-<unix time>`) and a fresh one started.
+
+A cache that fails (a full disk, a file that became unwritable, any error while reading or writing
+it) disables itself: the failure is logged once and counted (`on_failure`), `failure` says why (the
+health endpoint shows it), every later lookup misses and every store is skipped. A request never
+ends because its answer could not be cached.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from protocol.sse import SseEvent
 from protocol.worker import GenerateRequest
@@ -57,7 +63,8 @@ def _size(events: tuple[SseEvent, ...]) -> int:
 
 class ResponseCache:
     def __init__(self, *, entries: int, max_bytes: int, ttl: float, clock: Callable[[], float] = time.time,
-                 path: Path | None = None, on_evict: Callable[[], None] | None = None) -> None:
+                 path: Path | None = None, on_evict: Callable[[], None] | None = None,
+                 on_failure: Callable[[], None] | None = None) -> None:
         self.max_entries = entries
         self.max_bytes = max_bytes
         self.ttl = ttl
@@ -65,6 +72,8 @@ class ResponseCache:
         self._entries: OrderedDict[bytes, Entry] = OrderedDict()
         self.bytes = 0
         self._on_evict = on_evict or (lambda: None)
+        self._on_failure = on_failure or (lambda: None)
+        self.failure: str | None = None  # why the cache disabled itself
         self._db: sqlite3.Connection | None = None
         if path is not None and self.enabled:
             self._db = self._open(path)
@@ -76,12 +85,54 @@ class ResponseCache:
 
     @property
     def enabled(self) -> bool:
-        return self.max_entries > 0 and self.max_bytes > 0
+        return self.max_entries > 0 and self.max_bytes > 0 and self.failure is None
+
+    @property
+    def state(self) -> Literal["off", "on", "disabled"]:
+        """`off` (not configured), `on`, or `disabled` (it failed; `failure` says why)."""
+        if self.failure is not None:
+            return "disabled"
+        return "on" if self.enabled else "off"
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def get(self, key: bytes) -> tuple[SseEvent, ...] | None:
+        """The recorded events of `key`, or None (a miss; always None once the cache has failed)."""
+        try:
+            return self._get(key)
+        except Exception as exc:  # noqa: BLE001 - logged and counted by _fail; a miss for the caller
+            self._fail(exc)
+            return None
+
+    def put(self, key: bytes, events: tuple[SseEvent, ...]) -> None:
+        """Stores a complete stream's events; skipped when too large or once the cache has failed."""
+        if not self.enabled:
+            return
+        try:
+            self._put(key, events)
+        except Exception as exc:  # noqa: BLE001 - logged and counted by _fail; the stream goes on
+            self._fail(exc)
+
+    def _fail(self, exc: Exception) -> None:
+        """Disables the cache for good (until a restart): what it holds may no longer match its file."""
+        if self.failure is not None:
+            return
+        self.failure = f"{type(exc).__name__}: {exc}"
+        log.error(json.dumps({"event": "cache_disabled", "error": self.failure}), exc_info=exc)
+        self._on_failure()
+        self._entries.clear()
+        self.bytes = 0
+        db, self._db = self._db, None
+        if db is not None:
+            try:
+                db.close()
+            except sqlite3.Error:
+                pass  # it is being given up anyway
+
+    def _get(self, key: bytes) -> tuple[SseEvent, ...] | None:
+        if self.failure is not None:
+            return None
         entry = self._entries.get(key)
         if entry is None:
             return None
@@ -91,9 +142,9 @@ class ResponseCache:
         self._entries.move_to_end(key)
         return entry.events
 
-    def put(self, key: bytes, events: tuple[SseEvent, ...]) -> None:
+    def _put(self, key: bytes, events: tuple[SseEvent, ...]) -> None:
         size = _size(events)
-        if not self.enabled or size > self.entry_limit:
+        if size > self.entry_limit:
             return
         if key in self._entries:
             self._drop(key, evicted=False)

@@ -24,8 +24,8 @@ from coordinator.errors import CoordinatorError
 from coordinator.generation import Generation
 from coordinator.queue import QueueClosed
 from coordinator.relay import Outcome, Relay
-from coordinator.response import Ending
 from coordinator.scheduling import Request
+from coordinator.supervisor import Ending
 from protocol import reasons
 from protocol.sse import SseEvent
 from protocol.worker import EVENT_DONE, DoneEvent, Timings
@@ -111,11 +111,27 @@ class Gateway:
                 if hit is not None:  # answered at once: nothing admitted, reserved or computed
                     return self._replay(gen, model, hit, started)
             gen, stream = await self._admit_in_turn(gen, model, started, client_gone)
+            try:
+                return self._opened(gen, model, stream, key, started)
+            except BaseException:
+                state.admission.release(stream.reservation)
+                await stream.close()  # the worker cancels the request and frees its sequence
+                raise
         except CoordinatorError as exc:
             self.refused(gen.request_id, exc, started, surface=gen.surface)
             raise
-        state.metrics.admitted()
-        state.metrics.requests_running.inc()
+        except Exception as exc:  # a bug before the first byte: the client gets a 500 naming no detail
+            state.log.error(json.dumps({"event": "internal_error", "task": "open", "request_id": gen.request_id,
+                                        "error": repr(exc)}), exc_info=exc)
+            state.metrics.internal_errors.labels(task="open").inc()
+            internal = CoordinatorError(reasons.INTERNAL, "internal error")
+            self.refused(gen.request_id, internal, started, surface=gen.surface)
+            raise internal from None
+
+    def _opened(self, gen: Generation, model: str | None, stream: OpenStream, key: bytes | None,
+                started: float) -> Opened:
+        """The bookkeeping of an admitted request whose worker has sent its first event, and its relay."""
+        state = self._state
         session_id = gen.request.session_id
         if session_id is not None:
             state.sessions.remember(session_id, stream.worker.worker_id)
@@ -123,9 +139,7 @@ class Gateway:
             state.conversations.remember(conversation_key(model, gen.request.messages), stream.worker.worker_id)
         settings = state.settings
         reservation, admission = stream.reservation, state.admission
-
         breakers, worker_id = state.breakers, stream.worker.worker_id
-
         cache = state.cache
 
         def final(outcome: Outcome) -> None:
@@ -145,6 +159,8 @@ class Gateway:
                       write_deadline=settings.relay_write_deadline, metrics=state.metrics, on_final=final,
                       record_bytes=cache.entry_limit if key is not None else 0)
         state.streams.add(relay)
+        state.metrics.admitted()
+        state.metrics.requests_running.inc()
         # Only these outlive this call: not the parsed request, nor its prompt.
         surface = gen.surface
         return Opened(relay, stream.worker.worker_id, model or stream.worker.model,
@@ -316,8 +332,7 @@ class Gateway:
             metrics.client_disconnects.inc()
             finish = "client_gone"
         elif ending is Ending.INTERNAL:
-            metrics.internal_errors.labels(task="relay_writer").inc()
-            finish = reasons.INTERNAL
+            finish = reasons.INTERNAL  # logged and counted by the supervisor, once
         else:
             finish = done.finish_reason if done is not None else (outcome.error_reason or reasons.WORKER_FAILED)
         metrics.finished.labels(finish_reason=finish).inc()

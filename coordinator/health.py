@@ -127,7 +127,8 @@ async def health(request: Request) -> CoordinatorHealth:
                              workers=counts,
                              models=registry.alive_models(),
                              requests_running=state.admission.in_flight,
-                             kv_reserved_bytes=max(0, state.admission.in_flight_kv_bytes))
+                             kv_reserved_bytes=max(0, state.admission.in_flight_kv_bytes),
+                             cache=state.cache.state, cache_failure=state.cache.failure)
 
 
 @router.get("/coordinator/health/workers")

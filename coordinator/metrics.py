@@ -47,6 +47,9 @@ class CoordinatorMetrics:
                                      "requests", ["outcome"], registry=r)
         self.cache_evictions = Counter("coordinator_response_cache_evictions",
                                        "Entries evicted (LRU bounds or TTL)", registry=r)
+        self.cache_failures = Counter("coordinator_response_cache_failures",
+                                      "Times the response cache failed and disabled itself (at most once a "
+                                      "process: it stays off until a restart)", registry=r)
         self.cache_bytes = Gauge("coordinator_response_cache_bytes", "Bytes of recorded streams held", registry=r)
         self.cache_entries = Gauge("coordinator_response_cache_entries", "Entries held", registry=r)
         self.breaker_transitions = Counter("coordinator_breaker_transitions", "Circuit breakers opened or closed",

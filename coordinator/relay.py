@@ -67,7 +67,9 @@ class Relay:
                  record_bytes: int = 0) -> None:
         """`on_final` runs once, when the stream's final event is read and before it is queued for the
         client: the worker freed the request's slot before sending that event, so whoever learns of
-        the end from the client must find the slot free here too (no 503 at the seam)."""
+        the end from the client must find the slot free here too (no 503 at the seam). It runs under
+        the relay's guard: if it raises, the failure is logged and counted and the client's stream
+        ends with an `internal` error event instead of the worker's final event, never without one."""
         self.stream = stream
         self._on_final = on_final
         # The events as relayed, for the response cache (`record_bytes` > 0); given up past that size.
@@ -79,14 +81,18 @@ class Relay:
         self.slow = False  # set when the client stopped taking events: the reader gave up on it
         self.outcome = Outcome()
         self._metrics = metrics
-        self._ended = False  # a final event is queued for the client
+        self._ended = False  # a final event is queued for the client (set once it really is)
         self._abort: tuple[str, str] | None = None  # (reason, message) of an `abort`
         self._task: asyncio.Task[None] | None = None  # the reader task, once `run` started
         # The first event is already here (dispatch waited for it): queue it now, so the writer can
         # send it before the reader task has even started.
-        self._first_ends = self._note(stream.first)
+        first = stream.first
+        self._first_ends = self._note(first)
+        if self._first_ends:
+            first = self._settled(first)
         if self._first_ends is not None:
-            self.queue.put_nowait(stream.first)
+            self.queue.put_nowait(first)
+            self._ended = bool(self._first_ends)
 
     async def run(self) -> None:
         """The reader task. Always closes the worker response, however it ends, and always leaves a
@@ -106,21 +112,21 @@ class Relay:
                 message = "the worker's stream ended without a done event"
             except WorkerStreamError as exc:
                 message = f"the worker's stream broke: {exc}"
-            await self._relay(self._error(reasons.WORKER_FAILED, message))
+            await self._relay(self.error_event(reasons.WORKER_FAILED, message))
         except _SlowConsumer:
             self.slow = True
         except asyncio.CancelledError:
             if self._abort is None:
                 raise  # the response is done with this stream (client gone, slow client)
             self._end_with(*self._abort)
-        except Exception as exc:
-            log.error(json.dumps({"event": "internal_error", "task": "relay_reader", "request_id": self.request_id,
-                                  "error": repr(exc)}), exc_info=exc)
-            self._metrics.internal_errors.labels(task="relay_reader").inc()
+        except Exception as exc:  # noqa: BLE001 - a fault of ours: logged, and the stream still ends
+            self.internal_error("relay_reader", exc)
             self._end_with(reasons.INTERNAL, "internal error while relaying the worker's stream")
         finally:
-            await self.stream.close()
-            self._final()  # however it ended: the worker request is closed, its slot is free
+            try:
+                await self.stream.close()
+            finally:
+                self._final()  # however it ended: the worker request is closed, its slot is free
 
     def abort(self, reason: str, message: str) -> None:
         """End the stream now with an `error` event (the coordinator is draining): the worker request
@@ -134,9 +140,11 @@ class Relay:
     def _end_with(self, reason: str, message: str) -> None:
         if self._ended:
             return
-        event = self._error(reason, message)
+        event = self.error_event(reason, message)
         self._note(event)
+        self._final()  # as for a worker's final event: the slot is free before the client hears
         self.queue.put_last(event)
+        self._ended = True
 
     async def _drain(self) -> None:
         """Read the stream's end (the last chunk follows the final event at once), so closing the
@@ -165,28 +173,49 @@ class Relay:
             self.outcome.error_reason = _error_reason(event.data)
         else:
             return None  # an event type this coordinator does not know: not the client's business
-        if event.event in TERMINAL:
-            self._ended = True
-            self._final()
-            return True
-        return False
+        return event.event in TERMINAL
 
-    def _final(self) -> None:
+    def _settled(self, final: SseEvent) -> SseEvent:
+        """The stream's final event as the client gets it, once `on_final` has run: the worker's own,
+        or an `internal` error event when the final callback failed."""
+        if self._final():
+            return final
+        self.outcome.done = None
+        self.outcome.error_reason = reasons.INTERNAL
+        return self.error_event(reasons.INTERNAL, "internal error while finishing the request")
+
+    def _final(self) -> bool:
+        """Runs `on_final` once; False when it raised (logged and counted here, never propagated)."""
         on_final, self._on_final = self._on_final, None
-        if on_final is not None:
+        if on_final is None:
+            return True
+        try:
             on_final(self.outcome)
+        except Exception as exc:  # noqa: BLE001 - logged; the client gets an error event instead
+            self.internal_error("on_final", exc)
+            return False
+        return True
+
+    def internal_error(self, task: str, exc: BaseException) -> None:
+        """Log (with the traceback) and count a fault of this request's own code, once per fault."""
+        log.error(json.dumps({"event": "internal_error", "task": task, "request_id": self.request_id,
+                              "error": repr(exc)}), exc_info=exc)
+        self._metrics.internal_errors.labels(task=task).inc()
 
     async def _relay(self, event: SseEvent) -> bool:
         """Queue one event; True when it ends the stream."""
         ends = self._note(event)
         if ends is None:
             return False
+        if ends:
+            event = self._settled(event)
         if not self.queue.put_nowait(event) and not await self.queue.put(event, self.write_deadline):
             raise _SlowConsumer
+        self._ended = ends
         self._metrics.buffer_fill.observe(self.queue.qsize() / self.queue.maxsize)
         return ends
 
-    def _error(self, reason: str, message: str) -> SseEvent:
+    def error_event(self, reason: str, message: str) -> SseEvent:
         return SseEvent(EVENT_ERROR, ErrorEvent(error=message, reason=reason,
                                                 request_id=self.request_id).model_dump_json())
 

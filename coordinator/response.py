@@ -1,8 +1,9 @@
 """The client side of a relayed stream: an ASGI response that writes the relay's buffer to the socket.
 
-Owns: the SSE status line and headers, writing each event with a deadline, pings while idle,
-noticing the client leave, and deciding how the stream ended (`Ending`). What bytes an internal
-event becomes is the surface's `Encoder`; this module only writes them.
+Owns: the SSE status line and headers, writing each event with a deadline, pings while idle, and
+the `error` event a client gets when writing itself failed. What bytes an internal event becomes is
+the surface's `Encoder`; this module only writes them. How a stream ends (`Ending`), the client
+leaving and the call to `on_end` are the supervisor's (supervisor.py), shared with collect.py.
 Must not: read the worker (relay.py) or release reservations (the `on_end` callback does).
 
 Deliberate deviation from sse-starlette's EventSourceResponse: a slow client must be cut off
@@ -17,21 +18,17 @@ around every send and every wait would arm and cancel two timers per token.
 from __future__ import annotations
 
 import asyncio
-import enum
-import json
-import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from coordinator.clock import Clock
 from coordinator.relay import TERMINAL, Relay
+from coordinator.supervisor import Ending, SendTimeout, SupervisedResponse
 from protocol.sse import PING, SseEvent, encode
 from protocol.worker import EVENT_TOKEN
 
-log = logging.getLogger("coordinator")
 _PING = SseEvent("", "")  # queued by the stream's timer when it has been quiet; sent as an SSE comment
 
 
@@ -47,91 +44,60 @@ def passthrough(event: SseEvent) -> bytes:
     return encode(event.event, event.data)
 
 
-class Ending(enum.Enum):
-    COMPLETE = "complete"  # the done or error event reached the client
-    CLIENT_GONE = "client_gone"
-    SLOW_CLIENT = "slow_client"
-    INTERNAL = "internal"  # the writer itself failed: a bug, logged with its traceback
-
-
-class _SendTimeout(Exception):
-    pass
-
-
-class RelayResponse(Response):
+class RelayResponse(SupervisedResponse):
     media_type = "text/event-stream"
+    task = "relay_writer"
 
     def __init__(self, relay: Relay, *, headers: dict[str, str], ping_interval: float, clock: Clock,
                  on_end: Callable[[Ending], None], encoder: Encoder = passthrough) -> None:
-        super().__init__(content=None, status_code=200,
+        super().__init__(relay, on_end=on_end,
                          headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers})
         # Response.__init__ adds `content-length: 0` for a bodiless response; a stream must not have one.
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
-        self.relay = relay
         self.ping_interval = ping_interval
         self.clock = clock
-        self.on_end = on_end
         self.encoder = encoder
         self._sending_since: float | None = None  # loop time the writer's send in progress began
         self._send_timed_out = False
+        self._head_sent = False
         self._last_sent_at = 0.0  # loop time the last send began
         self._watchdog: asyncio.TimerHandle | None = None
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        ending = Ending.CLIENT_GONE
+    def watch(self, consumer: asyncio.Task[None]) -> Callable[[], None]:
         loop = asyncio.get_running_loop()
-        writer = asyncio.create_task(self._write(send))  # first: the first event is already queued
-        reader = asyncio.create_task(self.relay.run())
-        client_left = asyncio.create_task(client_left_of(receive))
         self._last_sent_at = loop.time()
-        self._watchdog = loop.call_later(min(self.relay.write_deadline, self.ping_interval), self._watch, writer)
+        self._watchdog = loop.call_later(min(self.relay.write_deadline, self.ping_interval), self._watch, consumer)
+        return lambda: self._watchdog.cancel() if self._watchdog is not None else None
+
+    def slow(self) -> bool:
+        return self._send_timed_out
+
+    async def consume(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._write(send)
+
+    async def complete(self, send: Send) -> None:
+        # End the client's response first: the reader may still be reading the worker's last bytes.
+        await self._end_body(send, {"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def fail(self, scope: Scope, receive: Receive, send: Send, error: SseEvent) -> None:
+        """An `error` event in the surface's format when the stream has started (the raw internal
+        event if the encoder is what failed), else a 500 with the internal event's JSON."""
+        if not self._head_sent:
+            await send({"type": "http.response.start", "status": 500,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": error.data.encode(), "more_body": False})
+            return
         try:
-            await self._first_to_end(writer, client_left, reader)
-            fault = writer.exception() if writer.done() and not writer.cancelled() else None
-            if writer.done() and not writer.cancelled() and fault is None:
-                ending = Ending.COMPLETE
-            elif self._send_timed_out or self.relay.slow:
-                ending = Ending.SLOW_CLIENT
-            elif fault is not None:
-                ending = Ending.INTERNAL
-                log.error(json.dumps({"event": "internal_error", "task": "relay_writer",
-                                      "request_id": self.relay.request_id, "error": repr(fault)}), exc_info=fault)
-            if ending is Ending.COMPLETE:
-                # End the client's response first: the reader may still be reading the worker's last bytes.
-                await self._end_body(send, {"type": "http.response.body", "body": b"", "more_body": False})
-        except _SendTimeout:
-            pass  # every event was delivered; uvicorn closes the connection we could not finish
-        finally:
-            self._watchdog.cancel()
-            writer.cancel()
-            client_left.cancel()
-            if ending is not Ending.COMPLETE:
-                reader.cancel()  # closes the worker response: the worker cancels and frees the KV
-            await asyncio.gather(reader, writer, client_left, return_exceptions=True)
-            self.on_end(ending)
-
-    async def _first_to_end(self, writer: asyncio.Task[None], client_left: asyncio.Task[None],
-                            reader: asyncio.Task[None]) -> None:
-        """Returns when the writer ends, the client leaves, or the reader gives up on a slow client
-        (the reader ending normally only means the whole worker stream is queued: the writer goes on).
-        Done-callbacks on one future: lighter than `asyncio.wait`, and every open stream holds this wait."""
-        ended = asyncio.get_running_loop().create_future()
-
-        def end(task: asyncio.Task[None]) -> None:
-            if not ended.done() and (task is not reader or self.relay.slow):
-                ended.set_result(None)
-
-        for task in (writer, client_left, reader):
-            task.add_done_callback(end)
-        try:
-            await ended
-        finally:
-            for task in (writer, client_left, reader):
-                task.remove_done_callback(end)
+            body = self.encoder(error)
+        except Exception:  # noqa: BLE001 - the encoder is what failed: the event as the worker writes it
+            body = passthrough(error)
+        await send(_body(body))
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _write(self, send: Send) -> None:
         await self._send(send, {"type": "http.response.start", "status": self.status_code,
                                 "headers": self.raw_headers})
+        self._head_sent = True
         queue = self.relay.queue
         while True:
             event = await queue.get()
@@ -175,14 +141,7 @@ class RelayResponse(Response):
             async with asyncio.timeout(self.relay.write_deadline):
                 await send(message)
         except TimeoutError:
-            raise _SendTimeout from None
-
-
-
-async def client_left_of(receive: Receive) -> None:
-    """Returns when the client has gone (the only message a request whose body was read gets)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
+            raise SendTimeout from None
 
 
 def _body(data: bytes) -> Message:

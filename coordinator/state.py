@@ -73,7 +73,7 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
     cache = ResponseCache(entries=settings.cache_entries, max_bytes=settings.cache_bytes, ttl=settings.cache_ttl,
                           clock=clock.time,
                           path=Path(settings.cache_path) if settings.cache_path else None,
-                          on_evict=metrics.cache_evictions.inc)
+                          on_evict=metrics.cache_evictions.inc, on_failure=metrics.cache_failures.inc)
     metrics.cache_bytes.set_function(lambda: cache.bytes)
     metrics.cache_entries.set_function(lambda: len(cache))
     metrics.watch(alive=lambda: registry.alive_count, stale=lambda: registry.stale_count,

@@ -36,6 +36,9 @@ class CoordinatorHealth(BaseModel):
     models: list[str] = Field(description="models served by at least one alive worker")
     requests_running: int = Field(ge=0)
     kv_reserved_bytes: int = Field(ge=0, description="KV bytes reserved by the coordinator's in-flight requests")
+    cache: Literal["off", "on", "disabled"] = Field(
+        default="off", description="the response cache: not configured, working, or disabled after a failure")
+    cache_failure: str | None = Field(default=None, description="why the response cache disabled itself")
 
 
 class WorkerStatus(BaseModel):

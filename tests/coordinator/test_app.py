@@ -12,6 +12,7 @@ import pytest
 from coordinator.app import create_app
 from coordinator.clock import ManualClock
 from coordinator.settings import Settings
+from protocol.worker import PROTOCOL_VERSION
 from tests.coordinator.fakes import (
     FakeWorkers,
     done,
@@ -301,7 +302,7 @@ async def test_heartbeat_from_the_future_or_far_past_is_400(offset: float) -> No
 async def test_heartbeat_of_another_protocol_version_is_400() -> None:
     clock = ManualClock()
     async with running_app(Settings(), FakeWorkers(), clock) as client:
-        beat = heartbeat("w1", timestamp=clock.time()).model_copy(update={"protocol": 2})
+        beat = heartbeat("w1", timestamp=clock.time()).model_copy(update={"protocol": PROTOCOL_VERSION + 1})
         response = await register(client, beat)
         assert (response.status_code, response.json()["reason"]) == (400, "invalid_request")
         assert response.json()["error"].startswith("protocol")

@@ -14,7 +14,8 @@ from coordinator.clock import SystemClock
 from coordinator.dispatch import worker_events
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.relay import Relay
-from coordinator.response import Ending, RelayResponse
+from coordinator.response import RelayResponse
+from coordinator.supervisor import Ending
 from coordinator.upstream import WorkerStreamError
 from protocol.sse import SseEvent, SseParser
 from tests.coordinator.fakes import done, token
