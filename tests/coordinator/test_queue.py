@@ -50,8 +50,8 @@ async def test_the_deadline_ends_the_wait_with_queue_timeout_and_leaves() -> Non
     q = queue(timeout=0.05)
     waiter = q.join("m")
     started = time.monotonic()
-    with pytest.raises(CoordinatorError) as late:
-        await q.wait(waiter, deadline=started + 0.05, now=time.monotonic, client_gone=None)
+    with pytest.raises(CoordinatorError) as late:  # wait_for: a wait that ignores its deadline fails, not hangs
+        await asyncio.wait_for(q.wait(waiter, deadline=started + 0.05, now=time.monotonic, client_gone=None), 2)
     assert late.value.reason == "queue_timeout" and q.waiting("m") == 0
 
 

@@ -14,7 +14,9 @@ def fresh(removed: list[str] | None = None) -> Registry:
 
 
 def recomputed(reg: Registry, model: str | None = None) -> tuple[int, int, int, int, int]:
-    alive = list(reg.alive(model))
+    """From every record the registry still holds, not from its own alive index, which could keep a
+    worker it no longer knows."""
+    alive = [w for w in reg.all() if w.state == ALIVE and model in (None, w.model)]
     return (len(alive), sum(max(0, w.max_sessions - w.sessions) for w in alive),
             sum(w.max_sessions for w in alive),
             sum(max(0, w.kv_capacity_bytes - w.kv_reserved_bytes) for w in alive),
@@ -83,10 +85,15 @@ def test_aggregates_match_recomputation_under_random_changes() -> None:
         elif action < 0.8 and keys:
             kept = rng.choice([None, rng.randrange(50_000)])
             reg.end(wid, rng.choice(keys), now + rng.uniform(-1, 1), kept_kv_bytes=kept)
+        elif action < 0.85:
+            reg.remove(wid)  # alive, stale or unknown: an operator's removal, not a sweep's
         else:
             reg.sweep(now)
         for model in (None, "x", "y"):
             assert summed(reg, model) == recomputed(reg, model), step
+            assert {w.worker_id for w in reg.alive(model)} == {
+                w.worker_id for w in reg.all() if w.state == ALIVE and model in (None, w.model)}, step
+        assert reg.alive_count == sum(w.state == ALIVE for w in reg.all()), step
         for w in reg.all():
             expect = [sum(c.effect(k in w.listed)[i] for k, c in w.corrections.items()) for i in (0, 1)]
             assert [w.extra_kv_bytes, w.extra_sessions] == expect, step

@@ -65,6 +65,11 @@ CASES = [
      [W("a", last_seen=NOW - 10), W("b")], reasons.UNKNOWN_SESSION),
     ("affinity worker gone", Request(SMALL, session_id="s", session_worker="gone"),
      [W("b")], reasons.UNKNOWN_SESSION),
+    # Its worker restarted with another model: the session's KV is gone, and so is the model asked for.
+    ("affinity worker serves another model now", Request(SMALL, model="m", session_id="s", session_worker="a"),
+     [W("a", model="x"), W("b")], reasons.UNKNOWN_SESSION),
+    ("affinity worker serves the model asked for", Request(SMALL, model="m", session_id="s", session_worker="a"),
+     [W("a"), W("b")], ["a"]),
     ("breaker open", Request(SMALL), [W("a", breaker_open_until=NOW + 1)], reasons.WORKER_UNAVAILABLE),
     ("breaker cooled down: a probe may go", Request(SMALL), [W("a", breaker_open_until=NOW)], ["a"]),
     ("one probe at a time", Request(SMALL), [W("a", breaker_probing=True), W("b", sessions=9)], ["b"]),

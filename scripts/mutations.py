@@ -1,0 +1,266 @@
+"""Mutation check: break each property the coordinator claims, once, and prove its tests fail.
+
+Owns: the table of mutations (the property each breaks, the exact source text it replaces, and the
+tests that must catch it) and running them, each in a scratch copy of the repository.
+Must not: touch the working tree, which others edit while this runs: the sources are copied once into
+a temporary folder, and each mutation is applied to its own copy of that snapshot.
+
+A mutation is *killed* when its tests fail (pytest exits 1) and *survives* when they pass; any other
+ending (a collection error, a usage error, a time-out) is an error, never a kill: a mutation that only
+breaks imports proves nothing about the property. A mutation whose text is not found exactly once is
+an error too: the table has gone stale, and it says so rather than passing in silence. The tests run
+first on the unmutated snapshot, where they must pass.
+
+Usage: .venv/bin/python scripts/mutations.py [--list] [NAME ...]
+Exit status 0 only when every mutation chosen was killed; 2 when the unmutated tests fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# What pytest needs to run the coordinator's tests (tests/conftest.py imports bench and worker too).
+SOURCES = ("coordinator", "worker", "protocol", "serving", "bench", "client", "tests", "pyproject.toml")
+PYTEST_FLAGS = ("-x", "-q", "-p", "no:cacheprovider", "-p", "mutation_guard")
+TIMEOUT = 60.0  # seconds per pytest run: a mutation that hangs a test is an error, not a kill
+# Loaded by every pytest run (-p): refuses to run unless the snapshot's packages are the ones imported,
+# since the project is installed editable into .venv and would otherwise shadow the copy.
+GUARD = '''\
+import pathlib
+
+import pytest
+
+
+def pytest_configure(config):
+    import coordinator, protocol, worker
+
+    root = pathlib.Path(__file__).resolve().parent
+    for module in (coordinator, protocol, worker):
+        if root not in pathlib.Path(module.__file__).resolve().parents:
+            raise pytest.UsageError(f"{module.__name__} imported from {module.__file__}, not {root}")
+'''
+
+ADMISSION = "coordinator/admission.py"
+REGISTRY = "coordinator/registry.py"
+QUEUE = "coordinator/queue.py"
+POLICY = "coordinator/scheduling/policy.py"
+BREAKER = "coordinator/breaker.py"
+T_ADMISSION = "tests/coordinator/test_admission.py"
+T_REGISTRY = "tests/coordinator/test_registry.py"
+T_QUEUE = "tests/coordinator/test_queue.py"
+T_BUFFER = "tests/coordinator/test_buffer.py"
+T_BREAKER = "tests/coordinator/test_breaker.py"
+T_POLICY = "tests/coordinator/scheduling/test_policy.py"
+T_UNITS = "tests/coordinator/scheduling/test_units.py"
+T_AFFINITY = "tests/coordinator/test_property_affinity.py"
+CHECK_SUMS = "        totals = self._registry.totals(model)\n"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    breaks: str  # the property it breaks, in one line
+    path: str  # relative to the repository root
+    old: str  # found exactly once in `path`
+    new: str
+    tests: tuple[str, ...]  # files or node ids, at least one of which must fail
+
+    def apply(self, source: str) -> str:
+        found = source.count(self.old)
+        if found != 1:
+            raise StaleMutation(f"{self.name}: its text is found {found} times in {self.path}, not once: "
+                                f"the table is stale\n    {self.old!r}")
+        return source.replace(self.old, self.new)
+
+
+class StaleMutation(Exception):
+    """A mutation's source text is not in its file exactly once."""
+
+
+def loop_in_check(walk: str) -> str:
+    """Admission's check with a loop over workers in front of its O(1) read of the sums."""
+    return f"        for _worker in {walk}:\n            pass\n" + CHECK_SUMS
+
+
+MUTATIONS: tuple[Mutation, ...] = (
+    Mutation("admission-loops-alive", "admission's check is O(1): it never walks the alive workers",
+             ADMISSION, CHECK_SUMS, loop_in_check("self._registry.alive()"), (T_ADMISSION,)),
+    Mutation("admission-loops-all", "admission's check is O(1): it never walks every known worker",
+             ADMISSION, CHECK_SUMS, loop_in_check("self._registry.all()"), (T_ADMISSION,)),
+    Mutation("admission-loops-dict", "admission's check is O(1): it never walks the registry's own dict",
+             ADMISSION, CHECK_SUMS, loop_in_check("self._registry._workers.values()"), (T_ADMISSION,)),
+    Mutation("admission-kv-off-by-one", "admission admits a request whose KV need equals the free KV",
+             ADMISSION, "if totals.free_kv_bytes < need:", "if totals.free_kv_bytes <= need:", (T_ADMISSION,)),
+    Mutation("release-keeps-correction", "a released reservation stops counting against its worker",
+             ADMISSION, "self._registry.end(res.worker_id, res.key, self._clock.time(), kept_kv_bytes=kept)",
+             "pass", (T_ADMISSION,)),
+    Mutation("release-twice", "releasing a reservation is idempotent (every ending may call it)",
+             ADMISSION, "        if res.released:\n            return\n", "", (T_ADMISSION,)),
+    Mutation("registry-stale-keeps-totals", "a worker that goes stale leaves the alive sums",
+             REGISTRY, "        self._count(rec, -1)\n        del self._alive[rec.worker_id]\n",
+             "        del self._alive[rec.worker_id]\n", (T_REGISTRY,)),
+    Mutation("registry-remove-keeps-totals", "a removed worker leaves the alive set and the sums",
+             REGISTRY, "        self._leave(rec)\n        self._stale.pop(worker_id, None)\n",
+             "        self._stale.pop(worker_id, None)\n", (T_REGISTRY,)),
+    Mutation("queue-bound-off-by-one", "a model's queue holds at most `size` waiters (size + 1 is refused)",
+             QUEUE, "if len(queue) >= self.size:", "if len(queue) > self.size:", (T_QUEUE,)),
+    Mutation("queue-timeout-ignored", "a queued request waits no longer than its deadline",
+             QUEUE, "timeout=max(0.0, deadline - now())", "timeout=None", (T_QUEUE,)),
+    Mutation("queue-lifo", "the queue is FIFO: the first to join is the first woken",
+             QUEUE, "queue.append(waiter)", "queue.appendleft(waiter)", (T_QUEUE,)),
+    Mutation("affinity-ignores-model", "a session's worker that now serves another model is not chosen",
+             POLICY, "if alive.keep(request, w, now) and model.keep(request, w, now):",
+             "if alive.keep(request, w, now):", (T_POLICY, T_AFFINITY)),
+    Mutation("affinity-ignores-liveness", "a session's worker that went stale is not chosen",
+             POLICY, "if alive.keep(request, w, now) and model.keep(request, w, now):",
+             "if model.keep(request, w, now):", (T_POLICY,)),
+    Mutation("gateway-drops-model", "the gateway schedules with the model asked for, so affinity can check it",
+             "coordinator/gateway.py", "Request(gen.demand, model, body.session_id, session_worker,",
+             "Request(gen.demand, None, body.session_id, session_worker,", (T_AFFINITY,)),
+    Mutation("session-room-off-by-one", "a new session needs a free sequence slot (a full worker is filtered)",
+             "coordinator/scheduling/filters/session_room.py",
+             "worker.sessions - worker.idle_sessions < worker.max_sessions",
+             "worker.sessions - worker.idle_sessions <= worker.max_sessions", (T_UNITS, T_POLICY)),
+    Mutation("kv-room-off-by-one", "a worker with exactly the KV a request needs can take it",
+             "coordinator/scheduling/filters/kv_room.py", "+ worker.idle_kv_bytes >= need",
+             "+ worker.idle_kv_bytes > need", (T_UNITS, T_POLICY)),
+    Mutation("scorer-weight-ignored", "scorers are weighted by the settings (default 0.6 sessions, 0.4 KV)",
+             POLICY, "parts = {s.name: weight * s.score(request, worker)",
+             "parts = {s.name: s.score(request, worker)", (T_POLICY,)),
+    Mutation("breaker-never-opens", "a worker's breaker opens after `threshold` failures in a row",
+             BREAKER, "if worker.breaker_probing or worker.breaker_failures >= self.threshold:",
+             "if worker.breaker_probing:", (T_BREAKER,)),
+    Mutation("breaker-never-half-opens", "once the cool-down has passed, one probe request may go",
+             "coordinator/scheduling/filters/breaker_closed.py", "return worker.breaker_open_until <= now and",
+             "return worker.breaker_open_until == 0.0 and", (T_UNITS, T_BREAKER)),
+    Mutation("breaker-probes-unlimited", "while a probe is in flight no other request goes to that worker",
+             BREAKER, "            worker.breaker_probing = True\n", "            pass\n", (T_BREAKER,)),
+    Mutation("buffer-unbounded", "the relay buffer holds at most `maxsize` events",
+             "coordinator/buffer.py", "        if len(self._items) >= self.maxsize:\n            return False\n",
+             "", (T_BUFFER,)),
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    verdict: str  # "killed", "SURVIVED" or "error"
+    seconds: float
+    detail: str  # the test that killed it, or why it is an error
+
+
+def snapshot(into: Path) -> Path:
+    """The sources pytest needs, copied once from the working tree, plus the import guard."""
+    base = into / "snapshot"
+    base.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+    for name in SOURCES:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, base / name, ignore=ignore)
+        else:
+            shutil.copy2(src, base / name)
+    (base / "mutation_guard.py").write_text(GUARD)
+    return base
+
+
+def run_pytest(copy: Path, tests: Sequence[str]) -> tuple[int, str, float]:
+    """Run pytest on `tests` in `copy`, with the copy first on the import path: (exit code, output, seconds)."""
+    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+    started = time.monotonic()
+    try:
+        result = subprocess.run([sys.executable, "-m", "pytest", *PYTEST_FLAGS, *tests], cwd=copy, env=env,
+                              capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout if isinstance(exc.stdout, str) else (exc.stdout or b"").decode(errors="replace")
+        return -1, out + f"\ntimed out after {TIMEOUT:g} s", time.monotonic() - started
+    return result.returncode, result.stdout + result.stderr, time.monotonic() - started
+
+
+def first_failure(output: str) -> str:
+    for line in output.splitlines():
+        if line.startswith(("FAILED ", "ERROR ")):
+            return line.split(" - ", 1)[0].split(" ", 1)[1]
+    return "?"
+
+
+def tail(output: str, lines: int = 15) -> str:
+    return "\n".join("    " + line for line in output.rstrip().splitlines()[-lines:])
+
+
+def run_one(mutation: Mutation, base: Path, scratch: Path) -> Outcome:
+    copy = scratch / mutation.name
+    shutil.copytree(base, copy)
+    target = copy / mutation.path
+    started = time.monotonic()
+    try:
+        target.write_text(mutation.apply(target.read_text()))
+    except (StaleMutation, FileNotFoundError) as exc:
+        return Outcome("error", time.monotonic() - started, str(exc))
+    code, output, seconds = run_pytest(copy, mutation.tests)
+    shutil.rmtree(copy, ignore_errors=True)
+    if code == 1:
+        return Outcome("killed", seconds, f"by {first_failure(output)}")
+    if code == 0:
+        return Outcome("SURVIVED", seconds, "its tests passed:\n" + tail(output, 3))
+    return Outcome("error", seconds, f"pytest exited {code}, which is no verdict:\n" + tail(output))
+
+
+def chosen(names: Sequence[str]) -> list[Mutation]:
+    by_name = {m.name: m for m in MUTATIONS}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise SystemExit(f"unknown mutation(s): {', '.join(unknown)} (see --list)")
+    return [by_name[n] for n in names] if names else list(MUTATIONS)
+
+
+def list_table(mutations: Sequence[Mutation]) -> None:
+    for m in mutations:
+        print(f"{m.name}\n    breaks: {m.breaks}\n    in:     {m.path}\n    caught: {', '.join(m.tests)}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--list", action="store_true", help="print the table and run nothing")
+    parser.add_argument("names", nargs="*", metavar="NAME", help="mutations to run (default: all)")
+    args = parser.parse_args(argv)
+    mutations = chosen(args.names)
+    if args.list:
+        list_table(mutations)
+        return 0
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="mutations-") as tmp:
+        scratch = Path(tmp)
+        base = snapshot(scratch)
+        tests = list(dict.fromkeys(t for m in mutations for t in m.tests))
+        code, output, seconds = run_pytest(base, tests)
+        if code != 0:
+            print(f"the unmutated tests do not pass (pytest exited {code}): no mutation can be judged\n"
+                  + tail(output, 30))
+            return 2
+        print(f"{'(unmutated)':30} passes   {seconds:5.1f} s  {len(tests)} test files, imported from the copy")
+        outcomes = []
+        for m in mutations:
+            outcome = run_one(m, base, scratch)
+            outcomes.append(outcome)
+            print(f"{m.name:30} {outcome.verdict:8} {outcome.seconds:5.1f} s  {outcome.detail}", flush=True)
+    killed = sum(o.verdict == "killed" for o in outcomes)
+    failed = len(outcomes) - killed
+    if failed:
+        print(f"{failed} mutation(s) not killed: a claimed property can break with every test still passing",
+              file=sys.stderr)
+    print(f"{killed} passed, {failed} failed in {time.monotonic() - started:.1f} s")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
