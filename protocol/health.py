@@ -100,6 +100,8 @@ class WorkerHealth(BaseModel):
 
 class SessionInfo(BaseModel):
     session_id: str
+    tenant: str = Field(default="", description="the tenant whose session it is: ids are per tenant, so two "
+                        "tenants may each hold a session of the same id")
     tokens: int = Field(ge=0, description="tokens the session holds in the KV cache")
     kv_bytes: int = Field(ge=0)
     idle_seconds: float = Field(ge=0.0)

@@ -1,4 +1,4 @@
-"""The internal coordinator <-> worker contract, version 1: what a coordinator posts to a worker's
+"""The internal coordinator <-> worker contract, version 2: what a coordinator posts to a worker's
 `POST /worker/generate` and the SSE events the worker streams back.
 
 Owns: the generation request (a prompt, or a list of chat messages the worker renders with the
@@ -10,7 +10,8 @@ their own request types and adapters in the coordinator; only this contract cros
 Versioning: the coordinator sends `PROTOCOL_HEADER: PROTOCOL_VERSION` with every request and
 workers report `protocol` in their heartbeats. A worker refuses a request of another version with
 400 `protocol_mismatch`; the coordinator refuses heartbeats from workers of another version, so a
-mixed fleet never routes a request a worker would misread.
+mixed fleet never routes a request a worker would misread. Version 2 added `GenerateRequest.tenant`
+(a version 1 worker refuses the unknown field).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 GENERATE_PATH = "/worker/generate"
 
 # Headers (lower case: both HTTP stacks compare them case-insensitively).
@@ -56,6 +57,7 @@ MAX_PROMPT_CHARS = 1_000_000
 MAX_MESSAGES = 1_024
 SESSION_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/\-]{0,127}$"
+TENANT_PATTERN = r"^[A-Za-z0-9._:-]{0,64}$"
 
 
 class ChatMessage(BaseModel):
@@ -105,6 +107,13 @@ class GenerateRequest(GenerationFields):
     probabilities: bool = Field(default=True, description="False: token events carry `probability: null` and "
                                 "the worker skips the softmax over the vocabulary that a probability needs "
                                 "(a surface whose client did not ask for them)")
+    # Internal only (not in GenerationFields, which public surfaces share): a client never names its
+    # own tenant; the coordinator derives it from the API key it authenticated.
+    tenant: str = Field(default="", pattern=TENANT_PATTERN,
+                        description="the tenant the coordinator serves this request for, derived from the "
+                                    "client's API key (\"\" when the pool has no keys). The worker keeps each "
+                                    "tenant's sessions, prompt cache and prefix copies apart: another tenant's "
+                                    "session id names nothing, and its cached prompts are never reused")
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> GenerateRequest:

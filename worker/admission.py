@@ -3,7 +3,8 @@
 Owns: the checks that decide the HTTP status before the first byte (model name, session state,
 prompt length against the session's KV limit, KV and sequence capacity), prompt construction
 (the request's chat messages, or its prompt as a user turn after the session's history, rendered
-with the model's chat template; or raw text) and the reuse of a session's cached tokens.
+with the model's chat template; or raw text) and the reuse of a session's cached tokens. A session
+id is looked up within the request's tenant only (see worker/sessions.py, Tenancy).
 Must not: run inference or free KV itself; it hands jobs and frees to the engine in FIFO order.
 """
 
@@ -47,7 +48,8 @@ class Gate:
             raise WorkerError(404, reasons.UNKNOWN_MODEL,
                               f"model {request.model!r} is not served here (this worker serves {self.names.name!r})")
         # Without the coordinator's claim that it continues here, an expired id starts afresh.
-        known = self.table.lookup(request.session_id, continuation=session_expected) if request.session_id else None
+        known = (self.table.lookup(request.session_id, tenant=request.tenant, continuation=session_expected)
+                 if request.session_id else None)
         if known is None and session_expected and request.session_id:
             raise WorkerError(404, reasons.UNKNOWN_SESSION,
                               f"session {request.session_id!r} is not on this worker (restarted or dropped)")
@@ -65,7 +67,7 @@ class Gate:
                               f"prompt is {len(tokens)} tokens; a session holds at most {limit} tokens "
                               "including the output")
         need = min(limit, len(tokens) + request.max_tokens)
-        admission = self.table.admit(request.session_id, need, tokens, stream_ref=stream_ref)
+        admission = self.table.admit(request.session_id, need, tokens, tenant=request.tenant, stream_ref=stream_ref)
         session = admission.session
         if known is not None and (session is not known or len(session.messages) != turns):
             # Another turn ran or the session was deleted while we tokenized: our prompt is stale.

@@ -1,8 +1,14 @@
 """The worker's HTTP API: generate (SSE), health, sessions, metrics.
 
-Owns: routes, request ids, turning engine stream items into SSE events, the per-request log line.
+Owns: routes, request ids, turning engine stream items into SSE events, the per-request log line,
+and the worker token check.
 Must not: decide admission (admission.Gate does) or touch llama.cpp. The status code is fixed before
 the first byte; once the stream has started, failures are `error` events.
+
+The worker token: when one is set, every route but `GET /worker/health` needs it (401 `unauthorized`):
+generate, the session listing and deletion (session ids and tenants are the coordinator's clients'
+business) and `/metrics` (a scraper sends it as a bearer token). Health stays open on purpose:
+Kubernetes probes and load balancers cannot send a secret, and it tells only load and status.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Literal
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -40,6 +46,7 @@ from protocol.worker import (
     REQUEST_ID_HEADER,
     SESSION_EXPECTED_HEADER,
     STREAM_REF_HEADER,
+    TENANT_PATTERN,
     WORKER_ID_HEADER,
     DoneEvent,
     ErrorBody,
@@ -59,11 +66,13 @@ from worker.simulated import SimulatedModel
 
 log = logging.getLogger("worker.requests")
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_UNAUTHORIZED_TEXT = "`unauthorized`: the worker token is set and the request does not carry it"
+_UNAUTHORIZED: dict[str, Any] = {"model": ErrorBody, "description": _UNAUTHORIZED_TEXT}
 
 
 _GENERATE_REFUSALS: dict[int | str, str] = {
     400: "`invalid_request` or `protocol_mismatch`",
-    401: "`unauthorized`: the worker token is set and the request does not carry it",
+    401: _UNAUTHORIZED_TEXT,
     404: "`unknown_model`, `session_expired`, or `unknown_session` (with X-Session-Expected)",
     409: "`session_busy`",
     413: "`prompt_too_long` or `body_too_large`",
@@ -180,7 +189,8 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
     expected_auth = f"Bearer {settings.worker_token}".encode() if settings.worker_token else None
 
     def authorize(request: Request) -> None:
-        """With a worker token set, only its holder (the coordinator) may generate or delete sessions."""
+        """With a worker token set, only its holder (the coordinator, a scraper given it) may use any
+        route but health (see the module docstring)."""
         if expected_auth is not None and not hmac.compare_digest(
                 request.headers.get("authorization", "").encode(), expected_auth):
             raise WorkerError(401, reasons.UNAUTHORIZED, "this worker needs the worker token")
@@ -210,6 +220,7 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
         return EventStream(_events(runtime, job), headers=headers, ping_interval=PING_INTERVAL,
                            send_timeout=settings.slow_consumer_deadline)
 
+    # Open even with a worker token: probes cannot send one (see the module docstring).
     @app.get("/worker/health")
     async def health(request: Request) -> JSONResponse:
         runtime: WorkerRuntime | None = request.app.state.runtime
@@ -223,19 +234,26 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
         # Draining: not ready for new work (a readiness probe or load balancer moves away).
         return JSONResponse(body.model_dump(), status_code=503 if runtime.gate.draining else 200)
 
-    @app.get("/worker/sessions")
+    @app.get("/worker/sessions", responses={401: _UNAUTHORIZED,
+                                            503: {"model": ErrorBody, "description": "`loading`"}})
     async def sessions(request: Request) -> SessionList:
+        authorize(request)
         runtime = runtime_of(request)
         return SessionList(ttl_seconds=runtime.table.ttl, sessions=runtime.table.describe())
 
     @app.delete("/worker/sessions/{session_id}", status_code=204, responses={
-        401: {"model": ErrorBody, "description": "`unauthorized`: the worker token is set and missing here"},
-        404: {"model": ErrorBody, "description": "`unknown_session`"},
+        400: {"model": ErrorBody, "description": "`invalid_request`: a malformed tenant"},
+        401: _UNAUTHORIZED,
+        404: {"model": ErrorBody, "description": "`unknown_session`: this tenant holds no session of that id "
+                                                 "(another tenant's session of the same id is left alone)"},
         503: {"model": ErrorBody, "description": "`loading`"}})
-    async def delete_session(session_id: str, request: Request) -> Response:
+    async def delete_session(session_id: str, request: Request,
+                             tenant: str = Query("", pattern=TENANT_PATTERN,
+                                                 description="the tenant whose session it is (`GenerateRequest."
+                                                             "tenant`); \"\" when the pool has no keys")) -> Response:
         authorize(request)
         runtime = runtime_of(request)
-        session = runtime.table.delete(session_id)
+        session = runtime.table.delete(session_id, tenant=tenant)
         if session.busy:
             # Its stream is cancelled now; the engine frees the sequence at its next step.
             runtime.engine.cancel_session(session)
@@ -243,8 +261,9 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
             runtime.engine.free([session.seq_id])
         return Response(status_code=204)
 
-    @app.get("/metrics", response_class=PlainTextResponse)
+    @app.get("/metrics", response_class=PlainTextResponse, responses={401: _UNAUTHORIZED})
     async def metrics(request: Request) -> Response:
+        authorize(request)
         return Response(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app
@@ -313,7 +332,8 @@ def _done(runtime: WorkerRuntime, job: Job, item: Finished) -> DoneEvent:
 def _log_request(runtime: WorkerRuntime, job: Job, outcome: Finished | Failed | None) -> None:
     line: dict[str, object] = {"event": "request", "request_id": job.request_id,
                                "worker_id": runtime.settings.worker_id, "model": runtime.names.name,
-                               "session_id": job.request.session_id, "prompt_tokens": len(job.prompt_tokens)}
+                               "session_id": job.request.session_id, "tenant": job.request.tenant,
+                               "prompt_tokens": len(job.prompt_tokens)}
     if isinstance(outcome, Finished):
         line.update(finish_reason=outcome.reason, cached_tokens=outcome.cached_tokens,
                     completion_tokens=outcome.completion_tokens, ttft_ms=round(outcome.ttft_s * 1e3, 2),

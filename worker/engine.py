@@ -163,7 +163,8 @@ class Engine:
 
     @property
     def queue_depth(self) -> int:
-        return sum(1 for item in list(self._inbox) if isinstance(item, Job))
+        with self._cond:  # the engine thread swaps the inbox out under this lock
+            return sum(1 for item in self._inbox if isinstance(item, Job))
 
     @property
     def running(self) -> int:
@@ -262,8 +263,12 @@ class Engine:
             for run in self._running:
                 if run.job.session is item[1]:
                     run.job.channel.cancel()
-            for queued in self._inbox:
-                if isinstance(queued, Job) and queued.session is item[1]:
+            # The event loop appends to the inbox under the lock; walking it unlocked could see it
+            # mutate mid-iteration (RuntimeError) and end every running stream as an engine failure.
+            with self._cond:
+                queued_jobs = [queued for queued in self._inbox if isinstance(queued, Job)]
+            for queued in queued_jobs:
+                if queued.session is item[1]:
                     queued.channel.cancel()
         elif item[0] == "call":
             fn, future = item[1]
@@ -300,7 +305,8 @@ class Engine:
             return None
         # A sequence whose own copy is still pending holds nothing yet; one prompt token is always
         # decoded, for the logits of the first generated token.
-        return self.table.prefix_source(job.prompt_tokens[:-1], at_least=job.cached_tokens + self.config.prefix_min_tokens,
+        return self.table.prefix_source(job.prompt_tokens[:-1], tenant=job.session.tenant,
+                                        at_least=job.cached_tokens + self.config.prefix_min_tokens,
                                         skip=self._copied | {job.session.seq_id})
 
     def _copy_prefix(self, source: tuple[int, int], session: Session, prompt: list[int]) -> int:

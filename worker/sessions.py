@@ -7,6 +7,13 @@ Must not: call llama.cpp. Freeing a sequence's cells is the engine's job: every 
 a sequence up returns its id, and the caller queues the free on the engine *before* any request that
 could reuse that id (the engine's inbox is FIFO).
 
+Tenancy: every session belongs to the tenant (the coordinator's name for a client API key) that
+opened it. Named sessions and their tombstones are keyed by (tenant, session id), so another
+tenant's id names nothing here: same 404s, same fresh start, never a 409 that would betray it. The
+prompt cache (a freed sequence's leftover cells) and the prefix copy between sequences serve only
+the tenant whose prompt filled those cells: otherwise `cached_tokens`, and the time to first token,
+would tell a tenant whether its guess of another tenant's prompt is right.
+
 Thread safety: admission runs on the event loop, release on the engine thread; one lock guards all.
 """
 
@@ -55,6 +62,7 @@ class Session:
     seq_id: int
     session_id: str | None  # None: one-shot, freed when its stream ends
     last_used: float
+    tenant: str = ""  # whose session it is; its id and its cells serve no other tenant
     tokens: list[int] = field(default_factory=list)  # what the sequence's KV cells hold, in order
     messages: list[Message] = field(default_factory=list)  # chat history, for templated turns
     reserved_tokens: int = 0
@@ -75,6 +83,14 @@ class TableLoad:
 
 
 @dataclass(frozen=True)
+class _Leftover:
+    """What a freed sequence's cells still hold, and for whom."""
+
+    tenant: str
+    tokens: list[int]
+
+
+@dataclass(frozen=True)
 class Admission:
     session: Session
     freed_seq_ids: tuple[int, ...]  # evicted idle sessions: free these on the engine first
@@ -92,43 +108,45 @@ class SessionTable:
         # throughput: 0.82 -> 0.96 of the in-process ceiling once ids were handed out this way).
         self._free_seq_ids = list(range(limits.max_sessions))
         # Tokens still in a free sequence's cells (split KV only: those cells serve no other sequence),
-        # so a new request whose prompt they already hold skips that prefill.
-        self._leftover: dict[int, list[int]] = {}
-        self._named: dict[str, Session] = {}
+        # so a new request of the same tenant whose prompt they already hold skips that prefill.
+        self._leftover: dict[int, _Leftover] = {}
+        self._named: dict[tuple[str, str], Session] = {}  # by (tenant, session id)
         self._live: set[Session] = set()
         self._idle_lru: collections.OrderedDict[int, Session] = collections.OrderedDict()  # by seq_id
         self._reserved_tokens = 0
-        self._expired: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._expired: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
         self._tombstone_limit = tombstones
         self.evicted_total = 0
         self.expired_total = 0
 
     # -- admission (event loop) --------------------------------------------------------------------
 
-    def lookup(self, session_id: str, *, continuation: bool = True) -> Session | None:
-        """The idle or busy session of that id. An id that expired or was evicted raises 404 when the
-        caller claims a continuation; otherwise the id is free again and starts a new conversation."""
+    def lookup(self, session_id: str, *, tenant: str = "", continuation: bool = True) -> Session | None:
+        """`tenant`'s idle or busy session of that id. An id that expired or was evicted raises 404 when
+        the caller claims a continuation; otherwise the id is free again and starts a new conversation."""
+        key = (tenant, session_id)
         with self._lock:
-            if session_id in self._expired:
+            if key in self._expired:
                 if continuation:
                     raise WorkerError(404, reasons.SESSION_EXPIRED, f"session {session_id!r} expired")
-                del self._expired[session_id]
-            return self._named.get(session_id)
+                del self._expired[key]
+            return self._named.get(key)
 
     def admit(self, session_id: str | None, need_tokens: int, prompt: list[int] | tuple[int, ...] = (), *,
-              stream_ref: int | None = None) -> Admission:
-        """Reserves a sequence and `need_tokens` of KV for one request, or raises 409/503.
+              tenant: str = "", stream_ref: int | None = None) -> Admission:
+        """Reserves a sequence and `need_tokens` of KV for one request of `tenant`, or raises 409/503.
 
         `stream_ref`: the coordinator's reference of the request (`X-Stream-Ref`); heartbeats list it
         while the stream holds its session, so the coordinator knows which of its streams they count.
 
-        A new sequence is the free one that already holds most of `prompt` (see `_take_seq`); its
-        `tokens` then say what its cells hold, and the engine keeps their common prefix.
+        A new sequence is the free one that already holds most of `prompt` for this tenant (see
+        `_take_seq`); its `tokens` then say what its cells hold, and the engine keeps their common
+        prefix. Taken from another tenant's leftover, its `tokens` are empty: the engine clears it all.
         """
         if need_tokens > self.limits.session_max_tokens:
             raise ValueError("need_tokens is above the session limit; validate before admitting")
         with self._lock:
-            session = self._named.get(session_id) if session_id else None
+            session = self._named.get((tenant, session_id)) if session_id else None
             if session is not None and session.busy:
                 raise WorkerError(409, reasons.SESSION_BUSY, f"session {session_id!r} is generating")
             freed: list[int] = []
@@ -140,12 +158,13 @@ class SessionTable:
                 while not self._free_seq_ids:
                     if not self._evict_one(keep=None, into=freed):
                         raise WorkerError(503, reasons.SESSIONS_FULL, "every sequence slot is in use")
-                seq_id = self._take_seq(prompt)
-                session = Session(seq_id=seq_id, session_id=session_id, last_used=self._clock(),
-                                  tokens=self._leftover.pop(seq_id, []))
+                seq_id = self._take_seq(prompt, tenant)
+                left = self._leftover.pop(seq_id, None)
+                session = Session(seq_id=seq_id, session_id=session_id, last_used=self._clock(), tenant=tenant,
+                                  tokens=left.tokens if left is not None and left.tenant == tenant else [])
                 self._live.add(session)
                 if session_id:
-                    self._named[session_id] = session
+                    self._named[(tenant, session_id)] = session
             else:
                 self._idle_lru.pop(session.seq_id, None)
             self._reserved_tokens += need_tokens - session.reserved_tokens
@@ -154,16 +173,19 @@ class SessionTable:
             session.stream_ref = stream_ref
             return Admission(session, tuple(freed))
 
-    def _take_seq(self, prompt: list[int] | tuple[int, ...]) -> int:
-        """A free sequence id: the one whose leftover cells share the longest prefix with the prompt, if
-        that is at least half the prompt (or 256 of its tokens); else the lowest empty one, which keeps
-        the running ids contiguous for llama.cpp without overwriting cells another prompt may match;
-        else (every free sequence holds a leftover) the one freed longest ago. Half, not all: a chat client's next turn resends the
-        whole conversation, and the previous turn's cells hold all of it but the new message."""
+    def _take_seq(self, prompt: list[int] | tuple[int, ...], tenant: str) -> int:
+        """A free sequence id: the one whose leftover cells (of this tenant) share the longest prefix with
+        the prompt, if that is at least half the prompt (or 256 of its tokens); else the lowest empty
+        one, which keeps the running ids contiguous for llama.cpp without overwriting cells another
+        prompt may match; else (every free sequence holds a leftover) the one freed longest ago, of
+        any tenant (`admit` then reports it empty). Half, not all: a chat client's next turn resends
+        the whole conversation, and the previous turn's cells hold all of it but the new message."""
         best, best_len = -1, max(1, min(256, (len(prompt) + 1) // 2))
         wanted = list(prompt)
-        for seq_id, cells in self._leftover.items():
-            n = shared_prefix(cells, wanted)
+        for seq_id, left in self._leftover.items():
+            if left.tenant != tenant:
+                continue
+            n = shared_prefix(left.tokens, wanted)
             if n >= best_len:
                 best, best_len = seq_id, n
         if best < 0:
@@ -177,16 +199,18 @@ class SessionTable:
         heapq.heapify(self._free_seq_ids)
         return best
 
-    def prefix_source(self, prompt: list[int], *, at_least: int, skip: set[int]) -> tuple[int, int] | None:
-        """The sequence (not in `skip`) whose cells hold the longest prefix of `prompt`, and its length,
-        if that is at least `at_least` tokens: a running or kept session, or a freed sequence's leftover.
-        Engine thread only: the cells hold exactly what the table says there."""
+    def prefix_source(self, prompt: list[int], *, tenant: str, at_least: int,
+                      skip: set[int]) -> tuple[int, int] | None:
+        """The sequence (not in `skip`) whose cells hold the longest prefix of `tenant`'s `prompt`, and
+        its length, if that is at least `at_least` tokens: a running or kept session of that tenant, or
+        a freed sequence's leftover of that tenant. Engine thread only: the cells hold exactly what the
+        table says there."""
         if at_least > len(prompt):
             return None
         best: tuple[int, int] | None = None
         with self._lock:
-            held = [(s.seq_id, s.tokens) for s in self._live]
-            held.extend(self._leftover.items())
+            held = [(s.seq_id, s.tokens) for s in self._live if s.tenant == tenant]
+            held.extend((seq_id, left.tokens) for seq_id, left in self._leftover.items() if left.tenant == tenant)
             for seq_id, cells in held:
                 if seq_id in skip or len(cells) < at_least or cells[0] != prompt[0]:
                     continue
@@ -218,7 +242,7 @@ class SessionTable:
             session.busy = False
             session.stream_ref = None
             session.last_used = self._clock()
-            named = session.session_id is not None and self._named.get(session.session_id) is session
+            named = session.session_id is not None and self._named.get(_key(session)) is session
             if keep_kv and named and session in self._live:
                 self._reserved_tokens += len(session.tokens) - session.reserved_tokens
                 session.reserved_tokens = len(session.tokens)
@@ -227,7 +251,7 @@ class SessionTable:
             if session in self._live:
                 self._drop(session)
                 if retain_cells:
-                    self._leftover[session.seq_id] = session.tokens
+                    self._leftover[session.seq_id] = _Leftover(session.tenant, session.tokens)
                     return None
                 return session.seq_id
             return None
@@ -237,10 +261,10 @@ class SessionTable:
         self._reserved_tokens -= session.reserved_tokens
         session.reserved_tokens = 0
         heapq.heappush(self._free_seq_ids, session.seq_id)
-        if session.session_id is not None and self._named.get(session.session_id) is session:
-            del self._named[session.session_id]
+        if session.session_id is not None and self._named.get(_key(session)) is session:
+            del self._named[_key(session)]
         if session.session_id is not None and tombstone:
-            self._expired[session.session_id] = None
+            self._expired[_key(session)] = None
             while len(self._expired) > self._tombstone_limit:
                 self._expired.popitem(last=False)
 
@@ -257,14 +281,15 @@ class SessionTable:
             self.expired_total += len(stale)
             return [s.seq_id for s in stale]
 
-    def delete(self, session_id: str) -> Session:
-        """Forgets a named session (its id may start a new one at once).
+    def delete(self, session_id: str, *, tenant: str = "") -> Session:
+        """Forgets `tenant`'s named session of that id (the id may start a new one at once); another
+        tenant's session of the same id is no concern of this call: 404 as for an unknown id.
 
         An idle session is dropped here and its seq id must be freed by the caller; a busy one is
         returned for cancelling, and its release will free it instead of keeping it.
         """
         with self._lock:
-            session = self._named.pop(session_id, None)
+            session = self._named.pop((tenant, session_id), None)
             if session is None:
                 raise WorkerError(404, reasons.UNKNOWN_SESSION, f"no session {session_id!r}")
             if not session.busy:
@@ -291,7 +316,13 @@ class SessionTable:
         bpt = self.limits.bytes_per_token
         with self._lock:
             return [
-                SessionInfo(session_id=sid, tokens=len(s.tokens), kv_bytes=len(s.tokens) * bpt,
+                SessionInfo(session_id=sid, tenant=tenant, tokens=len(s.tokens), kv_bytes=len(s.tokens) * bpt,
                             idle_seconds=0.0 if s.busy else max(0.0, now - s.last_used), busy=s.busy)
-                for sid, s in self._named.items()
+                for (tenant, sid), s in self._named.items()
             ]
+
+
+def _key(session: Session) -> tuple[str, str]:
+    """A named session's key in the table: ids are per tenant."""
+    assert session.session_id is not None
+    return session.tenant, session.session_id

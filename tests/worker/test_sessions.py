@@ -1,3 +1,5 @@
+import random
+
 import pytest
 
 from worker.errors import WorkerError
@@ -167,8 +169,194 @@ def test_prefix_source_is_the_longest_holder_past_the_minimum() -> None:
     freed.tokens = [7] * 95
     t.release(freed, keep_kv=False, retain_cells=True)  # a leftover
     prompt = [7] * 120
-    assert t.prefix_source(prompt, at_least=10, skip=set()) == (freed.seq_id, 95)
-    assert t.prefix_source(prompt, at_least=10, skip={freed.seq_id}) == (kept.seq_id, 90)
-    assert t.prefix_source(prompt, at_least=91, skip={freed.seq_id}) is None
-    assert t.prefix_source([8] * 120, at_least=1, skip=set()) is None
-    assert t.prefix_source([7] * 5, at_least=10, skip=set()) is None
+    assert t.prefix_source(prompt, tenant="", at_least=10, skip=set()) == (freed.seq_id, 95)
+    assert t.prefix_source(prompt, tenant="", at_least=10, skip={freed.seq_id}) == (kept.seq_id, 90)
+    assert t.prefix_source(prompt, tenant="", at_least=91, skip={freed.seq_id}) is None
+    assert t.prefix_source([8] * 120, tenant="", at_least=1, skip=set()) is None
+    assert t.prefix_source([7] * 5, tenant="", at_least=10, skip=set()) is None
+
+
+# -- tenancy: ids, tombstones, the prompt cache and prefix copies are per tenant ----------------------
+
+
+def test_the_same_id_names_a_separate_session_per_tenant() -> None:
+    t, _ = table()
+    a = t.admit("chat", 10, tenant="A").session
+    assert a.tenant == "A"
+    assert t.lookup("chat", tenant="B") is None  # A's session, busy or idle, is nothing to B
+    b = t.admit("chat", 10, tenant="B").session  # not 409: A's being busy must not show
+    assert b is not a and b.seq_id != a.seq_id and b.tenant == "B"
+    t.release(a, keep_kv=True)
+    t.release(b, keep_kv=True)
+    assert t.lookup("chat", tenant="A") is a and t.lookup("chat", tenant="B") is b
+    assert t.lookup("chat") is None  # the no-key tenant "" is a tenant like any other
+    assert sorted((s.tenant, s.session_id) for s in t.describe()) == [("A", "chat"), ("B", "chat")]
+
+
+def test_a_tombstone_answers_only_the_tenant_whose_session_expired() -> None:
+    t, clock = table(ttl=10)
+    a = t.admit("chat", 10, tenant="A").session
+    t.release(a, keep_kv=True)
+    clock.now += 11
+    assert t.expire_idle() == [a.seq_id]
+    assert t.lookup("chat", tenant="B") is None  # B never had it: no 404 session_expired
+    with pytest.raises(WorkerError) as gone:
+        t.lookup("chat", tenant="A")
+    assert (gone.value.status, gone.value.reason) == (404, "session_expired")
+
+
+@pytest.mark.parametrize(("deleter", "deleted"), [("A", "A"), ("B", "B"), ("C", None), ("", None)])
+def test_delete_removes_only_the_tenants_own_session(deleter: str, deleted: str | None) -> None:
+    t, _ = table()
+    held = {}
+    for tenant in ("A", "B"):
+        held[tenant] = t.admit("chat", 10, tenant=tenant).session
+        t.release(held[tenant], keep_kv=True)
+    if deleted is None:
+        with pytest.raises(WorkerError) as unknown:
+            t.delete("chat", tenant=deleter)
+        assert (unknown.value.status, unknown.value.reason) == (404, "unknown_session")
+    else:
+        assert t.delete("chat", tenant=deleter) is held[deleted]
+    for tenant, session in held.items():
+        assert t.lookup("chat", tenant=tenant) is (None if tenant == deleted else session)
+
+
+PROMPT = list(range(1, 11))
+
+
+@pytest.mark.parametrize(("taker", "reused"), [("A", True), ("B", False), ("", False)])
+def test_a_leftover_is_reused_only_by_its_tenant(taker: str, reused: bool) -> None:
+    t, _ = table(sessions=3)
+    freed = t.admit(None, 12, PROMPT, tenant="A").session
+    freed.tokens.extend(PROMPT)
+    t.release(freed, keep_kv=False, retain_cells=True)
+    taken = t.admit(None, 12, [*PROMPT, 11], tenant=taker).session
+    # Another tenant gets the lowest EMPTY sequence, and A's cells stay for A.
+    assert (taken.seq_id == freed.seq_id, taken.tokens) == ((True, PROMPT) if reused else (False, []))
+
+
+def test_taking_another_tenants_leftover_reports_it_empty_so_the_engine_clears_it() -> None:
+    t, _ = table(sessions=1)
+    freed = t.admit(None, 12, PROMPT, tenant="A").session
+    freed.tokens.extend(PROMPT)
+    t.release(freed, keep_kv=False, retain_cells=True)
+    taken = t.admit(None, 12, PROMPT, tenant="B").session  # the only free sequence holds A's cells
+    assert taken.seq_id == freed.seq_id and taken.tokens == []  # cached 0: llama_memory_seq_rm(seq, 0, -1)
+    t.release(taken, keep_kv=False, retain_cells=True)  # now B's leftover (its cells: B's own tokens)
+    again = t.admit(None, 12, PROMPT, tenant="A").session
+    assert again.tokens == []
+
+
+def test_prefix_source_considers_only_the_tenants_sequences() -> None:
+    t, _ = table(capacity=1000, session_max=200, sessions=4)
+    running = t.admit(None, 100, tenant="A").session
+    running.tokens = [7] * 80
+    kept = t.admit("chat", 100, tenant="A").session
+    kept.tokens = [7] * 90
+    t.release(kept, keep_kv=True)
+    freed = t.admit(None, 100, tenant="A").session
+    freed.tokens = [7] * 95
+    t.release(freed, keep_kv=False, retain_cells=True)
+    prompt = [7] * 120
+    assert t.prefix_source(prompt, tenant="A", at_least=10, skip=set()) == (freed.seq_id, 95)
+    assert t.prefix_source(prompt, tenant="A", at_least=10, skip={freed.seq_id}) == (kept.seq_id, 90)
+    assert t.prefix_source(prompt, tenant="A", at_least=10, skip={freed.seq_id, kept.seq_id}) == (running.seq_id, 80)
+    for other in ("B", ""):
+        assert t.prefix_source(prompt, tenant=other, at_least=1, skip=set()) is None
+    mine = t.admit(None, 100, tenant="B").session
+    mine.tokens = [7] * 30
+    assert t.prefix_source(prompt, tenant="B", at_least=1, skip=set()) == (mine.seq_id, 30)
+
+
+def test_no_operation_sequence_lets_a_tenant_reach_another_tenants_session_or_cells() -> None:
+    """Random admits (kept and one-shot), deletes and lookups by two tenants over the same few ids and
+    the same few prompts, on a table small enough to evict and reuse leftovers. A model of who holds
+    what (and whose tokens each sequence's cells hold, as the engine would leave them) must agree
+    with the table after every step, and no tenant may ever get another's session, cells or prefix."""
+    rng = random.Random(20240611)
+    t, clock = table(capacity=60, session_max=20, sessions=4)
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 5, 6, 9, 9, 9, 9], [1, 2, 3, 4], [5, 6, 7, 8, 9, 10, 11, 12]]
+    named: dict[tuple[str, str], object] = {}  # (tenant, id) -> its live Session
+    tombstones: set[tuple[str, str]] = set()
+    owner: dict[int, str] = {}  # seq id -> the tenant whose tokens its cells hold
+    crossings = {"same_id": 0, "cells_cleared": 0, "tombstone_other": 0}
+
+    def forget(freed: list[int] | tuple[int, ...], *, tombstone: bool) -> None:
+        for seq_id in freed:
+            owner.pop(seq_id, None)  # the engine frees these cells
+            for key, session in list(named.items()):
+                if session.seq_id == seq_id:  # type: ignore[attr-defined]
+                    del named[key]
+                    if tombstone:
+                        tombstones.add(key)
+
+    def run(session, prompt: list[int], tenant: str) -> None:  # type: ignore[no-untyped-def]
+        """What the engine does with an admitted request: keep the cached prefix, prefill the rest."""
+        assert session.tenant == tenant
+        if session.tokens:
+            assert owner.get(session.seq_id) == tenant, "handed another tenant's cells"
+        elif owner.get(session.seq_id) not in (None, tenant):
+            crossings["cells_cleared"] += 1
+        source = t.prefix_source(prompt, tenant=tenant, at_least=1, skip={session.seq_id})
+        if source is not None:
+            assert owner.get(source[0]) == tenant, "offered another tenant's cells to copy"
+        keep = shared_prefix(session.tokens, prompt)
+        del session.tokens[keep:]
+        session.tokens.extend(prompt[keep:])
+        owner[session.seq_id] = tenant
+
+    for _ in range(3000):
+        tenant, sid = rng.choice("AB"), rng.choice(["s1", "s2", "s3"])
+        op = rng.choice(["keep", "one_shot", "delete", "lookup"])
+        key, other = (tenant, sid), ("B" if tenant == "A" else "A", sid)
+        prompt = rng.choice(prompts)
+        clock.now += 1
+        if op in ("keep", "one_shot"):
+            if op == "keep":
+                assert t.lookup(sid, tenant=tenant, continuation=False) is named.get(key)  # as the gate does
+                tombstones.discard(key)
+                crossings["same_id"] += other in named
+            try:
+                admission = t.admit(sid if op == "keep" else None, len(prompt) + 4, prompt, tenant=tenant)
+            except WorkerError as refused:
+                assert refused.reason in ("kv_full", "sessions_full")
+                continue
+            forget(admission.freed_seq_ids, tombstone=True)
+            session = admission.session
+            if op == "keep" and key in named:
+                assert session is named[key]
+            else:
+                assert session not in named.values()  # a new session, never another's
+            run(session, prompt, tenant)
+            if op == "keep":
+                named[key] = session
+                assert t.release(session, keep_kv=True) is None
+            else:
+                freed = t.release(session, keep_kv=False, retain_cells=rng.random() < 0.8)
+                forget([freed] if freed is not None else [], tombstone=False)
+        elif op == "delete":
+            if key in named:
+                session = named.pop(key)
+                assert t.delete(sid, tenant=tenant) is session
+                forget([session.seq_id], tombstone=False)  # type: ignore[attr-defined]
+            else:
+                with pytest.raises(WorkerError) as unknown:
+                    t.delete(sid, tenant=tenant)
+                assert unknown.value.reason == "unknown_session"
+        else:
+            continuation = rng.random() < 0.5
+            crossings["tombstone_other"] += other in tombstones and key not in tombstones
+            if key in tombstones and continuation:
+                with pytest.raises(WorkerError) as expired:
+                    t.lookup(sid, tenant=tenant, continuation=True)
+                assert expired.value.reason == "session_expired"
+            else:
+                assert t.lookup(sid, tenant=tenant, continuation=continuation) is named.get(key)
+                if not continuation:
+                    tombstones.discard(key)
+        for (held_tenant, held_id), session in named.items():
+            assert t.lookup(held_id, tenant=held_tenant) is session
+        assert sorted((s.tenant, s.session_id) for s in t.describe()) == sorted(named)
+    # The run did reach the situations the property is about.
+    assert min(crossings.values()) > 20, crossings
