@@ -21,12 +21,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coordinator import health, status_page
+from coordinator.auth import TENANT
 from coordinator.clock import Clock, SystemClock
 from coordinator.errors import CoordinatorError
 from coordinator.gateway import Gateway
 from coordinator.settings import Settings
 from coordinator.state import CoordinatorState, build_state
-from coordinator.surfaces import infer, openai
+from coordinator.surfaces import infer, openai, sessions
+from coordinator.surfaces.sessions import PREFIX as SESSIONS_PREFIX
 from coordinator.upstream import WorkerClient
 from coordinator.validate import request_id_of
 from protocol import reasons
@@ -57,6 +59,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     app.include_router(health.router)
     app.include_router(infer.router)
     app.include_router(openai.router)
+    app.include_router(sessions.router)
     app.include_router(status_page.router)
     app.add_middleware(FastPaths)
     app.add_exception_handler(CoordinatorError, _coordinator_error)  # type: ignore[arg-type]
@@ -141,21 +144,23 @@ def edge_limits(settings: Settings) -> EdgeLimits:
 
 
 def _let_in(scope: Scope) -> bool:
-    """Client API keys (coordinator/auth.py), when configured, on the generation surfaces and, if
-    asked, on /metrics and the status page's snapshot (the same counters); health, the page itself and
-    heartbeats (the worker token's) stay open."""
+    """Client API keys (coordinator/auth.py), when configured: on the generation surfaces, and (unless
+    `open_metrics`) on /metrics and the status page's snapshot; health, the page itself (it holds no
+    data, and asks for a key) and heartbeats (the worker token's) stay open. The key's tenant goes in
+    the request's state for the surfaces (`tenant_of`)."""
     state: CoordinatorState | None = getattr(scope["app"].state, "coordinator", None)
     if state is None or state.api_keys is None:
         return True
     path = scope["path"]
-    if not (path == "/coordinator/infer" or path.startswith("/v1/")
-            or (path in ("/metrics", "/coordinator/status") and state.settings.metrics_require_key)):
+    if not (path == "/coordinator/infer" or path.startswith(("/v1/", SESSIONS_PREFIX))
+            or (path in ("/metrics", "/coordinator/status") and not state.settings.open_metrics)):
         return True
     found = state.api_keys.identify(Headers(scope=scope))
     if found is None:
         state.metrics.unauthorized.inc()
         return False
-    state.metrics.requests_by_key.labels(key_id=found).inc()
+    state.metrics.requests_by_key.labels(key_id=found.key_id).inc()
+    scope.setdefault("state", {})[TENANT] = found.tenant
     return True
 
 

@@ -1,16 +1,27 @@
-"""Client API keys: who may use the generation surfaces.
+"""Client API keys: who may use the generation surfaces, and which tenant each key belongs to.
 
 Owns: the configured keys (as SHA-256 digests, never the keys themselves after start-up), reading a
-presented key from `Authorization: Bearer <key>` or `X-API-Key`, the constant-time check, and the
-short key id (a hash prefix) that metrics count requests by. Must not: log or expose a key.
+presented key from `Authorization: Bearer <key>` or `X-API-Key`, the constant-time check, the short
+key id (a hash prefix) that metrics count requests by, and each key's tenant.
+Must not: log or expose a key.
+
+A tenant owns what the pool keeps between requests: session ids, conversation affinity, cached
+answers, and on the workers the prompt cache and prefix copies (docs/reliability.md, "Tenancy").
+Each key is its own tenant (`k:` and a hash of the key), unless its entry names one: the entries
+`KEY acme` and `OTHER acme` are two keys of tenant `t:acme`, which share those caches on purpose
+(one organisation's keys sharing a system prompt). Without keys every client is tenant "".
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+
+TENANT_NAME = re.compile(r"[A-Za-z0-9._-]{1,48}")
 
 
 def key_id(key: str) -> str:
@@ -18,16 +29,40 @@ def key_id(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:8]
 
 
+def own_tenant(key: str) -> str:
+    """The tenant of a key whose entry names none: a longer hash than `key_id`, so two keys never meet."""
+    return "k:" + hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class Client:
+    key_id: str
+    tenant: str
+
+
 class ApiKeys:
-    def __init__(self, keys: Iterable[str]) -> None:
-        self._keys = [(key_id(k), hashlib.sha256(k.encode()).digest()) for k in dict.fromkeys(keys) if k]
+    def __init__(self, entries: Iterable[str]) -> None:
+        """`entries`: `KEY` or `KEY TENANT` each (whitespace between)."""
+        self._keys: list[tuple[bytes, Client]] = []
+        seen: set[str] = set()
+        for entry in entries:
+            parts = entry.split()
+            if not parts or parts[0] in seen:
+                continue
+            if len(parts) > 2 or (len(parts) == 2 and not TENANT_NAME.fullmatch(parts[1])):
+                raise ValueError("api_keys: each entry is KEY or 'KEY TENANT', a tenant name being 1 to 48 of "
+                                 "A-Z a-z 0-9 . _ -")
+            key = parts[0]
+            seen.add(key)
+            tenant = f"t:{parts[1]}" if len(parts) == 2 else own_tenant(key)
+            self._keys.append((hashlib.sha256(key.encode()).digest(), Client(key_id(key), tenant)))
         if not self._keys:
             raise ValueError("api_keys: no key given")
 
     @classmethod
     def from_setting(cls, value: str | None) -> ApiKeys | None:
-        """`value`: a path to a file with one key per line (# comments allowed), or keys separated by
-        commas; None or empty: no keys, every client is let in."""
+        """`value`: a path to a file with one entry per line (# comments allowed), or entries separated
+        by commas; None or empty: no keys, every client is let in."""
         if not value:
             return None
         path = Path(value)
@@ -39,16 +74,26 @@ class ApiKeys:
     def __len__(self) -> int:
         return len(self._keys)
 
-    def identify(self, headers: Mapping[str, str]) -> str | None:
-        """The key id of the key the request presents, or None. Compares against every key, in
-        constant time each, so timing tells neither which key nor how much of one matched."""
+    def identify(self, headers: Mapping[str, str]) -> Client | None:
+        """The client whose key the request presents, or None. Compares against every key, in constant
+        time each, so timing tells neither which key nor how much of one matched."""
         presented = headers.get("x-api-key") or ""
         authorization = headers.get("authorization") or ""
         if not presented and authorization[:7].lower() == "bearer ":
             presented = authorization[7:].strip()
         digest = hashlib.sha256(presented.encode()).digest()
         found = None
-        for kid, expected in self._keys:
+        for expected, client in self._keys:
             if hmac.compare_digest(digest, expected) and presented:
-                found = kid
+                found = client
         return found
+
+
+# The key of the request's tenant in the ASGI scope's state, where the app's gate puts it.
+TENANT = "tenant"
+
+
+def tenant_of(scope_state: Mapping[str, object]) -> str:
+    """The tenant a let-in request belongs to ("" when the pool has no keys)."""
+    tenant = scope_state.get(TENANT, "")
+    return tenant if isinstance(tenant, str) else ""

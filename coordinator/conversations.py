@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from protocol.worker import ChatMessage
 
 
-def conversation_key(model: str | None, messages: Sequence[ChatMessage]) -> bytes:
+def conversation_key(tenant: str, model: str | None, messages: Sequence[ChatMessage]) -> bytes:
+    """A fingerprint of one tenant's conversation: another tenant's identical conversation is another key."""
     digest = hashlib.blake2b(digest_size=16)
-    digest.update((model or "").encode() + b"\0")
+    digest.update(f"{tenant}\0{model or ''}\0".encode())
     for m in messages:
         content = m.content.encode()
         digest.update(f"{m.role}:{len(content)}:".encode())
@@ -28,11 +29,11 @@ def conversation_key(model: str | None, messages: Sequence[ChatMessage]) -> byte
     return digest.digest()
 
 
-def continuation_key(model: str | None, messages: Sequence[ChatMessage]) -> bytes | None:
+def continuation_key(tenant: str, model: str | None, messages: Sequence[ChatMessage]) -> bytes | None:
     """The key the previous turn was remembered under, if this request continues one."""
     if len(messages) < 3 or messages[-1].role != "user" or messages[-2].role != "assistant":
         return None
-    return conversation_key(model, messages[:-2])
+    return conversation_key(tenant, model, messages[:-2])
 
 
 class ConversationTable:

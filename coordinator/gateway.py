@@ -132,11 +132,12 @@ class Gateway:
                 started: float) -> Opened:
         """The bookkeeping of an admitted request whose worker has sent its first event, and its relay."""
         state = self._state
-        session_id = gen.request.session_id
-        if session_id is not None:
-            state.sessions.remember(session_id, stream.worker.worker_id)
+        session_id, session_key = gen.request.session_id, gen.session_key
+        if session_key is not None:
+            state.sessions.remember(session_key, stream.worker.worker_id)
         if gen.request.messages is not None and session_id is None:
-            state.conversations.remember(conversation_key(model, gen.request.messages), stream.worker.worker_id)
+            state.conversations.remember(conversation_key(gen.request.tenant, model, gen.request.messages),
+                                         stream.worker.worker_id)
         settings = state.settings
         reservation, admission = stream.reservation, state.admission
         breakers, worker_id = state.breakers, stream.worker.worker_id
@@ -251,24 +252,25 @@ class Gateway:
         """`placed` runs once a worker's capacity is reserved for it, before that worker answers."""
         state, body = self._state, gen.request
         self._check_own_limits()  # also for a request that waited in the queue
-        session_id = body.session_id
-        if session_id is None or state.sessions.worker_of(session_id) is not None:
+        key = gen.session_key
+        if key is None or state.sessions.worker_of(key) is not None:
             return await self._place(gen, model, placed)
         # A first turn: one at a time per id, or two workers would each start the conversation.
-        if not state.sessions.claim(session_id):
+        if not state.sessions.claim(key):
             raise CoordinatorError(reasons.SESSION_BUSY,
-                                   f"session {session_id!r} is starting on another request; send turns one at a time")
+                                   f"session {body.session_id!r} is starting on another request; send turns one at a time")
         try:
             result = await self._place(gen, model, placed)
-            state.sessions.remember(session_id, result[1].worker.worker_id)
+            state.sessions.remember(key, result[1].worker.worker_id)
             return result
         finally:
-            state.sessions.unclaim(session_id)
+            state.sessions.unclaim(key)
 
     async def _place(self, gen: Generation, model: str | None,
                      placed: Callable[[], None] | None) -> tuple[Generation, OpenStream]:
         state, body = self._state, gen.request
-        session_worker = state.sessions.worker_of(body.session_id) if body.session_id else None
+        session_key = gen.session_key
+        session_worker = state.sessions.worker_of(session_key) if session_key is not None else None
         if session_worker is not None:
             # It continues a conversation: the worker already holds its sequence slot.
             gen = dataclasses.replace(gen, demand=dataclasses.replace(gen.demand, new_session=False))
@@ -279,7 +281,7 @@ class Gateway:
             candidates = [record] if record is not None else []
         else:
             candidates = list(state.registry.alive(model))
-            key = continuation_key(model, body.messages) if body.messages is not None else None
+            key = continuation_key(body.tenant, model, body.messages) if body.messages is not None else None
             prefer = state.conversations.worker_of(key) if key is not None else None
             if state.policy.uses("prefix"):
                 hashes = state.prefixes.hashes(model, body)
@@ -290,7 +292,8 @@ class Gateway:
             candidates, now=state.clock.monotonic())
         if decision.reason is not None:
             if decision.reason == reasons.UNKNOWN_SESSION:
-                state.sessions.forget(body.session_id or "")  # said once; the id may now start afresh
+                if session_key is not None:
+                    state.sessions.forget(session_key)  # said once; the id may now start afresh
                 raise CoordinatorError(reasons.UNKNOWN_SESSION,
                                        f"session {body.session_id!r} lived on a worker that is gone; start a new one")
             raise CoordinatorError(decision.reason, f"no worker can take it now: {decision.reason}",
@@ -299,8 +302,8 @@ class Gateway:
         try:
             stream = await state.dispatcher.open(gen, [w for w in ranked if w is not None], reserved=placed)
         except CoordinatorError as exc:
-            if body.session_id is not None and exc.reason in (reasons.SESSION_EXPIRED, reasons.UNKNOWN_SESSION):
-                state.sessions.forget(body.session_id)
+            if session_key is not None and exc.reason in (reasons.SESSION_EXPIRED, reasons.UNKNOWN_SESSION):
+                state.sessions.forget(session_key)
             raise
         if hashes:
             state.prefixes.record(hashes, stream.worker.worker_id)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coordinator.demand import Demand
+from coordinator.sessions import SessionKey
 from protocol.worker import GenerateRequest
 
 
@@ -22,6 +23,12 @@ class Generation:
     payload: bytes  # the JSON posted to the worker: only the fields the client set
     demand: Demand
     surface: str  # for the log line: which public API it came through
+
+    @property
+    def session_key(self) -> SessionKey | None:
+        """The session this request continues or starts, as its tenant knows it; None: one-shot."""
+        session_id = self.request.session_id
+        return (self.request.tenant, session_id) if session_id is not None else None
 
     @classmethod
     def of(cls, request: GenerateRequest, request_id: str, surface: str) -> Generation:

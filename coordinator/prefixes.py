@@ -27,9 +27,12 @@ def request_text(request: GenerateRequest) -> str:
     return "".join(f"{m.role}\0{m.content}\0" for m in request.messages or ())
 
 
-def block_hashes(model: str | None, text: str, block_chars: int, limit: int) -> list[bytes]:
-    """Chained hashes of the whole blocks of `text` (a partial last block is not indexed), at most `limit`."""
-    digest = hashlib.blake2b((model or "").encode(), digest_size=16)
+def block_hashes(model: str | None, text: str, block_chars: int, limit: int, *, tenant: str = "") -> list[bytes]:
+    """Chained hashes of the whole blocks of `text` (a partial last block is not indexed), at most `limit`.
+    Per tenant: the workers reuse a prompt's cells only for the tenant that sent it, so another tenant's
+    identical prefix is another prefix."""
+    seed = (model or "") if not tenant else f"{tenant}\0{model or ''}"
+    digest = hashlib.blake2b(seed.encode(), digest_size=16)
     out = []
     for start in range(0, min(len(text), block_chars * limit) - block_chars + 1, block_chars):
         digest.update(text[start:start + block_chars].encode())
@@ -50,7 +53,7 @@ class PrefixIndex:
     def hashes(self, model: str | None, request: GenerateRequest) -> list[bytes]:
         if self.capacity <= 0:
             return []
-        return block_hashes(model, request_text(request), self.block_chars, self.max_blocks)
+        return block_hashes(model, request_text(request), self.block_chars, self.max_blocks, tenant=request.tenant)
 
     def match(self, hashes: Sequence[bytes]) -> dict[str, float]:
         """worker id -> the share of these blocks (from the first on, unbroken) it was sent before."""

@@ -1,6 +1,8 @@
 """Session affinity: which worker holds each conversation's KV cache.
 
-Owns: a bounded map from `session_id` to worker id (least recently used entries are forgotten first).
+Owns: a bounded map from a session's key, (tenant, `session_id`), to worker id (least recently used
+entries are forgotten first). A session belongs to its tenant (coordinator/auth.py): another
+tenant's use of the same id names another session, so it can neither continue nor end this one.
 Must not: decide where a new session goes (scheduler.py) or talk to workers.
 
 An entry outlives its worker on purpose: the next request for that session must hear 404
@@ -17,34 +19,36 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+SessionKey = tuple[str, str]  # (tenant, session id)
+
 
 class SessionTable:
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
-        self._worker_of: OrderedDict[str, str] = OrderedDict()
-        self._claimed: set[str] = set()
+        self._worker_of: OrderedDict[SessionKey, str] = OrderedDict()
+        self._claimed: set[SessionKey] = set()
 
     def __len__(self) -> int:
         return len(self._worker_of)
 
-    def worker_of(self, session_id: str) -> str | None:
-        return self._worker_of.get(session_id)
+    def worker_of(self, key: SessionKey) -> str | None:
+        return self._worker_of.get(key)
 
-    def remember(self, session_id: str, worker_id: str) -> None:
-        self._worker_of[session_id] = worker_id
-        self._worker_of.move_to_end(session_id)
+    def remember(self, key: SessionKey, worker_id: str) -> None:
+        self._worker_of[key] = worker_id
+        self._worker_of.move_to_end(key)
         while len(self._worker_of) > self._capacity:
             self._worker_of.popitem(last=False)
 
-    def claim(self, session_id: str) -> bool:
+    def claim(self, key: SessionKey) -> bool:
         """False when another request is placing this id's first turn right now."""
-        if session_id in self._claimed:
+        if key in self._claimed:
             return False
-        self._claimed.add(session_id)
+        self._claimed.add(key)
         return True
 
-    def unclaim(self, session_id: str) -> None:
-        self._claimed.discard(session_id)
+    def unclaim(self, key: SessionKey) -> None:
+        self._claimed.discard(key)
 
-    def forget(self, session_id: str) -> None:
-        self._worker_of.pop(session_id, None)
+    def forget(self, key: SessionKey) -> None:
+        self._worker_of.pop(key, None)

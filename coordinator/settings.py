@@ -32,7 +32,8 @@ class Settings(BaseModel):
     api_keys: str | None = Field(
         default=None, repr=False, description="client API keys: comma-separated, or a file with one per line; "
         "set, /coordinator/infer and /v1/* need `Authorization: Bearer <key>` or `X-API-Key` (401 otherwise)")
-    metrics_require_key: bool = Field(default=False, description="/metrics needs an API key too")
+    open_metrics: bool = Field(default=False, description="with api_keys: /metrics and /coordinator/status answer "
+                               "without a key too (a scraper that cannot send one); by default they need one")
     worker_url_pattern: str | None = Field(
         default=None, max_length=512, description="regular expression a worker's advertised URL must match "
         r"(e.g. ^http://10\.0\.\d+\.\d+:3001$); unset: any http(s) URL")

@@ -49,6 +49,10 @@ class WorkerResponse(Protocol):
 class WorkerClient(Protocol):
     async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> WorkerResponse: ...
 
+    async def delete(self, url: str, headers: Mapping[str, str]) -> int:
+        """The status of a DELETE, its body read and dropped; `WorkerUnreachable` when there is none."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -108,6 +112,14 @@ class AiohttpWorkerClient:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise WorkerUnreachable(f"{type(exc).__name__}: {exc}") from exc
         return _AiohttpResponse(response)
+
+    async def delete(self, url: str, headers: Mapping[str, str]) -> int:
+        try:
+            async with self._session.delete(url, headers=dict(headers), allow_redirects=False) as response:
+                await response.read()
+                return response.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise WorkerUnreachable(f"{type(exc).__name__}: {exc}") from exc
 
     async def close(self) -> None:
         await self._session.close()

@@ -22,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 PROTOCOL_VERSION = 2
 GENERATE_PATH = "/worker/generate"
+# `DELETE {SESSIONS_PATH}/{session_id}?tenant=...`: end a kept session (204, or 404 when that tenant has none).
+SESSIONS_PATH = "/worker/sessions"
 
 # Headers (lower case: both HTTP stacks compare them case-insensitively).
 PROTOCOL_HEADER = "x-llm-pool-protocol"

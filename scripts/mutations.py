@@ -63,6 +63,8 @@ T_BREAKER = "tests/coordinator/test_breaker.py"
 T_POLICY = "tests/coordinator/scheduling/test_policy.py"
 T_UNITS = "tests/coordinator/scheduling/test_units.py"
 T_AFFINITY = "tests/coordinator/test_property_affinity.py"
+T_TENANCY = "tests/coordinator/test_tenancy.py"
+T_SUPERVISION = "tests/coordinator/test_supervision.py"
 CHECK_SUMS = "        totals = self._registry.totals(model)\n"
 
 
@@ -148,6 +150,34 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("buffer-unbounded", "the relay buffer holds at most `maxsize` events",
              "coordinator/buffer.py", "        if len(self._items) >= self.maxsize:\n            return False\n",
              "", (T_BUFFER,)),
+    # Tenancy: a session id, a conversation and a cached answer belong to the key that made them.
+    Mutation("session-key-ignores-tenant", "a session is looked up by (tenant, id), not by id alone",
+             "coordinator/generation.py", "return (self.request.tenant, session_id)", "return (\"\", session_id)",
+             (T_TENANCY,)),
+    Mutation("conversation-ignores-tenant", "conversation affinity is per tenant",
+             "coordinator/conversations.py", 'digest.update(f"{tenant}\\0{model or \'\'}\\0".encode())',
+             'digest.update(f"{model or \'\'}\\0".encode())', (T_TENANCY, "tests/coordinator/test_conversations.py")),
+    Mutation("cache-key-ignores-tenant", "a cached answer is never served to another tenant",
+             "coordinator/cache.py", 'body = request.model_dump_json(exclude={"model"})',
+             'body = request.model_dump_json(exclude={"model", "tenant"})', (T_TENANCY,)),
+    Mutation("surface-drops-tenant", "the infer surface sends the key's tenant to the worker",
+             "coordinator/surfaces/infer.py", '        fields["tenant"] = tenant\n', "        pass\n", (T_TENANCY,)),
+    Mutation("metrics-open-with-keys", "with keys, /metrics needs one by default",
+             "coordinator/app.py", "and not state.settings.open_metrics", "and state.settings.open_metrics",
+             ("tests/coordinator/test_auth.py",)),
+    # Supervision: every stream ends, whatever raises, and gives back what it held.
+    Mutation("final-callback-unguarded", "a failing final callback still ends the stream",
+             "coordinator/relay.py", "        try:\n            on_final(self.outcome)\n        except Exception as exc:",
+             "        try:\n            on_final(self.outcome)\n        except ZeroDivisionError as exc:", (T_SUPERVISION,)),
+    Mutation("open-leaks-stream", "a fault after dispatch closes the worker request and frees the reservation",
+             "coordinator/gateway.py", "                state.admission.release(stream.reservation)\n"
+             "                await stream.close()", "                pass", (T_SUPERVISION,)),
+    Mutation("collector-fault-unanswered", "a collector's fault answers the client with a 500",
+             "coordinator/supervisor.py", "                await self._fail(scope, receive, send)", "                pass",
+             (T_SUPERVISION,)),
+    Mutation("cache-failure-propagates", "a failing response cache disables itself instead of failing requests",
+             "coordinator/cache.py", "            self._put(key, events)\n        except Exception as exc:",
+             "            self._put(key, events)\n        except ZeroDivisionError as exc:", (T_SUPERVISION,)),
 )
 
 
@@ -188,7 +218,8 @@ def run_pytest(copy: Path, tests: Sequence[str]) -> tuple[int, str, float]:
 
 def first_failure(output: str) -> str:
     for line in output.splitlines():
-        if line.startswith(("FAILED ", "ERROR ")):
+        # "ERROR tests/..." is pytest's summary; "ERROR    logger:file.py:12 ..." a captured log line.
+        if line.startswith("FAILED ") or (line.startswith("ERROR ") and line[6:].startswith("tests/")):
             return line.split(" - ", 1)[0].split(" ", 1)[1]
     return "?"
 

@@ -45,6 +45,7 @@ from protocol.worker import (
     PROTOCOL_VERSION,
     REQUEST_ID_HEADER,
     SESSION_EXPECTED_HEADER,
+    SESSIONS_PATH,
     STREAM_REF_HEADER,
     TENANT_PATTERN,
     WORKER_ID_HEADER,
@@ -234,14 +235,14 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
         # Draining: not ready for new work (a readiness probe or load balancer moves away).
         return JSONResponse(body.model_dump(), status_code=503 if runtime.gate.draining else 200)
 
-    @app.get("/worker/sessions", responses={401: _UNAUTHORIZED,
+    @app.get(SESSIONS_PATH, responses={401: _UNAUTHORIZED,
                                             503: {"model": ErrorBody, "description": "`loading`"}})
     async def sessions(request: Request) -> SessionList:
         authorize(request)
         runtime = runtime_of(request)
         return SessionList(ttl_seconds=runtime.table.ttl, sessions=runtime.table.describe())
 
-    @app.delete("/worker/sessions/{session_id}", status_code=204, responses={
+    @app.delete(SESSIONS_PATH + "/{session_id}", status_code=204, responses={
         400: {"model": ErrorBody, "description": "`invalid_request`: a malformed tenant"},
         401: _UNAUTHORIZED,
         404: {"model": ErrorBody, "description": "`unknown_session`: this tenant holds no session of that id "

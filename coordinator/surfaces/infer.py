@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
+from coordinator.auth import tenant_of
 from coordinator.errors import CoordinatorError, error_headers
 from coordinator.gateway import Gateway
 from coordinator.generation import Generation
@@ -106,7 +107,8 @@ async def infer(request: Request) -> Response:
     started = gateway.now()
     request_id = request_id_of(request)
     try:
-        gen = parse(await read_body(request, state.settings.max_body_bytes), request_id)
+        gen = parse(await read_body(request, state.settings.max_body_bytes), request_id,
+                    tenant_of(request.scope.get("state", {})))
     except CoordinatorError as exc:
         gateway.refused(request_id, exc, started, surface=SURFACE)
         raise
@@ -116,13 +118,17 @@ async def infer(request: Request) -> Response:
                          encoder=passthrough)
 
 
-def parse(raw: bytes, request_id: str) -> Generation:
+def parse(raw: bytes, request_id: str, tenant: str = "") -> Generation:
     try:
         body = InferRequest.model_validate_json(raw)
     except ValidationError as exc:
         raise CoordinatorError(reasons.INVALID_REQUEST, describe(exc)) from None
-    # Same field names and ranges (both build on GenerationFields): only what the client set goes on.
-    internal = GenerateRequest.model_validate(body.model_dump(exclude_unset=True))
+    # Same field names and ranges (both build on GenerationFields): only what the client set goes on,
+    # and the tenant, which no client sets.
+    fields = body.model_dump(exclude_unset=True)
+    if tenant:
+        fields["tenant"] = tenant
+    internal = GenerateRequest.model_validate(fields)
     return Generation.of(internal, request_id, SURFACE)
 
 

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
+from coordinator.auth import tenant_of
 from coordinator.collect import CollectedResponse
 from coordinator.errors import CoordinatorError, error_headers
 from coordinator.gateway import Gateway
@@ -145,6 +146,9 @@ async def _serve(request: Request, surface: str, parse: Parse) -> Response:
     request_id = request_id_of(request)
     try:
         fields, options = parse(await read_body(request, state.settings.max_body_bytes))
+        tenant = tenant_of(request.scope.get("state", {}))
+        if tenant:
+            fields["tenant"] = tenant
         gen = Generation.of(_internal(fields), request_id, surface)
     except CoordinatorError as exc:
         gateway.refused(request_id, exc, started, surface=surface)

@@ -90,6 +90,12 @@ class FakeWorkerClient:
         except httpx.HTTPError as exc:
             raise WorkerUnreachable(str(exc)) from exc
 
+    async def delete(self, url: str, headers: Mapping[str, str]) -> int:
+        try:
+            return (await self._client.delete(url, headers=dict(headers))).status_code
+        except httpx.HTTPError as exc:
+            raise WorkerUnreachable(str(exc)) from exc
+
     async def close(self) -> None:
         await self._client.aclose()
 

@@ -11,15 +11,17 @@ TURN2 = [*TURN1, *msgs(("assistant", "Hello!"), ("user", "How are you?"))]
 
 
 def test_a_next_turn_finds_the_key_its_previous_turn_was_remembered_under() -> None:
-    assert continuation_key("m", TURN2) == conversation_key("m", TURN1)
-    assert continuation_key("m", TURN1) is None  # nothing to continue
-    assert continuation_key("other", TURN2) != conversation_key("m", TURN1)  # per model
+    assert continuation_key("", "m", TURN2) == conversation_key("", "m", TURN1)
+    assert continuation_key("", "m", TURN1) is None  # nothing to continue
+    assert continuation_key("", "other", TURN2) != conversation_key("", "m", TURN1)  # per model
+    assert continuation_key("k:b", "m", TURN2) != conversation_key("k:a", "m", TURN1)  # per tenant
+    assert continuation_key("k:a", "m", TURN2) == conversation_key("k:a", "m", TURN1)
 
 
 def test_keys_cannot_be_confused_by_moving_text_between_fields() -> None:
-    a = conversation_key("m", msgs(("user", "ab"), ("user", "c")))
-    b = conversation_key("m", msgs(("user", "a"), ("user", "bc")))
-    c = conversation_key("m", msgs(("system", "ab"), ("user", "c")))
+    a = conversation_key("", "m", msgs(("user", "ab"), ("user", "c")))
+    b = conversation_key("", "m", msgs(("user", "a"), ("user", "bc")))
+    c = conversation_key("", "m", msgs(("system", "ab"), ("user", "c")))
     assert len({a, b, c}) == 3
 
 

@@ -19,6 +19,8 @@ def test_equal_hashes_mean_equal_prefixes_and_a_partial_block_is_not_indexed() -
     c = block_hashes("m", "x" + SYSTEM, 256, 100)
     assert c[0] != a[0] and c[1] != a[1]  # a change early on changes every later hash
     assert block_hashes("other", SYSTEM, 256, 100)[0] != a[0]  # per model
+    assert block_hashes("m", SYSTEM, 256, 100, tenant="k:1")[0] != a[0]  # per tenant
+    assert block_hashes("m", SYSTEM, 256, 100, tenant="k:1") != block_hashes("m", SYSTEM, 256, 100, tenant="k:2")
     assert len(block_hashes("m", SYSTEM * 10, 256, 5)) == 5  # bounded work per request
 
 
