@@ -9,6 +9,11 @@ Must not: count or keep anything itself. The page turns the counters into per-se
 consecutive snapshots, so the coordinator keeps no history for it and does no work per request for
 it; a snapshot costs one pass over the workers (the listing's) and one over each counter's label
 sets, whose number is bounded by the reason strings, not by the requests served.
+
+With client API keys configured the snapshot needs one like /metrics does (coordinator/app.py's
+`_let_in` decides; unless `open_metrics`), while the page stays open: it holds no data. On a 401 the
+page asks for a key, keeps it in the tab's sessionStorage and sends it as `X-API-Key`; a link may
+carry it as `status#key=<key>` (a fragment never reaches the server, and the page removes it).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The status page and the snapshot it polls, in-process (the real-browser test is
 tests/integration/test_status_page.py): the page is self-contained and inserts nothing as markup,
-its CSP admits exactly its own script, and the snapshot's counters agree with /metrics."""
+its CSP admits exactly its own script, it keeps an API key in the tab and sends it as a header, it
+stays open when the snapshot needs a key, and the snapshot's counters agree with /metrics."""
 
 from __future__ import annotations
 
@@ -52,6 +53,27 @@ def test_the_page_is_one_file_without_external_assets() -> None:
 def test_the_script_never_turns_data_into_markup(api: str) -> None:
     # Worker ids, urls and models come from heartbeats: text goes in through textContent only.
     assert api not in SCRIPT
+
+
+def test_the_script_keeps_a_key_in_the_tab_and_sends_it_as_a_header() -> None:
+    assert "sessionStorage.setItem" in SCRIPT and '"X-API-Key"' in SCRIPT
+    for leak in ("localStorage", "console.", "searchParams", "location.search =", "location.href ="):
+        assert leak not in SCRIPT, leak  # a key outlives the tab, is logged, or goes in an address
+    form = re.search(r"<form [^>]*>(.*?)</form>", PAGE, flags=re.DOTALL)
+    assert form is not None and "action" not in form.group(0).split(">", 1)[0]  # read by the script only
+    assert re.search(r'<input id="key-input" type="password"', form.group(1))
+
+
+async def test_with_api_keys_the_page_stays_open_and_its_snapshot_answers_401_without_one() -> None:
+    """The page tells "a key is needed" from "unreachable" by the 401, and sends the key as X-API-Key."""
+    settings = SETTINGS.model_copy(update={"api_keys": "k1,k2"})
+    async with running_app(settings, FakeWorkers(), ManualClock()) as client:
+        assert (await client.get("/status")).text == PAGE
+        assert (await client.get("/", follow_redirects=True)).text == PAGE
+        assert (await client.get("/coordinator/status")).status_code == 401
+        assert (await client.get("/coordinator/status", headers={"x-api-key": "k3"})).status_code == 401
+        snap = await client.get("/coordinator/status", headers={"x-api-key": "k2"})
+        assert snap.status_code == 200 and snap.json()["health"]["status"] == "no_workers"
 
 
 async def test_the_snapshot_holds_the_listings_and_counters_of_requests_served() -> None:

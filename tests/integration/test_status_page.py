@@ -3,6 +3,8 @@ coordinator and two workers serving the real model. It checks that the page rend
 that its counters and charts move with the requests served, that data from a heartbeat is shown as
 text and never run, that a stopped worker shows as late, then stale, then alive again once resumed,
 then gone once killed, and that a stopped coordinator shows as unreachable; each within a few seconds.
+Against a coordinator that needs client API keys it checks the page's key prompt: asked for, a
+wrong key refused, a right one typed or given in the link's fragment, kept in sessionStorage only.
 
 `scripts/test-deps.sh` installs the browser (as root). A machine without it fails here with that
 instruction; it never passes silently. The screenshot goes to the test's tmp dir, and also to
@@ -28,7 +30,7 @@ import pytest
 from coordinator import status_page
 from coordinator.status_page import Counters, StatusSnapshot
 from protocol.coordinator import CoordinatorHealth, WorkerCounts, WorkerStatus, WorkerStatusList
-from tests.integration.conftest import TOKEN, Cluster, running_cluster
+from tests.integration.conftest import TOKEN, Cluster, running_cluster, start_coordinator
 
 pytestmark = pytest.mark.model
 
@@ -43,6 +45,7 @@ PROMPTS = ["Write a haiku about the sea.", "What is the capital of France?", "Na
 LOAD_USERS = 3
 # The light load's length; STATUS_PAGE_LOAD_SECONDS makes it longer for a screenshot with more history.
 LOAD_SECONDS = float(os.environ.get("STATUS_PAGE_LOAD_SECONDS", "15"))
+API_KEYS = ("status-key-1", "status+key/2")  # in a fragment, the second's "+" must stay a plus
 
 # What the page shows, read from its DOM in one call.
 READ_PAGE = """
@@ -59,10 +62,15 @@ for (const item of document.querySelectorAll('#admission-legend [data-outcome]')
 }
 const chart = (id) => ({max: Number(document.getElementById(id).getAttribute('data-max')),
                         points: Number(document.getElementById(id).getAttribute('data-points') || 0)});
+const keyPolls = performance.getEntriesByType('resource').filter((e) => e.name.endsWith('/coordinator/status'));
 return {polls: Number(document.body.getAttribute('data-polls')), title: document.title,
         status: text('pool-status'), updated: text('updated'), rows, legend,
         admitted: Number(text('total-admitted').replace(/,/g, '')), tokens: text('total-tokens'),
-        tps: chart('chart-tps'), ttft: chart('chart-ttft'), images: document.querySelectorAll('img').length};
+        tps: chart('chart-tps'), ttft: chart('chart-ttft'), images: document.querySelectorAll('img').length,
+        key: {asked: !document.getElementById('key-box').hidden, message: text('key-message'),
+              typed: document.getElementById('key-input').value},
+        stored: sessionStorage.getItem('llm-pool.api-key'), local: localStorage.length, href: location.href,
+        fetches: keyPolls.length};
 """
 
 
@@ -72,6 +80,21 @@ def pool(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     with running_cluster(tmp_path_factory.mktemp("status-page"), model_path, "coordinator-status",
                          "--heartbeat-interval", "1", "--worker-token", TOKEN, "--retry-after", "1") as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="module")
+def keyed_pool(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A coordinator that needs client API keys (for its snapshot too, by default) and one worker."""
+    log_dir = tmp_path_factory.mktemp("status-page-keys")
+    coordinator, url = start_coordinator(log_dir, "coordinator-keys", "--heartbeat-interval", "1",
+                                         "--worker-token", TOKEN, "--api-keys", ",".join(API_KEYS))
+    cluster = Cluster(log_dir, model_path, coordinator, url)
+    try:
+        cluster.start_worker("w1")
+        cluster.ensure()
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +179,7 @@ def test_the_page_shows_the_pool_live_in_a_real_browser(pool: Cluster, browser: 
     state = shows(browser, lambda s: s["polls"] >= 2 and [(r["id"], r["state"]) for r in s["rows"]]
                   == [("w1", "alive"), ("w2", "alive")], 10, "both workers alive")
     assert state["status"] == "ok" and state["title"] == "llm-pool status"
+    assert not state["key"]["asked"] and state["stored"] is None  # no keys configured: no prompt
     admitted_before = state["admitted"]
 
     # Counters and charts move with real requests; a refusal shows under its reason. The screenshot
@@ -263,3 +287,60 @@ def test_the_page_shows_markup_in_its_data_as_text(browser: Any) -> None:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def enter_key(driver: Any, key: str) -> None:
+    field = driver.find_element("id", "key-input")
+    assert field.get_attribute("type") == "password"
+    field.send_keys(key)
+    driver.find_element("id", "key-submit").click()
+
+
+def live_with_w1(state: dict[str, Any]) -> bool:
+    return bool(state["polls"] >= 2 and [(r["id"], r["state"]) for r in state["rows"]] == [("w1", "alive")])
+
+
+def test_the_page_asks_for_an_api_key_when_the_coordinator_needs_one(keyed_pool: Cluster, browser: Any) -> None:
+    url = keyed_pool.url
+    assert httpx.get(url + "/coordinator/status", timeout=5).status_code == 401  # what the page meets
+    browser.get(url + "/status")  # an origin (port) of its own: nothing stored for it yet
+
+    # Asked for a key, and not polling meanwhile (each refusal counts as an unauthorized request).
+    state = shows(browser, lambda s: s["key"]["asked"], 10, "the key prompt")
+    assert state["status"] == "key needed" and "is needed" in state["key"]["message"] and state["rows"] == []
+    time.sleep(1)  # the refused poll's timing entry is written once its body is read
+    fetched = shows(browser, lambda s: True, 0, "")["fetches"]
+    time.sleep(2.5)
+    assert shows(browser, lambda s: True, 0, "")["fetches"] == fetched == 1
+
+    # A wrong key: refused, forgotten, asked again.
+    enter_key(browser, "not-" + API_KEYS[0])
+    state = shows(browser, lambda s: s["key"]["asked"] and "refused" in s["key"]["message"], 10,
+                  "the key refused")
+    assert state["status"] == "key needed" and state["stored"] is None and state["key"]["typed"] == ""
+
+    # The right key, typed: live, kept for this tab only, nowhere in the address.
+    enter_key(browser, API_KEYS[0])
+    state = shows(browser, live_with_w1, 10, "w1 alive, read with the typed key")
+    assert state["status"] == "ok" and not state["key"]["asked"] and state["key"]["typed"] == ""
+    assert state["stored"] == API_KEYS[0] and state["local"] == 0 and state["href"] == url + "/status"
+    browser.refresh()  # the tab keeps it
+    state = shows(browser, live_with_w1, 10, "w1 alive after a reload, with the kept key")
+    assert not state["key"]["asked"] and state["stored"] == API_KEYS[0]
+
+    # The key in a link's fragment (a fresh load, not a same-page hash change): used without typing,
+    # then gone from the address bar.
+    browser.execute_script("sessionStorage.clear()")
+    browser.get("about:blank")
+    browser.get(url + "/status#key=" + API_KEYS[1])
+    state = shows(browser, live_with_w1, 10, "w1 alive, read with the fragment's key")
+    assert not state["key"]["asked"] and state["stored"] == API_KEYS[1] and state["local"] == 0
+    assert state["href"] == url + "/status" and browser.current_url == url + "/status"
+
+    # A refused key in a fragment: the prompt, saying so.
+    browser.execute_script("sessionStorage.clear()")
+    browser.get("about:blank")
+    browser.get(url + "/status#key=wrong")
+    state = shows(browser, lambda s: s["key"]["asked"] and "refused" in s["key"]["message"], 10,
+                  "the fragment's key refused")
+    assert state["href"] == url + "/status" and state["stored"] is None and state["polls"] == 0
