@@ -23,6 +23,7 @@ import httpx
 
 from bench.load.report import read_json
 from bench.processes import pool
+from bench.worker_token import auth_headers
 from worker.provision import DEFAULT_MODEL_PATH
 
 POLICIES = "score,round-robin,least-connections,random,least-latency"
@@ -34,8 +35,9 @@ WORKLOADS = {
 }
 
 
-def finished(worker_url: str) -> float:
-    text = httpx.get(worker_url + "/metrics", timeout=5).text
+def finished(worker_url: str, worker_token: str) -> float:
+    response = httpx.get(worker_url + "/metrics", headers=auth_headers(worker_token), timeout=5)
+    text = response.raise_for_status().text
     return sum(float(m.group(1)) for m in re.finditer(r"^worker_requests_finished_total\{[^}]*\} (\S+)", text, re.MULTILINE))
 
 
@@ -52,13 +54,14 @@ def main(argv: list[str] | None = None) -> int:
             with pool(Path(tmp), workers=[worker, worker], coordinator=["--routing-policy", policy],
                       name=policy) as running:
                 for name, extra in WORKLOADS.items():
-                    before = [finished(w) for w in running.worker_urls]
+                    before = [finished(w, running.worker_token) for w in running.worker_urls]
                     out = Path(tmp) / f"{policy}-{name}.json"
                     subprocess.run([sys.executable, "-m", "bench.load", "--url", running.url, "--api", "infer",
                                     "--duration", str(args.duration), "--ignore-eos", "--seed", "1",
                                     "--warmup", "2", "--no-progress", "--out", str(out), *extra],
                                    check=True, stdout=subprocess.DEVNULL)
-                    served = [finished(w) - b for w, b in zip(running.worker_urls, before, strict=True)]
+                    served = [finished(w, running.worker_token) - b
+                              for w, b in zip(running.worker_urls, before, strict=True)]
                     s = read_json(out)[next(iter(read_json(out)))][0].summary
                     spread = " / ".join(f"{n / max(1.0, sum(served)):.0%}" for n in served)
                     print(f"{policy:>18} {name:>9} {s.requests_per_s:7.2f} {s.ttft_ms.p50 or 0:8.0f}ms "

@@ -33,6 +33,7 @@ from pathlib import Path
 import httpx
 
 from bench.processes import pool
+from bench.worker_token import auth_headers
 from worker.provision import DEFAULT_MODEL_PATH
 
 TOPICS = ("a lighthouse keeper", "a ship's cook", "a mountain guide", "a beekeeper", "a night-train conductor",
@@ -99,19 +100,20 @@ def run_mode(mode: str, args: argparse.Namespace, log_dir: Path, systems: list[s
     with pool(log_dir, workers=[worker, worker], coordinator=coordinator_extra, name=mode) as running:
         if args.warmup > 0:  # the same load, not measured: the caches fill as they would in service
             asyncio.run(load(running.url, args.warmup, args.seed + 1))
-        before = [prompt_counters(w) for w in running.worker_urls]
+        before = [prompt_counters(w, running.worker_token) for w in running.worker_urls]
         result = asyncio.run(load(running.url, args.duration, args.seed))
-        after = [prompt_counters(w) for w in running.worker_urls]
+        after = [prompt_counters(w, running.worker_token) for w in running.worker_urls]
     prefilled, cached, copied = (sum(a[i] - b[i] for a, b in zip(after, before, strict=True)) for i in range(3))
     print(f"         prompt tokens while measured: {prefilled:,.0f} prefilled, {cached:,.0f} reused "
           f"(of those {copied:,.0f} copied from another sequence)")
     return result
 
 
-def prompt_counters(worker_url: str) -> tuple[float, float, float]:
+def prompt_counters(worker_url: str, worker_token: str) -> tuple[float, float, float]:
     """The worker's (prefilled, reused, copied) prompt-token counters."""
     values = {}
-    for line in httpx.get(worker_url + "/metrics", timeout=10).text.splitlines():
+    response = httpx.get(worker_url + "/metrics", headers=auth_headers(worker_token), timeout=10)
+    for line in response.raise_for_status().text.splitlines():
         name, _, value = line.partition(" ")
         values[name] = value
     return tuple(float(values.get(f"worker_{n}_total", "nan"))  # type: ignore[return-value]

@@ -6,6 +6,8 @@ Owns: the one way a benchmark runs a peer process on loopback. Must not: know wh
 from __future__ import annotations
 
 import contextlib
+import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -16,6 +18,8 @@ from pathlib import Path
 
 import httpx
 
+from bench.worker_token import ENV as WORKER_TOKEN_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -24,6 +28,15 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def peer_env(worker_token: str | None) -> dict[str, str]:
+    """This process's environment for a peer it starts, with WORKER_TOKEN exactly `worker_token` (unset
+    for None): a token exported in the shell must not decide whether the peers ask for one."""
+    env = {k: v for k, v in os.environ.items() if k != WORKER_TOKEN_ENV}
+    if worker_token:
+        env[WORKER_TOKEN_ENV] = worker_token
+    return env
 
 
 def wait_ready(proc: subprocess.Popen[bytes], ready_url: str, name: str, *, timeout: float,
@@ -71,20 +84,24 @@ def serving(name: str, argv: list[str], ready_url: str, *, log_path: Path | None
 class Pool:
     url: str  # the coordinator
     worker_urls: tuple[str, ...]
+    worker_token: str  # the workers answer /metrics, /worker/sessions and generate only with it
 
 
 @contextlib.contextmanager
 def pool(log_dir: Path, *, workers: Sequence[Sequence[str]], coordinator: Sequence[str] = (),
          name: str = "pool", timeout: float = 60.0) -> Iterator[Pool]:
     """A real coordinator and real workers (`python -m worker`, one per entry of `workers`, which holds
-    each one's extra flags) on loopback; yields once every worker has registered, stops them all after."""
+    each one's extra flags) on loopback; yields once every worker has registered, stops them all after.
+    The pool has a worker token of its own, as start.sh's does by default (`Pool.worker_token`)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    token = secrets.token_urlsafe(24)
+    env = peer_env(token)
     with contextlib.ExitStack() as stack:
         stack.enter_context(serving(
             "coordinator", [sys.executable, "-m", "coordinator", "--port", str(port), "--heartbeat-interval", "1",
                             "--log-level", "warning", *coordinator],
-            url + "/coordinator/health", log_path=log_dir / f"{name}-coordinator.log"))
+            url + "/coordinator/health", log_path=log_dir / f"{name}-coordinator.log", env=env))
         worker_urls = []
         for i, extra in enumerate(workers, start=1):
             wport = free_port()
@@ -93,10 +110,10 @@ def pool(log_dir: Path, *, workers: Sequence[Sequence[str]], coordinator: Sequen
                 f"worker-{i}", [sys.executable, "-m", "worker", "--port", str(wport), "--worker-id", f"w{i}",
                                 "--coordinator-url", url, "--heartbeat-interval", "0.5", "--log-level", "warning",
                                 *extra],
-                worker_urls[-1] + "/worker/health", log_path=log_dir / f"{name}-w{i}.log"))
+                worker_urls[-1] + "/worker/health", log_path=log_dir / f"{name}-w{i}.log", env=env))
         deadline = time.monotonic() + timeout
         while httpx.get(url + "/coordinator/health", timeout=2).json()["workers"]["alive"] < len(workers):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the workers did not register within {timeout:g} s (logs in {log_dir})")
             time.sleep(0.2)
-        yield Pool(url, tuple(worker_urls))
+        yield Pool(url, tuple(worker_urls), token)

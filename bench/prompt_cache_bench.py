@@ -14,14 +14,14 @@ import time
 import httpx
 
 from bench.prefix_bench import system_prompt
-from bench.processes import free_port, serving
+from bench.processes import free_port, peer_env, serving
 
 
 def main() -> int:
     port = free_port()
     argv = [sys.executable, "-m", "worker", "--port", str(port), "--coordinator-url", "", "--threads", "1",
             "--max-sessions", "4", "--session-max-tokens", "1024", "--log-level", "warning"]
-    with serving("worker", argv, f"http://127.0.0.1:{port}/worker/health"):
+    with serving("worker", argv, f"http://127.0.0.1:{port}/worker/health", env=peer_env(None)):  # no token
         for i, which in enumerate((0, 1, 0)):
             body = {"messages": [{"role": "system", "content": system_prompt(which, 500)},
                                  {"role": "user", "content": "Any advice?"}], "max_tokens": 8, "temperature": 0}

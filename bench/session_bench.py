@@ -19,7 +19,7 @@ import sys
 
 import httpx
 
-from bench.processes import serving
+from bench.processes import peer_env, serving
 from worker.provision import DEFAULT_MODEL_PATH
 
 FILLER = ("The lighthouse keeper wrote in his log every night: the wind, the ships, the colour of the sea, "
@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
             # The fresh request repeats every repetition: the prompt cache would serve it from the last
             # one's cells and hide the cost this benchmark compares against.
             "--no-prompt-cache"]
-    with serving("worker", argv, url + "/worker/health", timeout=60):
+    # No worker token: generate and DELETE /worker/sessions then need none.
+    with serving("worker", argv, url + "/worker/health", timeout=60, env=peer_env(None)):
         # about 28 tokens per filler sentence
         first_prompt = FILLER * max(1, args.prompt_tokens // 28)
         follow_up = " The next morning he wrote:"
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                 out1, done1 = stream(client, url, {**common, "prompt": first_prompt, "session_id": session})
                 _, done2 = stream(client, url, {**common, "prompt": follow_up, "session_id": session})
                 _, done3 = stream(client, url, {**common, "prompt": first_prompt + out1 + follow_up})
-                httpx.delete(f"{url}/worker/sessions/{session}")
+                client.delete(f"{url}/worker/sessions/{session}").raise_for_status()
                 reused.append(done2["timings"]["ttft_ms"])
                 fresh.append(done3["timings"]["ttft_ms"])
                 prompt_sizes.append((done1["usage"]["prompt_tokens"], done2["usage"]["prompt_tokens"],

@@ -51,7 +51,7 @@ from typing import Any
 
 import httpx
 
-from bench.processes import free_port, serving
+from bench.processes import free_port, peer_env, serving
 from bench.tiny_model import DEFAULT_OUT, ensure_tiny_model
 from protocol.sse import SseParser
 
@@ -278,7 +278,8 @@ def thread_cpu_seconds(pid: int) -> dict[int, float]:
 
 def scrape(url: str) -> dict[str, float]:
     values = {}
-    for line in httpx.get(f"{url}/metrics", timeout=10, trust_env=False).text.splitlines():
+    # The worker runs without a worker token (`run`), so /metrics, like generate, needs none.
+    for line in httpx.get(f"{url}/metrics", timeout=10, trust_env=False).raise_for_status().text.splitlines():
         name, _, value = line.partition(" ")
         if name.endswith(("_sum", "_count")) or name == "worker_generation_tokens_total":
             values[name] = float(value)
@@ -352,7 +353,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         with serving("worker", worker_argv(args.model, port, n, args.threads), f"{url}/worker/health",
-                     log_path=RESULTS / "tiny_worker.log") as proc:
+                     log_path=RESULTS / "tiny_worker.log", env=peer_env(None)) as proc:
             run_worker_cell(url, port, proc.pid, min(n, 4), 8, 1, args.probabilities)  # warm-up
             cells = [run_worker_cell(url, port, proc.pid, n, args.tokens, args.clients, args.probabilities)
                      for _ in range(args.reps)]

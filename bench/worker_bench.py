@@ -46,7 +46,7 @@ from typing import Any
 
 import httpx
 
-from bench.processes import free_port, serving
+from bench.processes import free_port, peer_env, serving
 from protocol.sse import SseParser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -203,9 +203,10 @@ async def server_stream(client: httpx.AsyncClient, url: str, prompt: str, tokens
 
 
 async def decode_counters(client: httpx.AsyncClient, url: str) -> tuple[float, float]:
-    """The worker's own count of llama_decode calls and the seconds spent in them (its /metrics)."""
+    """The worker's own count of llama_decode calls and the seconds spent in them (its /metrics; the
+    worker runs without a worker token, so they need none, like its generate)."""
     values = {}
-    for line in (await client.get(f"{url}/metrics")).text.splitlines():
+    for line in (await client.get(f"{url}/metrics")).raise_for_status().text.splitlines():
         name, _, value = line.partition(" ")
         if name in ("worker_decode_step_seconds_count", "worker_decode_step_seconds_sum"):
             values[name] = float(value)
@@ -541,7 +542,7 @@ async def run_all(args: argparse.Namespace) -> list[Cell]:
     with contextlib.ExitStack() as stack:
         if "worker" in args.peers:
             pid = stack.enter_context(serving("worker", worker_cmd, f"{worker_url}/worker/health",
-                                              log_path=RESULTS / "worker.log")).pid
+                                              log_path=RESULTS / "worker.log", env=peer_env(None))).pid
             meter.pids["worker"] = pid
             print(f"worker pid {pid} (py-spy record --pid {pid})", file=sys.stderr)
         if "server" in args.peers:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from bench.load.runner import Point
 from bench.load.workload import PROMPTS
+from bench.worker_token import find_token
 
 LOOPBACK_NAMES = {"localhost"}
 DEFAULT_DURATION_S = 10.0
@@ -70,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--model", help="model name to send (openai: default the first of GET /v1/models; "
                                    "infer, worker, openai-chat: sent only if given)")
     t.add_argument("--timeout", type=float, default=120.0, help="per-request deadline, seconds")
+    t.add_argument("--worker-token", help="worker: the pool's worker token, sent as a bearer token (default: "
+                                          "$WORKER_TOKEN, else $LOG_DIR/worker-token as ./start.sh writes it)")
     w = p.add_argument_group("workload")
     w.add_argument("--mode", choices=("closed", "open"),
                    help="closed: N users back to back; open: Poisson arrivals (default: open if --rate)")
@@ -120,9 +124,12 @@ class Options:
     points: list[Point]
     banned_tokens: tuple[int, ...]
     prompts: tuple[str, ...]
+    worker_token: str | None = None  # --api worker: sent with every request; never written out
 
 
-def validate(args: argparse.Namespace) -> Options:
+def validate(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Options:
+    """`environ` (the process's, from the command) is where --api worker looks for the worker token when
+    no flag gives it."""
     problems: list[str] = []
     if (problem := check_loopback(args.url)) is not None:
         problems.append(problem)
@@ -152,6 +159,8 @@ def validate(args: argparse.Namespace) -> Options:
             banned = tuple(int(v) for v in args.logit_bias_ban.split(",") if v.strip())
         except ValueError:
             problems.append(f"--logit-bias-ban {args.logit_bias_ban!r}: expected token ids like 0,2")
+    if args.worker_token and args.api != "worker":
+        problems.append("--worker-token is for --api worker: only a worker checks it")
     if args.api == "openai-chat" and args.raw:
         problems.append("--raw is not for --api openai-chat: chat messages always get the chat template")
     if args.compare_llama_cpp_server:
@@ -170,4 +179,5 @@ def validate(args: argparse.Namespace) -> Options:
     if args.requests is None and duration is None:
         duration = DEFAULT_DURATION_S
     points = [Point(mode, level, args.requests, duration) for level in levels]  # type: ignore[arg-type]
-    return Options(args, points, banned, tuple(args.prompt) if args.prompt else PROMPTS)
+    token = find_token(args.worker_token, environ or {}) if args.api == "worker" else None
+    return Options(args, points, banned, tuple(args.prompt) if args.prompt else PROMPTS, token)

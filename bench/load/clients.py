@@ -24,7 +24,7 @@ import asyncio
 import json
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,10 +56,11 @@ class Sampling:
 
 class StreamClient(ABC):
     def __init__(self, base_url: str, sampling: Sampling, *, timeout: float = 120.0,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 headers: Mapping[str, str] | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.url = base_url.rstrip("/") + self.path
         self.sampling = sampling
         self.timeout = timeout  # the whole request, send to final event
+        self.headers = dict(headers or {})  # sent with every request (a worker's token)
         self._clock = clock
 
     path: str
@@ -78,7 +79,7 @@ class StreamClient(ABC):
         answered = False  # a 200 head arrived: a failure from here on cut a started stream
         try:
             async with asyncio.timeout(self.timeout):
-                async with http.stream("POST", self.url, json=self.body(item)) as response:
+                async with http.stream("POST", self.url, json=self.body(item), headers=self.headers) as response:
                     if response.status_code != 200:
                         reason = error_reason(await response.aread())
                         return record.fail(Failure.HTTP, reason, status=response.status_code)

