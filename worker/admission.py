@@ -42,19 +42,7 @@ class Gate:
         """`session_expected`: the caller knows this session lives here (the coordinator's affinity),
         so its absence means the conversation was lost (e.g. a restart): 404, never a fresh start.
         `stream_ref`: the coordinator's reference of this stream, listed in heartbeats while it runs."""
-        if self.draining:
-            raise WorkerError(503, reasons.DRAINING, "worker is draining")
-        if request.model is not None and not self.names.serves(request.model):
-            raise WorkerError(404, reasons.UNKNOWN_MODEL,
-                              f"model {request.model!r} is not served here (this worker serves {self.names.name!r})")
-        # Without the coordinator's claim that it continues here, an expired id starts afresh.
-        known = (self.table.lookup(request.session_id, tenant=request.tenant, continuation=session_expected)
-                 if request.session_id else None)
-        if known is None and session_expected and request.session_id:
-            raise WorkerError(404, reasons.UNKNOWN_SESSION,
-                              f"session {request.session_id!r} is not on this worker (restarted or dropped)")
-        if known is not None and known.busy:
-            raise WorkerError(409, reasons.SESSION_BUSY, f"session {request.session_id!r} is generating")
+        known = self._known_session(request, session_expected)
         if not request.raw and self.model.turn_stop is not None and self.model.turn_stop not in request.stop:
             request = request.model_copy(update={"stop": [*request.stop, self.model.turn_stop]})
         turns = len(known.messages) if known else 0
@@ -81,6 +69,24 @@ class Gate:
                   channel=TokenChannel[StreamItem](loop, self.stream_buffer), admitted_at=self._clock())
         self.engine.submit(job, admission.freed_seq_ids)
         return job
+
+    def _known_session(self, request: GenerateRequest, session_expected: bool) -> Session | None:
+        """The session this request continues, if any, after the refusals that need no tokenizing."""
+        if self.draining:
+            raise WorkerError(503, reasons.DRAINING, "worker is draining")
+        if request.model is not None and not self.names.serves(request.model):
+            raise WorkerError(404, reasons.UNKNOWN_MODEL,
+                              f"model {request.model!r} is not served here (this worker serves {self.names.name!r})")
+        if not request.session_id:
+            return None
+        # Without the coordinator's claim that it continues here, an expired id starts afresh.
+        known = self.table.lookup(request.session_id, tenant=request.tenant, continuation=session_expected)
+        if known is None and session_expected:
+            raise WorkerError(404, reasons.UNKNOWN_SESSION,
+                              f"session {request.session_id!r} is not on this worker (restarted or dropped)")
+        if known is not None and known.busy:
+            raise WorkerError(409, reasons.SESSION_BUSY, f"session {request.session_id!r} is generating")
+        return known
 
     def _undo(self, session: Session, *, keep_kv: bool) -> None:
         seq_id = self.table.release(session, keep_kv=keep_kv)

@@ -322,8 +322,33 @@ class Engine:
 
     def _step(self, touched: set[TokenChannel[StreamItem]]) -> bool:
         """Decodes one batch; returns False when nothing could be scheduled."""
+        rows: list[_Running] = []  # the runs whose last row in the batch asks for logits, in batch order
+        decoding = self._add_generated(rows, touched)
+        n, prefilling = self._add_prompts(decoding, rows)
+        if n == 0:
+            return False
+        self._batch.n_tokens = n
+        started = time.perf_counter()
+        status = ll.llama_decode(self._ctx, self._batch)
+        self._copied.clear()  # made at the start of that decode
+        if status != 0:
+            raise RuntimeError(f"llama_decode returned {status}")
+        self.steps += 1
+        self._observer.step(decoding + prefilling, n - decoding, time.perf_counter() - started)
+        if rows:
+            # llama.cpp keeps the logits of the rows that ask for them contiguous, in batch order:
+            # the step samples them all from one view of its buffer.
+            logits = np.ctypeslib.as_array(ll.llama_get_logits(self._ctx),
+                                           shape=(len(rows), self.model.shape.n_vocab))
+            picks = self._sampler.sample(logits, [run.sampling for run in rows])
+            for run, (token, probability) in zip(rows, picks, strict=True):
+                self._accept(run, token, probability, touched)
+        return True
+
+    def _add_generated(self, rows: list[_Running], touched: set[TokenChannel[StreamItem]]) -> int:
+        """Puts each running sequence's last generated token in the batch (one row each), after
+        ending the cancelled, the timed-out and those whose consumer stopped reading; the rows added."""
         now = self._clock()
-        batch, rows = self._batch, []
         n = 0
         for run in list(self._running):
             channel = run.job.channel
@@ -344,12 +369,15 @@ class Engine:
                 run.next_token = None
                 rows.append(run)
                 n += 1
-        decoding = n
-        sequences = n
+        return n
+
+    def _add_prompts(self, n: int, rows: list[_Running]) -> tuple[int, int]:
+        """Fills the rest of the batch, from row `n`, with prompt chunks; (rows in the batch, sequences
+        prefilling). Shortest remaining prompt first (then oldest): a prompt whose prefix was cached has
+        a few tokens left and gets its first token in this step, not after a long cold prompt's chunks.
+        The long one takes what the short ones leave of the budget."""
         budget = min(self.config.prefill_chunk, self._n_batch - n)
-        # Shortest remaining prompt first (then oldest): a prompt whose prefix was cached has a few
-        # tokens left and gets its first token in this step, not after a long cold prompt's chunks.
-        # The long one takes what the short ones leave of the budget.
+        sequences = 0
         for run in sorted((r for r in self._running if r.todo), key=lambda r: (len(r.todo), r.started_at)):
             if budget <= 0:
                 break
@@ -364,25 +392,7 @@ class Engine:
                     rows.append(run)
                 n += 1
             budget -= len(chunk)
-        if n == 0:
-            return False
-        batch.n_tokens = n
-        started = time.perf_counter()
-        status = ll.llama_decode(self._ctx, batch)
-        self._copied.clear()  # made at the start of that decode
-        if status != 0:
-            raise RuntimeError(f"llama_decode returned {status}")
-        self.steps += 1
-        self._observer.step(sequences, n - decoding, time.perf_counter() - started)
-        if rows:
-            # The rows asking for logits, in batch order, are `rows`: llama.cpp keeps their logits
-            # contiguous in that order, so the step samples them all from one view of its buffer.
-            logits = np.ctypeslib.as_array(ll.llama_get_logits(self._ctx),
-                                           shape=(len(rows), self.model.shape.n_vocab))
-            picks = self._sampler.sample(logits, [run.sampling for run in rows])
-            for run, (token, probability) in zip(rows, picks, strict=True):
-                self._accept(run, token, probability, touched)
-        return True
+        return n, sequences
 
     def _put(self, i: int, token: int, pos: int, seq_id: int, logits: bool) -> None:
         batch = self._batch
