@@ -42,8 +42,8 @@ from pathlib import Path
 import httpx
 
 from bench.processes import free_port, serving
+from coordinator.admission.demand import Demand
 from coordinator.app import create_app
-from coordinator.demand import Demand
 from coordinator.errors import CoordinatorError
 from coordinator.settings import Settings
 from protocol.health import Heartbeat, WorkerLoad

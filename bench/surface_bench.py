@@ -29,7 +29,7 @@ import httpx
 from bench.load.report import read_json
 from bench.processes import free_port, serving
 from coordinator.generation import Generation
-from coordinator.response import passthrough
+from coordinator.relay.response import passthrough
 from coordinator.surfaces import infer as infer_surface
 from coordinator.surfaces import openai as openai_surface
 from coordinator.surfaces.openai_format import ChunkEncoder, Options

@@ -11,8 +11,8 @@ import sys
 
 import uvicorn
 
-from coordinator import drain
 from coordinator.app import create_app, edge_limits
+from coordinator.ops import drain
 from coordinator.server import DropAbandonedResponse, bounded_protocol
 from coordinator.settings import Settings
 from serving.server import DrainingServer

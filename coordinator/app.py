@@ -20,16 +20,16 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from coordinator import health, status_page
 from coordinator.auth import TENANT
 from coordinator.clock import Clock, SystemClock
 from coordinator.errors import CoordinatorError
 from coordinator.gateway import Gateway
+from coordinator.ops import health, status_page
+from coordinator.relay.upstream import WorkerClient
 from coordinator.settings import Settings
 from coordinator.state import CoordinatorState, build_state
 from coordinator.surfaces import infer, openai, sessions
 from coordinator.surfaces.sessions import PREFIX as SESSIONS_PREFIX
-from coordinator.upstream import WorkerClient
 from coordinator.validate import request_id_of
 from protocol import reasons
 from serving.edge import EdgeLimits

@@ -6,7 +6,8 @@ max_tokens, stop), the recorded internal events of complete streams, an LRU boun
 bytes with a TTL per entry, and optional persistence in SQLite (standard library) so a restarted
 coordinator keeps its cache.
 Must not: shape any surface's output (a hit replays internal events through the surface's own
-encoder, like a live stream) or hold a worker resource (a hit is never admitted or reserved).
+encoder, like a live stream: `Replay` reads them as a worker's stream, `done` marked `cached`) or hold
+a worker resource (a hit is never admitted or reserved).
 
 Persistence: every insertion and eviction is written through to the file at once (small writes on
 the event loop; the file is bounded by the same entry and byte limits). A file that SQLite reports as
@@ -26,13 +27,13 @@ import logging
 import sqlite3
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from protocol.sse import SseEvent
-from protocol.worker import GenerateRequest
+from protocol.worker import EVENT_DONE, DoneEvent, GenerateRequest, Timings
 
 log = logging.getLogger("coordinator.cache")
 # The largest stream one entry may hold: every cacheable stream in flight records up to this much, so
@@ -216,3 +217,31 @@ class ResponseCache:
             raw = json.dumps([[e.event, e.data] for e in entry.events], separators=(",", ":"))
             self._db.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, ?)", (key, entry.stored_at, raw))
             self._db.commit()
+
+
+class Replay:
+    """A recorded stream, read like a worker's (relay.stream.Upstream): its `done` marked `cached`,
+    with the replaying request's id and no completion tokens computed."""
+
+    def __init__(self, events: tuple[SseEvent, ...], request_id: str) -> None:
+        replayed = tuple(_as_hit(e, request_id) if e.event == EVENT_DONE else e for e in events)
+        self.first = replayed[0]
+        self.events = self._rest(replayed[1:])
+
+    @staticmethod
+    async def _rest(events: tuple[SseEvent, ...]) -> AsyncIterator[SseEvent]:
+        for event in events:
+            yield event
+
+    async def close(self) -> None:
+        pass
+
+
+def _as_hit(event: SseEvent, request_id: str) -> SseEvent:
+    done = DoneEvent.model_validate_json(event.data)
+    usage = done.usage.model_copy(update={"completion_tokens": 0, "cached_tokens": done.usage.prompt_tokens,
+                                          "total_tokens": done.usage.prompt_tokens})
+    timings = Timings(queue_ms=0.0, prefill_ms=0.0, ttft_ms=0.0, total_ms=0.0, tokens_per_second=0.0)
+    hit = done.model_copy(update={"cached": True, "request_id": request_id, "usage": usage, "timings": timings,
+                                  "worker_id": "cache"})
+    return SseEvent(EVENT_DONE, hit.model_dump_json())

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from coordinator.demand import Demand
-from coordinator.sessions import SessionKey
+from coordinator.admission.demand import Demand
+from coordinator.affinity.sessions import SessionKey
 from protocol.worker import GenerateRequest
 
 

@@ -13,22 +13,24 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coordinator.admission import Admission
+from coordinator.admission.capacity import Admission
+from coordinator.admission.queue import AdmissionQueue
+from coordinator.affinity.conversations import ConversationTable
+from coordinator.affinity.placement import Affinity
+from coordinator.affinity.prefixes import PrefixIndex
+from coordinator.affinity.sessions import SessionTable
 from coordinator.auth import ApiKeys
-from coordinator.breaker import Breakers
 from coordinator.cache import ResponseCache
 from coordinator.clock import Clock
-from coordinator.conversations import ConversationTable
-from coordinator.dispatch import Dispatcher
-from coordinator.metrics import CoordinatorMetrics
-from coordinator.prefixes import PrefixIndex
-from coordinator.queue import AdmissionQueue
-from coordinator.registry import Registry
-from coordinator.relay import Relay
+from coordinator.ops.metrics import CoordinatorMetrics
+from coordinator.ops.requests import RequestLog
+from coordinator.pool.breaker import Breakers
+from coordinator.pool.registry import Registry
+from coordinator.relay.dispatch import Dispatcher
+from coordinator.relay.stream import Relay
+from coordinator.relay.upstream import AiohttpWorkerClient, WorkerClient
 from coordinator.scheduling import Policy
-from coordinator.sessions import SessionTable
 from coordinator.settings import Settings
-from coordinator.upstream import AiohttpWorkerClient, WorkerClient
 
 
 @dataclass(slots=True)
@@ -51,6 +53,8 @@ class CoordinatorState:
     breakers: Breakers
     log: logging.Logger
     started_at: float  # wall time the app started (OpenAI's `created` of the models it lists)
+    affinity: Affinity
+    requests: RequestLog  # the account (metrics, log line) of every request
     api_keys: ApiKeys | None = None  # None: no client key is needed
     # The relays of the streams open now (drain ends them at its deadline), and whether it is draining.
     streams: set[Relay] = field(default_factory=set)
@@ -88,12 +92,16 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
     dispatcher = Dispatcher(client, admission, metrics, breakers, max_attempts=settings.max_failover_attempts,
                             first_event_timeout=settings.worker_first_event_timeout,
                             retry_after=settings.retry_after, worker_token=settings.worker_token)
+    conversations = ConversationTable(settings.conversation_table_size)
+    log = logging.getLogger("coordinator.requests")
     return CoordinatorState(
         settings=settings, clock=clock, registry=registry, sessions=sessions,
-        conversations=ConversationTable(settings.conversation_table_size), admission=admission, queue=queue, prefixes=prefixes, cache=cache,
+        conversations=conversations, admission=admission, queue=queue, prefixes=prefixes, cache=cache,
         policy=Policy.build(stale_after=settings.stale_after, scorers=settings.scorers,
                            balance_threshold=settings.prefix_balance_threshold, routing=settings.routing_policy,
                            latency_half_life=settings.latency_half_life),
         turns=itertools.count(), rng=random.Random(settings.routing_seed), metrics=metrics,
-        client=client, dispatcher=dispatcher, breakers=breakers, log=logging.getLogger("coordinator.requests"),
+        client=client, dispatcher=dispatcher, breakers=breakers, log=log,
+        affinity=Affinity(sessions, conversations, prefixes, registry),
+        requests=RequestLog(metrics, registry, log, now=clock.monotonic, refusal_log_rate=settings.refusal_log_rate),
         started_at=clock.time(), api_keys=ApiKeys.from_setting(settings.api_keys))

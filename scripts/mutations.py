@@ -50,21 +50,21 @@ def pytest_configure(config):
             raise pytest.UsageError(f"{module.__name__} imported from {module.__file__}, not {root}")
 '''
 
-ADMISSION = "coordinator/admission.py"
-REGISTRY = "coordinator/registry.py"
-QUEUE = "coordinator/queue.py"
+ADMISSION = "coordinator/admission/capacity.py"
+REGISTRY = "coordinator/pool/registry.py"
+QUEUE = "coordinator/admission/queue.py"
 POLICY = "coordinator/scheduling/policy.py"
-BREAKER = "coordinator/breaker.py"
-T_ADMISSION = "tests/coordinator/test_admission.py"
-T_REGISTRY = "tests/coordinator/test_registry.py"
-T_QUEUE = "tests/coordinator/test_queue.py"
-T_BUFFER = "tests/coordinator/test_buffer.py"
-T_BREAKER = "tests/coordinator/test_breaker.py"
+BREAKER = "coordinator/pool/breaker.py"
+T_ADMISSION = "tests/coordinator/admission/test_capacity.py"
+T_REGISTRY = "tests/coordinator/pool/test_registry.py"
+T_QUEUE = "tests/coordinator/admission/test_queue.py"
+T_BUFFER = "tests/coordinator/relay/test_buffer.py"
+T_BREAKER = "tests/coordinator/pool/test_breaker.py"
 T_POLICY = "tests/coordinator/scheduling/test_policy.py"
 T_UNITS = "tests/coordinator/scheduling/test_units.py"
-T_AFFINITY = "tests/coordinator/test_property_affinity.py"
+T_AFFINITY = "tests/coordinator/affinity/test_property_affinity.py"
 T_TENANCY = "tests/coordinator/test_tenancy.py"
-T_SUPERVISION = "tests/coordinator/test_supervision.py"
+T_SUPERVISION = "tests/coordinator/relay/test_supervisor.py"
 CHECK_SUMS = "        totals = self._registry.totals(model)\n"
 
 
@@ -127,8 +127,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              POLICY, "if alive.keep(request, w, now) and model.keep(request, w, now):",
              "if model.keep(request, w, now):", (T_POLICY,)),
     Mutation("gateway-drops-model", "the gateway schedules with the model asked for, so affinity can check it",
-             "coordinator/gateway.py", "Request(gen.demand, model, body.session_id, session_worker,",
-             "Request(gen.demand, None, body.session_id, session_worker,", (T_AFFINITY,)),
+             "coordinator/gateway.py", "Request(gen.demand, model, body.session_id, leaning.session_worker,",
+             "Request(gen.demand, None, body.session_id, leaning.session_worker,", (T_AFFINITY,)),
     Mutation("session-room-off-by-one", "a new session needs a free sequence slot (a full worker is filtered)",
              "coordinator/scheduling/filters/session_room.py",
              "worker.sessions - worker.idle_sessions < worker.max_sessions",
@@ -148,15 +148,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("breaker-probes-unlimited", "while a probe is in flight no other request goes to that worker",
              BREAKER, "            worker.breaker_probing = True\n", "            pass\n", (T_BREAKER,)),
     Mutation("buffer-unbounded", "the relay buffer holds at most `maxsize` events",
-             "coordinator/buffer.py", "        if len(self._items) >= self.maxsize:\n            return False\n",
+             "coordinator/relay/buffer.py", "        if len(self._items) >= self.maxsize:\n            return False\n",
              "", (T_BUFFER,)),
     # Tenancy: a session id, a conversation and a cached answer belong to the key that made them.
     Mutation("session-key-ignores-tenant", "a session is looked up by (tenant, id), not by id alone",
              "coordinator/generation.py", "return (self.request.tenant, session_id)", "return (\"\", session_id)",
              (T_TENANCY,)),
     Mutation("conversation-ignores-tenant", "conversation affinity is per tenant",
-             "coordinator/conversations.py", 'digest.update(f"{tenant}\\0{model or \'\'}\\0".encode())',
-             'digest.update(f"{model or \'\'}\\0".encode())', (T_TENANCY, "tests/coordinator/test_conversations.py")),
+             "coordinator/affinity/conversations.py", 'digest.update(f"{tenant}\\0{model or \'\'}\\0".encode())',
+             'digest.update(f"{model or \'\'}\\0".encode())', (T_TENANCY, "tests/coordinator/affinity/test_conversations.py")),
     Mutation("cache-key-ignores-tenant", "a cached answer is never served to another tenant",
              "coordinator/cache.py", 'body = request.model_dump_json(exclude={"model"})',
              'body = request.model_dump_json(exclude={"model", "tenant"})', (T_TENANCY,)),
@@ -167,13 +167,13 @@ MUTATIONS: tuple[Mutation, ...] = (
              ("tests/coordinator/test_auth.py",)),
     # Supervision: every stream ends, whatever raises, and gives back what it held.
     Mutation("final-callback-unguarded", "a failing final callback still ends the stream",
-             "coordinator/relay.py", "        try:\n            on_final(self.outcome)\n        except Exception as exc:",
+             "coordinator/relay/stream.py", "        try:\n            on_final(self.outcome)\n        except Exception as exc:",
              "        try:\n            on_final(self.outcome)\n        except ZeroDivisionError as exc:", (T_SUPERVISION,)),
     Mutation("open-leaks-stream", "a fault after dispatch closes the worker request and frees the reservation",
              "coordinator/gateway.py", "                state.admission.release(stream.reservation)\n"
              "                await stream.close()", "                pass", (T_SUPERVISION,)),
     Mutation("collector-fault-unanswered", "a collector's fault answers the client with a 500",
-             "coordinator/supervisor.py", "                await self._fail(scope, receive, send)", "                pass",
+             "coordinator/relay/supervisor.py", "                await self._fail(scope, receive, send)", "                pass",
              (T_SUPERVISION,)),
     Mutation("cache-failure-propagates", "a failing response cache disables itself instead of failing requests",
              "coordinator/cache.py", "            self._put(key, events)\n        except Exception as exc:",

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
-from coordinator.demand import Demand
+from coordinator.admission.demand import Demand
 
 NO_MATCH: Mapping[str, float] = MappingProxyType({})
 
@@ -62,7 +62,7 @@ class Request:
     session_id: str | None = None
     session_worker: str | None = None  # the worker holding session_id, when the coordinator knows one
     prefer: str | None = None  # a worker likely to hold the prompt's prefix: first if it passes every filter
-    # worker id -> share of the prompt's prefix it was sent before (coordinator/prefixes.py)
+    # worker id -> share of the prompt's prefix it was sent before (coordinator/affinity/prefixes.py)
     prefix_match: Mapping[str, float] = field(default_factory=lambda: NO_MATCH)
     turn: int = 0  # the coordinator's request counter, for round-robin
     rng: random.Random | None = None  # the coordinator's seeded random source, for random

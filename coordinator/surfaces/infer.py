@@ -19,9 +19,9 @@ from coordinator.auth import tenant_of
 from coordinator.errors import CoordinatorError, error_headers
 from coordinator.gateway import Gateway
 from coordinator.generation import Generation
-from coordinator.response import RelayResponse, passthrough
+from coordinator.relay.response import RelayResponse, passthrough
+from coordinator.relay.supervisor import client_left_of
 from coordinator.state import CoordinatorState
-from coordinator.supervisor import client_left_of
 from coordinator.validate import describe, read_body, request_id_of
 from protocol import reasons
 from protocol.inference import ErrorBody, InferRequest

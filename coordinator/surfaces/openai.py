@@ -18,13 +18,13 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
 from coordinator.auth import tenant_of
-from coordinator.collect import CollectedResponse
 from coordinator.errors import CoordinatorError, error_headers
 from coordinator.gateway import Gateway
 from coordinator.generation import Generation
-from coordinator.response import RelayResponse
+from coordinator.relay.collect import CollectedResponse
+from coordinator.relay.response import RelayResponse
+from coordinator.relay.supervisor import client_left_of
 from coordinator.state import CoordinatorState
-from coordinator.supervisor import client_left_of
 from coordinator.surfaces.infer import event_stream, json_body, refusals
 from coordinator.surfaces.openai_format import ChunkEncoder, Options, assemble
 from coordinator.validate import describe, first_field, read_body, request_id_of

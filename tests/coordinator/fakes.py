@@ -13,8 +13,8 @@ import httpx
 
 from coordinator.app import create_app
 from coordinator.clock import ManualClock
+from coordinator.relay.upstream import WorkerStreamError, WorkerUnreachable
 from coordinator.settings import Settings
-from coordinator.upstream import WorkerStreamError, WorkerUnreachable
 from protocol.health import Heartbeat, WorkerLoad
 
 MODEL = "smol"
@@ -54,7 +54,7 @@ Behaviour = Callable[[httpx.Request], httpx.Response]
 
 
 class _FakeResponse:
-    """`coordinator.upstream.WorkerResponse` over an httpx response from a MockTransport."""
+    """`coordinator.relay.upstream.WorkerResponse` over an httpx response from a MockTransport."""
 
     def __init__(self, response: httpx.Response) -> None:
         self._response = response
@@ -78,7 +78,7 @@ class _FakeResponse:
 
 
 class FakeWorkerClient:
-    """`coordinator.upstream.WorkerClient` whose network is fake workers' behaviours."""
+    """`coordinator.relay.upstream.WorkerClient` whose network is fake workers' behaviours."""
 
     def __init__(self, client: httpx.AsyncClient) -> None:
         self._client = client

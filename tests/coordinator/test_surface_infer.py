@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from coordinator.errors import CoordinatorError
-from coordinator.response import passthrough
+from coordinator.relay.response import passthrough
 from coordinator.surfaces.infer import parse
 from protocol import inference, worker
 from protocol.sse import SseEvent

@@ -34,7 +34,7 @@ def default_port(role: str) -> int:
     return Settings().port if role == "coordinator" else WorkerSettings(engine="simulated").port
 
 
-# What a shutdown takes besides the drain itself: the error events' flush (2 s, coordinator/drain.py
+# What a shutdown takes besides the drain itself: the error events' flush (2 s, coordinator/ops/drain.py
 # and worker/runtime.py), the server's graceful shutdown (uvicorn, 5 s) and a worker's draining
 # heartbeat (up to 5 s when the coordinator is unreachable).
 SHUTDOWN_BESIDES_DRAIN = 12.0

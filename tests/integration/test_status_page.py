@@ -27,8 +27,8 @@ from typing import Any, Self
 import httpx
 import pytest
 
-from coordinator import status_page
-from coordinator.status_page import Counters, StatusSnapshot
+from coordinator.ops import status_page
+from coordinator.ops.status_page import Counters, StatusSnapshot
 from protocol.coordinator import CoordinatorHealth, WorkerCounts, WorkerStatus, WorkerStatusList
 from tests.integration.conftest import TOKEN, Cluster, running_cluster, start_coordinator
 

@@ -1,4 +1,4 @@
-"""Breaker closed: a worker whose requests kept failing sits out its cool-down (coordinator/breaker.py);
+"""Breaker closed: a worker whose requests kept failing sits out its cool-down (coordinator/pool/breaker.py);
 once the cool-down has passed, one probe request may go while no other probe is in flight."""
 
 from __future__ import annotations

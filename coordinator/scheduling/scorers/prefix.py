@@ -1,4 +1,4 @@
-"""Prefix: the share of the request's prompt the worker was not sent before (coordinator/prefixes.py
+"""Prefix: the share of the request's prompt the worker was not sent before (coordinator/affinity/prefixes.py
 computes, per worker, how much of the prompt's prefix it was sent; the request carries that in)."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from coordinator.demand import Demand
+from coordinator.admission.demand import Demand
 from coordinator.scheduling import Policy, Request
 from protocol import reasons
 

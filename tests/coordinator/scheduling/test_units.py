@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.demand import Demand
+from coordinator.admission.demand import Demand
 from coordinator.scheduling import Request
 from coordinator.scheduling.filters.alive import Alive
 from coordinator.scheduling.filters.breaker_closed import BreakerClosed

@@ -1,0 +1,112 @@
+"""Admission: the O(1) capacity check before a worker is chosen, and the in-flight KV reservations.
+
+Owns: `check` (reads only the registry's aggregates: no loop over workers, so a rejection costs the
+same with 1 or 1,000 workers), the reservation ledger and its running totals.
+Must not: choose a worker (scheduler.py) or talk to one (dispatch.py).
+
+A reservation lives from the moment a worker is chosen until its stream ends, whatever the ending.
+It first holds the upper bound from `Demand.tokens`, then the exact size once the worker reports
+`X-Prompt-Tokens` (larger than the estimate too, when a chat template adds more than it allows).
+It is released as soon as the stream's final event is read, before the client sees it, so a client
+that sends its next request at once finds the slot free here as it is on the worker. It reaches the
+scheduler through a registry correction on that worker, keyed by the reservation's key, which the
+worker lists in its heartbeats while the stream holds a session (registry.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from coordinator.admission.demand import Demand
+from coordinator.clock import Clock
+from coordinator.errors import CoordinatorError
+from coordinator.pool.registry import Correction, Registry, WorkerRecord
+from protocol import reasons
+
+
+@dataclass(slots=True)
+class Reservation:
+    key: int
+    worker_id: str
+    demand: Demand
+    kv_bytes: int
+    sessions: int
+    released: bool = False
+
+
+class Admission:
+    def __init__(self, registry: Registry, clock: Clock, *, retry_after: int,
+                 on_release: Callable[[str], None] | None = None) -> None:
+        self._registry = registry
+        self._clock = clock
+        self._retry_after = retry_after
+        self._on_release = on_release or (lambda model: None)  # capacity for that model may have freed
+        # Stream references (X-Stream-Ref) start at a random point, so another coordinator's streams
+        # on the same worker do not share them.
+        self._keys = itertools.count(secrets.randbits(48))
+        self.in_flight = 0
+        self.in_flight_kv_bytes = 0
+
+    def check(self, demand: Demand, model: str | None) -> None:
+        """Raise a `CoordinatorError` when no alive worker can possibly take this request. O(1)."""
+        self._registry.sweep(self._clock.monotonic())
+        if self._registry.alive_count == 0:
+            raise self._overloaded(reasons.NO_WORKERS, "no worker is alive")
+        totals = self._registry.totals(model)
+        if totals is None:
+            if model is not None and self._registry.served_lately(model):
+                raise self._overloaded(reasons.MODEL_UNAVAILABLE, f"no alive worker serves {model!r} now")
+            raise CoordinatorError(reasons.UNKNOWN_MODEL, f"no worker serves model {model!r}")
+        if demand.new_session and totals.free_sessions <= 0:
+            raise self._overloaded(reasons.SESSIONS_FULL, "every worker's sessions are in use")
+        # Distinct values, not workers: one per model in practice.
+        need = demand.tokens(max(totals.session_max_tokens)) * max(totals.bytes_per_token)
+        if totals.free_kv_bytes < need:
+            raise self._overloaded(reasons.KV_FULL, "not enough free KV cache on any worker")
+
+    def reserve(self, worker: WorkerRecord, demand: Demand) -> Reservation:
+        kv_bytes = demand.tokens(worker.session_max_tokens) * worker.bytes_per_token
+        res = Reservation(next(self._keys), worker.worker_id, demand, kv_bytes, int(demand.new_session))
+        self._registry.correct(res.worker_id, res.key, Correction(kv_bytes, res.sessions))
+        worker.in_flight += 1
+        self.in_flight += 1
+        self.in_flight_kv_bytes += kv_bytes
+        return res
+
+    def confirm(self, res: Reservation, prompt_tokens: int | None) -> None:
+        """The worker admitted it: shrink (or grow) the reservation to its exact size."""
+        worker = self._registry.get(res.worker_id)
+        if worker is not None and prompt_tokens is not None:
+            # Exact, up or down: the worker has tokenized the templated prompt and admitted it at this
+            # size, so a template longer than the estimate allowed grows the reservation too.
+            exact = res.demand.exact_tokens(prompt_tokens, worker.session_max_tokens) * worker.bytes_per_token
+            self.in_flight_kv_bytes += exact - res.kv_bytes
+            res.kv_bytes = exact
+        self._registry.correct(res.worker_id, res.key, Correction(res.kv_bytes, res.sessions))
+
+    def release(self, res: Reservation, *, kept_tokens: int | None = None) -> None:
+        """Idempotent; call it on every ending (done, error, client gone, worker gone, timeout).
+
+        `kept_tokens`: the stream ended normally and its named session keeps that many tokens of
+        KV on the worker, so the worker is not as free as the ended stream would suggest.
+        """
+        if res.released:
+            return
+        res.released = True
+        self.in_flight -= 1
+        self.in_flight_kv_bytes -= res.kv_bytes
+        worker = self._registry.get(res.worker_id)
+        if worker is not None:
+            worker.in_flight = max(0, worker.in_flight - 1)
+        try:
+            kept = kept_tokens * worker.bytes_per_token if worker is not None and kept_tokens is not None else None
+            self._registry.end(res.worker_id, res.key, self._clock.time(), kept_kv_bytes=kept)
+        finally:
+            if worker is not None:
+                self._on_release(worker.model)
+
+    def _overloaded(self, reason: str, message: str) -> CoordinatorError:
+        return CoordinatorError(reason, message, retry_after=self._retry_after)

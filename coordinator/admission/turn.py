@@ -1,0 +1,65 @@
+"""Admission in turn: a request tries to be placed behind the requests already waiting for its model,
+and waits in the queue (bounded in length and time) while capacity is short.
+
+Owns: the loop between the queue (queue.py) and a placement attempt: join at the back when others
+wait or when the attempt finds capacity short, wait to be woken, try again, hand the place on as soon
+as a worker's capacity is reserved, and come back at the head when that worker refuses after all.
+Must not: decide whether a request fits (the attempt does) or hold a worker resource while it waits.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from coordinator.admission.queue import AdmissionQueue, QueueClosed
+from coordinator.errors import CoordinatorError
+from coordinator.ops.metrics import CoordinatorMetrics
+from protocol import reasons
+
+T = TypeVar("T")
+# Capacity that is short for now, not a request that cannot be served: worth waiting for.
+QUEUEABLE = frozenset({reasons.SESSIONS_FULL, reasons.KV_FULL})
+# `placed` runs once a worker's capacity is reserved for the request, before that worker answers.
+Attempt = Callable[[Callable[[], None] | None], Awaitable[T]]
+
+
+async def in_turn(queue: AdmissionQueue, model: str, attempt: Attempt[T], *, started: float,
+                  now: Callable[[], float], metrics: CoordinatorMetrics,
+                  client_gone: Callable[[], Awaitable[None]] | None) -> T:
+    """`attempt`'s result, once it succeeds in this request's turn; its `CoordinatorError` when not
+    queueable, or 503 `queue_full` / `queue_timeout`, or `client_gone` if the client left while waiting."""
+    waiter = None
+    deadline = started + queue.timeout
+    try:
+        if queue.waiting(model):
+            waiter = queue.join(model)  # FIFO: no overtaking the requests already waiting
+        while True:
+            placed = None
+            if waiter is not None:
+                await queue.wait(waiter, deadline=deadline, now=now, client_gone=client_gone)
+                placed = functools.partial(queue.leave, waiter)  # the next may try while this dispatches
+            try:
+                result = await attempt(placed)
+            except CoordinatorError as exc:
+                if exc.reason not in QUEUEABLE:
+                    raise
+                if waiter is None:
+                    waiter = queue.join(model)
+                else:
+                    queue.rejoin(waiter)  # placed, then refused by the worker: back at the head
+                continue
+            if waiter is not None:
+                metrics.dequeued("admitted", now() - started)
+            return result
+    except QueueClosed:
+        metrics.dequeued(reasons.CLIENT_GONE, now() - started)
+        raise CoordinatorError(reasons.CLIENT_GONE, "the client went away while its request waited") from None
+    except CoordinatorError as exc:
+        if exc.reason in (reasons.QUEUE_FULL, reasons.QUEUE_TIMEOUT):
+            metrics.dequeued(exc.reason, now() - started)
+        raise
+    finally:
+        if waiter is not None:
+            queue.leave(waiter)  # admitted or not: the next one may try now

@@ -1,0 +1,390 @@
+"""Heartbeat registry: every known worker, its state, and O(1) sums of the alive workers' capacity.
+
+Owns: worker records; the alive -> stale -> removed transitions; per-model and global aggregates,
+kept up to date on every change so reading them never loops over workers; and *corrections*, the
+coordinator's in-flight reservations laid on top of a worker's last reported load until a later
+heartbeat shows them.
+Must not: decide admission, pick workers or do I/O (admission.py, scheduler.py, dispatch.py do).
+
+Why corrections: a heartbeat says what a worker held when it was made. A reservation made after
+that is invisible to it, so without a correction two requests in the same interval would both see
+an idle worker; and a stream that ended since is still in it. Each of this coordinator's streams
+carries a reference (`X-Stream-Ref`, the reservation's key), and every heartbeat lists the
+references of the streams it counts (`load.streams`). So a correction knows exactly whether the
+latest heartbeat counts its stream:
+- a running stream (LIVE), or one whose named session stays on the worker (KEPT), adds its amount
+  when the heartbeat does not list it, and nothing when it does;
+- an ended stream (ENDED) takes its amount off when the heartbeat still lists it, and nothing when
+  it does not.
+A KEPT or ENDED correction is forgotten once a heartbeat made after the end no longer lists it
+(ENDED waits RELEASE_LAG more: a request the client left during its admission may still be admitted
+and listed a moment later), or after a few heartbeats whatever their stamps (a worker clock behind
+ours, a stream the worker still holds: its report is the truth then).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from protocol.health import Heartbeat, WorkerLoad
+
+ALIVE = "alive"
+STALE = "stale"
+MODELS_REMEMBERED = 256  # models whose workers all went away, still answered as "unavailable"
+RELEASE_LAG = 0.5  # seconds an ended stream's reference may still turn up in a heartbeat
+LIVE, KEPT, ENDED = "live", "kept", "ended"
+BEATS_KEPT = 2  # heartbeats after its end that a KEPT correction outlives at most
+BEATS_ENDED = 3  # and an ENDED one
+
+
+@dataclass(slots=True)
+class Correction:
+    """One of this coordinator's streams on a worker, relative to the worker's latest report."""
+
+    kv_bytes: int
+    sessions: int
+    state: str = LIVE
+    ended_at: float = math.inf  # wall time of the stream's end (KEPT, ENDED)
+    beats: int = 0  # heartbeats received since its end
+
+    def effect(self, listed: bool) -> tuple[int, int]:
+        """(KV bytes, sessions) to add to a report that does or does not list this stream."""
+        if self.state == ENDED:
+            return (-self.kv_bytes, -self.sessions) if listed else (0, 0)
+        return (0, 0) if listed else (self.kv_bytes, self.sessions)
+
+    def outlived(self, listed: bool, stamp: float) -> bool:
+        """Whether a heartbeat stamped `stamp` makes this correction redundant (counted after `beats`)."""
+        if self.state == LIVE:
+            return False
+        if self.state == KEPT:
+            return (not listed and stamp >= self.ended_at) or self.beats >= BEATS_KEPT
+        return (not listed and stamp >= self.ended_at + RELEASE_LAG) or self.beats >= BEATS_ENDED
+
+
+@dataclass(slots=True)
+class WorkerRecord:
+    worker_id: str
+    url: str
+    model: str
+    load: WorkerLoad
+    last_seen: float  # coordinator monotonic seconds
+    state: str = ALIVE
+    aliases: tuple[str, ...] = ()
+    # Circuit breaker state, written by coordinator/pool/breaker.py; the scheduler's filter reads it.
+    breaker_open_until: float = 0.0
+    breaker_probing: bool = False
+    breaker_failures: int = 0  # in a row
+    breaker_trips: int = 0  # times opened since it last closed
+    # The coordinator's own view, for the named routing policies.
+    in_flight: int = 0  # reservations held on it now (admission.py)
+    ttft_ewma: float | None = None  # recent time to first token, seconds (gateway.py)
+    ttft_at: float = 0.0
+
+    def observe_ttft(self, seconds: float, now: float, weight: float = 0.3) -> None:
+        self.ttft_ewma = seconds if self.ttft_ewma is None else (1 - weight) * self.ttft_ewma + weight * seconds
+        self.ttft_at = now
+    extra_kv_bytes: int = 0
+    extra_sessions: int = 0
+    corrections: dict[int, Correction] = field(default_factory=dict)
+    listed: frozenset[int] = frozenset()  # the stream references in the latest heartbeat
+    # What this record added to the aggregates while alive, so it can be taken out exactly.
+    counted: tuple[int, ...] = ()
+
+    @property
+    def sessions(self) -> int:
+        return max(0, self.load.sessions + self.extra_sessions)
+
+    @property
+    def max_sessions(self) -> int:
+        return self.load.max_sessions
+
+    @property
+    def idle_sessions(self) -> int:
+        """Sessions kept for a next turn with no stream: the worker evicts them for a new request."""
+        return min(self.load.idle_sessions, self.sessions)
+
+    @property
+    def idle_kv_bytes(self) -> int:
+        return min(self.load.idle_kv_bytes, self.kv_reserved_bytes)
+
+    @property
+    def kv_reserved_bytes(self) -> int:
+        reported = max(self.load.kv_reserved_bytes, self.load.kv_used_bytes)
+        return max(0, reported + self.extra_kv_bytes)
+
+    @property
+    def kv_capacity_bytes(self) -> int:
+        return self.load.kv_capacity_bytes
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.load.bytes_per_token
+
+    @property
+    def session_max_tokens(self) -> int:
+        return self.load.session_max_tokens
+
+    @property
+    def draining(self) -> bool:
+        return self.load.draining
+
+    def contribution(self) -> tuple[int, ...]:
+        """What this worker adds to the sums: (workers, free sessions, session capacity, free KV
+        bytes, KV capacity, bytes per token, session max tokens)."""
+        free_sessions = max(0, self.max_sessions - self.sessions + self.idle_sessions)
+        free_kv = max(0, self.kv_capacity_bytes - self.kv_reserved_bytes + self.idle_kv_bytes)
+        return (1, free_sessions, self.max_sessions, free_kv, self.kv_capacity_bytes,
+                self.bytes_per_token, self.session_max_tokens)
+
+
+@dataclass(slots=True)
+class Totals:
+    """Sums over alive workers; `bytes_per_token` and `session_max_tokens` count distinct values
+    (one per model in practice), so their max is O(distinct values), not O(workers)."""
+
+    workers: int = 0
+    free_sessions: int = 0
+    max_sessions: int = 0
+    free_kv_bytes: int = 0
+    kv_capacity_bytes: int = 0
+    bytes_per_token: Counter[int] = field(default_factory=Counter)
+    session_max_tokens: Counter[int] = field(default_factory=Counter)
+
+    def apply(self, values: tuple[int, ...], sign: int) -> None:
+        self.workers += sign * values[0]
+        self.free_sessions += sign * values[1]
+        self.max_sessions += sign * values[2]
+        self.free_kv_bytes += sign * values[3]
+        self.kv_capacity_bytes += sign * values[4]
+        for counter, key in ((self.bytes_per_token, values[5]), (self.session_max_tokens, values[6])):
+            counter[key] += sign
+            if counter[key] <= 0:
+                del counter[key]
+
+
+class Registry:
+    def __init__(self, *, stale_after: float, dead_after: float,
+                 on_removed: Callable[[WorkerRecord], None] | None = None) -> None:
+        self.stale_after = stale_after
+        self.dead_after = dead_after
+        self._on_removed = on_removed
+        self._workers: dict[str, WorkerRecord] = {}
+        # Both ordered by last_seen (a heartbeat moves its worker to the end), so a sweep only
+        # looks at the workers that are about to change state.
+        self._alive: OrderedDict[str, WorkerRecord] = OrderedDict()
+        self._stale: OrderedDict[str, WorkerRecord] = OrderedDict()
+        self._alive_by_model: dict[str, dict[str, WorkerRecord]] = {}
+        self._models_known: Counter[str] = Counter()
+        # Public name (a model's own or an alias) -> the models known under it, counted by worker.
+        self._names: dict[str, Counter[str]] = {}
+        # Models whose last worker was removed, so a request for one hears "unavailable", not "unknown".
+        self._gone: OrderedDict[str, None] = OrderedDict()
+        self.total = Totals()
+        self._by_model: dict[str, Totals] = {}
+
+    # --- reads (O(1)) -----------------------------------------------------------------------
+    def get(self, worker_id: str) -> WorkerRecord | None:
+        return self._workers.get(worker_id)
+
+    def totals(self, model: str | None) -> Totals | None:
+        return self.total if model is None else self._by_model.get(model)
+
+    def knows_model(self, model: str) -> bool:
+        """Some worker (alive or stale) serves it."""
+        return model in self._models_known
+
+    def served_lately(self, model: str) -> bool:
+        """Some worker serves it, or did until recently (a request for it is "unavailable", not "unknown")."""
+        return model in self._models_known or model in self._gone
+
+    def resolve(self, name: str) -> str | None:
+        """The model a request's `model` names: a model itself, or an alias of one (the model with
+        most workers when several share it), or a model whose workers all went away recently."""
+        if name in self._models_known:
+            return name
+        owners = self._names.get(name)
+        if owners:
+            return min(owners, key=lambda model: (-owners[model], model))
+        return name if name in self._gone else None
+
+    def known_models(self) -> list[str]:
+        """Models some worker (alive or stale) serves now."""
+        return sorted(self._models_known)
+
+    def aliases_of(self, model: str) -> list[str]:
+        return sorted(name for name, owners in self._names.items() if model in owners and name != model)
+
+    def alive_models(self) -> list[str]:
+        return sorted(self._alive_by_model)
+
+    @property
+    def alive_count(self) -> int:
+        return len(self._alive)
+
+    @property
+    def stale_count(self) -> int:
+        return len(self._stale)
+
+    # --- reads (O(n), for scheduling and listings) -------------------------------------------
+    def alive(self, model: str | None = None) -> Iterable[WorkerRecord]:
+        if model is None:
+            return self._alive.values()
+        return self._alive_by_model.get(model, {}).values()
+
+    def all(self) -> Iterable[WorkerRecord]:
+        return self._workers.values()
+
+    # --- writes -------------------------------------------------------------------------------
+    def upsert(self, hb: Heartbeat, now: float) -> WorkerRecord:
+        rec = self._workers.get(hb.worker_id)
+        aliases = tuple(hb.aliases)
+        if rec is None:
+            rec = WorkerRecord(hb.worker_id, hb.url, hb.model, hb.load, now, state=STALE, aliases=aliases,
+                               listed=frozenset(hb.load.streams))
+            self._workers[hb.worker_id] = rec
+            self._know(rec)
+        else:
+            self._leave(rec)
+            if (rec.model, rec.aliases) != (hb.model, aliases):
+                self._forget_model(rec)
+                rec.model, rec.aliases = hb.model, aliases
+                self._know(rec)
+            rec.url, rec.load, rec.last_seen = hb.url, hb.load, now
+            self._reflect(rec, frozenset(hb.load.streams), hb.timestamp)
+        self._join(rec)
+        return rec
+
+    def sweep(self, now: float) -> None:
+        """Move workers whose heartbeats stopped to stale, then out; amortized O(1) per heartbeat."""
+        while self._alive:
+            rec = next(iter(self._alive.values()))
+            if now - rec.last_seen < self.stale_after:
+                break
+            self._leave(rec)
+            rec.state = STALE
+            self._stale[rec.worker_id] = rec
+        while self._stale:
+            rec = next(iter(self._stale.values()))
+            if now - rec.last_seen < self.dead_after:
+                break
+            self.remove(rec.worker_id)
+
+    def remove(self, worker_id: str) -> None:
+        rec = self._workers.pop(worker_id, None)
+        if rec is None:
+            return
+        self._leave(rec)
+        self._stale.pop(worker_id, None)
+        self._forget_model(rec)
+        if self._on_removed is not None:
+            self._on_removed(rec)
+
+    def correct(self, worker_id: str, key: int, correction: Correction) -> None:
+        """Add (or replace) the correction of stream `key` on a worker."""
+        rec = self._workers.get(worker_id)
+        if rec is not None:
+            self._update(rec, lambda: self._set_correction(rec, key, correction))
+
+    def end(self, worker_id: str, key: int, at: float, *, kept_kv_bytes: int | None = None) -> None:
+        """Stream `key` ended at wall time `at`; `kept_kv_bytes`: its named session stays on the worker
+        holding that much KV."""
+        rec = self._workers.get(worker_id)
+        corr = rec.corrections.get(key) if rec is not None else None
+        if rec is None or corr is None:
+            return
+        ended = (Correction(kept_kv_bytes, corr.sessions, KEPT, at) if kept_kv_bytes is not None
+                 else Correction(corr.kv_bytes, corr.sessions, ENDED, at))
+        self._update(rec, lambda: self._set_correction(rec, key, ended))
+
+    # --- internals ----------------------------------------------------------------------------
+    def _update(self, rec: WorkerRecord, change: Callable[[], None]) -> None:
+        alive = rec.state == ALIVE
+        if alive:
+            self._count(rec, -1)
+        change()
+        if alive:
+            self._count(rec, +1)
+
+    @staticmethod
+    def _set_correction(rec: WorkerRecord, key: int, new: Correction | None) -> None:
+        old = rec.corrections.pop(key, None)
+        listed = key in rec.listed
+        if old is not None:
+            kv, sessions = old.effect(listed)
+            rec.extra_kv_bytes -= kv
+            rec.extra_sessions -= sessions
+        if new is not None:
+            rec.corrections[key] = new
+            kv, sessions = new.effect(listed)
+            rec.extra_kv_bytes += kv
+            rec.extra_sessions += sessions
+
+    @staticmethod
+    def _reflect(rec: WorkerRecord, listed: frozenset[int], stamp: float) -> None:
+        """Lay the corrections on a new heartbeat stamped `stamp` listing `listed` (record not counted now)."""
+        rec.listed = listed
+        rec.extra_kv_bytes = rec.extra_sessions = 0
+        for key, corr in list(rec.corrections.items()):
+            if corr.state != LIVE:
+                corr.beats += 1
+            if corr.outlived(key in listed, stamp):
+                del rec.corrections[key]
+                continue
+            kv, sessions = corr.effect(key in listed)
+            rec.extra_kv_bytes += kv
+            rec.extra_sessions += sessions
+
+    def _join(self, rec: WorkerRecord) -> None:
+        self._stale.pop(rec.worker_id, None)
+        rec.state = ALIVE
+        self._alive[rec.worker_id] = rec
+        self._alive.move_to_end(rec.worker_id)
+        self._alive_by_model.setdefault(rec.model, {})[rec.worker_id] = rec
+        self._count(rec, +1)
+
+    def _leave(self, rec: WorkerRecord) -> None:
+        if rec.state != ALIVE:
+            return
+        self._count(rec, -1)
+        del self._alive[rec.worker_id]
+        peers = self._alive_by_model[rec.model]
+        del peers[rec.worker_id]
+        if not peers:
+            del self._alive_by_model[rec.model]
+        rec.state = STALE
+
+    def _count(self, rec: WorkerRecord, sign: int) -> None:
+        values = rec.contribution() if sign > 0 else rec.counted
+        per_model = self._by_model.setdefault(rec.model, Totals())
+        self.total.apply(values, sign)
+        per_model.apply(values, sign)
+        if per_model.workers == 0:
+            del self._by_model[rec.model]
+        if sign > 0:
+            rec.counted = values
+
+    def _know(self, rec: WorkerRecord) -> None:
+        self._models_known[rec.model] += 1
+        self._gone.pop(rec.model, None)
+        for name in (rec.model, *rec.aliases):
+            self._names.setdefault(name, Counter())[rec.model] += 1
+
+    def _forget_model(self, rec: WorkerRecord) -> None:
+        model = rec.model
+        for name in (model, *rec.aliases):
+            owners = self._names[name]
+            owners[model] -= 1
+            if owners[model] <= 0:
+                del owners[model]
+                if not owners:
+                    del self._names[name]
+        self._models_known[model] -= 1
+        if self._models_known[model] <= 0:
+            del self._models_known[model]
+            self._gone[model] = None
+            while len(self._gone) > MODELS_REMEMBERED:
+                self._gone.popitem(last=False)

@@ -1,0 +1,187 @@
+"""Dispatch: send one admitted request to the ranked workers until one of them starts streaming.
+
+Owns: the HTTP call to `POST /worker/generate` (protocol.worker) up to the worker's first SSE event, failover before
+the first token (bounded attempts), reservations made and released per attempt, and turning a
+worker's refusal into a `CoordinatorError` (400/404/409/413 pass through with the worker's reason;
+503 refusals and unreachable workers move on to the next worker), and telling the breakers what
+each attempt said about its worker.
+Must not: relay events after the first one (relay.py) or rank workers (scheduler.py).
+
+The client's status line waits for the worker's first event, not just its headers, so a worker that
+dies during prefill is still failed over: no byte has reached the client yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from coordinator.admission.capacity import Admission, Reservation
+from coordinator.errors import CoordinatorError
+from coordinator.generation import Generation
+from coordinator.ops.metrics import CoordinatorMetrics
+from coordinator.pool.breaker import Breakers
+from coordinator.pool.registry import WorkerRecord
+from coordinator.relay.upstream import WorkerClient, WorkerResponse, WorkerStreamError, WorkerUnreachable
+from protocol import reasons
+from protocol.sse import SseEvent, SseParser, SseTooLarge
+from protocol.worker import (
+    EVENT_ERROR,
+    GENERATE_PATH,
+    PROMPT_TOKENS_HEADER,
+    PROTOCOL_HEADER,
+    PROTOCOL_VERSION,
+    REQUEST_ID_HEADER,
+    SESSION_EXPECTED_HEADER,
+    STREAM_REF_HEADER,
+    ErrorBody,
+)
+
+log = logging.getLogger("coordinator.requests")
+
+
+class _Failover(Exception):
+    def __init__(self, reason: str, refused: bool, retry_after: int | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.refused = refused  # True: the worker said 503; False: it failed or could not be reached
+        self.retry_after = retry_after
+
+
+@dataclass(slots=True)
+class OpenStream:
+    worker: WorkerRecord
+    response: WorkerResponse
+    events: AsyncIterator[SseEvent]
+    first: SseEvent
+    reservation: Reservation
+    attempts: int
+
+    async def close(self) -> None:
+        """Closing the response closes the connection, which cancels the request on the worker."""
+        await self.response.close()
+
+
+async def worker_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[SseEvent]:
+    """The events in a worker's body; a broken body or an oversized event is a `WorkerStreamError`."""
+    parser = SseParser()
+    try:
+        async for chunk in chunks:
+            for event in parser.feed(chunk):
+                yield event
+    except SseTooLarge as exc:
+        raise WorkerStreamError(f"{type(exc).__name__}: {exc}") from exc
+
+
+class Dispatcher:
+    def __init__(self, client: WorkerClient, admission: Admission, metrics: CoordinatorMetrics, breakers: Breakers,
+                 *, max_attempts: int, first_event_timeout: float, retry_after: int,
+                 worker_token: str | None = None) -> None:
+        self._client = client
+        self._breakers = breakers
+        self._admission = admission
+        self._metrics = metrics
+        self._max_attempts = max_attempts
+        self._first_event_timeout = first_event_timeout
+        self._retry_after = retry_after
+        self._auth = {"authorization": f"Bearer {worker_token}"} if worker_token else {}
+
+    async def open(self, valid: Generation, ranked: Sequence[WorkerRecord], *,
+                   reserved: Callable[[], None] | None = None) -> OpenStream:
+        """`reserved` runs once, when the first attempt's reservation is made (before any await)."""
+        last: _Failover | None = None
+        refused_only = True
+        for attempt, worker in enumerate(ranked[: self._max_attempts], start=1):
+            reservation = self._admission.reserve(worker, valid.demand)
+            if reserved is not None:
+                reserved()
+                reserved = None
+            self._breakers.attempt(worker)
+            try:
+                stream = await self._attempt(worker, valid, reservation)
+            except _Failover as failover:
+                self._admission.release(reservation)
+                if failover.refused:
+                    self._breakers.settled(worker.worker_id)  # a capacity refusal is the worker working
+                else:
+                    self._breakers.failed(worker.worker_id)
+                self._metrics.failovers.labels(reason=failover.reason).inc()
+                log.warning(json.dumps({"event": "failover", "request_id": valid.request_id,
+                                        "worker_id": worker.worker_id, "reason": failover.reason,
+                                        "detail": repr(failover.__cause__) if failover.__cause__ else None}))
+                last, refused_only = failover, refused_only and failover.refused
+                continue
+            except BaseException:
+                self._admission.release(reservation)
+                self._breakers.settled(worker.worker_id)
+                raise
+            stream.attempts = attempt
+            return stream
+        if last is not None and refused_only:
+            raise CoordinatorError(last.reason, f"every eligible worker refused: {last.reason}",
+                                   retry_after=last.retry_after or self._retry_after)
+        raise CoordinatorError(reasons.WORKER_UNAVAILABLE,
+                               f"no worker could start the request ({last.reason if last else 'none tried'})")
+
+    async def _attempt(self, worker: WorkerRecord, valid: Generation, res: Reservation) -> OpenStream:
+        url = worker.url.rstrip("/") + GENERATE_PATH
+        response: WorkerResponse | None = None
+        try:
+            async with asyncio.timeout(self._first_event_timeout):
+                response = await self._client.post(url, valid.payload, _worker_headers(valid, res) | self._auth)
+                if response.status != 200:
+                    raise await self._refusal(response)
+                self._admission.confirm(res, _int_header(response, PROMPT_TOKENS_HEADER))
+                events = worker_events(response.chunks())
+                first = await anext(events, None)
+        except (WorkerUnreachable, WorkerStreamError, TimeoutError) as exc:
+            if response is not None:
+                await response.close()
+            reason = reasons.WORKER_UNAVAILABLE if response is None else reasons.WORKER_FAILED
+            raise _Failover(reason, refused=False) from exc
+        except BaseException:
+            if response is not None:
+                await response.close()
+            raise
+        if first is None or first.event == EVENT_ERROR:
+            # Nothing reached the client yet, so another worker may still serve it.
+            await response.close()
+            raise _Failover(reasons.WORKER_FAILED, refused=False)
+        return OpenStream(worker, response, events, first, res, attempts=1)
+
+    @staticmethod
+    async def _refusal(response: WorkerResponse) -> Exception:
+        raw = await response.read()
+        await response.close()
+        try:
+            body = ErrorBody.model_validate_json(raw)
+        except ValidationError:
+            return _Failover(reasons.WORKER_FAILED, refused=False)
+        if response.status == 503 or body.reason in reasons.RETRYABLE_ON_OTHER_WORKER:
+            return _Failover(body.reason, refused=True, retry_after=_int_header(response, "retry-after"))
+        if response.status >= 500 or response.status == 401:
+            # 401: the worker wants another worker token than ours. Not the client's fault, and
+            # perhaps only this worker's: a misconfigured worker, tried like a failing one.
+            return _Failover(body.reason, refused=False)
+        return CoordinatorError(body.reason, body.error, status=response.status)
+
+
+def _int_header(response: WorkerResponse, name: str) -> int | None:
+    value = response.header(name) or ""
+    return int(value) if value.isdigit() else None
+
+
+_PROTOCOL = str(PROTOCOL_VERSION)
+
+
+def _worker_headers(valid: Generation, res: Reservation) -> dict[str, str]:
+    headers = {"content-type": "application/json", REQUEST_ID_HEADER: valid.request_id,
+               PROTOCOL_HEADER: _PROTOCOL, STREAM_REF_HEADER: str(res.key)}
+    if valid.request.session_id is not None and not valid.demand.new_session:
+        headers[SESSION_EXPECTED_HEADER] = "1"  # affinity: the worker must already hold this session
+    return headers

@@ -1,0 +1,109 @@
+"""The worker client over real loopback sockets: streaming, connection reuse, cancel by closing, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from coordinator.relay.upstream import AiohttpWorkerClient, WorkerStreamError, WorkerUnreachable
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.anyio
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nx-prompt-tokens: 7\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+@dataclass
+class Server:
+    """A raw HTTP/1.1 server: answers each request on a connection with `parts` (then, unless
+    `break_after`, the last chunk), and records connections, bodies and disconnects."""
+
+    parts: list[bytes]
+    break_after: bool = False
+    connections: int = 0
+    bodies: list[bytes] = field(default_factory=list)
+    disconnected: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length"))
+                self.bodies.append(await reader.readexactly(length))
+                writer.write(HEAD)
+                for part in self.parts:
+                    writer.write(chunk(part))
+                    await writer.drain()
+                    await asyncio.sleep(0.01)
+                if self.break_after:
+                    writer.transport.abort()
+                    return
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self.disconnected.set()
+        finally:
+            writer.close()
+
+
+@contextlib.asynccontextmanager
+async def serving(server: Server) -> AsyncIterator[str]:
+    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/worker/generate"
+    finally:
+        listener.close()
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[AiohttpWorkerClient]:
+    client = AiohttpWorkerClient(max_connections=10, connect_timeout=2, read_timeout=2, keepalive_expiry=5)
+    yield client
+    await client.close()
+
+
+async def test_streams_the_body_and_reuses_the_connection_once_it_was_read_to_the_end(
+        upstream: AiohttpWorkerClient) -> None:
+    server = Server([b"one", b"two"])
+    async with serving(server) as url:
+        for _ in range(2):
+            response = await upstream.post(url, b'{"prompt":"x"}', {"content-type": "application/json"})
+            assert response.status == 200 and response.header("x-prompt-tokens") == "7"
+            assert [c async for c in response.chunks()] == [b"one", b"two"]
+            await response.close()
+        assert server.bodies == [b'{"prompt":"x"}'] * 2
+        assert server.connections == 1
+
+
+async def test_closing_before_the_end_closes_the_connection(upstream: AiohttpWorkerClient) -> None:
+    server = Server([b"x"] * 50)
+    async with serving(server) as url:
+        response = await upstream.post(url, b"{}", {})
+        assert await anext(response.chunks()) == b"x"
+        await response.close()
+        await asyncio.wait_for(server.disconnected.wait(), 2)  # how the worker learns of the cancel
+
+
+async def test_a_broken_body_is_a_stream_error(upstream: AiohttpWorkerClient) -> None:
+    server = Server([b"x"], break_after=True)
+    async with serving(server) as url:
+        response = await upstream.post(url, b"{}", {})
+        with pytest.raises(WorkerStreamError):
+            [c async for c in response.chunks()]
+        await response.close()
+
+
+async def test_nobody_listening_is_unreachable(upstream: AiohttpWorkerClient) -> None:
+    with pytest.raises(WorkerUnreachable):
+        await upstream.post(f"http://127.0.0.1:{free_port()}/worker/generate", b"{}", {})
