@@ -15,9 +15,16 @@ Workers keep `--sessions` sequences each: fewer than the prompts times workers, 
 so which worker a prompt goes to decides whether its prefix is still held.
 
     .venv/bin/python -m bench.prefix_bench [--users 8] [--duration 60] [--warmup 30] [--sessions 4] [--threads 1]
+        [--keys none|per-user|shared]
+
+`--keys` (tenancy, docs/reliability.md): `none` starts the coordinator without client keys (one tenant,
+everyone shares every prefix); `per-user` gives it one API key per user and each user sends its own, so
+each user is its own tenant and reuses only the prefixes it filled itself; `shared` the same keys, all of
+one named tenant (`KEY team` entries), which share prefixes again.
 
 Besides the client's figures, each mode prints the workers' prompt-token counters over the measured
-part: tokens prefilled, tokens reused from cells, and of those the ones copied from another sequence.
+part: tokens prefilled (and by each worker), tokens reused from cells, and of those the ones copied from
+another sequence.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import secrets
 import statistics
 import tempfile
 import time
@@ -45,6 +53,20 @@ MODES = {
     "load": ([], []),
     "none": ([], ["--no-prompt-cache"]),
 }
+KEYS = ("none", "per-user", "shared")
+SHARED_TENANT = "team"
+
+
+def user_keys(keys: str, users: int) -> tuple[str | None, list[str | None]]:
+    """For `--keys`: the coordinator's API_KEYS setting (None: no keys) and each user's key."""
+    if keys == "none":
+        return None, [None] * users
+    mine = [f"bench-user{u}-{secrets.token_hex(8)}" for u in range(users)]
+    if keys == "per-user":
+        return ",".join(mine), list(mine)
+    if keys == "shared":
+        return ",".join(f"{key} {SHARED_TENANT}" for key in mine), list(mine)
+    raise ValueError(f"--keys: one of {', '.join(KEYS)}, not {keys!r}")
 
 
 def system_prompt(i: int, tokens: int) -> str:
@@ -55,14 +77,15 @@ def system_prompt(i: int, tokens: int) -> str:
 
 
 async def user(client: httpx.AsyncClient, url: str, systems: list[str], rng: random.Random, stop_at: float,
-               max_tokens: int, ttfts: list[float], errors: list[str]) -> int:
+               max_tokens: int, ttfts: list[float], errors: list[str], key: str | None = None) -> int:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
     done = 0
     while time.perf_counter() < stop_at:
         body = {"messages": [{"role": "system", "content": rng.choice(systems)},
                              {"role": "user", "content": rng.choice(QUESTIONS)}],
                 "max_tokens": max_tokens, "temperature": 0, "stream": True}
         started, first = time.perf_counter(), None
-        async with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
+        async with client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers) as response:
             if response.status_code != 200:
                 errors.append(str(response.status_code))
                 await response.aread()
@@ -85,6 +108,7 @@ def run_mode(mode: str, args: argparse.Namespace, log_dir: Path, systems: list[s
         coordinator_extra = [*coordinator_extra, "--prefix-balance-threshold", str(args.balance_threshold)]
     worker = ["--threads", str(args.threads), "--max-sessions", str(args.sessions), "--session-max-tokens", "1024",
               "--model-path", str(DEFAULT_MODEL_PATH), *worker_extra]
+    api_keys, keys = user_keys(args.keys, args.users)
 
     async def load(url: str, seconds: float, seed: int) -> tuple[float, list[float], list[str]]:
         ttfts: list[float] = []
@@ -93,19 +117,21 @@ def run_mode(mode: str, args: argparse.Namespace, log_dir: Path, systems: list[s
             started = time.perf_counter()
             counts = await asyncio.gather(*[
                 user(client, url, systems, random.Random(seed * 100 + u), started + seconds,
-                     args.max_tokens, ttfts, errors) for u in range(args.users)])
+                     args.max_tokens, ttfts, errors, keys[u]) for u in range(args.users)])
             elapsed = time.perf_counter() - started
         return sum(counts) / elapsed, ttfts, errors
 
-    with pool(log_dir, workers=[worker, worker], coordinator=coordinator_extra, name=mode) as running:
+    with pool(log_dir, workers=[worker, worker], coordinator=coordinator_extra, api_keys=api_keys,
+              name=mode) as running:
         if args.warmup > 0:  # the same load, not measured: the caches fill as they would in service
             asyncio.run(load(running.url, args.warmup, args.seed + 1))
         before = [prompt_counters(w, running.worker_token) for w in running.worker_urls]
         result = asyncio.run(load(running.url, args.duration, args.seed))
         after = [prompt_counters(w, running.worker_token) for w in running.worker_urls]
     prefilled, cached, copied = (sum(a[i] - b[i] for a, b in zip(after, before, strict=True)) for i in range(3))
-    print(f"         prompt tokens while measured: {prefilled:,.0f} prefilled, {cached:,.0f} reused "
-          f"(of those {copied:,.0f} copied from another sequence)")
+    by_worker = " / ".join(f"{a[0] - b[0]:,.0f}" for a, b in zip(after, before, strict=True))
+    print(f"         prompt tokens while measured: {prefilled:,.0f} prefilled ({by_worker} by worker), "
+          f"{cached:,.0f} reused (of those {copied:,.0f} copied from another sequence)")
     return result
 
 
@@ -132,13 +158,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads per worker")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--modes", default="prefix,load,none")
+    parser.add_argument("--keys", choices=KEYS, default="none",
+                        help="client API keys: none; per-user (one key each, each its own tenant); shared (the "
+                        "same keys, all of one tenant)")
     parser.add_argument("--balance-threshold", type=float, default=None,
                         help="the coordinator's --prefix-balance-threshold in the prefix mode (its default otherwise)")
     args = parser.parse_args(argv)
     systems = [system_prompt(i, args.system_tokens) for i in range(args.prompts)]
     print(f"{args.users} users, {args.duration:g} s per mode after {args.warmup:g} s of warm-up, {args.prompts} system prompts of ~{args.system_tokens} "
           f"tokens, answers of {args.max_tokens} tokens (greedy); 2 workers x {args.threads} llama.cpp thread(s) x "
-          f"{args.sessions} sequences")
+          f"{args.sessions} sequences; keys: {args.keys}")
     results: dict[str, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory(prefix="prefix-bench-") as tmp:
         for mode in args.modes.split(","):

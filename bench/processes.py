@@ -30,12 +30,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def peer_env(worker_token: str | None) -> dict[str, str]:
-    """This process's environment for a peer it starts, with WORKER_TOKEN exactly `worker_token` (unset
-    for None): a token exported in the shell must not decide whether the peers ask for one."""
-    env = {k: v for k, v in os.environ.items() if k != WORKER_TOKEN_ENV}
+API_KEYS_ENV = "API_KEYS"  # the coordinator's client keys (coordinator/settings.py)
+
+
+def peer_env(worker_token: str | None, api_keys: str | None = None) -> dict[str, str]:
+    """This process's environment for a peer it starts, with WORKER_TOKEN exactly `worker_token` and
+    API_KEYS exactly `api_keys` (each unset for None): a token or keys exported in the shell must not
+    decide whether the peers ask for them."""
+    env = {k: v for k, v in os.environ.items() if k not in (WORKER_TOKEN_ENV, API_KEYS_ENV)}
     if worker_token:
         env[WORKER_TOKEN_ENV] = worker_token
+    if api_keys:
+        env[API_KEYS_ENV] = api_keys
     return env
 
 
@@ -89,10 +95,12 @@ class Pool:
 
 @contextlib.contextmanager
 def pool(log_dir: Path, *, workers: Sequence[Sequence[str]], coordinator: Sequence[str] = (),
-         name: str = "pool", timeout: float = 60.0) -> Iterator[Pool]:
+         api_keys: str | None = None, name: str = "pool", timeout: float = 60.0) -> Iterator[Pool]:
     """A real coordinator and real workers (`python -m worker`, one per entry of `workers`, which holds
     each one's extra flags) on loopback; yields once every worker has registered, stops them all after.
-    The pool has a worker token of its own, as start.sh's does by default (`Pool.worker_token`)."""
+    The pool has a worker token of its own, as start.sh's does by default (`Pool.worker_token`).
+    `api_keys`: the coordinator's client keys (its API_KEYS: `KEY` or `KEY TENANT` entries, comma-separated;
+    in the environment, not the command line, so `ps` does not show them); None: no keys."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     token = secrets.token_urlsafe(24)
@@ -101,7 +109,7 @@ def pool(log_dir: Path, *, workers: Sequence[Sequence[str]], coordinator: Sequen
         stack.enter_context(serving(
             "coordinator", [sys.executable, "-m", "coordinator", "--port", str(port), "--heartbeat-interval", "1",
                             "--log-level", "warning", *coordinator],
-            url + "/coordinator/health", log_path=log_dir / f"{name}-coordinator.log", env=env))
+            url + "/coordinator/health", log_path=log_dir / f"{name}-coordinator.log", env=peer_env(token, api_keys)))
         worker_urls = []
         for i, extra in enumerate(workers, start=1):
             wport = free_port()
