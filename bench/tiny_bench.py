@@ -154,7 +154,7 @@ def check_stream(raw: bytes, tokens: int) -> str:
     if done is None:
         return "no done event"
     # The last token event may end a few tokens early: random tokens can stop mid-character, and bytes
-    # of a character never finished are dropped (worker/textstream.py); `done` still counts them.
+    # of a character never finished are dropped (worker/engine/textstream.py); `done` still counts them.
     if done["usage"]["completion_tokens"] != tokens or not 0 <= last_index < tokens or done["finish_reason"] != "length":
         return f"done {done['usage']}, last index {last_index}, finish {done['finish_reason']}"
     return ""
@@ -180,7 +180,8 @@ def ceiling_child(model_path: Path, n: int, tokens: int, threads: int) -> dict[s
     import llama_cpp as ll
     import numpy as np
 
-    from worker.model import Message, Model
+    from worker.backends.base import Message
+    from worker.backends.llama_model import Model
 
     model = Model(model_path)
     vocab = model.shape.n_vocab

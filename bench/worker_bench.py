@@ -239,7 +239,8 @@ async def run_http_cell(peer: str, url: str, n: int, tokens: int, prompts: list[
 def ceiling_child(n: int, tokens: int, threads: int, model_path: Path) -> dict[str, Any]:
     import llama_cpp as ll
 
-    from worker.model import Message, Model
+    from worker.backends.base import Message
+    from worker.backends.llama_model import Model
 
     model = Model(model_path)
     prompts = [model.tokenize(model.render_chat([Message("user", prompt_text(i))]), add_special=True)
@@ -511,7 +512,8 @@ def text_agreement(cells: list[Cell], args: argparse.Namespace) -> dict[str, str
 
 
 async def run_all(args: argparse.Namespace) -> list[Cell]:
-    from worker.model import Message, Model
+    from worker.backends.base import Message
+    from worker.backends.llama_model import Model
 
     model = Model(args.model)  # the bench's own copy: chat template, tokenizer, end tokens
     try:

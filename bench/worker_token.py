@@ -6,7 +6,7 @@ for one. Must not: start servers (processes.py does, and `processes.pool` makes 
 requests.
 
 With a token set, a worker answers only its holder on every route but `GET /worker/health`
-(worker/app.py: generate, `/worker/sessions`, `/metrics`). A benchmark that starts its workers knows
+(worker/api/app.py: generate, `/worker/sessions`, `/metrics`). A benchmark that starts its workers knows
 the token it gave them; one pointed at a running pool finds it, first found wins, in the flag, in
 `WORKER_TOKEN`, or in `$LOG_DIR/worker-token`, the file start.sh writes when it makes one up.
 """

@@ -20,7 +20,7 @@ def model_path() -> Path:
 
 @pytest.fixture(scope="session")
 def model(model_path: Path):  # type: ignore[no-untyped-def]
-    from worker.model import Model
+    from worker.backends.llama_model import Model
 
     loaded = Model(model_path)
     yield loaded

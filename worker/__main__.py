@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from serving.edge import EdgeLimits, guarded_protocol
 from serving.server import DrainingServer
-from worker.app import create_app
+from worker.api.app import create_app
 from worker.runtime import WorkerRuntime
 from worker.settings import WorkerSettings
 

@@ -17,15 +17,15 @@ import httpx
 
 from protocol import reasons
 from protocol.health import WorkerLoad
-from worker.admission import Gate
-from worker.engine import Engine, EngineConfig, Failed, Job
+from worker.api.admission import Gate
+from worker.backends import build_engine
+from worker.backends.base import EngineBackend, ModelBackend
+from worker.engine.jobs import EngineConfig, Failed, Job
 from worker.heartbeat import HeartbeatSender
 from worker.metrics import WorkerMetrics
-from worker.model import Model
 from worker.naming import ModelNames
-from worker.sessions import KvLimits, SessionTable
+from worker.sessions.table import KvLimits, SessionTable
 from worker.settings import WorkerSettings
-from worker.simulated import SimulatedEngine, SimulatedModel
 
 log = logging.getLogger("worker.runtime")
 DRAIN_POLL = 0.05
@@ -34,7 +34,7 @@ DRAIN_FLUSH = 2.0  # for the `error` events of the streams ended at the drain de
 
 
 class WorkerRuntime:
-    def __init__(self, settings: WorkerSettings, model: Model | SimulatedModel, metrics: WorkerMetrics, *,
+    def __init__(self, settings: WorkerSettings, model: ModelBackend, metrics: WorkerMetrics, *,
                  clock: Callable[[], float]) -> None:
         self.settings = settings
         self.model = model
@@ -49,12 +49,7 @@ class WorkerRuntime:
                               request_timeout=settings.request_timeout, prompt_cache=settings.prompt_cache,
                               prefix_min_tokens=settings.prefix_min_tokens)
         # The table is sized from the context llama.cpp actually made, not from what we asked for.
-        self.engine: Engine | SimulatedEngine
-        if isinstance(model, SimulatedModel):
-            self.engine = SimulatedEngine(model, config, token_rate=settings.sim_token_rate,
-                                          prefill_rate=settings.sim_prefill_rate, observer=metrics, clock=clock)
-        else:
-            self.engine = Engine(model, config, observer=metrics, clock=clock)
+        self.engine: EngineBackend = build_engine(settings, model, config, observer=metrics, clock=clock)
         limits = KvLimits(capacity_tokens=self.engine.ctx_tokens,
                           session_max_tokens=min(settings.session_max_tokens, self.engine.seq_tokens,
                                                  model.shape.n_ctx_train),

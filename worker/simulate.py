@@ -16,7 +16,7 @@ import logging
 import uvicorn
 import uvloop
 
-from worker.app import create_app
+from worker.api.app import create_app
 from worker.settings import WorkerSettings
 
 

@@ -24,7 +24,7 @@ class PreparedPrompts:
 def prepare_prompts(model_path: Path, prompts: Sequence[str], *, chat_template: bool) -> PreparedPrompts:
     """Renders each prompt as one user turn with the model's own template (the worker's code does it,
     so ours and the peer complete exactly the same text), and reads the model's end tokens."""
-    from worker.model import Message, Model  # llama.cpp is loaded only in comparison mode
+    from worker.backends.llama_model import Message, Model  # llama.cpp is loaded only in comparison mode
 
     model = Model(model_path)
     try:

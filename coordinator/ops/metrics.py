@@ -43,6 +43,22 @@ class CoordinatorMetrics:
         self.e2e = Histogram("coordinator_e2e_request_latency_seconds", "Request received to stream end",
                              buckets=LATENCY_BUCKETS, registry=r)
         self.generation_tokens = Counter("coordinator_generation_tokens", "Token events relayed", registry=r)
+        self._response_cache(r)
+        self.breaker_transitions = Counter("coordinator_breaker_transitions", "Circuit breakers opened or closed",
+                                           ["to"], registry=r)
+        self.breakers_open = Gauge("coordinator_breakers_open", "Workers out of scheduling by their breaker now",
+                                   registry=r)
+        self.queue_length = Gauge("coordinator_queue_length", "Requests waiting for capacity, all models",
+                                  registry=r)
+        self.queue_wait = Histogram("coordinator_queue_wait_seconds", "Time requests spent in the admission queue",
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self._access(r)
+        self.internal_errors = Counter("coordinator_internal_errors", "Unexpected exceptions in a supervised task",
+                                       ["task"], registry=r)
+        self.queue_outcomes = Counter("coordinator_queue_outcomes", "How waits in the admission queue ended",
+                                      ["outcome"], registry=r)
+
+    def _response_cache(self, r: CollectorRegistry) -> None:
         self.cache_lookups = Counter("coordinator_response_cache_lookups", "Response cache lookups of cacheable "
                                      "requests", ["outcome"], registry=r)
         self.cache_evictions = Counter("coordinator_response_cache_evictions",
@@ -52,22 +68,12 @@ class CoordinatorMetrics:
                                       "process: it stays off until a restart)", registry=r)
         self.cache_bytes = Gauge("coordinator_response_cache_bytes", "Bytes of recorded streams held", registry=r)
         self.cache_entries = Gauge("coordinator_response_cache_entries", "Entries held", registry=r)
-        self.breaker_transitions = Counter("coordinator_breaker_transitions", "Circuit breakers opened or closed",
-                                           ["to"], registry=r)
-        self.breakers_open = Gauge("coordinator_breakers_open", "Workers out of scheduling by their breaker now",
-                                   registry=r)
-        self.queue_length = Gauge("coordinator_queue_length", "Requests waiting for capacity, all models",
-                                  registry=r)
-        self.queue_wait = Histogram("coordinator_queue_wait_seconds", "Time requests spent in the admission queue",
-                                    buckets=LATENCY_BUCKETS, registry=r)
+
+    def _access(self, r: CollectorRegistry) -> None:
         self.requests_by_key = Counter("coordinator_requests_by_key", "Requests let in, by API key id (a hash "
                                        "prefix, never the key)", ["key_id"], registry=r)
         self.unauthorized = Counter("coordinator_unauthorized_requests", "Requests refused for a missing or wrong "
                                     "API key", registry=r)
-        self.internal_errors = Counter("coordinator_internal_errors", "Unexpected exceptions in a supervised task",
-                                       ["task"], registry=r)
-        self.queue_outcomes = Counter("coordinator_queue_outcomes", "How waits in the admission queue ended",
-                                      ["outcome"], registry=r)
 
     def watch(self, alive: Callable[[], int], stale: Callable[[], int], reserved_kv: Callable[[], int],
               queued: Callable[[], int] = lambda: 0, breakers_open: Callable[[], int] = lambda: 0) -> None:

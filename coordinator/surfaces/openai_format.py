@@ -149,24 +149,32 @@ def assemble(options: Options, events: list[SseEvent], *, request_id: str, creat
     ident, reason, usage = completion_id(options.kind, request_id), finish_reason(done.finish_reason), usage_of(done)
     body: oa.ChatCompletion | oa.Completion
     if options.kind == "chat":
-        content = None
-        if options.logprobs:
-            content = [oa.TokenLogprob(token=t, logprob=logprob(p), bytes=list(t.encode()),
-                                       top_logprobs=[oa.TopLogprob(token=t, logprob=logprob(p), bytes=list(t.encode()))]
-                                       if options.top_logprobs > 0 else []) for t, p in pieces]
         choice = oa.ChatChoice(message=oa.AssistantMessage(content=text), finish_reason=reason,
-                               logprobs=oa.ChoiceLogprobs(content=content) if content is not None else None)
+                               logprobs=_chat_logprobs(options, pieces))
         body = oa.ChatCompletion(id=ident, created=created, model=model, choices=[choice], usage=usage)
     else:
-        lps = None
-        if options.logprobs:
-            offsets, at = [], 0
-            for t, _ in pieces:
-                offsets.append(at)
-                at += len(t)
-            lps = oa.CompletionLogprobs(tokens=[t for t, _ in pieces], token_logprobs=[logprob(p) for _, p in pieces],
-                                        top_logprobs=[{t: logprob(p)} for t, p in pieces]
-                                        if options.top_logprobs > 0 else [], text_offset=offsets)
         body = oa.Completion(id=ident, created=created, model=model, usage=usage,
-                             choices=[oa.CompletionChoice(text=text, logprobs=lps, finish_reason=reason)])
+                             choices=[oa.CompletionChoice(text=text, logprobs=_text_logprobs(options, pieces),
+                                                          finish_reason=reason)])
     return JSONResponse(body.model_dump(mode="json"), headers=headers)
+
+
+def _chat_logprobs(options: Options, pieces: list[tuple[str, float]]) -> oa.ChoiceLogprobs | None:
+    if not options.logprobs:
+        return None
+    return oa.ChoiceLogprobs(content=[
+        oa.TokenLogprob(token=t, logprob=logprob(p), bytes=list(t.encode()),
+                        top_logprobs=[oa.TopLogprob(token=t, logprob=logprob(p), bytes=list(t.encode()))]
+                        if options.top_logprobs > 0 else []) for t, p in pieces])
+
+
+def _text_logprobs(options: Options, pieces: list[tuple[str, float]]) -> oa.CompletionLogprobs | None:
+    if not options.logprobs:
+        return None
+    offsets, at = [], 0
+    for t, _ in pieces:
+        offsets.append(at)
+        at += len(t)
+    return oa.CompletionLogprobs(tokens=[t for t, _ in pieces], token_logprobs=[logprob(p) for _, p in pieces],
+                                 top_logprobs=[{t: logprob(p)} for t, p in pieces] if options.top_logprobs > 0 else [],
+                                 text_offset=offsets)

@@ -19,7 +19,7 @@ from bench.policy_bench import finished
 from bench.prefix_bench import prompt_counters
 from bench.processes import peer_env, pool
 from bench.worker_token import FILE_NAME, auth_headers, find_token
-from worker.app import create_app
+from worker.api.app import create_app
 from worker.settings import WorkerSettings
 
 TOKEN = "s3cret-token"

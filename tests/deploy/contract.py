@@ -56,7 +56,7 @@ def get_routes(role: str) -> frozenset[str]:
 
         app = coordinator_app(Settings())
     else:
-        from worker.app import create_app as worker_app
+        from worker.api.app import create_app as worker_app
 
         app = worker_app(WorkerSettings(engine="simulated", coordinator_url=""))
     paths: dict[str, Any] = app.openapi()["paths"]

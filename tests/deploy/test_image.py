@@ -75,12 +75,14 @@ def test_the_default_command_and_ports_are_the_services() -> None:
 
 def test_every_package_of_the_repository_is_installed_into_the_image() -> None:
     """The image installs the project non-editable (`pip install .`): a package that pyproject.toml's
-    package list misses works in the editable .venv and is absent in the image."""
+    package list misses works in the editable .venv and is absent in the image. The benchmarks are
+    left out on purpose: they run from a checkout, never from the image."""
     import fnmatch
     import tomllib
 
     with (ROOT / "pyproject.toml").open("rb") as handle:
         include = tomllib.load(handle)["tool"]["setuptools"]["packages"]["find"]["include"]
-    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests"}
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests", "bench"}
+    assert not any(fnmatch.fnmatch("bench", pattern) for pattern in include), "bench/ stays out of the wheel"
     missing = {p for p in packages if not any(fnmatch.fnmatch(p, pattern) for pattern in include)}
     assert not missing, f"add {sorted(missing)} to [tool.setuptools.packages.find] include"

@@ -157,7 +157,7 @@ def test_probe_paths_answer_on_real_apps() -> None:
     from coordinator.app import create_app as coordinator_app
     from coordinator.settings import Settings
     from tests.polling import wait_until
-    from worker.app import create_app as worker_app
+    from worker.api.app import create_app as worker_app
     from worker.settings import WorkerSettings
 
     base = render(KUSTOMIZATIONS["base"])
@@ -257,7 +257,7 @@ def test_what_the_scrape_annotations_promise_holds_on_real_apps() -> None:
 
     from coordinator.app import create_app as coordinator_app
     from coordinator.settings import Settings
-    from worker.app import create_app as worker_app
+    from worker.api.app import create_app as worker_app
     from worker.settings import WorkerSettings
 
     base = render(KUSTOMIZATIONS["base"])

@@ -18,7 +18,7 @@ import httpx
 import uvicorn
 
 from tests.conftest import free_port
-from worker.app import create_app
+from worker.api.app import create_app
 from worker.runtime import WorkerRuntime
 from worker.settings import WorkerSettings
 

@@ -25,29 +25,23 @@ import llama_cpp as ll
 import numpy as np
 
 from protocol import reasons
-from worker.channel import TokenChannel
-from worker.jobs import EngineConfig, EngineObserver, Failed, Finished, Job, StreamItem
-from worker.model import Message, Model
-from worker.sampling import RequestSampling, SamplingParams, StepSampler
-from worker.sessions import Session, SessionTable
-from worker.textstream import TextAssembler
+from worker.backends.llama_model import Model
+from worker.engine.channel import TokenChannel
+from worker.engine.endings import Endings, Progress, cancel_session
+from worker.engine.jobs import EngineConfig, EngineObserver, Failed, Finished, Job, StreamItem
+from worker.engine.sampling import RequestSampling, SamplingParams, StepSampler
+from worker.engine.textstream import TextAssembler
+from worker.sessions.table import Session, SessionTable
 
-log = logging.getLogger("worker.engine")
+log = logging.getLogger("worker.backends.llama_engine")
 T = TypeVar("T")
 
 
 @dataclass(eq=False)
-class _Running:
-    job: Job
-    sampling: RequestSampling
-    text: TextAssembler
-    todo: list[int]
-    started_at: float
+class _Running(Progress):
+    sampling: RequestSampling = field(kw_only=True)
+    todo: list[int] = field(kw_only=True)  # prompt tokens still to prefill
     next_token: int | None = None  # sampled, not yet decoded
-    generated: int = 0
-    output: list[str] = field(default_factory=list)
-    first_token_at: float | None = None
-    last_token_at: float = 0.0
 
 
 class Engine:
@@ -58,6 +52,7 @@ class Engine:
         self.table: SessionTable | None = None  # bound once the limits are known from this context
         self._observer = observer or EngineObserver()
         self._clock = clock
+        self._endings = Endings(config, self._observer, clock)
         params = ll.llama_context_default_params()
         params.n_ctx = config.ctx_size
         params.n_batch = params.n_ubatch = config.prefill_chunk + config.max_sessions
@@ -198,16 +193,11 @@ class Engine:
             for seq_id in item[1]:
                 ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
         elif item[0] == "cancel":
-            for run in self._running:
-                if run.job.session is item[1]:
-                    run.job.channel.cancel()
             # The event loop appends to the inbox under the lock; walking it unlocked could see it
             # mutate mid-iteration (RuntimeError) and end every running stream as an engine failure.
             with self._cond:
-                queued_jobs = [queued for queued in self._inbox if isinstance(queued, Job)]
-            for queued in queued_jobs:
-                if queued.session is item[1]:
-                    queued.channel.cancel()
+                queued = [job for job in self._inbox if isinstance(job, Job)]
+            cancel_session(item[1], (run.job for run in self._running), queued)
         elif item[0] == "call":
             fn, future = item[1]
             if future.set_running_or_notify_cancel():
@@ -231,9 +221,8 @@ class Engine:
         request = job.request
         params = SamplingParams(request.temperature, request.top_p, request.top_k, request.seed,
                                 self.model.eog_tokens if request.ignore_eos else (), request.probabilities)
-        run = _Running(job=job, sampling=RequestSampling(params),
-                       text=TextAssembler(request.stop), todo=job.prompt_tokens[keep:],
-                       started_at=self._clock())
+        run = _Running(job=job, text=TextAssembler(request.stop), started_at=self._clock(),
+                       sampling=RequestSampling(params), todo=job.prompt_tokens[keep:])
         # Kept in sequence-id order so each step's decode rows reach llama.cpp ascending (one pass).
         bisect.insort(self._running, run, key=lambda r: r.job.session.seq_id)
 
@@ -286,27 +275,25 @@ class Engine:
     def _add_generated(self, rows: list[_Running], touched: set[TokenChannel[StreamItem]]) -> int:
         """Puts each running sequence's last generated token in the batch (one row each), after
         ending the cancelled, the timed-out and those whose consumer stopped reading; the rows added."""
-        now = self._clock()
+        now, endings = self._clock(), self._endings
         n = 0
         for run in list(self._running):
-            channel = run.job.channel
-            if channel.cancelled:
-                self._end(run, self._finished(run, "cancelled"), touched)
-            elif now - run.job.admitted_at > self.config.request_timeout:
-                self._end(run, Failed(reasons.DEADLINE_EXCEEDED,
-                                      f"request ran past {self.config.request_timeout:g} s"), touched)
-            elif run.next_token is not None:
-                if not channel.has_room():
-                    channel.full_since = channel.full_since or now
-                    if now - channel.full_since > self.config.slow_consumer_deadline:
-                        self._end(run, Failed(reasons.SLOW_CONSUMER, "consumer stopped reading"), touched)
-                    continue
-                channel.full_since = None
-                self._put(n, run.next_token, len(run.job.session.tokens), run.job.session.seq_id, True)
-                run.job.session.tokens.append(run.next_token)
-                run.next_token = None
-                rows.append(run)
-                n += 1
+            ended = endings.interrupted(run, now)
+            if ended is not None:
+                self._end(run, ended, touched)
+                continue
+            if run.next_token is None:
+                continue  # still prefilling
+            ready = endings.consumer(run, now)
+            if ready is not True:
+                if ready is not False:
+                    self._end(run, ready, touched)
+                continue
+            self._put(n, run.next_token, len(run.job.session.tokens), run.job.session.seq_id, True)
+            run.job.session.tokens.append(run.next_token)
+            run.next_token = None
+            rows.append(run)
+            n += 1
         return n
 
     def _add_prompts(self, n: int, rows: list[_Running]) -> tuple[int, int]:
@@ -342,51 +329,18 @@ class Engine:
 
     def _accept(self, run: _Running, token: int, probability: float,
                 touched: set[TokenChannel[StreamItem]]) -> None:
-        now = self._clock()
-        if run.first_token_at is None:
-            run.first_token_at = now
-        else:
-            self._observer.token_gap(now - run.last_token_at)
-        run.last_token_at = now
-        job = run.job
-        if not job.request.ignore_eos and self.model.is_eog(token):
-            self._end(run, self._finished(run, "stop"), touched)
-            return
-        index = run.generated
-        run.generated += 1
-        for piece in run.text.push(self.model.piece(token), index, probability):
-            run.output.append(piece.text)
-            job.channel.push(piece)
-            touched.add(job.channel)
-        if run.text.stopped:
-            self._end(run, self._finished(run, "stop"), touched)
-        elif run.generated >= job.request.max_tokens or len(job.session.tokens) + 1 > job.session.reserved_tokens:
-            self._end(run, self._finished(run, "length"), touched)
-        else:
+        model = self.model
+        reason = self._endings.accept(run, model.piece(token), probability, touched, eog=model.is_eog(token))
+        if reason is None:
             run.next_token = token
-
-    def _finished(self, run: _Running, reason: str) -> Finished:
-        now = self._clock()
-        job = run.job
-        first = run.first_token_at if run.first_token_at is not None else now
-        return Finished(reason=reason, prompt_tokens=len(job.prompt_tokens), cached_tokens=job.cached_tokens,
-                        completion_tokens=run.generated, queue_s=run.started_at - job.admitted_at,
-                        prefill_s=first - run.started_at, ttft_s=first - job.admitted_at,
-                        total_s=now - job.admitted_at)
+        else:
+            self._end(run, self._endings.finished(run, reason), touched)
 
     def _end(self, run: _Running, outcome: Finished | Failed, touched: set[TokenChannel[StreamItem]]) -> None:
         self._running.remove(run)
-        job = run.job
-        completed = isinstance(outcome, Finished) and outcome.reason != "cancelled"
-        if completed:
-            for piece in run.text.finish():
-                run.output.append(piece.text)
-                job.channel.push(piece)
-            job.session.messages = [*job.history, Message("assistant", "".join(run.output))]
-        self._release(job, keep_kv=completed, clean=isinstance(outcome, Finished))
-        job.channel.push(outcome, terminal=True)
-        touched.add(job.channel)
-        self._observer.finished(job, outcome)
+        completed = self._endings.completed(run, outcome, touched)
+        self._release(run.job, keep_kv=completed, clean=isinstance(outcome, Finished))
+        self._endings.deliver(run, outcome, touched)
 
     def _release(self, job: Job, *, keep_kv: bool, clean: bool = True) -> None:
         """`clean`: the cells hold exactly `session.tokens`; with a split KV they may then stay as a

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 from protocol import reasons
 from protocol.health import SessionInfo
+from worker.backends.base import Message
 from worker.errors import WorkerError
-from worker.model import Message
 
 
 def shared_prefix(a: list[int], b: list[int]) -> int:

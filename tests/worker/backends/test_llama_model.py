@@ -1,6 +1,6 @@
 import pytest
 
-from worker.model import Message, ModelShape
+from worker.backends.base import Message, ModelShape
 
 pytestmark = pytest.mark.model
 

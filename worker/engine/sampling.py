@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-log = logging.getLogger("worker.sampling")
+log = logging.getLogger("worker.engine.sampling")
 # (row, its max, float32 scratch of at least the row's size) -> sum of exp(row - max); writes scratch.
 ExpSum = Callable[[np.ndarray, float, np.ndarray], float]
 

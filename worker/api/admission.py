@@ -4,7 +4,7 @@ Owns: the checks that decide the HTTP status before the first byte (model name, 
 prompt length against the session's KV limit, KV and sequence capacity), prompt construction
 (the request's chat messages, or its prompt as a user turn after the session's history, rendered
 with the model's chat template; or raw text) and the reuse of a session's cached tokens. A session
-id is looked up within the request's tenant only (see worker/sessions.py, Tenancy).
+id is looked up within the request's tenant only (see worker/sessions/table.py, Tenancy).
 Must not: run inference or free KV itself; it hands jobs and frees to the engine in FIFO order.
 """
 
@@ -15,18 +15,16 @@ from collections.abc import Callable
 
 from protocol import reasons
 from protocol.worker import GenerateRequest
-from worker.channel import TokenChannel
-from worker.engine import Engine, Job, StreamItem
+from worker.backends.base import EngineBackend, Message, ModelBackend
+from worker.engine.channel import TokenChannel
+from worker.engine.jobs import Job, StreamItem
 from worker.errors import WorkerError
-from worker.model import Message, Model
 from worker.naming import ModelNames
-from worker.sessions import Session, SessionTable, shared_prefix
-from worker.simulated import SimulatedEngine, SimulatedModel
+from worker.sessions.table import Session, SessionTable, shared_prefix
 
 
 class Gate:
-    def __init__(self, model: Model | SimulatedModel, names: ModelNames, table: SessionTable,
-                 engine: Engine | SimulatedEngine, *,
+    def __init__(self, model: ModelBackend, names: ModelNames, table: SessionTable, engine: EngineBackend, *,
                  stream_buffer: int,
                  clock: Callable[[], float]) -> None:
         self.model = model

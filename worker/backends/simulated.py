@@ -6,7 +6,9 @@ accounting (bytes per token as configured) and bounded channels, so the coordina
 a real worker would show: the same events, the same 503/409/413 refusals, the same heartbeats.
 It runs on the event loop (no thread), so many simulated workers can share one process.
 
-Owns: a stand-in tokenizer (one token per 4 UTF-8 bytes), the pacing of tokens and prefill.
+Owns: a stand-in tokenizer (one token per 4 UTF-8 bytes), the pacing of tokens and prefill. How a
+sequence ends (cancel, queued or running; deadline; slow consumer; stop strings; max_tokens; the KV
+reservation) is the real engine's own rules (worker/engine/endings.py), not a copy.
 Must not: pretend to be a model in any default path.
 """
 
@@ -16,22 +18,22 @@ import asyncio
 import collections
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
-from protocol import reasons
-from worker.channel import TokenChannel
-from worker.engine import EngineConfig, EngineObserver, Failed, Finished, Job, StreamItem
-from worker.model import Message, ModelShape, plain_turns
-from worker.sessions import Session, SessionTable
-from worker.textstream import Piece
+from worker.backends.base import Message, ModelShape, plain_turns
+from worker.engine.channel import TokenChannel
+from worker.engine.endings import Endings, Progress, cancel_session
+from worker.engine.jobs import EngineConfig, EngineObserver, Failed, Finished, Job, StreamItem
+from worker.engine.textstream import TextAssembler
+from worker.sessions.table import Session, SessionTable
 
 T = TypeVar("T")
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "runs", "away")
 
 
 class SimulatedModel:
-    """Just enough of `worker.model.Model` for admission: a name, a KV size and a tokenizer."""
+    """Just enough of `worker.backends.llama_model.Model` for admission: a name, a KV size and a tokenizer."""
 
     def __init__(self, *, name: str = "simulated", bytes_per_token: int = 23040, n_ctx_train: int = 1 << 20) -> None:
         self.name = name
@@ -58,11 +60,8 @@ class SimulatedModel:
 
 
 @dataclass(eq=False)
-class _Running:
-    job: Job
-    ready_at: float  # prefill done
-    generated: int = 0
-    first_token_at: float | None = None
+class _Running(Progress):
+    ready_at: float = field(kw_only=True)  # prefill done
 
 
 class SimulatedEngine:
@@ -77,6 +76,7 @@ class SimulatedEngine:
         self.table: SessionTable | None = None
         self._observer = observer or EngineObserver()
         self._clock = clock
+        self._endings = Endings(config, self._observer, clock)
         self._inbox: collections.deque[Job] = collections.deque()
         self._running: list[_Running] = []
         self._wake = asyncio.Event()
@@ -113,9 +113,7 @@ class SimulatedEngine:
         self._wake.set()
 
     def cancel_session(self, session: Session) -> None:
-        for run in self._running:
-            if run.job.session is session:
-                run.job.channel.cancel()
+        cancel_session(session, (run.job for run in self._running), self._inbox)
         self._wake.set()
 
     async def _run(self) -> None:
@@ -130,7 +128,8 @@ class SimulatedEngine:
                 todo = len(job.prompt_tokens) - job.cached_tokens
                 del job.session.tokens[job.cached_tokens:]
                 job.session.tokens.extend(job.prompt_tokens[job.cached_tokens:])
-                self._running.append(_Running(job, ready_at=now + todo / self.prefill_rate))
+                self._running.append(_Running(job=job, text=TextAssembler(job.request.stop), started_at=now,
+                                              ready_at=now + todo / self.prefill_rate))
             touched: set[TokenChannel[StreamItem]] = set()
             for run in list(self._running):
                 self._advance(run, now, touched)
@@ -141,44 +140,29 @@ class SimulatedEngine:
             await asyncio.sleep(period)
 
     def _advance(self, run: _Running, now: float, touched: set[TokenChannel[StreamItem]]) -> None:
-        job, channel = run.job, run.job.channel
-        if channel.cancelled:
-            self._end(run, self._finished(run, "cancelled", now), touched)
-        elif now - job.admitted_at > self.config.request_timeout:
-            self._end(run, Failed(reasons.DEADLINE_EXCEEDED, "request ran past its deadline"), touched)
-        elif now < run.ready_at:
+        endings = self._endings
+        ended = endings.interrupted(run, now)
+        if ended is not None:
+            self._end(run, ended, touched)
             return
-        elif not channel.has_room():
-            channel.full_since = channel.full_since or now
-            if now - channel.full_since > self.config.slow_consumer_deadline:
-                self._end(run, Failed(reasons.SLOW_CONSUMER, "consumer stopped reading"), touched)
+        if now < run.ready_at:
+            return
+        ready = endings.consumer(run, now)
+        if ready is not True:
+            if ready is not False:
+                self._end(run, ready, touched)
+            return
+        word = (" " + WORDS[run.generated % len(WORDS)]).encode()
+        reason = endings.accept(run, word, 0.5, touched)
+        if reason is not None:
+            self._end(run, endings.finished(run, reason, now), touched)
         else:
-            channel.full_since = None
-            run.first_token_at = run.first_token_at or now
-            channel.push(Piece(" " + WORDS[run.generated % len(WORDS)], run.generated, 0.5))
-            touched.add(channel)
-            run.generated += 1
-            if run.generated >= job.request.max_tokens or len(job.session.tokens) + 1 > job.session.reserved_tokens:
-                self._end(run, self._finished(run, "length", now), touched)
-            else:
-                job.session.tokens.append(run.generated)
-
-    def _finished(self, run: _Running, reason: str, now: float) -> Finished:
-        job, first = run.job, run.first_token_at or now
-        return Finished(reason=reason, prompt_tokens=len(job.prompt_tokens), cached_tokens=job.cached_tokens,
-                        completion_tokens=run.generated, queue_s=0.0, prefill_s=max(0.0, first - job.admitted_at),
-                        ttft_s=first - job.admitted_at, total_s=now - job.admitted_at)
+            run.job.session.tokens.append(run.generated)
 
     def _end(self, run: _Running, outcome: Finished | Failed, touched: set[TokenChannel[StreamItem]]) -> None:
         self._running.remove(run)
-        job = run.job
-        completed = isinstance(outcome, Finished) and outcome.reason != "cancelled"
-        if completed:
-            text = "".join(" " + WORDS[i % len(WORDS)] for i in range(run.generated))
-            job.session.messages = [*job.history, Message("assistant", text)]
+        completed = self._endings.completed(run, outcome, touched)
         assert self.table is not None
-        if self.table.release(job.session, keep_kv=completed) is not None:
-            job.session.tokens.clear()
-        job.channel.push(outcome, terminal=True)
-        touched.add(job.channel)
-        self._observer.finished(job, outcome)
+        if self.table.release(run.job.session, keep_kv=completed) is not None:
+            run.job.session.tokens.clear()
+        self._endings.deliver(run, outcome, touched)

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp as ll
+
+from worker.backends.base import PLAIN_TURN_STOP, Message, ModelShape, plain_turns
 
 _log = logging.getLogger("worker.llama")
 _GGML_LOG_LEVEL_WARN = 3
@@ -36,57 +37,6 @@ ALL_LAYERS = 1 << 30
 
 # ggml element sizes (bytes per value) of the cache types we allow.
 KV_ELEMENT_BYTES = {ll.GGML_TYPE_F16: 2, ll.GGML_TYPE_F32: 4}
-
-
-@dataclass(frozen=True)
-class Message:
-    role: str
-    content: str
-
-
-# No chat template in the GGUF (a base model): plain `role: text` turns, so chat requests still work,
-# and the next `user:` turn the model starts to write ends the answer.
-PLAIN_TURN_STOP = "\nuser:"
-
-
-def plain_turns(messages: list[Message]) -> str:
-    return "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant:"
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    n_layer: int
-    n_head: int
-    n_head_kv: int
-    n_embd: int
-    head_dim_k: int
-    head_dim_v: int
-    n_ctx_train: int
-    n_vocab: int
-    n_swa: int = 0  # sliding-window attention span of the layers that use one (Gemma 3: 512); 0: none
-
-    def kv_bytes_per_token(self, element_bytes: int) -> int:
-        """K and V rows of every layer for one token: layers x KV heads x (K dim + V dim) x element size.
-
-        This is the worker's, and the coordinator's, whole contract: a sequence of n tokens holds
-        exactly n x this many KV bytes, and the context holds ctx_tokens x this many. It is exact
-        because every layer keeps every token of a sequence. For sliding-window models (n_swa > 0)
-        that holds only because the engine creates its context with `swa_full` (llama.cpp's
-        full-size SWA cache): the windowed layers then get as many cells as the global ones and
-        keep the tokens that fell out of their window. Without it llama.cpp gives those layers a
-        ring of about window + batch cells per sequence (`iSWA`), so the real cost of a sequence
-        would be n on the global layers plus min(n, ring) on the windowed ones: not linear, and
-        worse, a new turn that cuts a session back (`llama_memory_seq_rm` from `keep` on) past what
-        the ring still holds would continue with part of its window silently gone. Keeping every
-        token costs memory (on Gemma 3 270M with 15 of 18 layers windowed, ctx x 18 layers instead of
-        ctx x 3 + ring x 15), and buys an exact linear count plus correct session continuation.
-
-        llama.cpp's own `llama_state_seq_get_size` agrees up to a fixed header and a few bytes of
-        cell metadata per token while n <= n_swa; past the window it serializes only the window of
-        the windowed layers (all a restore needs), so it is then smaller than this count while the
-        memory still holds every token.
-        """
-        return self.n_layer * self.n_head_kv * (self.head_dim_k + self.head_dim_v) * element_bytes
 
 
 class Model:

@@ -10,7 +10,7 @@ import llama_cpp as ll
 import numpy as np
 import pytest
 
-from worker.sampling import RequestSampling, SamplingParams, StepSampler, ggml_exp_sum, numpy_exp_sum
+from worker.engine.sampling import RequestSampling, SamplingParams, StepSampler, ggml_exp_sum, numpy_exp_sum
 
 VOCAB = 49152  # SmolLM2's vocabulary: the size the worker really samples from
 BANNED = (0, 2, 4)
@@ -84,7 +84,7 @@ def test_probability_is_llama_cpp_softmax_of_the_raw_logits(exp_sum: str) -> Non
 
 
 def test_a_request_that_does_not_ask_for_probabilities_gets_the_same_tokens_without_them() -> None:
-    from worker.sampling import NOT_COMPUTED
+    from worker.engine.sampling import NOT_COMPUTED
 
     logits = logits_matrix(4, seed=4)
 
@@ -111,7 +111,7 @@ def test_a_request_that_does_not_ask_for_probabilities_gets_the_same_tokens_with
     (0, 0.999, ()),  # a nucleus larger than the first guess of 64 tokens
 ])
 def test_top_k_top_p_support_is_llama_cpp_s(top_k: int, top_p: float, banned: tuple[int, ...]) -> None:
-    from worker.sampling import support
+    from worker.engine.sampling import support
 
     logits = logits_matrix(4, seed=3)
     logits[0] *= 3

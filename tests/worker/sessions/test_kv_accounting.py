@@ -25,8 +25,8 @@ import pytest
 
 from tests.sse import generate
 from tests.worker.server import running_worker
-from worker.engine import Engine, EngineConfig, state_seq_size
-from worker.model import Model
+from worker.backends.llama_engine import Engine, EngineConfig, state_seq_size
+from worker.backends.llama_model import Model
 
 pytestmark = pytest.mark.model
 

@@ -1,5 +1,5 @@
 """Tenants on one worker: a session id, the prompt cache and prefix copies serve only the tenant that
-made them (worker/sessions.py, Tenancy), over HTTP as the coordinator calls it.
+made them (worker/sessions/table.py, Tenancy), over HTTP as the coordinator calls it.
 
 Before, all three were shared: tenant B could continue A's session by sending its id, and B's
 `usage.cached_tokens` told whether B's guess of A's private prompt was right.
@@ -17,7 +17,7 @@ import pytest
 from tests.polling import wait_until
 from tests.sse import Stream, generate
 from tests.worker.server import running_worker
-from worker.engine import Engine, state_seq_size
+from worker.backends.llama_engine import Engine, state_seq_size
 
 
 def test_session_ids_listing_and_delete_are_per_tenant(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from protocol.sse import SseParser, encode
 from protocol.worker import TokenEvent
-from worker.event_stream import PING, EventStream, token_event
+from worker.api.event_stream import PING, EventStream, token_event
 
 pytestmark = pytest.mark.anyio
 

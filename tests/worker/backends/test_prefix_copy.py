@@ -15,7 +15,7 @@ import pytest
 
 from tests.sse import generate
 from tests.worker.server import RunningWorker, running_worker
-from worker.engine import state_seq_size
+from worker.backends.llama_engine import state_seq_size
 
 pytestmark = pytest.mark.model
 

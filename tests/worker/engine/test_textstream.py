@@ -1,6 +1,6 @@
 import pytest
 
-from worker.textstream import Piece, TextAssembler
+from worker.engine.textstream import Piece, TextAssembler
 
 
 def feed(assembler: TextAssembler, chunks: list[bytes]) -> list[Piece]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protocol.worker import GenerateRequest
-from worker.channel import TokenChannel
-from worker.model import Message
-from worker.sessions import Session
-from worker.textstream import Piece
+from worker.backends.base import Message
+from worker.engine.channel import TokenChannel
+from worker.engine.textstream import Piece
+from worker.sessions.table import Session
 
 
 @dataclass(frozen=True)

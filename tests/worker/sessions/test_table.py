@@ -3,7 +3,7 @@ import random
 import pytest
 
 from worker.errors import WorkerError
-from worker.sessions import KvLimits, SessionTable, shared_prefix
+from worker.sessions.table import KvLimits, SessionTable, shared_prefix
 
 
 class Clock:

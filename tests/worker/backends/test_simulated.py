@@ -1,0 +1,89 @@
+"""The SIMULATED engine: same API, admission and accounting as a real worker, no model."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from protocol.worker import GenerateRequest
+from tests.polling import wait_until
+from tests.sse import generate
+from tests.worker.server import running_worker
+from worker.backends.simulated import SimulatedEngine, SimulatedModel
+from worker.engine.channel import TokenChannel
+from worker.engine.jobs import EngineConfig, Finished, Job, StreamItem
+from worker.sessions.table import KvLimits, SessionTable
+from worker.settings import WorkerSettings
+
+
+def test_simulated_engine_is_never_the_default() -> None:
+    assert WorkerSettings.load([], environ={}).engine == "llama"
+
+
+def test_simulated_worker_streams_accounts_and_refuses_like_a_real_one(tmp_path: Path) -> None:
+    with running_worker(tmp_path / "no-model.gguf", engine="simulated", sim_token_rate=200.0,
+                        max_sessions=2) as worker:
+        assert worker.health()["model"] == "simulated"
+        stream = generate(worker.url, {"prompt": "hello", "max_tokens": 12, "session_id": "sim-chat"})
+        event, done = stream.last
+        assert event == "done" and done["usage"]["completion_tokens"] == 12 == len(stream.tokens)
+        assert [t["index"] for t in stream.tokens] == list(range(12))
+        kept = worker.load()
+        assert kept["sessions"] == 1 and kept["kv_used_bytes"] == (done["usage"]["total_tokens"] - 1) * 23040
+        again = generate(worker.url, {"prompt": "more", "max_tokens": 4, "session_id": "sim-chat"})
+        assert again.last[1]["usage"]["cached_tokens"] > 0
+        too_long = generate(worker.url, {"prompt": "x" * 4000, "max_tokens": 4})
+        assert too_long.status == 413
+
+
+def test_simulated_cancel_frees_kv(tmp_path: Path) -> None:
+    import httpx
+
+    with running_worker(tmp_path / "none.gguf", engine="simulated", sim_token_rate=100.0) as worker:
+        with httpx.Client(timeout=10) as client, client.stream(
+                "POST", worker.url + "/worker/generate", json={"prompt": "go", "max_tokens": 500}) as response:
+            for line in response.iter_lines():
+                if line.startswith("event: token"):
+                    break
+        wait_until(lambda: worker.load()["kv_reserved_bytes"] == 0, 3.0, "the reservation to be released")
+
+
+def test_simulated_stream_ends_at_a_stop_string_by_the_engines_own_rules(tmp_path: Path) -> None:
+    """Before: the simulator had its own ending rules and no stop strings (its 'brown' came through)."""
+    with running_worker(tmp_path / "none.gguf", engine="simulated", sim_token_rate=500.0) as worker:
+        stream = generate(worker.url, {"prompt": "go", "max_tokens": 12, "stop": ["brown"]})
+        event, done = stream.last
+        text = "".join(t["token"] for t in stream.tokens)
+        assert event == "done" and done["finish_reason"] == "stop"
+        assert text == " the quick " and "brown" not in text
+
+
+def test_a_deleted_sessions_queued_job_is_cancelled_before_it_runs() -> None:
+    """Before: the simulator cancelled only running jobs, so a job still in its inbox ran on after
+    its session was deleted. Both engines now cancel through worker/engine/endings.py."""
+    assert asyncio.run(queued_then_cancelled()) == ("cancelled", 0)
+
+
+async def queued_then_cancelled() -> tuple[str, int]:
+    engine = SimulatedEngine(SimulatedModel(), EngineConfig(ctx_size=1024, max_sessions=2, threads=1),
+                             token_rate=1000.0, prefill_rate=1e6)
+    table = SessionTable(KvLimits(capacity_tokens=1024, session_max_tokens=512, max_sessions=2,
+                                  bytes_per_token=1), clock=lambda: 0.0, ttl=60)
+    engine.bind(table)
+    loop = asyncio.get_running_loop()
+    session = table.admit("s", 64, [1, 2, 3]).session
+    channel = TokenChannel[StreamItem](loop, 64)
+    job = Job(request_id="r", request=GenerateRequest(prompt="go", max_tokens=50, session_id="s"), session=session,
+              prompt_tokens=[1, 2, 3], cached_tokens=0, history=[], channel=channel, admitted_at=0.0)
+    engine.submit(job)
+    engine.cancel_session(session)  # before the engine ever took it from its inbox
+    engine.start(loop)
+    try:
+        items: list[StreamItem] = []
+        while not items or not isinstance(items[-1], Finished):
+            items.append(await asyncio.wait_for(channel.get(), 5))
+    finally:
+        engine.stop()
+    last = items[-1]
+    assert isinstance(last, Finished)
+    return last.reason, last.completion_tokens

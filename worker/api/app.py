@@ -1,0 +1,95 @@
+"""The worker's FastAPI app: `create_app(settings, clock=..., transport=...)`.
+
+Owns: the lifespan that loads the model off the event loop and starts the runtime (`app.state.runtime`,
+None while loading), the routes (routes.py), and the one place where errors become the documented
+JSON body (`WorkerError`, validation errors, unknown routes).
+Must not: read the environment or hold module-level state; the settings come in as an argument.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from protocol import reasons
+from worker.api import routes
+from worker.api.routes import request_id_of
+from worker.backends import load_model
+from worker.errors import WorkerError
+from worker.metrics import WorkerMetrics
+from worker.runtime import WorkerRuntime
+from worker.settings import WorkerSettings
+
+log = logging.getLogger("worker.requests")
+
+
+def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.monotonic,
+               transport: httpx.AsyncBaseTransport | None = None,
+               on_load_failure: Callable[[], None] = lambda: None) -> FastAPI:
+    """`on_load_failure`: called once if the model cannot be loaded (the process entry point stops the
+    server, so the worker exits non-zero instead of answering 503 loading forever)."""
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.runtime = None
+        app.state.load_error = None
+        app.state.metrics = WorkerMetrics()
+        loading = asyncio.create_task(_load(app))
+        yield
+        loading.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await loading
+        if app.state.runtime is not None:
+            await app.state.runtime.stop()
+
+    async def _load(app: FastAPI) -> None:
+        try:
+            model = await asyncio.to_thread(load_model, settings)
+            runtime = await asyncio.to_thread(WorkerRuntime, settings, model, app.state.metrics, clock=clock)
+            await runtime.start(transport)
+        except Exception as exc:
+            # Answering 503 loading forever would hide it: record why and stop the process (non-zero exit).
+            log.exception("worker failed to start")
+            app.state.load_error = f"{type(exc).__name__}: {exc}"
+            on_load_failure()
+            raise
+        app.state.runtime = runtime
+        log.info(json.dumps({"event": "ready", "worker_id": settings.worker_id, "model": runtime.names.name,
+                             "aliases": runtime.names.aliases,
+                             "kv_capacity_tokens": runtime.table.limits.capacity_tokens,
+                             "session_max_tokens": runtime.table.limits.session_max_tokens}))
+
+    app = FastAPI(title="llm-pool worker", lifespan=lifespan)
+
+    app.state.settings = settings
+    app.add_exception_handler(WorkerError, _worker_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
+    app.include_router(routes.router)
+    return app
+
+
+async def _worker_error(request: Request, exc: WorkerError) -> JSONResponse:
+    request_id = getattr(request.state, "request_id", "") or request_id_of(request)
+    return exc.to_response(request_id)
+
+async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}"
+                         for e in exc.errors())
+    return WorkerError(400, reasons.INVALID_REQUEST, problems).to_response(request_id_of(request))
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    # Unknown routes and methods get the documented error body too, not FastAPI's {"detail": ...}.
+    reason = reasons.INVALID_REQUEST if exc.status_code < 500 else reasons.INTERNAL
+    error = WorkerError(exc.status_code, reason, str(exc.detail))
+    return error.to_response(request_id_of(request))
+

@@ -1,0 +1,280 @@
+"""The worker's routes: generate (SSE), health, sessions, metrics, and what they document.
+
+Owns: each route's checks before admission (the worker token, the protocol version, the request's
+headers), turning engine stream items into SSE events, the per-request log line, and the OpenAPI
+description of the routes.
+Must not: decide admission (admission.Gate does) or touch llama.cpp. The status code is fixed before
+the first byte; once the stream has started, failures are `error` events.
+
+The worker token: when one is set, every route but `GET /worker/health` needs it (401 `unauthorized`):
+generate, the session listing and deletion (session ids and tenants are the coordinator's clients'
+business) and `/metrics` (a scraper sends it as a bearer token). Health stays open on purpose:
+Kubernetes probes and load balancers cannot send a secret, and it tells only load and status.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import uuid
+from collections.abc import AsyncGenerator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from protocol import reasons
+from protocol.health import SessionList, WorkerHealth
+from protocol.sse import encode
+from protocol.worker import (
+    EVENT_DONE,
+    EVENT_ERROR,
+    EVENT_TOKEN,
+    GENERATE_PATH,
+    MAX_STREAM_REF,
+    PING_INTERVAL,
+    PROMPT_TOKENS_HEADER,
+    PROTOCOL_HEADER,
+    PROTOCOL_VERSION,
+    REQUEST_ID_HEADER,
+    SESSION_EXPECTED_HEADER,
+    SESSIONS_PATH,
+    STREAM_REF_HEADER,
+    TENANT_PATTERN,
+    WORKER_ID_HEADER,
+    DoneEvent,
+    ErrorBody,
+    ErrorEvent,
+    GenerateRequest,
+    Timings,
+    Usage,
+)
+from worker.api.event_stream import EventStream, token_event
+from worker.engine.jobs import Failed, Finished, Job
+from worker.errors import WorkerError
+from worker.metrics import WorkerMetrics
+from worker.runtime import WorkerRuntime
+from worker.settings import WorkerSettings
+
+log = logging.getLogger("worker.requests")
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+router = APIRouter()
+_UNAUTHORIZED_TEXT = "`unauthorized`: the worker token is set and the request does not carry it"
+_UNAUTHORIZED: dict[str, Any] = {"model": ErrorBody, "description": _UNAUTHORIZED_TEXT}
+
+
+_GENERATE_REFUSALS: dict[int | str, str] = {
+    400: "`invalid_request` or `protocol_mismatch`",
+    401: _UNAUTHORIZED_TEXT,
+    404: "`unknown_model`, `session_expired`, or `unknown_session` (with X-Session-Expected)",
+    409: "`session_busy`",
+    413: "`prompt_too_long` or `body_too_large`",
+    503: "`sessions_full`, `kv_full`, `queue_full`, `loading` or `draining`, with Retry-After",
+    "4XX": "any other refusal (`request_timeout`, `headers_too_large`, an unknown method)",
+}
+
+
+def _generate_responses() -> dict[int | str, dict[str, Any]]:
+    """`/worker/generate`'s answers as OpenAPI describes them: the event stream (`itemSchema` is one
+    event, as FastAPI writes it for its own SSE routes) or a refusal in `ErrorBody`. "4XX" also keeps
+    FastAPI from documenting a 422 this worker never sends (its validation errors are 400s)."""
+    header = {"schema": {"type": "string"}}
+    event = {"type": "object", "required": ["event", "data"],
+             "properties": {"event": {"type": "string", "enum": [EVENT_TOKEN, EVENT_DONE, EVENT_ERROR]},
+                            "data": {"type": "string", "description": "JSON: `TokenEvent`, `DoneEvent` or "
+                                                                      "`ErrorEvent` (protocol/worker.py)"}}}
+    found: dict[int | str, dict[str, Any]] = {200: {
+        "description": "`token` events, then one `done` event, or an `error` event if the stream cannot "
+                       "finish",
+        "headers": {REQUEST_ID_HEADER: header, WORKER_ID_HEADER: header, PROMPT_TOKENS_HEADER: header},
+        "content": {"text/event-stream": {"itemSchema": event}}}}
+    for status, description in _GENERATE_REFUSALS.items():
+        found[status] = {"model": ErrorBody, "description": description,
+                         "headers": {REQUEST_ID_HEADER: header}}
+    found[503]["headers"]["retry-after"] = {"required": True, **header}
+    return found
+
+
+# What GenerateRequest's validator adds to its JSON schema: exactly one of `prompt` and `messages`.
+_ONE_OF_PROMPT_OR_MESSAGES = {"content": {"application/json": {"schema": {"oneOf": [
+    {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+    {"required": ["messages"], "properties": {"messages": {"type": "array"}}}]}}}}
+
+
+def _generate_headers() -> list[dict[str, Any]]:
+    """The request headers the coordinator sends with a generation (read from the request, not parameters)."""
+    return [
+        {"name": REQUEST_ID_HEADER, "in": "header", "required": False,
+         "schema": {"type": "string", "pattern": f"^{REQUEST_ID.pattern}$"},
+         "description": "the coordinator's id for the request; otherwise a new one is made"},
+        {"name": PROTOCOL_HEADER, "in": "header", "required": False,
+         "schema": {"type": "string", "enum": [str(PROTOCOL_VERSION)]},
+         "description": "the protocol version the request speaks; another one: 400 `protocol_mismatch`"},
+        {"name": SESSION_EXPECTED_HEADER, "in": "header", "required": False, "schema": {"type": "string"},
+         "description": "`1`: continue a session this worker holds, or 404 `unknown_session`"},
+        {"name": STREAM_REF_HEADER, "in": "header", "required": False,
+         "schema": {"type": "string", "pattern": "^[0-9]{1,19}$"},
+         "description": "the coordinator's reference of the stream, listed in heartbeats (`load.streams`) "
+                        "while it holds a session; not a number below 2**63: 400 `invalid_request`"}]
+
+
+def runtime_of(request: Request) -> WorkerRuntime:
+    runtime: WorkerRuntime | None = request.app.state.runtime
+    if runtime is None:
+        raise WorkerError(503, reasons.LOADING, "the model is still loading")
+    return runtime
+
+def authorize(request: Request) -> None:
+    """With a worker token set, only its holder (the coordinator, a scraper given it) may use any
+    route but health (see the module docstring)."""
+    token = request.app.state.settings.worker_token
+    if token and not hmac.compare_digest(request.headers.get("authorization", "").encode(),
+                                         f"Bearer {token}".encode()):
+        raise WorkerError(401, reasons.UNAUTHORIZED, "this worker needs the worker token")
+
+
+# `response_class=Response` (no media type) keeps FastAPI from listing `application/json` for 200.
+@router.post(GENERATE_PATH, response_class=Response, responses=_generate_responses(),
+          openapi_extra={"parameters": _generate_headers(), "requestBody": _ONE_OF_PROMPT_OR_MESSAGES})
+async def generate(body: GenerateRequest, request: Request) -> Response:
+    settings: WorkerSettings = request.app.state.settings
+    request_id = request.state.request_id = request_id_of(request)
+    authorize(request)
+    version = request.headers.get(PROTOCOL_HEADER, str(PROTOCOL_VERSION))
+    if version != str(PROTOCOL_VERSION):
+        raise WorkerError(400, reasons.PROTOCOL_MISMATCH,
+                          f"this worker speaks protocol {PROTOCOL_VERSION}, the request is version {version}")
+    expected = request.headers.get(SESSION_EXPECTED_HEADER, "") == "1"
+    stream_ref = _stream_ref(request)
+    metrics: WorkerMetrics = request.app.state.metrics
+    try:  # only this route's refusals are admission decisions
+        runtime = runtime_of(request)
+        job = await runtime.gate.admit(body, request_id, session_expected=expected, stream_ref=stream_ref)
+    except WorkerError as refused:
+        metrics.admission.labels("rejected", refused.reason).inc()
+        raise
+    metrics.admission.labels("admitted", "").inc()
+    headers = {REQUEST_ID_HEADER: request_id, WORKER_ID_HEADER: settings.worker_id,
+               PROMPT_TOKENS_HEADER: str(len(job.prompt_tokens))}
+    return EventStream(_events(runtime, job), headers=headers, ping_interval=PING_INTERVAL,
+                       send_timeout=settings.slow_consumer_deadline)
+
+# Open even with a worker token: probes cannot send one (see the module docstring).
+@router.get("/worker/health")
+async def health(request: Request) -> JSONResponse:
+    settings: WorkerSettings = request.app.state.settings
+    runtime: WorkerRuntime | None = request.app.state.runtime
+    if runtime is None:
+        body = WorkerHealth(status="loading", worker_id=settings.worker_id, model=settings.model_path.stem)
+        return JSONResponse(body.model_dump(), status_code=503)
+    status: Literal["ok", "draining"] = "draining" if runtime.gate.draining else "ok"
+    body = WorkerHealth(status=status, worker_id=settings.worker_id, model=runtime.names.name,
+                        aliases=list(runtime.names.aliases), load=runtime.load(),
+                        batch_steps=runtime.engine.steps)
+    # Draining: not ready for new work (a readiness probe or load balancer moves away).
+    return JSONResponse(body.model_dump(), status_code=503 if runtime.gate.draining else 200)
+
+@router.get(SESSIONS_PATH, responses={401: _UNAUTHORIZED,
+                                        503: {"model": ErrorBody, "description": "`loading`"}})
+async def sessions(request: Request) -> SessionList:
+    authorize(request)
+    runtime = runtime_of(request)
+    return SessionList(ttl_seconds=runtime.table.ttl, sessions=runtime.table.describe())
+
+@router.delete(SESSIONS_PATH + "/{session_id}", status_code=204, responses={
+    400: {"model": ErrorBody, "description": "`invalid_request`: a malformed tenant"},
+    401: _UNAUTHORIZED,
+    404: {"model": ErrorBody, "description": "`unknown_session`: this tenant holds no session of that id "
+                                             "(another tenant's session of the same id is left alone)"},
+    503: {"model": ErrorBody, "description": "`loading`"}})
+async def delete_session(session_id: str, request: Request,
+                         tenant: str = Query("", pattern=TENANT_PATTERN,
+                                             description="the tenant whose session it is (`GenerateRequest."
+                                                         "tenant`); \"\" when the pool has no keys")) -> Response:
+    authorize(request)
+    runtime = runtime_of(request)
+    session = runtime.table.delete(session_id, tenant=tenant)
+    if session.busy:
+        # Its stream is cancelled now; the engine frees the sequence at its next step.
+        runtime.engine.cancel_session(session)
+    else:
+        runtime.engine.free([session.seq_id])
+    return Response(status_code=204)
+
+@router.get("/metrics", response_class=PlainTextResponse, responses={401: _UNAUTHORIZED})
+async def metrics(request: Request) -> Response:
+    authorize(request)
+    return Response(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+
+def _stream_ref(request: Request) -> int | None:
+    given = request.headers.get(STREAM_REF_HEADER)
+    if given is None:
+        return None
+    if not (given.isascii() and given.isdigit() and len(given) <= 19 and int(given) <= MAX_STREAM_REF):
+        raise WorkerError(400, reasons.INVALID_REQUEST, f"{STREAM_REF_HEADER} must be an integer below 2**63")
+    return int(given)
+
+
+def request_id_of(request: Request) -> str:
+    """The coordinator's id for the request, when it is one (it goes into headers and logs); else a new one."""
+    given = request.headers.get(REQUEST_ID_HEADER, "")
+    return given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+
+
+async def _events(runtime: WorkerRuntime, job: Job) -> AsyncGenerator[bytes, None]:
+    """The SSE events of one job. If the client goes away, the job is cancelled and its KV freed."""
+    outcome: Finished | Failed | None = None
+    runtime.jobs.add(job)
+    probabilities = job.request.probabilities
+    try:
+        while outcome is None:
+            item = await job.channel.get()
+            if isinstance(item, Finished):
+                outcome = item
+                yield encode(EVENT_DONE, _done(runtime, job, item).model_dump_json())
+            elif isinstance(item, Failed):
+                outcome = item
+                error = ErrorEvent(error=item.message, reason=item.reason, request_id=job.request_id)
+                yield encode(EVENT_ERROR, error.model_dump_json())
+            else:
+                yield token_event(item.text, item.index, item.probability if probabilities else None)
+    finally:
+        runtime.jobs.discard(job)
+        if outcome is None:
+            job.channel.cancel()
+            runtime.engine.poke()
+        _log_request(runtime, job, outcome)
+
+
+def _done(runtime: WorkerRuntime, job: Job, item: Finished) -> DoneEvent:
+    decode_s = item.total_s - item.ttft_s
+    tps = (item.completion_tokens - 1) / decode_s if item.completion_tokens > 1 and decode_s > 0 else 0.0
+    return DoneEvent(
+        finish_reason=item.reason,  # type: ignore[arg-type]
+        usage=Usage(prompt_tokens=item.prompt_tokens, cached_tokens=item.cached_tokens,
+                    completion_tokens=item.completion_tokens,
+                    total_tokens=item.prompt_tokens + item.completion_tokens),
+        timings=Timings(queue_ms=item.queue_s * 1e3, prefill_ms=item.prefill_s * 1e3, ttft_ms=item.ttft_s * 1e3,
+                        total_ms=item.total_s * 1e3, tokens_per_second=tps),
+        request_id=job.request_id, worker_id=runtime.settings.worker_id, model=runtime.names.name,
+        session_id=job.request.session_id)
+
+
+def _log_request(runtime: WorkerRuntime, job: Job, outcome: Finished | Failed | None) -> None:
+    line: dict[str, object] = {"event": "request", "request_id": job.request_id,
+                               "worker_id": runtime.settings.worker_id, "model": runtime.names.name,
+                               "session_id": job.request.session_id, "tenant": job.request.tenant,
+                               "prompt_tokens": len(job.prompt_tokens)}
+    if isinstance(outcome, Finished):
+        line.update(finish_reason=outcome.reason, cached_tokens=outcome.cached_tokens,
+                    completion_tokens=outcome.completion_tokens, ttft_ms=round(outcome.ttft_s * 1e3, 2),
+                    duration_ms=round(outcome.total_s * 1e3, 2))
+    elif isinstance(outcome, Failed):
+        line.update(finish_reason="error", reason=outcome.reason)
+    else:
+        line.update(finish_reason="client_gone")
+    log.info(json.dumps(line))

@@ -1,0 +1,113 @@
+"""What every engine backend offers, and the types they share: nothing here imports llama.cpp.
+
+Owns: `ModelBackend` (what the edge needs of a model: its name and KV size, tokenizing, the chat
+template) and `EngineBackend` (what the runtime and the edge need of an engine: submit a job, free
+and cancel sessions, its sizes and counts), and the model-neutral types `Message` and `ModelShape`.
+Must not: hold behaviour. The real backend is llama.cpp (`llama_model`, `llama_engine`); the
+simulated one (`simulated`) stands behind the same protocols for coordinator-scale benchmarks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from worker.engine.jobs import Job
+    from worker.sessions.table import Session, SessionTable
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+# No chat template in the GGUF (a base model): plain `role: text` turns, so chat requests still work,
+# and the next `user:` turn the model starts to write ends the answer.
+PLAIN_TURN_STOP = "\nuser:"
+
+
+def plain_turns(messages: list[Message]) -> str:
+    return "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant:"
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_embd: int
+    head_dim_k: int
+    head_dim_v: int
+    n_ctx_train: int
+    n_vocab: int
+    n_swa: int = 0  # sliding-window attention span of the layers that use one (Gemma 3: 512); 0: none
+
+    def kv_bytes_per_token(self, element_bytes: int) -> int:
+        """K and V rows of every layer for one token: layers x KV heads x (K dim + V dim) x element size.
+
+        This is the worker's, and the coordinator's, whole contract: a sequence of n tokens holds
+        exactly n x this many KV bytes, and the context holds ctx_tokens x this many. It is exact
+        because every layer keeps every token of a sequence. For sliding-window models (n_swa > 0)
+        that holds only because the engine creates its context with `swa_full` (llama.cpp's
+        full-size SWA cache): the windowed layers then get as many cells as the global ones and
+        keep the tokens that fell out of their window. Without it llama.cpp gives those layers a
+        ring of about window + batch cells per sequence (`iSWA`), so the real cost of a sequence
+        would be n on the global layers plus min(n, ring) on the windowed ones: not linear, and
+        worse, a new turn that cuts a session back (`llama_memory_seq_rm` from `keep` on) past what
+        the ring still holds would continue with part of its window silently gone. Keeping every
+        token costs memory (on Gemma 3 270M with 15 of 18 layers windowed, ctx x 18 layers instead of
+        ctx x 3 + ring x 15), and buys an exact linear count plus correct session continuation.
+
+        llama.cpp's own `llama_state_seq_get_size` agrees up to a fixed header and a few bytes of
+        cell metadata per token while n <= n_swa; past the window it serializes only the window of
+        the windowed layers (all a restore needs), so it is then smaller than this count while the
+        memory still holds every token.
+        """
+        return self.n_layer * self.n_head_kv * (self.head_dim_k + self.head_dim_v) * element_bytes
+
+
+
+class ModelBackend(Protocol):
+    """A loaded model, as the edge and the runtime use it."""
+
+    name: str
+    bytes_per_token: int
+    shape: ModelShape
+    eog_tokens: tuple[int, ...]
+    backend: str  # "cpu", "cuda", ...: what /worker/health reports
+    gpu_layers: int
+
+    @property
+    def turn_stop(self) -> str | None: ...
+    def tokenize(self, text: str, *, add_special: bool) -> list[int]: ...
+    def render_chat(self, messages: list[Message]) -> str: ...
+    def meta_str(self, key: str) -> str | None: ...
+    def close(self) -> None: ...
+
+
+class EngineBackend(Protocol):
+    """An engine that runs admitted jobs and streams their items to each job's channel, ending each
+    by the shared rules (worker/engine/endings.py)."""
+
+    table: SessionTable | None
+    steps: int
+
+    @property
+    def ctx_tokens(self) -> int: ...
+    @property
+    def seq_tokens(self) -> int: ...
+    @property
+    def queue_depth(self) -> int: ...
+    @property
+    def running(self) -> int: ...
+    @property
+    def active(self) -> int: ...
+    def bind(self, table: SessionTable) -> None: ...
+    def start(self, loop: Any) -> None: ...
+    def stop(self, timeout: float = 5.0) -> None: ...
+    def submit(self, job: Job, free_first: tuple[int, ...] = ()) -> None: ...
+    def free(self, seq_ids: list[int] | tuple[int, ...]) -> None: ...
+    def cancel_session(self, session: Session) -> None: ...
+    def poke(self) -> None: ...

@@ -1,0 +1,131 @@
+"""The ending rules of a generating sequence, written once for every engine backend.
+
+Owns: what ends a sequence and how: cancelled (its consumer left or its session was deleted,
+whether it runs or still waits in the engine's inbox), past the request's deadline, a consumer that
+stopped reading past the slow-consumer deadline, an end-of-generation token (unless `ignore_eos`),
+a stop string, `max_tokens`, the session's KV reservation; the text a sequence streams (UTF-8
+assembly and stop strings, `TextAssembler`); the `Finished` it reports; and, when it completed,
+the assistant turn its session keeps.
+Must not: touch llama.cpp or free KV; each backend releases its sequence (the llama.cpp engine frees
+cells, the simulated one only the table) between `completed` and `deliver`, so the slot is free
+before the consumer hears of the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from protocol import reasons
+from worker.backends.base import Message
+from worker.engine.channel import TokenChannel
+from worker.engine.jobs import EngineConfig, EngineObserver, Failed, Finished, Job, StreamItem
+from worker.engine.textstream import TextAssembler
+from worker.sessions.table import Session
+
+Touched = set[TokenChannel[StreamItem]]
+
+
+@dataclass(eq=False)
+class Progress:
+    """One generating sequence, as the ending rules see it; a backend keeps its own state beside it."""
+
+    job: Job
+    text: TextAssembler
+    started_at: float  # the engine took the job
+    generated: int = 0
+    output: list[str] = field(default_factory=list)
+    first_token_at: float | None = None
+    last_token_at: float = 0.0
+
+
+class Endings:
+    def __init__(self, config: EngineConfig, observer: EngineObserver, clock: Callable[[], float]) -> None:
+        self._config = config
+        self._observer = observer
+        self._clock = clock
+
+    def begin(self, job: Job, started_at: float) -> Progress:
+        return Progress(job=job, text=TextAssembler(job.request.stop), started_at=started_at)
+
+    def interrupted(self, run: Progress, now: float) -> Finished | Failed | None:
+        """Before a step: the ending of a sequence cancelled or past its deadline, else None."""
+        if run.job.channel.cancelled:
+            return self.finished(run, "cancelled", now)
+        if now - run.job.admitted_at > self._config.request_timeout:
+            return Failed(reasons.DEADLINE_EXCEEDED, f"request ran past {self._config.request_timeout:g} s")
+        return None
+
+    def consumer(self, run: Progress, now: float) -> bool | Failed:
+        """Before emitting: True when the consumer has room; False to wait a step; `Failed` when it has
+        been full past the slow-consumer deadline."""
+        channel = run.job.channel
+        if channel.has_room():
+            channel.full_since = None
+            return True
+        channel.full_since = channel.full_since or now
+        if now - channel.full_since > self._config.slow_consumer_deadline:
+            return Failed(reasons.SLOW_CONSUMER, "consumer stopped reading")
+        return False
+
+    def accept(self, run: Progress, piece: bytes, probability: float, touched: Touched, *,
+               eog: bool = False) -> str | None:
+        """A generated token: its text goes to the consumer (held while it may begin a stop string);
+        the finish reason when the sequence ends with it (`stop`, `length`), else None."""
+        now = self._clock()
+        if run.first_token_at is None:
+            run.first_token_at = now
+        else:
+            self._observer.token_gap(now - run.last_token_at)
+        run.last_token_at = now
+        job = run.job
+        if eog and not job.request.ignore_eos:
+            return "stop"
+        index = run.generated
+        run.generated += 1
+        for out in run.text.push(piece, index, probability):
+            run.output.append(out.text)
+            job.channel.push(out)
+            touched.add(job.channel)
+        if run.text.stopped:
+            return "stop"
+        session = job.session
+        if run.generated >= job.request.max_tokens or len(session.tokens) + 1 > session.reserved_tokens:
+            return "length"
+        return None
+
+    def finished(self, run: Progress, reason: str, now: float | None = None) -> Finished:
+        now = self._clock() if now is None else now
+        job = run.job
+        first = run.first_token_at if run.first_token_at is not None else now
+        return Finished(reason=reason, prompt_tokens=len(job.prompt_tokens), cached_tokens=job.cached_tokens,
+                        completion_tokens=run.generated, queue_s=max(0.0, run.started_at - job.admitted_at),
+                        prefill_s=max(0.0, first - run.started_at), ttft_s=first - job.admitted_at,
+                        total_s=now - job.admitted_at)
+
+    def completed(self, run: Progress, outcome: Finished | Failed, touched: Touched) -> bool:
+        """Whether the sequence completed (its session then keeps the turn): the held text is flushed
+        and the assistant's answer joins the session's history."""
+        if not isinstance(outcome, Finished) or outcome.reason == "cancelled":
+            return False
+        job = run.job
+        for out in run.text.finish():
+            run.output.append(out.text)
+            job.channel.push(out)
+            touched.add(job.channel)
+        job.session.messages = [*job.history, Message("assistant", "".join(run.output))]
+        return True
+
+    def deliver(self, run: Progress, outcome: Finished | Failed, touched: Touched) -> None:
+        """The terminal item, once the backend has released the sequence."""
+        run.job.channel.push(outcome, terminal=True)
+        touched.add(run.job.channel)
+        self._observer.finished(run.job, outcome)
+
+
+def cancel_session(session: Session, running: Iterable[Job], queued: Iterable[Job]) -> None:
+    """Cancels the job of `session`, running or still queued: a deleted session's queued request must
+    not start after the delete answered."""
+    for job in (*running, *queued):
+        if job.session is session:
+            job.channel.cancel()
