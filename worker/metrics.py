@@ -37,21 +37,20 @@ class WorkerMetrics(EngineObserver):
         self.internal_errors = Counter("worker_internal_errors", "Unexpected exceptions in a supervised task "
                                        "(engine step, heartbeats, session sweeper)", ["task"], registry=r)
         self.steps = Counter("worker_decode_steps", "llama_decode calls made by the batch loop", registry=r)
-        self.batch_size = Histogram("worker_batch_size", "Sequences in one llama_decode call",
-                                    buckets=BATCH_BUCKETS, registry=r)
-        self.step_seconds = Histogram("worker_decode_step_seconds", "Duration of one llama_decode call",
-                                      buckets=TOKEN_LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram("worker_time_to_first_token_seconds", "Admission to first token",
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram("worker_time_per_output_token_seconds",
-                              "Mean time between output tokens of one request", buckets=TOKEN_LATENCY_BUCKETS,
-                              registry=r)
-        self.itl = Histogram("worker_inter_token_latency_seconds", "Time between two tokens of one request",
-                             buckets=TOKEN_LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("worker_e2e_request_latency_seconds", "Admission to last token",
-                             buckets=LATENCY_BUCKETS, registry=r)
-        self.queue_time = Histogram("worker_request_queue_time_seconds", "Admission to first decode step",
-                                    buckets=LATENCY_BUCKETS, registry=r)
+        def histogram(name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, documentation, buckets=buckets, registry=r)
+
+        self.batch_size = histogram("worker_batch_size", "Sequences in one llama_decode call", BATCH_BUCKETS)
+        self.step_seconds = histogram("worker_decode_step_seconds", "Duration of one llama_decode call",
+                                      TOKEN_LATENCY_BUCKETS)
+        self.ttft = histogram("worker_time_to_first_token_seconds", "Admission to first token", LATENCY_BUCKETS)
+        self.tpot = histogram("worker_time_per_output_token_seconds", "Mean time between output tokens of one "
+                              "request", TOKEN_LATENCY_BUCKETS)
+        self.itl = histogram("worker_inter_token_latency_seconds", "Time between two tokens of one request",
+                             TOKEN_LATENCY_BUCKETS)
+        self.e2e = histogram("worker_e2e_request_latency_seconds", "Admission to last token", LATENCY_BUCKETS)
+        self.queue_time = histogram("worker_request_queue_time_seconds", "Admission to first decode step",
+                                    LATENCY_BUCKETS)
         self.running = Gauge("worker_num_requests_running", "Requests in the decode batch", registry=r)
         self.waiting = Gauge("worker_num_requests_waiting", "Admitted requests not yet in the batch", registry=r)
         self.kv_usage = Gauge("worker_kv_cache_usage_ratio", "KV cells holding tokens / all KV cells", registry=r)

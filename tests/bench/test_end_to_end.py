@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from bench.load.command import main
 from bench.load.workload import Workload
+from tests.threaded_server import serving
 
 TOKEN_DELAY = 0.003
 
@@ -59,18 +57,8 @@ def fake_app(state: dict[str, int]) -> FastAPI:
 @pytest.fixture
 def fake_server() -> Iterator[tuple[str, dict[str, int]]]:
     state = {"now": 0, "peak": 0}
-    server = uvicorn.Server(uvicorn.Config(fake_app(state), host="127.0.0.1", port=0, log_level="warning",
-                                           lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "fake server did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", state
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(fake_app(state), lifespan="off") as url:
+        yield url, state
 
 
 def test_closed_loop_sweep_writes_table_json_and_plot(fake_server: tuple[str, dict[str, int]], tmp_path: Path,

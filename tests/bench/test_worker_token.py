@@ -5,20 +5,19 @@ checks it, so a missing header fails loudly instead of reading zeros."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from bench.load.command import main as load_main
 from bench.policy_bench import finished
 from bench.prefix_bench import prompt_counters
 from bench.processes import peer_env, pool
 from bench.worker_token import FILE_NAME, auth_headers, find_token
+from tests.threaded_server import serving
 from worker.api.app import create_app
 from worker.settings import WorkerSettings
 
@@ -58,20 +57,12 @@ def guarded_worker() -> Iterator[str]:
     """A real worker app (simulated engine) that asks for TOKEN on every route but health."""
     app = create_app(WorkerSettings(engine="simulated", coordinator_url="", worker_token=TOKEN,
                                     sim_token_rate=1000, log_level="warning"))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "worker did not start"
-        time.sleep(0.01)
-    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    while httpx.get(url + "/worker/health", timeout=2).status_code != 200:
-        assert time.monotonic() < deadline, "worker did not become ready"
-        time.sleep(0.05)
-    yield url
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(app, timeout=20) as url:
+        deadline = time.monotonic() + 20
+        while httpx.get(url + "/worker/health", timeout=2).status_code != 200:
+            assert time.monotonic() < deadline, "worker did not become ready"
+            time.sleep(0.05)
+        yield url
 
 
 def test_metric_reads_carry_the_token_and_fail_without_it(guarded_worker: str) -> None:

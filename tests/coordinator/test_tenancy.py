@@ -14,16 +14,7 @@ import pytest
 from coordinator.auth import own_tenant
 from coordinator.clock import ManualClock
 from coordinator.settings import Settings
-from tests.coordinator.fakes import (
-    FakeWorkers,
-    done,
-    events_of,
-    heartbeat,
-    register,
-    running_app,
-    streaming,
-    token,
-)
+from tests.coordinator import fakes
 
 pytestmark = pytest.mark.anyio
 KEYS = {"A": "key-of-alpha", "B": "key-of-beta"}
@@ -50,7 +41,7 @@ class TenantWorker:
         self.expected.append(request.headers.get("x-session-expected") == "1")
         if body.get("session_id"):
             self.sessions.add((body.get("tenant", ""), body["session_id"]))
-        return streaming([token(0, "ok"), done()])(request)
+        return fakes.streaming([fakes.token(0, "ok"), fakes.done()])(request)
 
 
 def as_(who: str) -> dict[str, str]:
@@ -59,10 +50,10 @@ def as_(who: str) -> dict[str, str]:
 
 async def test_another_keys_session_id_is_unknown_to_it_for_every_operation() -> None:
     clock, worker = ManualClock(), TenantWorker()
-    async with running_app(SETTINGS, FakeWorkers({"w1": worker.behaviour}), clock) as client:
-        await register(client, heartbeat("w1", timestamp=clock.time()))
+    async with fakes.running_app(SETTINGS, fakes.FakeWorkers({"w1": worker.behaviour}), clock) as client:
+        await fakes.register(client, fakes.heartbeat("w1", timestamp=clock.time()))
         turn = {"prompt": "My secret number is 4242", "max_tokens": 3, "session_id": "s1"}
-        assert events_of((await client.post("/coordinator/infer", json=turn, headers=as_("A"))).text)[-1][0] == "done"
+        assert fakes.events_of((await client.post("/coordinator/infer", json=turn, headers=as_("A"))).text)[-1][0] == "done"
         assert worker.generated[-1]["tenant"] == own_tenant(KEYS["A"])
         # B ending A's session: 404, and the worker is not asked.
         refused = await client.delete("/coordinator/sessions/s1", headers=as_("B"))
@@ -84,13 +75,13 @@ async def test_another_keys_session_id_is_unknown_to_it_for_every_operation() ->
 
 async def test_a_cached_answer_is_never_served_to_another_key() -> None:
     clock, worker = ManualClock(), TenantWorker()
-    async with running_app(SETTINGS, FakeWorkers({"w1": worker.behaviour}), clock) as client:
-        await register(client, heartbeat("w1", timestamp=clock.time()))
+    async with fakes.running_app(SETTINGS, fakes.FakeWorkers({"w1": worker.behaviour}), clock) as client:
+        await fakes.register(client, fakes.heartbeat("w1", timestamp=clock.time()))
         body = {"prompt": "My PIN is 0000", "max_tokens": 3, "temperature": 0}
         cached = []
         for who in ("A", "B", "A", "B"):
             stream = await client.post("/coordinator/infer", json=body, headers=as_(who))
-            cached.append(events_of(stream.text)[-1][1].get("cached", False))
+            cached.append(fakes.events_of(stream.text)[-1][1].get("cached", False))
         assert cached == [False, False, True, True]  # each key's own repeat hits its own entry
         assert len(worker.generated) == 2
 
@@ -100,15 +91,15 @@ async def test_conversation_affinity_is_per_key() -> None:
     for w1 (it is routed by load, like any first turn), while A's next turn does."""
     clock = ManualClock()
     w1, w2 = TenantWorker(), TenantWorker()
-    async with running_app(SETTINGS, FakeWorkers({"w1": w1.behaviour, "w2": w2.behaviour}), clock) as client:
-        await register(client, heartbeat("w1", timestamp=clock.time()))
-        await register(client, heartbeat("w2", timestamp=clock.time()))
+    async with fakes.running_app(SETTINGS, fakes.FakeWorkers({"w1": w1.behaviour, "w2": w2.behaviour}), clock) as client:
+        await fakes.register(client, fakes.heartbeat("w1", timestamp=clock.time()))
+        await fakes.register(client, fakes.heartbeat("w2", timestamp=clock.time()))
         first = [{"role": "user", "content": "Remember 4242"}]
         chat = {"model": "smol", "max_tokens": 3, "messages": first}
         served = (await client.post("/v1/chat/completions", json=chat, headers=as_("A"))).headers["x-worker-id"]
         other = "w2" if served == "w1" else "w1"
         # Make the serving worker the busier one: only affinity sends a next turn back to it.
-        await register(client, heartbeat(served, timestamp=clock.time(), sessions=3, active_streams=3))
+        await fakes.register(client, fakes.heartbeat(served, timestamp=clock.time(), sessions=3, active_streams=3))
         nxt = {**chat, "messages": [*first, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "?"}]}
         assert (await client.post("/v1/chat/completions", json=nxt, headers=as_("B"))).headers["x-worker-id"] == other
         assert (await client.post("/v1/chat/completions", json=nxt, headers=as_("A"))).headers["x-worker-id"] == served
@@ -122,13 +113,13 @@ async def test_random_operations_of_two_keys_never_touch_the_others_sessions() -
     clock, worker = ManualClock(), TenantWorker()
     have: set[tuple[str, str]] = set()  # the model: (who, session id) that exist
     shared = 0
-    async with running_app(SETTINGS, FakeWorkers({"w1": worker.behaviour}), clock) as client:
-        await register(client, heartbeat("w1", timestamp=clock.time(), max_sessions=64))
+    async with fakes.running_app(SETTINGS, fakes.FakeWorkers({"w1": worker.behaviour}), clock) as client:
+        await fakes.register(client, fakes.heartbeat("w1", timestamp=clock.time(), max_sessions=64))
         for _ in range(300):
             # The worker's report, as its heartbeats would say it (the view would otherwise keep every
             # ended stream's kept session until a report).
             clock.advance(1.0)
-            await register(client, heartbeat("w1", timestamp=clock.time(), max_sessions=64,
+            await fakes.register(client, fakes.heartbeat("w1", timestamp=clock.time(), max_sessions=64,
                                              sessions=len(worker.sessions)))
             who, sid, op = rng.choice("AB"), rng.choice(["s1", "s2", "s3"]), rng.choice(["turn", "turn", "delete"])
             if op == "turn":

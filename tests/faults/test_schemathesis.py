@@ -64,7 +64,8 @@ WORKER_FLAGS = ["--engine", "simulated", "--sim-token-rate", "5000", "--max-sess
 COORDINATOR_OPERATIONS = [
     "GET /coordinator/health", "GET /coordinator/health/workers", "POST /coordinator/infer",
     "POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models", "GET /v1/models/{model}",
-    "GET /coordinator/status", "GET /metrics", "POST /coordinator/health/heartbeat"]
+    "GET /coordinator/status", "GET /metrics", "POST /coordinator/health/heartbeat",
+    "DELETE /coordinator/sessions/{session_id}"]
 WORKER_OPERATIONS = ["POST /worker/generate", "GET /worker/health", "GET /worker/sessions",
                      "DELETE /worker/sessions/{session_id}", "GET /metrics"]
 # What this test found in routes whose OpenAPI metadata is not described yet, each with its fix:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from protocol import reasons
 from protocol.worker import GenerateRequest
@@ -23,17 +24,15 @@ from worker.naming import ModelNames
 from worker.sessions.table import Session, SessionTable, shared_prefix
 
 
+@dataclass(eq=False)
 class Gate:
-    def __init__(self, model: ModelBackend, names: ModelNames, table: SessionTable, engine: EngineBackend, *,
-                 stream_buffer: int,
-                 clock: Callable[[], float]) -> None:
-        self.model = model
-        self.names = names
-        self.table = table
-        self.engine = engine
-        self.stream_buffer = stream_buffer
-        self.draining = False
-        self._clock = clock
+    model: ModelBackend
+    names: ModelNames
+    table: SessionTable
+    engine: EngineBackend
+    stream_buffer: int  # items a request's channel holds
+    clock: Callable[[], float]
+    draining: bool = False
 
     async def admit(self, request: GenerateRequest, request_id: str, *, session_expected: bool = False,
                     stream_ref: int | None = None) -> Job:
@@ -64,7 +63,7 @@ class Gate:
         loop = asyncio.get_running_loop()
         job = Job(request_id=request_id, request=request, session=session, prompt_tokens=tokens,
                   cached_tokens=cached, history=history if not request.raw else [],
-                  channel=TokenChannel[StreamItem](loop, self.stream_buffer), admitted_at=self._clock())
+                  channel=TokenChannel[StreamItem](loop, self.stream_buffer), admitted_at=self.clock())
         self.engine.submit(job, admission.freed_seq_ids)
         return job
 

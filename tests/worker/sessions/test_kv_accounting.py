@@ -96,7 +96,7 @@ def build_engine(model: Model, *, kv_unified: bool) -> BuiltEngine:
                               prefill_chunk=CHUNK, kv_unified=kv_unified)
         engine = Engine(model, config)
     finally:
-        from worker import model as model_module
+        from worker.backends import llama_model as model_module
         ll.llama_log_set(model_module._LLAMA_LOG_CALLBACK, ctypes.c_void_p(0))
     caches = [KvCache(float(m[1]), int(m[2]), int(m[3]), int(m[4])) for m in map(_KV_LINE.search, "".join(lines).splitlines()) if m]
     loop = asyncio.new_event_loop()  # the engine wakes channels through it; these tests use none
