@@ -41,14 +41,16 @@ log = logging.getLogger("coordinator.cache")
 MAX_ENTRY_BYTES = 1 << 20
 
 
-def cache_key(surface: str, model: str | None, request: GenerateRequest) -> bytes | None:
-    """The key of a request whose output is fully determined, else None (never cached)."""
+def cache_key(surface: str, model: str | None, request: GenerateRequest, identity: str = "") -> bytes | None:
+    """The key of a request whose output is fully determined, else None (never cached). `identity`:
+    what the model is beyond its public name (registry.identity_of), so a model swapped under the same
+    name misses."""
     if request.session_id is not None:
         return None
     if request.temperature > 0 and request.seed is None:
         return None
     body = request.model_dump_json(exclude={"model"})  # every field, defaults included: all decide the output
-    return hashlib.blake2b(f"{surface}\0{model or ''}\0{body}".encode(), digest_size=20).digest()
+    return hashlib.blake2b(f"{surface}\0{model or ''}\0{identity}\0{body}".encode(), digest_size=20).digest()
 
 
 @dataclass(slots=True)
@@ -56,6 +58,7 @@ class Entry:
     events: tuple[SseEvent, ...]
     size: int
     stored_at: float
+    identity: str = ""  # the model identities it was computed by (registry.identity_of)
 
 
 def _size(events: tuple[SseEvent, ...]) -> int:
@@ -106,12 +109,13 @@ class ResponseCache:
             self._fail(exc)
             return None
 
-    def put(self, key: bytes, events: tuple[SseEvent, ...]) -> None:
-        """Stores a complete stream's events; skipped when too large or once the cache has failed."""
+    def put(self, key: bytes, events: tuple[SseEvent, ...], identity: str = "") -> None:
+        """Stores a complete stream's events, computed by the model `identity`; skipped when too large
+        or once the cache has failed."""
         if not self.enabled:
             return
         try:
-            self._put(key, events)
+            self._put(key, events, identity)
         except Exception as exc:  # noqa: BLE001 - logged and counted by _fail; the stream goes on
             self._fail(exc)
 
@@ -143,13 +147,24 @@ class ResponseCache:
         self._entries.move_to_end(key)
         return entry.events
 
-    def _put(self, key: bytes, events: tuple[SseEvent, ...]) -> None:
+    def forget_identity(self, identity: str) -> None:
+        """Drops the entries computed by a model identity no worker serves any more: they can no
+        longer be hit (the key names the identity), so they only took room. O(entries), on the rare
+        event of a model leaving the pool."""
+        try:
+            gone = [key for key, entry in self._entries.items() if identity in entry.identity.split("|")]
+            for key in gone:
+                self._drop(key)
+        except Exception as exc:  # noqa: BLE001 - logged and counted by _fail
+            self._fail(exc)
+
+    def _put(self, key: bytes, events: tuple[SseEvent, ...], identity: str) -> None:
         size = _size(events)
         if size > self.entry_limit:
             return
         if key in self._entries:
             self._drop(key, evicted=False)
-        entry = Entry(events, size, self._clock())
+        entry = Entry(events, size, self._clock(), identity)
         self._entries[key] = entry
         self.bytes += size
         self._write(key, entry)
@@ -198,12 +213,14 @@ class ResponseCache:
         now = self._clock()
         for key, stored_at, raw in rows:
             try:
-                events = tuple(SseEvent(e, d) for e, d in json.loads(raw))
-            except (ValueError, TypeError):
-                continue  # a row we cannot read is dropped below with the expired ones
+                stored = json.loads(raw)
+                events = tuple(SseEvent(e, d) for e, d in stored["events"])
+                identity = str(stored["identity"])
+            except (ValueError, TypeError, KeyError):
+                continue  # a row we cannot read (or of an older format) is dropped below with the expired ones
             if now - stored_at > self.ttl:
                 continue
-            entry = Entry(events, _size(events), stored_at)
+            entry = Entry(events, _size(events), stored_at, identity)
             self._entries[key] = entry
             self.bytes += entry.size
         keep = set(self._entries)
@@ -214,7 +231,8 @@ class ResponseCache:
 
     def _write(self, key: bytes, entry: Entry) -> None:
         if self._db is not None:
-            raw = json.dumps([[e.event, e.data] for e in entry.events], separators=(",", ":"))
+            raw = json.dumps({"identity": entry.identity, "events": [[e.event, e.data] for e in entry.events]},
+                             separators=(",", ":"))
             self._db.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, ?)", (key, entry.stored_at, raw))
             self._db.commit()
 

@@ -68,7 +68,8 @@ class Gateway:
         try:
             self._check_own_limits()
             model = resolve_model(state.registry, state.settings.default_model, gen.request.model)
-            key = cache_key(gen.surface, model, gen.request) if state.cache.enabled else None
+            identity = state.registry.identity_of(model) if model is not None else ""
+            key = cache_key(gen.surface, model, gen.request, identity) if state.cache.enabled else None
             if key is not None:
                 hit = state.cache.get(key)
                 state.metrics.cache_lookups.labels(outcome="hit" if hit else "miss").inc()
@@ -81,7 +82,7 @@ class Gateway:
             else:
                 gen, stream = await self._admit(gen, model, None)
             try:
-                return self._opened(gen, model, stream, key, started)
+                return self._opened(gen, model, stream, (key, identity) if key is not None else None, started)
             except BaseException:
                 state.admission.release(stream.reservation)
                 await stream.close()  # the worker cancels the request and frees its sequence
@@ -154,7 +155,7 @@ class Gateway:
         affinity.placed(gen, model, stream.worker.worker_id, leaning)
         return gen, stream
 
-    def _opened(self, gen: Generation, model: str | None, stream: OpenStream, key: bytes | None,
+    def _opened(self, gen: Generation, model: str | None, stream: OpenStream, cached: tuple[bytes, str] | None,
                 started: float) -> Opened:
         """The relay of a request whose worker has sent its first event, with its final callback."""
         state = self._state
@@ -168,8 +169,9 @@ class Gateway:
             admission.release(reservation, kept_tokens=kept)
             if done is not None:
                 breakers.succeeded(worker_id)
-                if key is not None and relay.record is not None and done.finish_reason != "cancelled":
-                    cache.put(key, tuple(relay.record))  # complete streams only
+                if cached is not None and relay.record is not None and done.finish_reason != "cancelled":
+                    key, identity = cached
+                    cache.put(key, tuple(relay.record), identity)  # complete streams only
             elif outcome.error_reason in WORKER_FAULTS:
                 breakers.failed(worker_id)
             else:
@@ -178,7 +180,7 @@ class Gateway:
         settings = state.settings
         relay = Relay(stream, request_id=gen.request_id, buffer_events=settings.relay_buffer_events,
                       write_deadline=settings.relay_write_deadline, metrics=state.metrics, on_final=final,
-                      record_bytes=cache.entry_limit if key is not None else 0)
+                      record_bytes=cache.entry_limit if cached is not None else 0)
         state.streams.add(relay)
         state.metrics.admitted()
         state.metrics.requests_running.inc()

@@ -82,6 +82,9 @@ class Heartbeat(BaseModel):
     url: str = Field(max_length=512, pattern=WORKER_URL_PATTERN, description="where the coordinator reaches the worker")
     model: ModelName = Field(max_length=256, description="the public name of the model it serves")
     aliases: list[ModelName] = Field(default_factory=list, max_length=16, description="other names it answers to")
+    model_identity: str = Field(default="", max_length=128, pattern=r"^[A-Za-z0-9:._-]*$",
+                                description="what the model is beyond its name (a digest of its file): cached "
+                                "answers are keyed by it, so a model swapped under the same name misses")
     protocol: int = Field(default=PROTOCOL_VERSION, description="version of protocol.worker it speaks")
     load: WorkerLoad
     timestamp: float = Field(description="the worker's clock, Unix seconds, when the heartbeat was made")

@@ -160,6 +160,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("cache-key-ignores-tenant", "a cached answer is never served to another tenant",
              "coordinator/cache.py", 'body = request.model_dump_json(exclude={"model"})',
              'body = request.model_dump_json(exclude={"model", "tenant"})', (T_TENANCY,)),
+    Mutation("cache-key-ignores-identity", "a model swapped under the same name misses the response cache",
+             "coordinator/cache.py", 'f"{surface}\\0{model or \'\'}\\0{identity}\\0{body}"',
+             'f"{surface}\\0{model or \'\'}\\0{body}"', ("tests/coordinator/test_cache.py",)),
     Mutation("surface-drops-tenant", "the infer surface sends the key's tenant to the worker",
              "coordinator/surfaces/infer.py", '        fields["tenant"] = tenant\n', "        pass\n", (T_TENANCY,)),
     Mutation("metrics-open-with-keys", "with keys, /metrics needs one by default",
@@ -176,8 +179,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "coordinator/relay/supervisor.py", "                await self._fail(scope, receive, send)", "                pass",
              (T_SUPERVISION,)),
     Mutation("cache-failure-propagates", "a failing response cache disables itself instead of failing requests",
-             "coordinator/cache.py", "            self._put(key, events)\n        except Exception as exc:",
-             "            self._put(key, events)\n        except ZeroDivisionError as exc:", (T_SUPERVISION,)),
+             "coordinator/cache.py", "            self._put(key, events, identity)\n        except Exception as exc:",
+             "            self._put(key, events, identity)\n        except ZeroDivisionError as exc:", (T_SUPERVISION,)),
 )
 
 

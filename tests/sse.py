@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from protocol.sse import SseParser
+
+# A Python exception's name, as `repr(exc)` or `f"{type(exc).__name__}: ..."` would put it in a message.
+EXCEPTION_NAME = re.compile(r"\b[A-Z][A-Za-z]*(?:Error|Exception)\b")
+
+
+def check_error_event(data: dict[str, Any]) -> None:
+    """An `error` event carries a reason code and a short message of ours; an exception's text goes to
+    the log (every test that reads a stream through `generate` holds both services to it)."""
+    assert data.get("reason"), data
+    assert not EXCEPTION_NAME.search(data.get("error", "")), f"an exception's text reached a client: {data}"
 
 
 @dataclass
@@ -44,4 +55,8 @@ def generate(url: str, payload: dict[str, Any], *, path: str = "/worker/generate
         raw = [event for chunk in response.iter_bytes() for event in parser.feed(chunk)]
         if (last := parser.close()) is not None:
             raw.append(last)
-    return Stream(200, dict(response.headers), [(e.event, json.loads(e.data)) for e in raw])
+    events = [(e.event, json.loads(e.data)) for e in raw]
+    for event, data in events:
+        if event == "error":
+            check_error_event(data)
+    return Stream(200, dict(response.headers), events)

@@ -90,7 +90,7 @@ class WorkerRuntime:
             self.heartbeats = HeartbeatSender(
                 coordinator_url=s.coordinator_url, worker_id=s.worker_id, worker_url=s.worker_url,
                 names=self.names, token=s.worker_token, interval=s.heartbeat_interval,
-                load=self.load, transport=transport)
+                load=self.load, model_identity=self.model.identity, transport=transport)
             self._tasks.append(asyncio.create_task(self._supervised("heartbeats", self.heartbeats.run)))
 
     async def _supervised(self, task: str, run: Callable[[], Awaitable[None]]) -> None:

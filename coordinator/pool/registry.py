@@ -74,6 +74,7 @@ class WorkerRecord:
     last_seen: float  # coordinator monotonic seconds
     state: str = ALIVE
     aliases: tuple[str, ...] = ()
+    model_identity: str = ""  # what the model is beyond its name (the worker's digest of its file)
     # Circuit breaker state, written by coordinator/pool/breaker.py; the scheduler's filter reads it.
     breaker_open_until: float = 0.0
     breaker_probing: bool = False
@@ -168,10 +169,14 @@ class Totals:
 
 class Registry:
     def __init__(self, *, stale_after: float, dead_after: float,
-                 on_removed: Callable[[WorkerRecord], None] | None = None) -> None:
+                 on_removed: Callable[[WorkerRecord], None] | None = None,
+                 on_identity_gone: Callable[[str], None] = lambda identity: None) -> None:
+        """`on_identity_gone`: no known worker reports that model identity any more (the response
+        cache drops its entries)."""
         self.stale_after = stale_after
         self.dead_after = dead_after
         self._on_removed = on_removed
+        self._on_identity_gone = on_identity_gone
         self._workers: dict[str, WorkerRecord] = {}
         # Both ordered by last_seen (a heartbeat moves its worker to the end), so a sweep only
         # looks at the workers that are about to change state.
@@ -179,6 +184,8 @@ class Registry:
         self._stale: OrderedDict[str, WorkerRecord] = OrderedDict()
         self._alive_by_model: dict[str, dict[str, WorkerRecord]] = {}
         self._models_known: Counter[str] = Counter()
+        # Model -> the identities its workers report, counted by worker (a swap shows two for a while).
+        self._identities: dict[str, Counter[str]] = {}
         # Public name (a model's own or an alias) -> the models known under it, counted by worker.
         self._names: dict[str, Counter[str]] = {}
         # Models whose last worker was removed, so a request for one hears "unavailable", not "unknown".
@@ -215,6 +222,11 @@ class Registry:
         """Models some worker (alive or stale) serves now."""
         return sorted(self._models_known)
 
+    def identity_of(self, model: str) -> str:
+        """What the workers known under `model` serve, beyond its name: their identities, joined (a
+        pool in the middle of a model swap has two). O(identities of one model)."""
+        return "|".join(sorted(self._identities.get(model, ())))
+
     def aliases_of(self, model: str) -> list[str]:
         return sorted(name for name, owners in self._names.items() if model in owners and name != model)
 
@@ -244,14 +256,14 @@ class Registry:
         aliases = tuple(hb.aliases)
         if rec is None:
             rec = WorkerRecord(hb.worker_id, hb.url, hb.model, hb.load, now, state=STALE, aliases=aliases,
-                               listed=frozenset(hb.load.streams))
+                               model_identity=hb.model_identity, listed=frozenset(hb.load.streams))
             self._workers[hb.worker_id] = rec
             self._know(rec)
         else:
             self._leave(rec)
-            if (rec.model, rec.aliases) != (hb.model, aliases):
+            if (rec.model, rec.aliases, rec.model_identity) != (hb.model, aliases, hb.model_identity):
                 self._forget_model(rec)
-                rec.model, rec.aliases = hb.model, aliases
+                rec.model, rec.aliases, rec.model_identity = hb.model, aliases, hb.model_identity
                 self._know(rec)
             rec.url, rec.load, rec.last_seen = hb.url, hb.load, now
             self._reflect(rec, frozenset(hb.load.streams), hb.timestamp)
@@ -368,6 +380,7 @@ class Registry:
             rec.counted = values
 
     def _know(self, rec: WorkerRecord) -> None:
+        self._identities.setdefault(rec.model, Counter())[rec.model_identity] += 1
         self._models_known[rec.model] += 1
         self._gone.pop(rec.model, None)
         for name in (rec.model, *rec.aliases):
@@ -375,6 +388,13 @@ class Registry:
 
     def _forget_model(self, rec: WorkerRecord) -> None:
         model = rec.model
+        identities = self._identities[model]
+        identities[rec.model_identity] -= 1
+        if identities[rec.model_identity] <= 0:
+            del identities[rec.model_identity]
+            if not identities:
+                del self._identities[model]
+            self._on_identity_gone(rec.model_identity)
         for name in (model, *rec.aliases):
             owners = self._names[name]
             owners[model] -= 1

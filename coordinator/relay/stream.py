@@ -111,7 +111,10 @@ class Relay:
                         return
                 message = "the worker's stream ended without a done event"
             except WorkerStreamError as exc:
-                message = f"the worker's stream broke: {exc}"
+                # The client gets the reason and a short message; what broke goes to the log only.
+                log.warning(json.dumps({"event": "worker_stream_broke", "request_id": self.request_id,
+                                        "error": str(exc)}))
+                message = "the worker's stream broke off before its end"
             await self._relay(self.error_event(reasons.WORKER_FAILED, message))
         except _SlowConsumer:
             self.slow = True

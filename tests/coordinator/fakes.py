@@ -29,9 +29,10 @@ def load(**over: Any) -> WorkerLoad:
 
 
 def heartbeat(worker_id: str, *, timestamp: float, model: str = MODEL, url: str | None = None,
-              aliases: tuple[str, ...] = (), **load_over: Any) -> Heartbeat:
+              aliases: tuple[str, ...] = (), model_identity: str = "", **load_over: Any) -> Heartbeat:
     return Heartbeat(worker_id=worker_id, url=url or f"http://{worker_id}.test", model=model,
-                     aliases=list(aliases), load=load(**load_over), timestamp=timestamp)
+                     aliases=list(aliases), model_identity=model_identity, load=load(**load_over),
+                     timestamp=timestamp)
 
 
 def sse(event: str, data: dict[str, Any]) -> bytes:

@@ -129,6 +129,36 @@ async def test_a_repeated_greedy_request_is_replayed_event_for_event_without_a_w
 
 
 @pytest.mark.anyio
+async def test_a_model_swapped_under_the_same_name_misses_and_its_entries_go() -> None:
+    """Before: cached under SmolLM2, restarted with Gemma served under the same public name, SmolLM2's
+    answer came back `cached: true`. The key names the model's identity (the worker's digest of its file)."""
+    clock, fakes = ManualClock(), FakeWorkers({"w1": streaming(STREAM)})
+    async with running_app(Settings(cache_entries=100, queue_size=0), fakes, clock) as client:
+        cache = client._transport.app.state.coordinator.cache  # type: ignore[attr-defined]
+        await register(client, heartbeat("w1", timestamp=clock.time(), model_identity="gguf:smollm2"))
+        await post(client, GREEDY, "r1")
+        assert (await post(client, GREEDY, "r2")).headers["x-worker-id"] == "cache" and len(cache) == 1
+        await register(client, heartbeat("w1", timestamp=clock.time(), model_identity="gguf:gemma3"))
+        assert len(cache) == 0  # nobody serves the old identity: its entries are dropped
+        swapped = await post(client, GREEDY, "r3")
+        assert swapped.headers["x-worker-id"] == "w1" and len(fakes.calls) == 2
+        assert (await post(client, GREEDY, "r4")).headers["x-worker-id"] == "cache"  # the new model's own
+
+
+@pytest.mark.anyio
+async def test_after_a_restart_a_persisted_answer_of_another_model_under_the_same_name_misses(
+        tmp_path: Path) -> None:
+    """A restarted coordinator loads its SQLite cache before any worker reports: only the key's model
+    identity keeps the old model's answers from the new one's clients."""
+    settings = Settings(cache_entries=100, queue_size=0, cache_path=str(tmp_path / "cache.sqlite"))
+    for identity, expected in (("gguf:smollm2", "w1"), ("gguf:smollm2", "cache"), ("gguf:gemma3", "w1")):
+        clock, fakes = ManualClock(), FakeWorkers({"w1": streaming(STREAM)})
+        async with running_app(settings, fakes, clock) as client:
+            await register(client, heartbeat("w1", timestamp=clock.time(), model_identity=identity))
+            assert (await post(client, GREEDY, "r")).headers["x-worker-id"] == expected, identity
+
+
+@pytest.mark.anyio
 async def test_sampled_requests_and_failed_streams_are_never_stored() -> None:
     broken = [token(0, "Pa"), sse("error", {"error": "boom", "reason": "engine_failed", "request_id": "r",
                                             "finished": True})]

@@ -9,7 +9,9 @@ simulated one (`simulated`) stands behind the same protocols for coordinator-sca
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -69,10 +71,29 @@ class ModelShape:
 
 
 
+IDENTITY_SAMPLE = 1 << 20
+
+
+def file_identity(path: Path) -> str:
+    """A model file's identity, cheap at any size: a digest of its size, its first and its last MiB
+    (the GGUF header and metadata, and the tail of its tensors). Two files that differ there are two
+    models; the coordinator keys cached answers by it, so a model swapped under the same public name
+    never answers with the old one's output."""
+    digest = hashlib.blake2b(digest_size=16)
+    size = path.stat().st_size
+    digest.update(str(size).encode())
+    with path.open("rb") as handle:
+        digest.update(handle.read(IDENTITY_SAMPLE))
+        handle.seek(max(0, size - IDENTITY_SAMPLE))
+        digest.update(handle.read(IDENTITY_SAMPLE))
+    return "gguf:" + digest.hexdigest()
+
+
 class ModelBackend(Protocol):
     """A loaded model, as the edge and the runtime use it."""
 
     name: str
+    identity: str  # what the model is, beyond its public name (heartbeats carry it; `file_identity`)
     bytes_per_token: int
     shape: ModelShape
     eog_tokens: tuple[int, ...]

@@ -176,11 +176,11 @@ class Engine:
                 if self._running and not self._step(touched):
                     with self._cond:  # every sequence waits for its consumer: poll gently
                         self._cond.wait(timeout=0.005)
-            except Exception as exc:  # a bug or llama.cpp failure must not leave streams hanging
-                log.exception("engine step failed")
+            except Exception:  # a bug or llama.cpp failure must not leave streams hanging
+                log.exception("engine step failed")  # the exception's text goes here, not to clients
                 self._observer.internal_error("engine_step")
                 for run in list(self._running):
-                    self._end(run, Failed(reasons.ENGINE_FAILED, f"engine failure: {exc}"), touched)
+                    self._end(run, Failed(reasons.ENGINE_FAILED, "the engine failed; its log says why"), touched)
             if touched:
                 self._loop.call_soon_threadsafe(_wake_all, list(touched))
         for run in list(self._running):

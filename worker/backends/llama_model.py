@@ -16,7 +16,7 @@ from pathlib import Path
 
 import llama_cpp as ll
 
-from worker.backends.base import PLAIN_TURN_STOP, Message, ModelShape, plain_turns
+from worker.backends.base import PLAIN_TURN_STOP, Message, ModelShape, file_identity, plain_turns
 
 _log = logging.getLogger("worker.llama")
 _GGML_LOG_LEVEL_WARN = 3
@@ -61,6 +61,7 @@ class Model:
             raise RuntimeError(f"llama.cpp could not load {path}")
         self.path = path
         self.name = path.stem
+        self.identity = file_identity(path)
         self.kv_type = kv_type
         self.vocab = ll.llama_model_get_vocab(self._handle)
         self.shape = self._read_shape()

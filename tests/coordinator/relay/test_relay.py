@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, MutableMapping
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from coordinator.relay.supervisor import Ending
 from coordinator.relay.upstream import WorkerStreamError
 from protocol.sse import SseEvent, SseParser
 from tests.coordinator.fakes import done, token
+from tests.sse import check_error_event
 
 pytestmark = pytest.mark.anyio
 
@@ -121,13 +123,17 @@ async def test_client_that_leaves_cancels_the_worker_request() -> None:
     assert relay.outcome.tokens < 100
 
 
-async def test_broken_worker_stream_ends_with_an_error_event() -> None:
+async def test_broken_worker_stream_ends_with_an_error_event(caplog: pytest.LogCaptureFixture) -> None:
+    """The client gets the reason and a short message; the exception's text goes to the log only
+    (before: `the worker's stream broke: ClientPayloadError ... TransferEncodingError` reached clients)."""
     stream, client = FakeStream(tokens(3)[:3], fail=True), FakeClient()
     ending, relay = await run(stream, client)
     assert ending is Ending.COMPLETE and client.complete
     last = [b for b in client.bodies if b][-1].decode()
     assert last.startswith("event: error") and '"worker_failed"' in last and '"r1"' in last
+    check_error_event(json.loads(last.split("data: ", 1)[1]))
     assert relay.outcome.error_reason == "worker_failed"
+    assert "reset" in caplog.text and "r1" in caplog.text  # the WorkerStreamError's text, logged
 
 
 async def test_idle_stream_gets_pings() -> None:

@@ -1,6 +1,8 @@
+from pathlib import Path
+
 import pytest
 
-from worker.backends.base import Message, ModelShape
+from worker.backends.base import Message, ModelShape, file_identity
 
 pytestmark = pytest.mark.model
 
@@ -24,3 +26,13 @@ def test_chat_template_and_tokens(model) -> None:  # type: ignore[no-untyped-def
     tokens = model.tokenize(rendered, add_special=True)
     assert b"".join(model.piece(t) for t in tokens) == b"user\nHi\nassistant\n"  # specials render empty
     assert model.eog_tokens and all(model.is_eog(t) for t in model.eog_tokens)
+
+
+def test_a_model_files_identity_is_stable_and_tells_models_apart(model_path: Path, gemma_path: Path,
+                                                                  tmp_path: Path) -> None:
+
+    assert file_identity(model_path) == file_identity(model_path)
+    assert file_identity(model_path) != file_identity(gemma_path)
+    renamed = tmp_path / "renamed.gguf"
+    renamed.symlink_to(model_path)
+    assert file_identity(renamed) == file_identity(model_path)  # the content decides, not the name
