@@ -24,6 +24,11 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # httptools
 
 from protocol import reasons
 
+# Raw header bytes beyond the counted ones (names and values): each header's ": " and line end, the
+# request line's spaces and version. Past the limit plus this, a header section is refused as it
+# arrives, before its line ends: the parser buffers an unfinished line whole.
+HEADER_FRAMING = 4
+
 # (path, status, reason, message) -> (content type, body)
 ErrorRender = Callable[[str, int, str, str], tuple[bytes, bytes]]
 PHRASES = {408: b"Request Timeout", 413: b"Content Too Large", 431: b"Request Header Fields Too Large"}
@@ -55,6 +60,10 @@ def guarded_protocol(limits: EdgeLimits, base: type[HttpToolsProtocol] = HttpToo
             self._refused = False
             self._timer: asyncio.TimerHandle | None = None
             self._header_bytes = self._header_count = self._body_bytes = 0
+            self._in_headers = True  # awaiting (the rest of) a request's header section
+            self._raw_header_bytes = 0  # bytes received of that section, before it is parsed
+            self._tail = b""  # the last bytes received, for an end of headers split between reads
+            self._begun = False  # a byte of the current request arrived
             self._body_limit = limits.max_body_bytes
             super().connection_made(transport)
             self._arm(limits.header_timeout, "the request's headers")
@@ -64,8 +73,22 @@ def guarded_protocol(limits: EdgeLimits, base: type[HttpToolsProtocol] = HttpToo
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            if not self._refused:
-                super().data_received(data)
+            if self._refused:
+                return
+            over = self._in_headers and self._header_section_over(data)
+            super().data_received(data)  # one read: bounded by the transport's read size
+            if over and self._in_headers and not self._refused:
+                self._respond(431, reasons.HEADERS_TOO_LARGE,
+                              f"the request line and headers are over {limits.max_header_bytes} bytes")
+
+        def _header_section_over(self, data: bytes) -> bool:
+            """Counts a header section's bytes as they arrive: True once they pass the limit without
+            the section ending, however long its current line is (the parser would buffer it whole)."""
+            if (self._tail + data).find(b"\r\n\r\n") >= 0:
+                return False  # it ends in this read: the parser counts it exactly
+            self._raw_header_bytes += len(data)
+            self._tail = (self._tail + data)[-3:]
+            return self._raw_header_bytes > limits.max_header_bytes + HEADER_FRAMING * (limits.max_headers + 1)
 
         def send_400_response(self, msg: str) -> None:
             if not self._refused:  # after our own refusal the parser reports our exception as a 400
@@ -75,6 +98,7 @@ def guarded_protocol(limits: EdgeLimits, base: type[HttpToolsProtocol] = HttpToo
             """The first byte of a request (the next one, on a kept-alive connection): its headers'
             deadline starts now. Between requests uvicorn's keep-alive timeout closes an idle connection."""
             self._header_bytes = self._header_count = self._body_bytes = 0
+            self._begun = True
             self._arm(limits.header_timeout, "the request's headers")
             super().on_message_begin()
 
@@ -91,6 +115,7 @@ def guarded_protocol(limits: EdgeLimits, base: type[HttpToolsProtocol] = HttpToo
 
         def on_headers_complete(self) -> None:
             self._disarm()
+            self._in_headers = False
             path = self.url.split(b"?", 1)[0].decode("latin-1")
             self._body_limit = limits.path_body_limits.get(path, limits.max_body_bytes)
             length = next((v for k, v in self.headers if k == b"content-length"), None)
@@ -110,6 +135,7 @@ def guarded_protocol(limits: EdgeLimits, base: type[HttpToolsProtocol] = HttpToo
 
         def on_message_complete(self) -> None:
             self._disarm()
+            self._in_headers, self._raw_header_bytes, self._tail, self._begun = True, 0, b"", False
             super().on_message_complete()
 
         def _count_header_bytes(self, n: int) -> None:
@@ -134,7 +160,7 @@ def guarded_protocol(limits: EdgeLimits, base: type[HttpToolsProtocol] = HttpToo
                 if cycle.response_complete:
                     self._close()  # answered early, and the rest of the body never came: nothing to say
                 return  # still answering: its response decides the connection's fate
-            if self._header_count == 0 and self._header_bytes == 0 and cycle is None:
+            if not self._begun and self._raw_header_bytes == 0 and cycle is None:
                 self._close()  # nothing was ever sent: no one to tell
                 return
             self._respond(408, reasons.REQUEST_TIMEOUT, f"{what} did not arrive within {seconds:g} s")
