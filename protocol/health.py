@@ -41,6 +41,11 @@ class WorkerLoad(BaseModel):
     idle_sessions: int = Field(default=0, ge=0, le=MAX_SESSIONS,
                                description="sessions kept for a next turn with no stream now: evictable when full")
     idle_kv_bytes: int = Field(default=0, ge=0, le=MAX_BYTES, description="KV bytes those idle sessions hold")
+    max_prompt_bytes: int = Field(default=0, ge=0, le=MAX_BYTES,
+                                  description="the longest prompt (UTF-8 bytes of its text) that can fit in a "
+                                  "session: session_max_tokens x the vocabulary's longest token, since no token "
+                                  "covers more bytes; the coordinator refuses a longer one before any worker "
+                                  "tokenizes it. 0: not reported (no bound)")
     draining: bool = False
     backend: Literal["cpu", "gpu"] = Field(default="cpu", description="where llama.cpp computes: gpu once any "
                                            "layer is offloaded (then the KV of those layers lives on the device)")

@@ -60,6 +60,12 @@ class Admission:
             if model is not None and self._registry.served_lately(model):
                 raise self._overloaded(reasons.MODEL_UNAVAILABLE, f"no alive worker serves {model!r} now")
             raise CoordinatorError(reasons.UNKNOWN_MODEL, f"no worker serves model {model!r}")
+        longest = totals.max_prompt_bytes
+        if longest and 0 not in longest and demand.prompt_bytes > max(longest):
+            # No token covers more bytes than the vocabulary's longest: this prompt cannot fit in any
+            # session, and a worker would spend seconds tokenizing it to say so.
+            raise CoordinatorError(reasons.PROMPT_TOO_LONG, f"the prompt's {demand.prompt_bytes} bytes cannot fit "
+                                   f"in a session of this model (at most {max(longest)} bytes of text)")
         if demand.new_session and totals.free_sessions <= 0:
             raise self._overloaded(reasons.SESSIONS_FULL, "every worker's sessions are in use")
         # Distinct values, not workers: one per model in practice.

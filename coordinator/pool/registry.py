@@ -135,16 +135,16 @@ class WorkerRecord:
 
     def contribution(self) -> tuple[int, ...]:
         """What this worker adds to the sums: (workers, free sessions, session capacity, free KV
-        bytes, KV capacity, bytes per token, session max tokens)."""
+        bytes, KV capacity, bytes per token, session max tokens, longest prompt in bytes)."""
         free_sessions = max(0, self.max_sessions - self.sessions + self.idle_sessions)
         free_kv = max(0, self.kv_capacity_bytes - self.kv_reserved_bytes + self.idle_kv_bytes)
         return (1, free_sessions, self.max_sessions, free_kv, self.kv_capacity_bytes,
-                self.bytes_per_token, self.session_max_tokens)
+                self.bytes_per_token, self.session_max_tokens, self.load.max_prompt_bytes)
 
 
 @dataclass(slots=True)
 class Totals:
-    """Sums over alive workers; `bytes_per_token` and `session_max_tokens` count distinct values
+    """Sums over alive workers; `bytes_per_token`, `session_max_tokens` and `max_prompt_bytes` count distinct values
     (one per model in practice), so their max is O(distinct values), not O(workers)."""
 
     workers: int = 0
@@ -154,6 +154,7 @@ class Totals:
     kv_capacity_bytes: int = 0
     bytes_per_token: Counter[int] = field(default_factory=Counter)
     session_max_tokens: Counter[int] = field(default_factory=Counter)
+    max_prompt_bytes: Counter[int] = field(default_factory=Counter)  # 0: a worker that reports none
 
     def apply(self, values: tuple[int, ...], sign: int) -> None:
         self.workers += sign * values[0]
@@ -161,7 +162,8 @@ class Totals:
         self.max_sessions += sign * values[2]
         self.free_kv_bytes += sign * values[3]
         self.kv_capacity_bytes += sign * values[4]
-        for counter, key in ((self.bytes_per_token, values[5]), (self.session_max_tokens, values[6])):
+        for counter, key in ((self.bytes_per_token, values[5]), (self.session_max_tokens, values[6]),
+                             (self.max_prompt_bytes, values[7])):
             counter[key] += sign
             if counter[key] <= 0:
                 del counter[key]

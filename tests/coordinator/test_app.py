@@ -414,3 +414,21 @@ async def test_past_max_streams_the_coordinator_refuses_instead_of_slowing_every
         release.clear()
         release.set()
         assert (await infer(client)).status_code == 200  # the slot is free again
+
+
+async def test_a_prompt_that_cannot_fit_is_refused_before_any_worker_tokenizes_it() -> None:
+    """Before: four 3 MB chat bodies each cost a worker ~1.4 s of tokenizing before its 413, long enough to
+    trip the read timeout and open both breakers. No token covers more bytes than the vocabulary's
+    longest, so a prompt over session_max_tokens x that many bytes cannot fit: refused here, in O(1)."""
+    clock, fakes = ManualClock(), FakeWorkers({"w1": streaming(STREAM)})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time(), max_prompt_bytes=1_000))
+        refused = await infer(client, {"prompt": "x" * 1_001, "max_tokens": 5})
+        assert (refused.status_code, refused.json()["reason"]) == (413, "prompt_too_long") and fakes.calls == []
+        chat = await client.post("/v1/chat/completions", json={"max_tokens": 5, "messages": [
+            {"role": "user", "content": "y" * 600}, {"role": "user", "content": "z" * 600}]})
+        assert chat.status_code == 413 and fakes.calls == []
+        assert (await infer(client, {"prompt": "x" * 1_000, "max_tokens": 5})).status_code == 200
+        # A worker that reports no bound (0) lifts it: it alone can tell.
+        await register(client, heartbeat("w2", timestamp=clock.time()))
+        assert (await infer(client, {"prompt": "x" * 1_001, "max_tokens": 5})).status_code != 413

@@ -93,6 +93,7 @@ class ModelBackend(Protocol):
     """A loaded model, as the edge and the runtime use it."""
 
     name: str
+    max_token_bytes: int  # the most UTF-8 bytes one token of the vocabulary covers
     identity: str  # what the model is, beyond its public name (heartbeats carry it; `file_identity`)
     bytes_per_token: int
     shape: ModelShape

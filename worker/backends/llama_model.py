@@ -74,6 +74,7 @@ class Model:
         # lookup costs a fraction of a llama_token_to_piece call through ctypes (about 0.1 s at load for
         # a 49,152-token vocabulary).
         self._pieces = self._read_pieces()
+        self.max_token_bytes = max(1, max(map(len, self._pieces), default=1))
 
     @property
     def handle(self) -> ll.llama_model_p:

@@ -38,6 +38,7 @@ class SimulatedModel:
     def __init__(self, *, name: str = "simulated", bytes_per_token: int = 23040, n_ctx_train: int = 1 << 20) -> None:
         self.name = name
         self.identity = f"simulated:{bytes_per_token}"
+        self.max_token_bytes = 4  # its tokenizer: one token per 4 UTF-8 bytes
         self.bytes_per_token = bytes_per_token
         self.shape = ModelShape(n_layer=0, n_head=0, n_head_kv=0, n_embd=0, head_dim_k=0, head_dim_v=0,
                                 n_ctx_train=n_ctx_train, n_vocab=len(WORDS))
