@@ -78,6 +78,7 @@ class Admission:
         res = Reservation(next(self._keys), worker.worker_id, demand, kv_bytes, int(demand.new_session))
         self._registry.correct(res.worker_id, res.key, Correction(kv_bytes, res.sessions))
         worker.in_flight += 1
+        worker.picked_at = self._clock.monotonic()
         self.in_flight += 1
         self.in_flight_kv_bytes += kv_bytes
         return res

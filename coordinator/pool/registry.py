@@ -82,6 +82,7 @@ class WorkerRecord:
     breaker_trips: int = 0  # times opened since it last closed
     # The coordinator's own view, for the named routing policies.
     in_flight: int = 0  # reservations held on it now (admission.py)
+    picked_at: float = 0.0  # when admission last reserved on it: score ties go to the least recent
     ttft_ewma: float | None = None  # recent time to first token, seconds (gateway.py)
     ttft_at: float = 0.0
 

@@ -53,6 +53,8 @@ class WorkerView(Protocol):
     def ttft_ewma(self) -> float | None: ...  # seconds, recent time to first token; None: no sample yet
     @property
     def ttft_at(self) -> float: ...  # monotonic seconds of the last sample
+    @property
+    def picked_at(self) -> float: ...  # monotonic seconds the coordinator last reserved on it; 0: never
 
 
 @dataclass(frozen=True, slots=True)

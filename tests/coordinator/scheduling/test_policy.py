@@ -33,6 +33,7 @@ class W:
     in_flight: int = 0
     ttft_ewma: float | None = None
     ttft_at: float = 0.0
+    picked_at: float = 0.0
 
 
 SMALL = Demand(prompt_bytes=10, max_tokens=26)  # 100 tokens = 1,000 bytes at 10 bytes/token
@@ -59,6 +60,8 @@ CASES = [
     ("kv weighs 0.4", Request(SMALL),
      [W("a", sessions=3), W("b", kv_reserved_bytes=5_000)], ["a", "b"]),  # 0.18 vs 0.20
     ("ties by id", Request(SMALL), [W("b"), W("a")], ["a", "b"]),
+    ("ties to the least recently picked", Request(SMALL), [W("a", picked_at=NOW - 1), W("b", picked_at=NOW - 5)],
+     ["b", "a"]),
     ("affinity wins over load", Request(SMALL, session_id="s", session_worker="busy"),
      [W("idle"), W("busy", sessions=9, kv_reserved_bytes=8_000)], ["busy"]),
     ("affinity worker stale", Request(SMALL, session_id="s", session_worker="a"),
