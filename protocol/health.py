@@ -16,7 +16,9 @@ ModelName = Annotated[str, StringConstraints(pattern=MODEL_NAME_PATTERN)]
 # Ids and URLs end up in logs, metrics labels and headers: no whitespace, no control characters.
 WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 WORKER_URL_PATTERN = r"^https?://[A-Za-z0-9._~%:\[\]-]+(/[A-Za-z0-9._~%/-]*)?$"
-MAX_SESSIONS = 100_000
+# llama.cpp's own limit on a context's sequences (LLAMA_MAX_SEQ); a worker's --max-sessions is bounded
+# by it, so a heartbeat that claims more is a lie, refused, not a capacity to schedule on.
+MAX_SESSIONS = 256
 MAX_BYTES = 1 << 50  # a pebibyte of KV cache: far past any device, far below a 400-digit number
 MAX_TOKENS = 1 << 24
 
@@ -63,6 +65,10 @@ class WorkerLoad(BaseModel):
             raise ValueError(f"{len(self.streams)} streams listed > sessions {self.sessions}")
         if self.idle_sessions > self.sessions:
             raise ValueError(f"idle_sessions {self.idle_sessions} > sessions {self.sessions}")
+        # What the context allows: one session cannot hold more than the whole context's cells.
+        if self.session_max_tokens * self.bytes_per_token > self.kv_capacity_bytes:
+            raise ValueError(f"session_max_tokens {self.session_max_tokens} x bytes_per_token "
+                             f"{self.bytes_per_token} > kv_capacity_bytes {self.kv_capacity_bytes}")
         return self
 
     def clamped(self) -> WorkerLoad:

@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from protocol.health import MAX_SESSIONS
 from protocol.worker import MODEL_NAME_PATTERN
 from worker.provision import DEFAULT_MODEL_PATH
 
@@ -78,7 +79,7 @@ class WorkerSettings(BaseModel):
     gpu_layers: int = Field(default=-1, ge=-1, description="layers offloaded to the GPU; -1: all when the "
                             "llama.cpp build can offload, else 0")
     ctx_size: int = Field(default=0, ge=0, description="KV cells in all; 0: derived from the limits")
-    max_sessions: int = Field(default=16, ge=1, le=256, description="llama.cpp sequences, busy or idle")
+    max_sessions: int = Field(default=16, ge=1, le=MAX_SESSIONS, description="llama.cpp sequences, busy or idle")
     session_max_tokens: int = Field(default=2048, ge=16, description="KV cells one session may hold")
     kv_unified: bool = Field(default=False, description="one KV buffer shared by all sequences")
     prefill_chunk: int = Field(default=256, ge=16, le=8192, description="prompt tokens per decode step")

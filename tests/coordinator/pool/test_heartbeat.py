@@ -62,6 +62,10 @@ async def test_with_the_token_a_worker_may_move() -> None:
     {"url": "ftp://w1.test"},
     {"load": {"sessions": "1"}},  # strings are not numbers
     {"load": {"sessions": True}},  # nor are booleans
+    # Capacity claims past what llama.cpp and the context allow (before: 100,000 sessions were accepted).
+    {"load": {"max_sessions": 100_000}},  # llama.cpp holds at most 256 sequences in a context
+    {"load": {"max_sessions": 257}},
+    {"load": {"session_max_tokens": 20_000}},  # one session larger than the whole context (1,000,000 B)
 ])
 async def test_impossible_or_loosely_typed_heartbeats_are_400(change: dict[str, Any]) -> None:
     clock, fakes = ManualClock(), FakeWorkers({})
