@@ -182,8 +182,12 @@ class Gateway:
                       write_deadline=settings.relay_write_deadline, metrics=state.metrics, on_final=final,
                       record_bytes=cache.entry_limit if cached is not None else 0)
         state.streams.add(relay)
-        state.metrics.admitted()
-        state.metrics.requests_running.inc()
+        try:
+            state.metrics.admitted()
+            state.metrics.requests_running.inc()
+        except BaseException:
+            state.streams.discard(relay)  # open() gives the reservation back and closes the worker request
+            raise
         # Only these outlive this call: not the parsed request, nor its prompt.
         surface = gen.surface
 
