@@ -58,6 +58,7 @@ class WorkerRuntime:
         self.engine.bind(self.table)
         self.gate = Gate(model, self.names, self.table, self.engine, stream_buffer=settings.stream_buffer,
                          clock=clock)
+        self.table.on_release = self.gate.released
         self._tasks: list[asyncio.Task[None]] = []
         self.jobs: set[Job] = set()  # the jobs whose stream is open (app.py keeps it), for the drain
         self.heartbeats: HeartbeatSender | None = None

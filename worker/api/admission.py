@@ -11,8 +11,9 @@ Must not: run inference or free KV itself; it hands jobs and frees to the engine
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from protocol import reasons
 from protocol.worker import GenerateRequest
@@ -21,7 +22,10 @@ from worker.engine.channel import TokenChannel
 from worker.engine.jobs import Job, StreamItem
 from worker.errors import WorkerError
 from worker.naming import ModelNames
-from worker.sessions.table import Session, SessionTable, shared_prefix
+from worker.sessions.table import Admission, Session, SessionTable, shared_prefix
+
+# Refusals that capacity coming back can lift.
+WAITABLE = frozenset({reasons.SESSIONS_FULL, reasons.KV_FULL})
 
 
 @dataclass(eq=False)
@@ -33,6 +37,14 @@ class Gate:
     stream_buffer: int  # items a request's channel holds
     clock: Callable[[], float]
     draining: bool = False
+    # A request refused only for capacity that a cancelled stream still holds (its client left; the
+    # engine releases it at its next step) waits for that release, this long at most, instead of
+    # answering 503: the coordinator freed that capacity in its view the moment it closed the stream,
+    # and refusing here made it retry over and over (about 6 refusals a request for 200 early hang-ups).
+    ending_wait: float = 1.0
+    _freed: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+    _waiting: int = field(default=0, init=False, repr=False)
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
 
     async def admit(self, request: GenerateRequest, request_id: str, *, session_expected: bool = False,
                     stream_ref: int | None = None) -> Job:
@@ -52,7 +64,7 @@ class Gate:
                               f"prompt is {len(tokens)} tokens; a session holds at most {limit} tokens "
                               "including the output")
         need = min(limit, len(tokens) + request.max_tokens)
-        admission = self.table.admit(request.session_id, need, tokens, tenant=request.tenant, stream_ref=stream_ref)
+        admission = await self._reserve(request, need, tokens, stream_ref)
         session = admission.session
         if known is not None and (session is not known or len(session.messages) != turns):
             # Another turn ran or the session was deleted while we tokenized: our prompt is stale.
@@ -66,6 +78,34 @@ class Gate:
                   channel=TokenChannel[StreamItem](loop, self.stream_buffer), admitted_at=self.clock())
         self.engine.submit(job, admission.freed_seq_ids)
         return job
+
+    def released(self) -> None:
+        """Any thread (the engine's): a session was released; a request waiting on one tries again."""
+        loop = self._loop
+        if self._waiting and loop is not None:
+            loop.call_soon_threadsafe(self._freed.set)
+
+    async def _reserve(self, request: GenerateRequest, need: int, tokens: list[int],
+                       stream_ref: int | None) -> Admission:
+        """The table's admission; while it refuses for capacity that cancelled streams still hold, it
+        waits for their release (bounded by `ending_wait`) and tries again."""
+        loop = self._loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.ending_wait
+        self._waiting += 1
+        try:
+            while True:
+                self._freed.clear()  # before the attempt: a release after it is not missed
+                try:
+                    return self.table.admit(request.session_id, need, tokens, tenant=request.tenant,
+                                            stream_ref=stream_ref)
+                except WorkerError as refused:
+                    left = deadline - loop.time()
+                    if refused.reason not in WAITABLE or not self.table.ending or left <= 0:
+                        raise
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._freed.wait(), left)
+        finally:
+            self._waiting -= 1
 
     def _known_session(self, request: GenerateRequest, session_expected: bool) -> Session | None:
         """The session this request continues, if any, after the refusals that need no tokenizing."""

@@ -198,6 +198,7 @@ async def delete_session(session_id: str, request: Request,
     session = runtime.table.delete(session_id, tenant=tenant)
     if session.busy:
         # Its stream is cancelled now; the engine frees the sequence at its next step.
+        runtime.table.mark_ending(session)
         runtime.engine.cancel_session(session)
     else:
         runtime.engine.free([session.seq_id])
@@ -246,6 +247,7 @@ async def _events(runtime: WorkerRuntime, job: Job) -> AsyncGenerator[bytes, Non
         runtime.jobs.discard(job)
         if outcome is None:
             job.channel.cancel()
+            runtime.table.mark_ending(job.session)
             runtime.engine.poke()
         _log_request(runtime, job, outcome)
 

@@ -118,6 +118,10 @@ class SessionTable:
         self._tombstone_limit = tombstones
         self.evicted_total = 0
         self.expired_total = 0
+        # Sessions whose stream was cancelled (its client left) and that the engine has not released
+        # yet: their slot and KV come back within one engine step.
+        self._ending: set[Session] = set()
+        self.on_release: Callable[[], None] = lambda: None  # after any release (any thread)
 
     # -- admission (event loop) --------------------------------------------------------------------
 
@@ -232,13 +236,31 @@ class SessionTable:
 
     # -- release (engine thread, or event loop when a request never started) -------------------------
 
+    def mark_ending(self, session: Session) -> None:
+        """`session`'s stream was cancelled: the engine will release it at its next step."""
+        with self._lock:
+            if session.busy:
+                self._ending.add(session)
+
+    @property
+    def ending(self) -> int:
+        """Sessions cancelled and not yet released: capacity about to come back."""
+        return len(self._ending)
+
     def release(self, session: Session, *, keep_kv: bool, retain_cells: bool = False) -> int | None:
         """The request on `session` ended. Returns the seq id to free on the engine, or None if kept.
 
         `retain_cells`: the sequence is given up but its cells may keep their tokens as a prompt cache
         for the next request that takes this id (None is returned: nothing to free).
         """
+        try:
+            return self._release(session, keep_kv=keep_kv, retain_cells=retain_cells)
+        finally:
+            self.on_release()
+
+    def _release(self, session: Session, *, keep_kv: bool, retain_cells: bool) -> int | None:
         with self._lock:
+            self._ending.discard(session)
             session.busy = False
             session.stream_ref = None
             session.last_used = self._clock()

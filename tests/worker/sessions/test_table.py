@@ -360,3 +360,20 @@ def test_no_operation_sequence_lets_a_tenant_reach_another_tenants_session_or_ce
         assert sorted((s.tenant, s.session_id) for s in t.describe()) == sorted(named)
     # The run did reach the situations the property is about.
     assert min(crossings.values()) > 20, crossings
+
+
+def test_a_cancelled_session_counts_as_ending_until_released_and_the_release_is_announced() -> None:
+    t, _ = table(sessions=1)
+    released: list[int] = []
+    t.on_release = lambda: released.append(1)
+    busy = t.admit(None, 10).session
+    with pytest.raises(WorkerError) as full:
+        t.admit(None, 10)
+    assert full.value.reason == "sessions_full" and t.ending == 0
+    t.mark_ending(busy)  # its client left: the engine releases it at its next step
+    assert t.ending == 1
+    t.release(busy, keep_kv=False)
+    assert (t.ending, released) == (0, [1])
+    t.mark_ending(busy)  # no longer busy: nothing to wait for
+    assert t.ending == 0
+    assert t.admit(None, 10).session.seq_id == busy.seq_id
