@@ -63,6 +63,8 @@ class WorkerStatus(BaseModel):
     breaker: Literal["closed", "open", "probing"] = "closed"
     in_flight: int = Field(default=0, description="streams the coordinator has on it now")
     ttft_ewma_ms: float | None = Field(default=None, description="recent time to first token through it")
+    picked_age_s: float | None = Field(default=None, description="seconds since the coordinator last reserved "
+                                       "on it (score ties go to the oldest); null: never")
 
 
 class WorkerStatusList(BaseModel):

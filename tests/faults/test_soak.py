@@ -1,5 +1,6 @@
 """A soak at moderate load: the coordinator's and the workers' resident memory and the KV cache in
-use stay flat (within 5% between the second quarter of the run, after warm-up, and the last), and
+use stay flat (memory within 5% either way between the second quarter of the run, after warm-up, and
+the last; KV in use grows by at most 5%), and
 every session and KV cell is back to 0 at the end.
 
 Moderate load: 4 users on the pool's 8 sequences, each sending a 32-token request and, one request
@@ -112,4 +113,9 @@ async def test_memory_and_kv_stay_flat_and_return_to_zero(fault_pool: FaultPool,
     figures.append(figure)
     assert set(statuses) <= {200, 503} and ends["nothing"] == ends["error"] == 0, figure
     assert not still_held, f"still held 10 s after the soak: {still_held}"
-    assert all(abs(c) <= FLAT for c in change.values()), change
+    # Memory within the band either way. KV in use only must not grow: its mean follows how many of
+    # the 4 users' requests happen to be in flight at each sample, and falls (-6.9% and -6.5% in two
+    # full runs) when hang-ups cluster late; a leak only ever pushes it up, and `still_held` above
+    # checks that every cell is back to 0 at the end.
+    assert all(abs(c) <= FLAT for name, c in change.items() if name != "kv_used"), change
+    assert change["kv_used"] <= FLAT, change

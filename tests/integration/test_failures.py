@@ -24,9 +24,11 @@ def metric(cluster: Cluster, prefix: str) -> float:
 
 
 def first_choice(cluster: Cluster) -> str:
-    """The worker the scheduler ranks first now: lowest score, then lowest id."""
+    """The worker the scheduler ranks first now: lowest score, then the one picked least recently
+    (never picked first), then lowest id."""
     states = cluster.states()
-    return min(states, key=lambda w: (states[w]["score"], w))
+    age = {w: states[w]["picked_age_s"] for w in states}
+    return min(states, key=lambda w: (states[w]["score"], age[w] is not None, -(age[w] or 0.0), w))
 
 
 async def test_worker_killed_before_the_first_token_is_failed_over(cluster: Cluster) -> None:
