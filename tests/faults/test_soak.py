@@ -1,6 +1,6 @@
 """A soak at moderate load: the coordinator's and the workers' resident memory and the KV cache in
 use stay flat (memory within 5% either way between the second quarter of the run, after warm-up, and
-the last; KV in use grows by at most 5%), and
+the last; KV in use never more than the users' requests can hold at once), and
 every session and KV cell is back to 0 at the end.
 
 Moderate load: 4 users on the pool's 8 sequences, each sending a 32-token request and, one request
@@ -30,10 +30,12 @@ pytestmark = [pytest.mark.model, pytest.mark.anyio]
 LONG_RUN = os.environ.get("FAULTS_LONG") == "1"
 SOAK_SECONDS = 600.0 if LONG_RUN else 60.0
 USERS = 4
-BODY = {"prompt": "Describe a walk by the sea.", "max_tokens": 32, "ignore_eos": True}
+MAX_TOKENS = 32
+BODY = {"prompt": "Describe a walk by the sea.", "max_tokens": MAX_TOKENS, "ignore_eos": True}
 HANG_UP_EVERY = 4
 KV_EVERY, RSS_EVERY = 0.5, 2.0  # seconds between samples
 FLAT = 0.05
+PROMPT_TOKENS_BOUND = 64  # BODY's prompt with the chat template's system prompt: about 30 tokens
 
 
 class Sampler:
@@ -113,9 +115,12 @@ async def test_memory_and_kv_stay_flat_and_return_to_zero(fault_pool: FaultPool,
     figures.append(figure)
     assert set(statuses) <= {200, 503} and ends["nothing"] == ends["error"] == 0, figure
     assert not still_held, f"still held 10 s after the soak: {still_held}"
-    # Memory within the band either way. KV in use only must not grow: its mean follows how many of
-    # the 4 users' requests happen to be in flight at each sample, and falls (-6.9% and -6.5% in two
-    # full runs) when hang-ups cluster late; a leak only ever pushes it up, and `still_held` above
-    # checks that every cell is back to 0 at the end.
+    # Memory within the band either way. KV in use is not held to a band: with 4 users its mean is a
+    # few requests' tokens (about 110 at 22.5 KiB each) and follows how many happen to be in flight at
+    # each sample: it moved -6.9%, -6.5% and +18.5% between quarters in three full runs, none of them a
+    # leak. A leak accumulates, so the KV in use is bounded by what the users' requests can hold at
+    # once, at every sample; and `still_held` above checks every cell is back at 0 at the end.
     assert all(abs(c) <= FLAT for name, c in change.items() if name != "kv_used"), change
-    assert change["kv_used"] <= FLAT, change
+    bytes_per_token = pool.worker_load(next(iter(pool.workers)))["bytes_per_token"]
+    in_flight_bound = USERS * (PROMPT_TOKENS_BOUND + MAX_TOKENS) * bytes_per_token
+    assert max(kv for _, kv in sampler.kv) <= in_flight_bound, (max(kv for _, kv in sampler.kv), in_flight_bound)
