@@ -42,6 +42,10 @@ class Gate:
     # answering 503: the coordinator freed that capacity in its view the moment it closed the stream,
     # and refusing here made it retry over and over (about 6 refusals a request for 200 early hang-ups).
     ending_wait: float = 1.0
+    # Prompts tokenized at once (each in a thread off the event loop): the rest wait their turn, so a
+    # burst of long prompts cannot take every core from the decode loop.
+    tokenize_concurrency: int = 2
+    _tokenizing: asyncio.Semaphore = field(init=False, repr=False)
     _freed: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
     _waiting: int = field(default=0, init=False, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
@@ -57,7 +61,8 @@ class Gate:
         turns = len(known.messages) if known else 0
         history = _history(request, known)
         cached_view = list(known.tokens) if known else []
-        tokens = await asyncio.to_thread(self._prompt_tokens, request, history, cached_view)
+        async with self._tokenizing:  # bounded: many big prompts at once must not take every core
+            tokens = await asyncio.to_thread(self._prompt_tokens, request, history, cached_view)
         limit = self.table.limits.session_max_tokens
         if len(tokens) >= limit:
             raise WorkerError(413, reasons.PROMPT_TOO_LONG,
@@ -78,6 +83,9 @@ class Gate:
                   channel=TokenChannel[StreamItem](loop, self.stream_buffer), admitted_at=self.clock())
         self.engine.submit(job, admission.freed_seq_ids)
         return job
+
+    def __post_init__(self) -> None:
+        self._tokenizing = asyncio.Semaphore(self.tokenize_concurrency)
 
     def released(self) -> None:
         """Any thread (the engine's): a session was released; a request waiting on one tries again."""

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from pathlib import Path
 
 from protocol.worker import GenerateRequest
 from tests.polling import wait_until
 from tests.sse import generate
 from tests.worker.server import running_worker
+from worker.api.admission import Gate
 from worker.backends.simulated import SimulatedEngine, SimulatedModel
 from worker.engine.channel import TokenChannel
 from worker.engine.jobs import EngineConfig, Finished, Job, StreamItem
+from worker.naming import ModelNames
 from worker.sessions.table import KvLimits, SessionTable
 from worker.settings import WorkerSettings
 
@@ -87,3 +91,41 @@ async def queued_then_cancelled() -> tuple[str, int]:
     last = items[-1]
     assert isinstance(last, Finished)
     return last.reason, last.completion_tokens
+
+
+class SlowTokenizer(SimulatedModel):
+    """Counts how many prompts are being tokenized at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = self.most = 0
+        self._lock = threading.Lock()
+
+    def tokenize(self, text: str, *, add_special: bool) -> list[int]:
+        with self._lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        time.sleep(0.05)
+        with self._lock:
+            self.now -= 1
+        return super().tokenize(text, add_special=add_special)
+
+
+def test_prompts_are_tokenized_a_bounded_number_at_a_time() -> None:
+    """Before: every admitted request tokenized in its own thread at once, so a burst of long prompts
+    took every core from the decode loop."""
+    assert asyncio.run(tokenizing_at_most(requests=6)) == 2
+
+
+async def tokenizing_at_most(requests: int) -> int:
+    model = SlowTokenizer()
+    engine = SimulatedEngine(model, EngineConfig(ctx_size=4096, max_sessions=8, threads=1),
+                             token_rate=1000.0, prefill_rate=1e6)
+    table = SessionTable(KvLimits(capacity_tokens=4096, session_max_tokens=512, max_sessions=8,
+                                  bytes_per_token=1), clock=lambda: 0.0, ttl=60)
+    engine.bind(table)
+    gate = Gate(model, ModelNames.choose(configured="", configured_aliases=(), general_name=None,
+                                         file_stem="sim"), table, engine, stream_buffer=8, clock=lambda: 0.0)
+    await asyncio.gather(*(gate.admit(GenerateRequest(prompt=f"prompt {i}", max_tokens=4), f"r{i}")
+                           for i in range(requests)))
+    return model.most
