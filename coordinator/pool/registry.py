@@ -265,9 +265,11 @@ class Registry:
         else:
             self._leave(rec)
             if (rec.model, rec.aliases, rec.model_identity) != (hb.model, aliases, hb.model_identity):
+                before = (rec.model, rec.model_identity)
                 self._forget_model(rec)
                 rec.model, rec.aliases, rec.model_identity = hb.model, aliases, hb.model_identity
                 self._know(rec)
+                self._announce_if_gone(*before)  # after: an alias change keeps the identity served
             rec.url, rec.load, rec.last_seen = hb.url, hb.load, now
             self._reflect(rec, frozenset(hb.load.streams), hb.timestamp)
         self._join(rec)
@@ -295,6 +297,7 @@ class Registry:
         self._leave(rec)
         self._stale.pop(worker_id, None)
         self._forget_model(rec)
+        self._announce_if_gone(rec.model, rec.model_identity)
         if self._on_removed is not None:
             self._on_removed(rec)
 
@@ -389,6 +392,10 @@ class Registry:
         for name in (rec.model, *rec.aliases):
             self._names.setdefault(name, Counter())[rec.model] += 1
 
+    def _announce_if_gone(self, model: str, identity: str) -> None:
+        if identity not in self._identities.get(model, ()):
+            self._on_identity_gone(identity)
+
     def _forget_model(self, rec: WorkerRecord) -> None:
         model = rec.model
         identities = self._identities[model]
@@ -397,7 +404,6 @@ class Registry:
             del identities[rec.model_identity]
             if not identities:
                 del self._identities[model]
-            self._on_identity_gone(rec.model_identity)
         for name in (model, *rec.aliases):
             owners = self._names[name]
             owners[model] -= 1

@@ -143,6 +143,10 @@ async def test_a_model_swapped_under_the_same_name_misses_and_its_entries_go() -
         swapped = await post(client, GREEDY, "r3")
         assert swapped.headers["x-worker-id"] == "w1" and len(fakes.calls) == 2
         assert (await post(client, GREEDY, "r4")).headers["x-worker-id"] == "cache"  # the new model's own
+        # The same model under new aliases is still the same model: its entries stay.
+        await register(client, heartbeat("w1", timestamp=clock.time(), model_identity="gguf:gemma3",
+                                         aliases=("gemma",)))
+        assert len(cache) == 1 and (await post(client, GREEDY, "r5")).headers["x-worker-id"] == "cache"
 
 
 @pytest.mark.anyio
