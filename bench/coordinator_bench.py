@@ -120,8 +120,9 @@ STUB_BODY = (
              b'"ttft_ms":0,"total_ms":0,"tokens_per_second":0},"request_id":"x","worker_id":"stub",'
              b'"model":"stub"}\r\n\r\n')
     + b"0\r\n\r\n")
-STUB_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nx-prompt-tokens: 10\r\n"
-             b"x-worker-id: stub\r\ntransfer-encoding: chunked\r\n\r\n")
+STUB_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+             b"x-worker-id: stub\r\ntransfer-encoding: chunked\r\n\r\n"
+             + _chunk(b'event: admitted\r\ndata: {"prompt_tokens":10}\r\n\r\n'))
 
 
 def _stub_connection(delay: float):  # type: ignore[no-untyped-def]

@@ -139,10 +139,11 @@ async def worker_stream(client: httpx.AsyncClient, url: str, i: int, tokens: int
         async with client.stream("POST", f"{url}/worker/generate", json=body) as response:
             if response.status_code != 200:
                 return Stream(0, False, 0.0, error=f"HTTP {response.status_code}: {(await response.aread())[:200]!r}")
-            prompt_tokens = int(response.headers.get("x-prompt-tokens", "-1"))
-            last_index = -1
+            prompt_tokens, last_index = -1, -1
             async for event, data in sse_lines(response):
-                if event == "token":
+                if event == "admitted":
+                    prompt_tokens = json.loads(data)["prompt_tokens"]
+                elif event == "token":
                     if ttft < 0:
                         ttft = time.perf_counter() - t0
                     item = json.loads(data)

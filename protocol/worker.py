@@ -1,4 +1,4 @@
-"""The internal coordinator <-> worker contract, version 2: what a coordinator posts to a worker's
+"""The internal coordinator <-> worker contract, version 3: what a coordinator posts to a worker's
 `POST /worker/generate` and the SSE events the worker streams back.
 
 Owns: the generation request (a prompt, or a list of chat messages the worker renders with the
@@ -11,7 +11,9 @@ Versioning: the coordinator sends `PROTOCOL_HEADER: PROTOCOL_VERSION` with every
 workers report `protocol` in their heartbeats. A worker refuses a request of another version with
 400 `protocol_mismatch`; the coordinator refuses heartbeats from workers of another version, so a
 mixed fleet never routes a request a worker would misread. Version 2 added `GenerateRequest.tenant`
-(a version 1 worker refuses the unknown field).
+(a version 1 worker refuses the unknown field). Version 3 answers the response head before the
+prompt is tokenized: the prompt's length comes in an `admitted` event (it was the `X-Prompt-Tokens`
+header), and a refusal found while preparing is an `error` event before it (see `AdmittedEvent`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 GENERATE_PATH = "/worker/generate"
 # `DELETE {SESSIONS_PATH}/{session_id}?tenant=...`: end a kept session (204, or 404 when that tenant has none).
 SESSIONS_PATH = "/worker/sessions"
@@ -29,8 +31,6 @@ SESSIONS_PATH = "/worker/sessions"
 PROTOCOL_HEADER = "x-llm-pool-protocol"
 REQUEST_ID_HEADER = "x-request-id"
 WORKER_ID_HEADER = "x-worker-id"
-# Worker -> coordinator, on the 200 response: the templated prompt's length in tokens.
-PROMPT_TOKENS_HEADER = "x-prompt-tokens"
 # Coordinator -> worker: the coordinator's reference of this stream (an integer below 2**63). The
 # worker lists the references of the streams that hold a session in every heartbeat
 # (`WorkerLoad.streams`), so the coordinator knows exactly which of its streams a heartbeat counts.
@@ -41,6 +41,7 @@ MAX_STREAM_REF = (1 << 63) - 1
 SESSION_EXPECTED_HEADER = "x-session-expected"
 
 # SSE event names (the `event:` line of each Server-Sent Event).
+EVENT_ADMITTED = "admitted"  # worker -> coordinator only: the first event of a stream (AdmittedEvent)
 EVENT_TOKEN = "token"
 EVENT_DONE = "done"
 EVENT_ERROR = "error"
@@ -176,8 +177,22 @@ class DoneEvent(BaseModel):
                          "was computed (completion_tokens 0)")
 
 
+class AdmittedEvent(BaseModel):
+    """A worker stream's first event: the prompt is tokenized and its session and KV are reserved.
+
+    A worker answers the response head (and pings) as soon as the checks that need no tokenizing pass,
+    so that its silence always means a hung worker, never a long prompt. What it finds while preparing
+    (the prompt too long for a session, no sequence or KV free, the session taken meanwhile) is an
+    `error` event *instead of* this one, with the refusal's reason: nothing ran, and the coordinator
+    treats it as the status the reason names (a 503 reason: the next worker may take it).
+    """
+
+    prompt_tokens: int = Field(ge=0, description="the templated prompt's length in tokens")
+
+
 class ErrorEvent(BaseModel):
-    """Sent as the last event when a stream that has started cannot complete."""
+    """Sent as the last event when a stream that has started cannot complete (or, before `admitted`,
+    when the worker refuses it: see `AdmittedEvent`)."""
 
     error: str
     reason: str

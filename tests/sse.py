@@ -41,6 +41,14 @@ class Stream:
     def last(self) -> tuple[str, dict[str, Any]]:
         return self.events[-1]
 
+    @property
+    def refusal(self) -> dict[str, Any] | None:
+        """A worker's refusal after its head: an `error` event in place of `admitted`, alone (nothing
+        ran; protocol.worker.AdmittedEvent). None for any other stream."""
+        if self.status == 200 and [event for event, _ in self.events] == ["error"]:
+            return self.events[0][1]
+        return None
+
 
 
 

@@ -1,14 +1,21 @@
 """Dispatch: send one admitted request to the ranked workers until one of them starts streaming.
 
-Owns: the HTTP call to `POST /worker/generate` (protocol.worker) up to the worker's first SSE event, failover before
-the first token (bounded attempts), reservations made and released per attempt, and turning a
-worker's refusal into a `CoordinatorError` (400/404/409/413 pass through with the worker's reason;
-503 refusals and unreachable workers move on to the next worker), and telling the breakers what
-each attempt said about its worker.
+Owns: the HTTP call to `POST /worker/generate` (protocol.worker) up to the worker's first token,
+failover before it (bounded attempts), reservations made, confirmed at the worker's `admitted` event
+and released per attempt, turning a worker's refusal (a status, or an `error` event before
+`admitted`) into a `CoordinatorError` (400/404/409/413 pass through with the worker's reason; 503
+refusals and unreachable workers move on to the next worker), and telling the breakers what each
+attempt said about its worker.
 Must not: relay events after the first one (relay.py) or rank workers (scheduler.py).
 
-The client's status line waits for the worker's first event, not just its headers, so a worker that
+The client's status line waits for the worker's first token, not just its headers, so a worker that
 dies during prefill is still failed over: no byte has reached the client yet.
+
+Who is at fault for a wait: a worker answers its head at once and pings every second after, so no
+head within `worker_read_timeout`, or that long a silence, is a hung worker (a failure: its breaker
+counts it). `worker_first_event_timeout` passing while it pings is not: before `admitted` the request
+waited on its own preparation (the worker's tokenizers' queue), a refusal like a full worker's, tried
+on the next one; after `admitted`, an engine that took that long for one first token is failing.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from coordinator.admission.capacity import Admission, Reservation
-from coordinator.errors import CoordinatorError
+from coordinator.errors import STATUS_BY_REASON, CoordinatorError
 from coordinator.generation import Generation
 from coordinator.ops.metrics import CoordinatorMetrics
 from coordinator.pool.breaker import Breakers
@@ -31,15 +38,17 @@ from coordinator.relay.upstream import WorkerClient, WorkerResponse, WorkerStrea
 from protocol import reasons
 from protocol.sse import SseEvent, SseParser, SseTooLarge
 from protocol.worker import (
+    EVENT_ADMITTED,
     EVENT_ERROR,
     GENERATE_PATH,
-    PROMPT_TOKENS_HEADER,
     PROTOCOL_HEADER,
     PROTOCOL_VERSION,
     REQUEST_ID_HEADER,
     SESSION_EXPECTED_HEADER,
     STREAM_REF_HEADER,
+    AdmittedEvent,
     ErrorBody,
+    ErrorEvent,
 )
 
 log = logging.getLogger("coordinator.requests")
@@ -131,24 +140,39 @@ class Dispatcher:
     async def _attempt(self, worker: WorkerRecord, valid: Generation, res: Reservation) -> OpenStream:
         url = worker.url.rstrip("/") + GENERATE_PATH
         response: WorkerResponse | None = None
+        admitted = False
         try:
             async with asyncio.timeout(self._first_event_timeout):
                 response = await self._client.post(url, valid.payload, _worker_headers(valid, res) | self._auth)
                 if response.status != 200:
                     raise await self._refusal(response)
-                self._admission.confirm(res, _int_header(response, PROMPT_TOKENS_HEADER))
                 events = worker_events(response.chunks())
                 first = await anext(events, None)
-        except (WorkerUnreachable, WorkerStreamError, TimeoutError) as exc:
+                if first is not None and first.event == EVENT_ADMITTED:
+                    self._admission.confirm(res, AdmittedEvent.model_validate_json(first.data).prompt_tokens)
+                    admitted = True
+                    first = await anext(events, None)
+                elif first is not None and first.event == EVENT_ERROR:
+                    raise _refused_in_stream(first)  # refused while preparing: nothing ran
+        except (WorkerUnreachable, WorkerStreamError, ValidationError) as exc:
             if response is not None:
                 await response.close()
+            reason = reasons.WORKER_UNAVAILABLE if response is None else reasons.WORKER_FAILED
+            raise _Failover(reason, refused=False) from exc
+        except TimeoutError as exc:
+            if response is not None:
+                await response.close()
+            if response is not None and not admitted:
+                # The worker answered and kept pinging while it prepared the prompt (its tokenizers'
+                # queue, a release it waited for): this request's own wait, no verdict on the worker.
+                raise _Failover(reasons.QUEUE_TIMEOUT, refused=True) from exc
             reason = reasons.WORKER_UNAVAILABLE if response is None else reasons.WORKER_FAILED
             raise _Failover(reason, refused=False) from exc
         except BaseException:
             if response is not None:
                 await response.close()
             raise
-        if first is None or first.event == EVENT_ERROR:
+        if first is None or first.event in (EVENT_ERROR, EVENT_ADMITTED) or not admitted:
             # Nothing reached the client yet, so another worker may still serve it.
             await response.close()
             raise _Failover(reasons.WORKER_FAILED, refused=False)
@@ -169,6 +193,18 @@ class Dispatcher:
             # perhaps only this worker's: a misconfigured worker, tried like a failing one.
             return _Failover(body.reason, refused=False)
         return CoordinatorError(body.reason, body.error, status=response.status)
+
+
+def _refused_in_stream(event: SseEvent) -> Exception:
+    """An `error` event in place of `admitted`: the worker refused what it found preparing the prompt,
+    with the reason a status would have named (protocol.worker.AdmittedEvent)."""
+    error = ErrorEvent.model_validate_json(event.data)
+    if error.reason in reasons.RETRYABLE_ON_OTHER_WORKER:
+        return _Failover(error.reason, refused=True)
+    status = STATUS_BY_REASON.get(error.reason, 502)
+    if 400 <= status < 500:
+        return CoordinatorError(error.reason, error.error)
+    return _Failover(reasons.WORKER_FAILED, refused=False)
 
 
 def _int_header(response: WorkerResponse, name: str) -> int | None:

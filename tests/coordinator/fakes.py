@@ -3,6 +3,7 @@ and an app running in-process with its lifespan entered."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -37,6 +38,11 @@ def heartbeat(worker_id: str, *, timestamp: float, model: str = MODEL, url: str 
 
 def sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\r\ndata: {json.dumps(data)}\r\n\r\n".encode()
+
+
+def admitted(prompt_tokens: int = 5) -> bytes:
+    """A worker stream's first event (protocol.worker.AdmittedEvent)."""
+    return sse("admitted", {"prompt_tokens": prompt_tokens})
 
 
 def token(i: int, text: str = "x") -> bytes:
@@ -125,17 +131,17 @@ class FakeWorkers:
 
 def streaming(chunks: list[bytes], *, prompt_tokens: int = 5, worker_id: str = "w1",
               fail_after: bool = False) -> Behaviour:
-    """A worker that answers 200 and streams `chunks` (optionally breaking the connection after)."""
+    """A worker that answers 200 and streams `admitted`, then `chunks` (optionally breaking the
+    connection after)."""
 
     def behaviour(request: httpx.Request) -> httpx.Response:
         async def body() -> AsyncIterator[bytes]:
-            for chunk in chunks:
+            for chunk in [admitted(prompt_tokens), *chunks]:
                 yield chunk
             if fail_after:
                 raise httpx.ReadError("connection reset", request=request)
 
-        return httpx.Response(200, headers={"content-type": "text/event-stream", "x-prompt-tokens":
-                                            str(prompt_tokens), "x-worker-id": worker_id,
+        return httpx.Response(200, headers={"content-type": "text/event-stream", "x-worker-id": worker_id,
                                             "x-request-id": request.headers.get("x-request-id", "")},
                               content=body())
 
@@ -147,6 +153,35 @@ def refusing(status: int, reason: str, retry_after: int | None = None) -> Behavi
         headers = {"retry-after": str(retry_after)} if retry_after is not None else {}
         return httpx.Response(status, headers=headers, json={"error": reason, "reason": reason,
                                                              "request_id": "x"})
+
+    return behaviour
+
+
+def refusing_in_stream(reason: str) -> Behaviour:
+    """A worker that answers its head, then finds while preparing that it must refuse: an `error`
+    event in place of `admitted`."""
+    def behaviour(request: httpx.Request) -> httpx.Response:
+        async def body() -> AsyncIterator[bytes]:
+            yield sse("error", {"error": f"refused: {reason}", "reason": reason, "request_id": "x",
+                                "finished": True})
+
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body())
+
+    return behaviour
+
+
+def pinging(*, admitted_first: bool, interval: float = 0.02) -> Behaviour:
+    """A worker that answers its head and pings, alive, but sends no token: still preparing the prompt
+    (`admitted_first` False) or admitted and never starting (True)."""
+    def behaviour(request: httpx.Request) -> httpx.Response:
+        async def body() -> AsyncIterator[bytes]:
+            if admitted_first:
+                yield admitted()
+            while True:
+                await asyncio.sleep(interval)
+                yield b": ping\r\n\r\n"
+
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body())
 
     return behaviour
 

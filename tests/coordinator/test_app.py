@@ -15,10 +15,13 @@ from coordinator.settings import Settings
 from protocol.worker import PROTOCOL_VERSION
 from tests.coordinator.fakes import (
     FakeWorkers,
+    admitted,
     done,
     events_of,
     heartbeat,
+    pinging,
     refusing,
+    refusing_in_stream,
     register,
     running_app,
     sse,
@@ -129,7 +132,8 @@ async def test_full_sessions_is_503_sessions_full() -> None:
         assert (response.status_code, response.json()["reason"]) == (503, "sessions_full")
 
 
-@pytest.mark.parametrize("first", [refusing(503, "kv_full", retry_after=1), None])
+@pytest.mark.parametrize("first", [refusing(503, "kv_full", retry_after=1), refusing_in_stream("sessions_full"),
+                                   None])
 async def test_fails_over_when_the_best_worker_refuses_or_is_unreachable(first: object) -> None:
     clock = ManualClock()
     fakes = FakeWorkers({"w2": streaming(STREAM, worker_id="w2")})
@@ -172,15 +176,19 @@ async def test_failover_attempts_are_bounded() -> None:
 @pytest.mark.parametrize(("status", "reason"), [
     (400, "invalid_request"), (404, "session_expired"), (409, "session_busy"), (413, "prompt_too_long"),
 ])
-async def test_worker_client_errors_pass_through_without_retry(status: int, reason: str) -> None:
+@pytest.mark.parametrize("in_stream", [False, True])
+async def test_worker_client_errors_pass_through_without_retry(status: int, reason: str, in_stream: bool) -> None:
+    """As a status, or (version 3) as an `error` event in place of `admitted`: the same answer."""
     clock = ManualClock()
-    fakes = FakeWorkers({"w1": refusing(status, reason), "w2": streaming(STREAM)})
+    refusal = refusing_in_stream(reason) if in_stream else refusing(status, reason)
+    fakes = FakeWorkers({"w1": refusal, "w2": streaming(STREAM)})
     async with running_app(SETTINGS, fakes, clock) as client:
         for w in ("w1", "w2"):
             await register(client, heartbeat(w, timestamp=clock.time()))
         response = await infer(client, headers={"x-request-id": "pass"})
         assert response.status_code == status
-        assert response.json() == {"error": reason, "reason": reason, "request_id": "pass"}
+        error = f"refused: {reason}" if in_stream else reason
+        assert response.json() == {"error": error, "reason": reason, "request_id": "pass"}
         assert fakes.hosts_called() == ["w1"]
 
 
@@ -229,6 +237,28 @@ async def test_worker_failing_before_its_first_event_is_failed_over() -> None:
         response = await infer(client)
         assert response.status_code == 200 and fakes.hosts_called() == ["w1", "w2"]
         assert [n for n, _ in events_of(response.text)][-1] == "done"
+
+
+@pytest.mark.parametrize(("admitted_first", "reason", "breaker"), [
+    (False, "queue_timeout", "closed"),  # still preparing the prompt: this request's own wait
+    (True, "worker_failed", "open"),  # admitted, then no first token in time: the engine is failing
+])
+async def test_a_first_token_past_its_deadline_opens_the_breaker_only_when_the_worker_is_at_fault(
+        admitted_first: bool, reason: str, breaker: str) -> None:
+    """A worker that answers its head and pings is alive: a long wait before `admitted` is the
+    request's own (its prompt, the tokenizers' queue) and never counts against the worker."""
+    clock = ManualClock()
+    settings = Settings(heartbeat_interval=1.0, worker_first_event_timeout=0.2, breaker_failures=1)
+    fakes = FakeWorkers({"w1": pinging(admitted_first=admitted_first), "w2": streaming(STREAM, worker_id="w2")})
+    async with running_app(settings, fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+        await register(client, heartbeat("w2", timestamp=clock.time(), sessions=1))
+        response = await infer(client)
+        assert response.status_code == 200 and response.headers["x-worker-id"] == "w2"
+        assert await metric(client, f'coordinator_failovers_total{{reason="{reason}"}}') == 1
+        listing = (await client.get("/coordinator/health/workers")).json()["workers"]
+        workers = {w["worker_id"]: w for w in listing}
+        assert workers["w1"]["breaker"] == breaker
 
 
 async def test_session_affinity_and_unknown_session_when_its_worker_is_gone() -> None:
@@ -327,11 +357,11 @@ async def test_worker_response_is_read_to_its_end_so_the_connection_is_reused() 
 
     def worker(request: httpx.Request) -> httpx.Response:
         async def body():  # type: ignore[no-untyped-def]
-            yield b"".join(STREAM)
+            yield admitted() + b"".join(STREAM)
             yield b": trailing comment after done\r\n\r\n"
             finished.append(True)  # only reached when the coordinator reads past the done event
 
-        return httpx.Response(200, headers={"x-prompt-tokens": "5"}, content=body())
+        return httpx.Response(200, content=body())
 
     clock = ManualClock()
     async with running_app(SETTINGS, FakeWorkers({"w1": worker}), clock) as client:
@@ -392,11 +422,11 @@ async def test_past_max_streams_the_coordinator_refuses_instead_of_slowing_every
 
     def held(request: httpx.Request) -> httpx.Response:
         async def body() -> AsyncIterator[bytes]:
-            yield token(0, "a")
+            yield admitted() + token(0, "a")
             await release.wait()
             yield done()
 
-        return httpx.Response(200, headers={"content-type": "text/event-stream", "x-prompt-tokens": "5"},
+        return httpx.Response(200, headers={"content-type": "text/event-stream"},
                               content=body())
 
     clock = ManualClock()

@@ -12,7 +12,7 @@ import pytest
 
 from coordinator.clock import ManualClock
 from coordinator.settings import Settings
-from tests.coordinator.fakes import FakeWorkers, done, heartbeat, register, running_app, token
+from tests.coordinator.fakes import FakeWorkers, admitted, done, heartbeat, register, running_app, token
 
 pytestmark = pytest.mark.anyio
 
@@ -20,11 +20,12 @@ pytestmark = pytest.mark.anyio
 def slow_start(worker_id: str) -> object:
     def behaviour(request: httpx.Request) -> httpx.Response:
         async def body() -> AsyncIterator[bytes]:
+            yield admitted()
             await asyncio.sleep(0.2)  # prefill: the window in which a second first turn used to slip in
             yield token(0, "hi")
             yield done(worker_id=worker_id)
 
-        return httpx.Response(200, headers={"content-type": "text/event-stream", "x-prompt-tokens": "5"},
+        return httpx.Response(200, headers={"content-type": "text/event-stream"},
                               content=body())
     return behaviour
 

@@ -14,6 +14,7 @@ from coordinator.clock import ManualClock
 from coordinator.settings import Settings
 from tests.coordinator.fakes import (
     FakeWorkers,
+    admitted,
     done,
     heartbeat,
     refusing,
@@ -143,11 +144,12 @@ async def test_the_head_hands_on_its_place_once_reserved_not_when_its_worker_ans
 
     def slow_prefill(request: httpx.Request) -> httpx.Response:
         async def body() -> AsyncIterator[bytes]:
+            yield admitted()
             await first_token.wait()
             for chunk in STREAM:
                 yield chunk
 
-        return httpx.Response(200, headers={"content-type": "text/event-stream", "x-prompt-tokens": "5"},
+        return httpx.Response(200, headers={"content-type": "text/event-stream"},
                               content=body())
 
     fakes = FakeWorkers({"w1": slow_prefill})

@@ -43,10 +43,10 @@ class Flaky:
         self.calls += 1
         if not self.healthy:
             return JSONResponse({"error": "boom", "reason": "internal", "request_id": "r"}, status_code=500)
-        body = 'event: token\r\ndata: {"token":"hi","index":0,"probability":0.5,"finished":false}\r\n\r\n' \
+        body = 'event: admitted\r\ndata: {"prompt_tokens":3}\r\n\r\n' \
+               'event: token\r\ndata: {"token":"hi","index":0,"probability":0.5,"finished":false}\r\n\r\n' \
                f"event: done\r\ndata: {DONE % self.model}\r\n\r\n"
-        return StreamingResponse(iter([body.encode()]), media_type="text/event-stream",
-                                 headers={"x-prompt-tokens": "3"})
+        return StreamingResponse(iter([body.encode()]), media_type="text/event-stream")
 
     def __enter__(self) -> Self:
         self.thread.start()

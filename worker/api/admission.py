@@ -1,7 +1,8 @@
 """The edge of the worker: turns a validated `GenerateRequest` into an admitted `Job`, or refuses it.
 
-Owns: the checks that decide the HTTP status before the first byte (model name, session state,
-prompt length against the session's KV limit, KV and sequence capacity), prompt construction
+Owns: the checks that decide the HTTP status before the first byte (`check`: draining, model name,
+session state) and those made after it, while the route pings (`prepare`: prompt length against the
+session's KV limit, KV and sequence capacity: an `error` event before `admitted`), prompt construction
 (the request's chat messages, or its prompt as a user turn after the session's history, rendered
 with the model's chat template; or raw text) and the reuse of a session's cached tokens. A session
 id is looked up within the request's tenant only (see worker/sessions/table.py, Tenancy).
@@ -28,6 +29,14 @@ from worker.sessions.table import Admission, Session, SessionTable, shared_prefi
 WAITABLE = frozenset({reasons.SESSIONS_FULL, reasons.KV_FULL})
 
 
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """A request past `Gate.check`: what `Gate.prepare` needs to go on."""
+    request: GenerateRequest  # with the model's end-of-turn stop added
+    known: Session | None  # the session it continues, if any
+    turns: int  # that session's turns when checked: another turn meanwhile makes this prompt stale
+
+
 @dataclass(eq=False)
 class Gate:
     model: ModelBackend
@@ -52,13 +61,26 @@ class Gate:
 
     async def admit(self, request: GenerateRequest, request_id: str, *, session_expected: bool = False,
                     stream_ref: int | None = None) -> Job:
-        """`session_expected`: the caller knows this session lives here (the coordinator's affinity),
-        so its absence means the conversation was lost (e.g. a restart): 404, never a fresh start.
-        `stream_ref`: the coordinator's reference of this stream, listed in heartbeats while it runs."""
+        """`check` then `prepare`, for callers that answer nothing in between."""
+        return await self.prepare(self.check(request, session_expected=session_expected), request_id,
+                                  stream_ref=stream_ref)
+
+    def check(self, request: GenerateRequest, *, session_expected: bool = False) -> Ticket:
+        """The refusals that need no tokenizing, decided at once (the route's HTTP status).
+        `session_expected`: the caller knows this session lives here (the coordinator's affinity), so
+        its absence means the conversation was lost (e.g. a restart): 404, never a fresh start."""
         known = self._known_session(request, session_expected)
         if not request.raw and self.model.turn_stop is not None and self.model.turn_stop not in request.stop:
             request = request.model_copy(update={"stop": [*request.stop, self.model.turn_stop]})
-        turns = len(known.messages) if known else 0
+        return Ticket(request, known, len(known.messages) if known else 0)
+
+    async def prepare(self, ticket: Ticket, request_id: str, *, stream_ref: int | None = None) -> Job:
+        """Tokenize the prompt, reserve its session and KV and hand the job to the engine; or refuse
+        (the prompt too long, no capacity, the session taken meanwhile). This can take a while (a long
+        prompt, the tokenizers' queue, a cancelled stream's release), so the route answers the response
+        head and pings before calling it. `stream_ref`: the coordinator's reference of this stream,
+        listed in heartbeats while it runs."""
+        request, known = ticket.request, ticket.known
         history = _history(request, known)
         cached_view = list(known.tokens) if known else []
         async with self._tokenizing:  # bounded: many big prompts at once must not take every core
@@ -71,7 +93,7 @@ class Gate:
         need = min(limit, len(tokens) + request.max_tokens)
         admission = await self._reserve(request, need, tokens, stream_ref)
         session = admission.session
-        if known is not None and (session is not known or len(session.messages) != turns):
+        if known is not None and (session is not known or len(session.messages) != ticket.turns):
             # Another turn ran or the session was deleted while we tokenized: our prompt is stale.
             self.engine.free(admission.freed_seq_ids)
             self._undo(session, keep_kv=session is known)

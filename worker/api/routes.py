@@ -3,8 +3,9 @@
 Owns: each route's checks before admission (the worker token, the protocol version, the request's
 headers), turning engine stream items into SSE events, the per-request log line, and the OpenAPI
 description of the routes.
-Must not: decide admission (admission.Gate does) or touch llama.cpp. The status code is fixed before
-the first byte; once the stream has started, failures are `error` events.
+Must not: decide admission (admission.Gate does) or touch llama.cpp. The status code is fixed by the
+checks that need no tokenizing (`Gate.check`); the head goes then, before the prompt is prepared, so
+a refusal found while preparing, and every failure after, is an `error` event.
 
 The worker token: when one is set, every route but `GET /worker/health` needs it (401 `unauthorized`):
 generate, the session listing and deletion (session ids and tenants are the coordinator's clients'
@@ -29,13 +30,13 @@ from protocol import reasons
 from protocol.health import SessionList, WorkerHealth
 from protocol.sse import encode
 from protocol.worker import (
+    EVENT_ADMITTED,
     EVENT_DONE,
     EVENT_ERROR,
     EVENT_TOKEN,
     GENERATE_PATH,
     MAX_STREAM_REF,
     PING_INTERVAL,
-    PROMPT_TOKENS_HEADER,
     PROTOCOL_HEADER,
     PROTOCOL_VERSION,
     REQUEST_ID_HEADER,
@@ -44,6 +45,7 @@ from protocol.worker import (
     STREAM_REF_HEADER,
     TENANT_PATTERN,
     WORKER_ID_HEADER,
+    AdmittedEvent,
     DoneEvent,
     ErrorBody,
     ErrorEvent,
@@ -51,6 +53,7 @@ from protocol.worker import (
     Timings,
     Usage,
 )
+from worker.api.admission import Ticket
 from worker.api.event_stream import EventStream, token_event
 from worker.engine.jobs import Failed, Finished, Job
 from worker.errors import WorkerError
@@ -69,9 +72,9 @@ _GENERATE_REFUSALS: dict[int | str, str] = {
     400: "`invalid_request` or `protocol_mismatch`",
     401: _UNAUTHORIZED_TEXT,
     404: "`unknown_model`, `session_expired`, or `unknown_session` (with X-Session-Expected)",
-    409: "`session_busy`",
-    413: "`prompt_too_long` or `body_too_large`",
-    503: "`sessions_full`, `kv_full`, `queue_full`, `loading` or `draining`, with Retry-After",
+    409: "`session_busy`: the session is generating",
+    413: "`body_too_large`",
+    503: "`loading` or `draining`, with Retry-After",
     "4XX": "any other refusal (`request_timeout`, `headers_too_large`, an unknown method)",
 }
 
@@ -82,13 +85,16 @@ def _generate_responses() -> dict[int | str, dict[str, Any]]:
     FastAPI from documenting a 422 this worker never sends (its validation errors are 400s)."""
     header = {"schema": {"type": "string"}}
     event = {"type": "object", "required": ["event", "data"],
-             "properties": {"event": {"type": "string", "enum": [EVENT_TOKEN, EVENT_DONE, EVENT_ERROR]},
-                            "data": {"type": "string", "description": "JSON: `TokenEvent`, `DoneEvent` or "
-                                                                      "`ErrorEvent` (protocol/worker.py)"}}}
+             "properties": {"event": {"type": "string",
+                                      "enum": [EVENT_ADMITTED, EVENT_TOKEN, EVENT_DONE, EVENT_ERROR]},
+                            "data": {"type": "string", "description": "JSON: `AdmittedEvent`, `TokenEvent`, "
+                                     "`DoneEvent` or `ErrorEvent` (protocol/worker.py)"}}}
     found: dict[int | str, dict[str, Any]] = {200: {
-        "description": "`token` events, then one `done` event, or an `error` event if the stream cannot "
-                       "finish",
-        "headers": {REQUEST_ID_HEADER: header, WORKER_ID_HEADER: header, PROMPT_TOKENS_HEADER: header},
+        "description": "the head at once, then `admitted` once the prompt is tokenized and its capacity "
+                       "reserved, `token` events and one `done` event, or an `error` event if the stream "
+                       "cannot finish. An `error` instead of `admitted` is a refusal (nothing ran): "
+                       "`prompt_too_long`, `sessions_full`, `kv_full` or `session_busy`",
+        "headers": {REQUEST_ID_HEADER: header, WORKER_ID_HEADER: header},
         "content": {"text/event-stream": {"itemSchema": event}}}}
     for status, description in _GENERATE_REFUSALS.items():
         found[status] = {"model": ErrorBody, "description": description,
@@ -151,15 +157,15 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     metrics: WorkerMetrics = request.app.state.metrics
     try:  # only this route's refusals are admission decisions
         runtime = runtime_of(request)
-        job = await runtime.gate.admit(body, request_id, session_expected=expected, stream_ref=stream_ref)
+        ticket = runtime.gate.check(body, session_expected=expected)
     except WorkerError as refused:
         metrics.admission.labels("rejected", refused.reason).inc()
         raise
-    metrics.admission.labels("admitted", "").inc()
-    headers = {REQUEST_ID_HEADER: request_id, WORKER_ID_HEADER: settings.worker_id,
-               PROMPT_TOKENS_HEADER: str(len(job.prompt_tokens))}
-    return EventStream(_events(runtime, job), headers=headers, ping_interval=PING_INTERVAL,
-                       send_timeout=settings.slow_consumer_deadline)
+    # The head goes now, and pings while the prompt is prepared: silence means a hung worker, never
+    # a long prompt (protocol.worker.AdmittedEvent).
+    headers = {REQUEST_ID_HEADER: request_id, WORKER_ID_HEADER: settings.worker_id}
+    return EventStream(_events(runtime, ticket, request_id, stream_ref), headers=headers,
+                       ping_interval=PING_INTERVAL, send_timeout=settings.slow_consumer_deadline)
 
 # Open even with a worker token: probes cannot send one (see the module docstring).
 @router.get("/worker/health")
@@ -226,12 +232,25 @@ def request_id_of(request: Request) -> str:
     return given if REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
 
 
-async def _events(runtime: WorkerRuntime, job: Job) -> AsyncGenerator[bytes, None]:
-    """The SSE events of one job. If the client goes away, the job is cancelled and its KV freed."""
+async def _events(runtime: WorkerRuntime, ticket: Ticket, request_id: str,
+                  stream_ref: int | None) -> AsyncGenerator[bytes, None]:
+    """The SSE events of one request: `admitted` (or the refusal's `error`), then its job's. If the
+    client goes away, the job is cancelled and its KV freed."""
+    try:
+        job = await runtime.gate.prepare(ticket, request_id, stream_ref=stream_ref)
+    except WorkerError as refused:
+        runtime.metrics.admission.labels("rejected", refused.reason).inc()
+        log.info(json.dumps({"event": "refused", "request_id": request_id, "reason": refused.reason,
+                             "status": refused.status}))
+        yield encode(EVENT_ERROR, ErrorEvent(error=refused.message, reason=refused.reason,
+                                             request_id=request_id).model_dump_json())
+        return
+    runtime.metrics.admission.labels("admitted", "").inc()
     outcome: Finished | Failed | None = None
     runtime.jobs.add(job)
     probabilities = job.request.probabilities
     try:
+        yield encode(EVENT_ADMITTED, AdmittedEvent(prompt_tokens=len(job.prompt_tokens)).model_dump_json())
         while outcome is None:
             item = await job.channel.get()
             if isinstance(item, Finished):

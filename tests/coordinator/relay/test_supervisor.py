@@ -23,7 +23,16 @@ from coordinator.app import create_app
 from coordinator.clock import ManualClock
 from coordinator.settings import Settings
 from coordinator.state import CoordinatorState
-from tests.coordinator.fakes import FakeWorkers, done, events_of, heartbeat, register, running_app, token
+from tests.coordinator.fakes import (
+    FakeWorkers,
+    admitted,
+    done,
+    events_of,
+    heartbeat,
+    register,
+    running_app,
+    token,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -72,13 +81,13 @@ class Worker:
 
         class Body(httpx.AsyncByteStream):
             async def __aiter__(self) -> AsyncIterator[bytes]:
-                for chunk in worker.chunks:
+                for chunk in [admitted(), *worker.chunks]:
                     yield chunk
 
             async def aclose(self) -> None:
                 worker.closed += 1
 
-        return httpx.Response(200, headers={"content-type": "text/event-stream", "x-prompt-tokens": "5"},
+        return httpx.Response(200, headers={"content-type": "text/event-stream"},
                               stream=Body())
 
 

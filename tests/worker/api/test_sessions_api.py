@@ -140,16 +140,14 @@ def _hold_streams(url: str, n: int, started: threading.Barrier, release: threadi
     return threads
 
 
-def test_full_worker_answers_503_with_reason_and_starts_nothing(model_path: Path) -> None:
+def test_a_full_worker_refuses_with_its_reason_and_starts_nothing(model_path: Path) -> None:
     with running_worker(model_path, max_sessions=2) as worker:
         started, release = threading.Barrier(3), threading.Event()
         threads = _hold_streams(worker.url, 2, started, release)
         started.wait(timeout=20)
         before = worker.load()
         refused = generate(worker.url, {"prompt": "One more?", "max_tokens": 8})
-        assert refused.status == 503 and refused.body is not None
-        assert refused.body["reason"] == "sessions_full"
-        assert refused.headers["retry-after"] == "1"
+        assert refused.refusal is not None and refused.refusal["reason"] == "sessions_full"
         after = worker.load()
         assert after["sessions"] == before["sessions"] == 2
         assert after["kv_reserved_bytes"] == before["kv_reserved_bytes"]
@@ -178,7 +176,7 @@ def test_kv_full_in_a_shared_cache(model_path: Path) -> None:
         thread.start()
         started.wait(timeout=20)
         refused = generate(worker.url, {"prompt": "Me too.", "max_tokens": 580})
-        assert refused.status == 503 and refused.body is not None and refused.body["reason"] == "kv_full"
+        assert refused.refusal is not None and refused.refusal["reason"] == "kv_full"
         small = generate(worker.url, {"prompt": "Just a little.", "max_tokens": 8})
         assert small.status == 200 and small.last[0] == "done"
         release.set()
@@ -194,7 +192,7 @@ def test_session_reaching_its_kv_limit_ends_with_length(model_path: Path) -> Non
         # the last sampled token is never decoded, so the KV holds prompt + completion - 1 = the limit
         assert done["usage"]["prompt_tokens"] + done["usage"]["completion_tokens"] - 1 == 64
         again = generate(worker.url, {"prompt": "More.", "session_id": "tiny", "max_tokens": 8})
-        assert again.status == 413 and again.body is not None and again.body["reason"] == "prompt_too_long"
+        assert again.refusal is not None and again.refusal["reason"] == "prompt_too_long"
 
 
 def test_slow_consumer_is_cancelled_and_frees_kv(model_path: Path) -> None:

@@ -37,7 +37,7 @@ def test_simulated_worker_streams_accounts_and_refuses_like_a_real_one(tmp_path:
         again = generate(worker.url, {"prompt": "more", "max_tokens": 4, "session_id": "sim-chat"})
         assert again.last[1]["usage"]["cached_tokens"] > 0
         too_long = generate(worker.url, {"prompt": "x" * 4000, "max_tokens": 4})
-        assert too_long.status == 413
+        assert too_long.refusal is not None and too_long.refusal["reason"] == "prompt_too_long"
 
 
 def test_simulated_cancel_frees_kv(tmp_path: Path) -> None:
