@@ -35,7 +35,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -45,6 +45,7 @@ from bench.processes import free_port, serving
 from coordinator.admission.demand import Demand
 from coordinator.app import create_app
 from coordinator.errors import CoordinatorError
+from coordinator.relay.upstream import WorkerResponse
 from coordinator.settings import Settings
 from protocol.health import Heartbeat, WorkerLoad
 
@@ -62,11 +63,29 @@ def percentiles(samples: list[float]) -> tuple[float, float]:
 # -- 1. rejection latency -------------------------------------------------------------------------
 
 
+class _ProbedOnly:
+    """The 1,000 workers' network: each answers the coordinator's probe before it registers them, as
+    `w{port - 10000}`; nothing else is ever sent to them (every request is refused by admission)."""
+
+    async def get(self, url: str) -> tuple[int, bytes]:
+        worker_id = f"w{int(url.rsplit(':', 1)[1].split('/')[0]) - 10_000}"
+        return 200, json.dumps({"status": "ok", "worker_id": worker_id, "model": "smol"}).encode()
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> WorkerResponse:
+        raise AssertionError("admission refuses every request: no worker is called")
+
+    async def delete(self, url: str, headers: Mapping[str, str]) -> int:
+        raise AssertionError("no session is deleted")
+
+    async def close(self) -> None:
+        pass
+
+
 async def rejection(workers: int, requests: int, *, queue_full: bool = False) -> dict[str, float]:
     """Without a queue every request is refused `sessions_full` by admission; with `queue_full`, a
     one-place queue already holds a waiting request, so every other one is refused `queue_full`."""
     settings = Settings(heartbeat_interval=300.0, queue_size=1 if queue_full else 0, queue_timeout=3600)
-    app = create_app(settings)
+    app = create_app(settings, worker_client=_ProbedOnly())
     body = json.dumps({"prompt": "Hello there", "max_tokens": 16}).encode()
     expected = "queue_full" if queue_full else "sessions_full"
     async with app.router.lifespan_context(app), httpx.AsyncClient(
@@ -125,6 +144,11 @@ STUB_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
              + _chunk(b'event: admitted\r\ndata: {"prompt_tokens":10}\r\n\r\n'))
 
 
+_HEALTH_BODY = b'{"status":"ok","worker_id":"stub","model":"stub"}'
+STUB_HEALTH = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+               + str(len(_HEALTH_BODY)).encode() + b"\r\n\r\n" + _HEALTH_BODY)
+
+
 def _stub_connection(delay: float):  # type: ignore[no-untyped-def]
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -133,7 +157,9 @@ def _stub_connection(delay: float):  # type: ignore[no-untyped-def]
                 length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
                                if line.lower().startswith(b"content-length:")), 0)
                 await reader.readexactly(length)
-                if delay:  # like a real worker: headers at admission, the first token after prefill
+                if head.startswith(b"GET /worker/health"):  # the coordinator's probe before it registers us
+                    writer.write(STUB_HEALTH)
+                elif delay:  # like a real worker: headers at admission, the first token after prefill
                     writer.write(STUB_HEAD)
                     await writer.drain()
                     await asyncio.sleep(delay)

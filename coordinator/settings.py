@@ -61,6 +61,9 @@ class Settings(BaseModel):
         default=5.0, gt=0, description="longest silence from a worker, response head included (workers ping "
         f"every {PING_INTERVAL:g} s): a hung worker is failed over before the first token, or its stream "
         "ends with an error event after it")
+    worker_probe_timeout: float = Field(
+        default=3.0, gt=0, description="seconds a new worker's health (or a known one's at a new URL) has to "
+        "answer before the coordinator registers it; its heartbeat is refused with the reason until it does")
     worker_max_connections: int = Field(default=1_000, ge=1)
     worker_keepalive_expiry: float = Field(
         default=2.0, ge=0, description="seconds an idle connection to a worker is kept; below the worker's "

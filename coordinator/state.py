@@ -25,6 +25,7 @@ from coordinator.clock import Clock
 from coordinator.ops.metrics import CoordinatorMetrics
 from coordinator.ops.requests import RequestLog
 from coordinator.pool.breaker import Breakers
+from coordinator.pool.probe import PROBES_AT_ONCE, Probe
 from coordinator.pool.registry import Registry
 from coordinator.relay.dispatch import Dispatcher
 from coordinator.relay.stream import Relay
@@ -51,6 +52,7 @@ class CoordinatorState:
     client: WorkerClient
     dispatcher: Dispatcher
     breakers: Breakers
+    probe: Probe
     log: logging.Logger
     started_at: float  # wall time the app started (OpenAI's `created` of the models it lists)
     affinity: Affinity
@@ -103,6 +105,7 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
                            latency_half_life=settings.latency_half_life),
         turns=itertools.count(), rng=random.Random(settings.routing_seed), metrics=metrics,
         client=client, dispatcher=dispatcher, breakers=breakers, log=log,
+        probe=Probe(client, timeout=settings.worker_probe_timeout, at_once=PROBES_AT_ONCE),
         affinity=Affinity(sessions, conversations, prefixes, registry),
         requests=RequestLog(metrics, registry, log, now=clock.monotonic, refusal_log_rate=settings.refusal_log_rate),
         started_at=clock.time(), api_keys=ApiKeys.from_setting(settings.api_keys))

@@ -24,6 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 PROTOCOL_VERSION = 3
 GENERATE_PATH = "/worker/generate"
+# Open even with a worker token (probes cannot send one); the coordinator reads it before it registers
+# a new worker (coordinator/pool/probe.py).
+HEALTH_PATH = "/worker/health"
 # `DELETE {SESSIONS_PATH}/{session_id}?tenant=...`: end a kept session (204, or 404 when that tenant has none).
 SESSIONS_PATH = "/worker/sessions"
 

@@ -1,6 +1,6 @@
 """Worker-facing and operator-facing health: heartbeats in, registry listings out.
 
-Owns: `POST /coordinator/health/heartbeat` (token check, timestamp sanity, upsert),
+Owns: `POST /coordinator/health/heartbeat` (token check, timestamp sanity, a new worker's probe, upsert),
 `GET /coordinator/health` and `GET /coordinator/health/workers`.
 Must not: schedule or admit requests.
 """
@@ -39,6 +39,8 @@ HEARTBEAT_PATH = "/coordinator/health/heartbeat"
 _HEARTBEAT_REFUSALS = {400: "`invalid_request`: not a valid heartbeat, another protocol version, a clock too far off",
                        401: "`unauthorized`: the worker token is set and the heartbeat does not carry it",
                        409: "`worker_conflict`: without a worker token, a live worker's id from another URL",
+                       502: "`worker_unavailable`: a new worker id (or one at a new URL) whose URL did not answer "
+                            "`GET /worker/health` as that worker within `WORKER_PROBE_TIMEOUT`; not registered",
                        413: "`body_too_large`: over 64 KiB"}
 
 
@@ -64,7 +66,10 @@ async def heartbeat(request: Request) -> HeartbeatAck:
         state.metrics.heartbeats.labels(outcome="invalid").inc()
         raise
     now = state.clock.monotonic()
-    _check_identity(state, beat, now)
+    if _check_identity(state, beat, now):
+        await _prove(state, beat)
+        now = state.clock.monotonic()
+        _check_identity(state, beat, now, quiet=True)  # what another heartbeat changed meanwhile
     record = state.registry.upsert(beat.model_copy(update={"load": beat.load.clamped()}), now)
     state.registry.sweep(now)
     state.queue.wake(record.model)  # it may have room now (and catches any wake-up missed before)
@@ -73,10 +78,22 @@ async def heartbeat(request: Request) -> HeartbeatAck:
                         heartbeat_interval=settings.heartbeat_interval)
 
 
-def _check_identity(state: CoordinatorState, beat: Heartbeat, now: float) -> None:
+async def _prove(state: CoordinatorState, beat: Heartbeat) -> None:
+    """A new registration is made only once its URL answers as this worker (coordinator/pool/probe.py)."""
+    try:
+        await state.probe.prove(beat.worker_id, beat.url)
+    except CoordinatorError as refused:
+        state.metrics.heartbeats.labels(outcome="unproven").inc()
+        log.warning(json.dumps({"event": "worker_unproven", "worker_id": beat.worker_id, "url": beat.url,
+                                "detail": refused.message}))
+        raise
+
+
+def _check_identity(state: CoordinatorState, beat: Heartbeat, now: float, *, quiet: bool = False) -> bool:
     """A worker id may move to another URL (a rescheduled pod gets a new address), but without a
     worker token anyone could claim a live worker's id and receive its users' prompts: then the move
-    is refused until the old registration is no longer alive. Every move is logged."""
+    is refused until the old registration is no longer alive. Every move is logged (unless `quiet`).
+    True: the id is new here, or moves, so its URL must be proven first."""
     settings = state.settings
     if settings.worker_url_pattern and not re.fullmatch(settings.worker_url_pattern, beat.url):
         state.metrics.heartbeats.labels(outcome="invalid").inc()
@@ -84,15 +101,17 @@ def _check_identity(state: CoordinatorState, beat: Heartbeat, now: float) -> Non
     state.registry.sweep(now)
     known = state.registry.get(beat.worker_id)
     if known is None or known.url == beat.url:
-        return
+        return known is None
     if not settings.worker_token and known.state == ALIVE:
         state.metrics.heartbeats.labels(outcome="conflict").inc()
         log.warning(json.dumps({"event": "worker_conflict", "worker_id": beat.worker_id, "registered_url": known.url,
                                 "claimed_url": beat.url}))
         raise CoordinatorError(reasons.WORKER_CONFLICT, f"worker {beat.worker_id!r} is alive at another URL; "
                                "without a worker token its id cannot move until it stops heartbeating")
-    log.warning(json.dumps({"event": "worker_moved", "worker_id": beat.worker_id, "from": known.url,
-                            "to": beat.url}))
+    if not quiet:
+        log.warning(json.dumps({"event": "worker_moved", "worker_id": beat.worker_id, "from": known.url,
+                                "to": beat.url}))
+    return True
 
 
 def _check(beat: Heartbeat, *, now_wall: float, max_skew: float, max_age: float) -> None:

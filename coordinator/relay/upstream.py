@@ -19,6 +19,8 @@ from typing import Protocol
 
 import aiohttp
 
+_MAX_GET_BYTES = 65_536  # a worker's health is well under 1 KiB: read no more from a stranger
+
 
 class WorkerUnreachable(Exception):
     """No response came back: the connection failed, was refused, or closed before a status line."""
@@ -51,6 +53,10 @@ class WorkerClient(Protocol):
 
     async def delete(self, url: str, headers: Mapping[str, str]) -> int:
         """The status of a DELETE, its body read and dropped; `WorkerUnreachable` when there is none."""
+        ...
+
+    async def get(self, url: str) -> tuple[int, bytes]:
+        """The status and body of a GET (a worker's health: small); `WorkerUnreachable` when there is none."""
         ...
 
     async def close(self) -> None: ...
@@ -118,6 +124,16 @@ class AiohttpWorkerClient:
             async with self._session.delete(url, headers=dict(headers), allow_redirects=False) as response:
                 await response.read()
                 return response.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise WorkerUnreachable(f"{type(exc).__name__}: {exc}") from exc
+
+    async def get(self, url: str) -> tuple[int, bytes]:
+        try:
+            async with self._session.get(url, allow_redirects=False) as response:
+                body = b""
+                while len(body) < _MAX_GET_BYTES and (chunk := await response.content.readany()):
+                    body += chunk
+                return response.status, body[:_MAX_GET_BYTES]
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise WorkerUnreachable(f"{type(exc).__name__}: {exc}") from exc
 

@@ -97,6 +97,13 @@ class FakeWorkerClient:
         except httpx.HTTPError as exc:
             raise WorkerUnreachable(str(exc)) from exc
 
+    async def get(self, url: str) -> tuple[int, bytes]:
+        try:
+            response = await self._client.get(url)
+        except httpx.HTTPError as exc:
+            raise WorkerUnreachable(str(exc)) from exc
+        return response.status_code, response.content
+
     async def delete(self, url: str, headers: Mapping[str, str]) -> int:
         try:
             return (await self._client.delete(url, headers=dict(headers))).status_code
@@ -109,14 +116,25 @@ class FakeWorkerClient:
 
 @dataclass
 class FakeWorkers:
-    """Workers by host name; each answers /worker/generate with its behaviour."""
+    """Workers by host name; each answers /worker/generate with its behaviour, and the coordinator's
+    probe of a new worker (`GET /worker/health`) as the worker its host names (`ids` may name another
+    one), unless the host is `silent` (it never answers anything)."""
 
     behaviours: dict[str, Behaviour] = field(default_factory=dict)
-    calls: list[tuple[str, httpx.Request]] = field(default_factory=list)
+    calls: list[tuple[str, httpx.Request]] = field(default_factory=list)  # all but the probes
+    probes: list[str] = field(default_factory=list)
+    silent: set[str] = field(default_factory=set)
+    ids: dict[str, str] = field(default_factory=dict)
 
     def client(self) -> FakeWorkerClient:
         async def handle(request: httpx.Request) -> httpx.Response:
             host = request.url.host.removesuffix(".test")
+            if host in self.silent:
+                raise httpx.ConnectError("connection refused", request=request)
+            if request.method == "GET" and request.url.path == "/worker/health":
+                self.probes.append(host)
+                return httpx.Response(200, json={"status": "ok", "worker_id": self.ids.get(host, host),
+                                                 "model": MODEL})
             self.calls.append((host, request))
             behaviour = self.behaviours.get(host)
             if behaviour is None:

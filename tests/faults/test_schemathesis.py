@@ -58,9 +58,9 @@ REQUEST_TIMEOUT = 15.0
 WORKER_FLAGS = ["--engine", "simulated", "--sim-token-rate", "5000", "--max-sessions", "256",
                 "--session-max-tokens", "256", "--session-ttl", "5", "--heartbeat-interval", "0.5"]
 
-# In the order they run. Heartbeats go last: once their body is documented, fuzzed heartbeats will
-# register made-up workers (no worker token here, as with a default ./start.sh), and the generation
-# routes should be fuzzed against the one real worker.
+# In the order they run. Heartbeats go last: fuzzed heartbeats could register made-up workers (no worker
+# token here, as with a default ./start.sh; now only those whose loopback URL answers the coordinator's
+# probe as that worker), and the generation routes should be fuzzed against the one real worker.
 COORDINATOR_OPERATIONS = [
     "GET /coordinator/health", "GET /coordinator/health/workers", "POST /coordinator/infer",
     "POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models", "GET /v1/models/{model}",
@@ -96,8 +96,9 @@ class Services:
 def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     logs = tmp_path_factory.mktemp("schemathesis")
     set_hypothesis_home_dir(logs / "hypothesis")  # its caches go there, not into the work tree
-    coordinator, url = start_coordinator(logs, "coordinator", "--queue-size", "0",
-                                         "--heartbeat-interval", "1")
+    # Fuzzed heartbeats from new ids are probed at their URLs before registration: only loopback ones.
+    coordinator, url = start_coordinator(logs, "coordinator", "--queue-size", "0", "--heartbeat-interval", "1",
+                                         "--worker-url-pattern", r"http://127\.0\.0\.1:[0-9]{1,5}")
     worker, worker_url = start_worker(logs, "sim", url, logs / "none.gguf", *WORKER_FLAGS)
     try:
         wait_until(lambda: httpx.get(url + "/coordinator/health", timeout=1).json()["workers"]["alive"] == 1,

@@ -35,9 +35,14 @@ class Flaky:
     def __init__(self, model: str) -> None:
         self.model, self.healthy, self.calls = model, False, 0
         self.port = free_port()
-        app = Starlette(routes=[Route("/worker/generate", self.generate, methods=["POST"])])
+        app = Starlette(routes=[Route("/worker/generate", self.generate, methods=["POST"]),
+                                Route("/worker/health", self.health)])
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    async def health(self, request: Request) -> Response:
+        """Its health answers (the coordinator probes it before registering it); its generate fails."""
+        return JSONResponse({"status": "ok", "worker_id": "a-flaky", "model": self.model})
 
     async def generate(self, request: Request) -> Response:
         self.calls += 1

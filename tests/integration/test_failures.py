@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -113,3 +115,29 @@ def test_heartbeats_without_the_token_are_refused(cluster: Cluster) -> None:
     response = httpx.post(cluster.url + "/coordinator/health/heartbeat", content=future.model_dump_json(),
                           headers={"authorization": "Bearer integration-secret"}, timeout=5)
     assert response.status_code == 400 and "intruder" not in cluster.states()
+
+
+def test_workers_that_heartbeat_but_never_answer_are_not_registered(cluster: Cluster) -> None:
+    """Three fakes with the worker token whose URL accepts connections and never answers: each
+    heartbeat waits out the coordinator's probe and is refused, and no client request goes to them
+    (before: they were ranked with the real workers, idle fakes won score ties, and 6 of 60 client
+    requests got 502)."""
+    load = WorkerLoad(sessions=0, max_sessions=4, active_streams=0, queue_depth=0, kv_used_bytes=0,
+                      kv_reserved_bytes=0, kv_capacity_bytes=1 << 30, bytes_per_token=1, session_max_tokens=512)
+    with socket.create_server(("127.0.0.1", 0), backlog=16) as mute:  # listens, never accepts nor answers
+        url = f"http://127.0.0.1:{mute.getsockname()[1]}"
+
+        def beat(worker_id: str) -> httpx.Response:
+            fake = Heartbeat(worker_id=worker_id, url=url, model=cluster.states()["w1"]["model"], load=load,
+                             timestamp=time.time())
+            return httpx.post(cluster.url + "/coordinator/health/heartbeat", content=fake.model_dump_json(),
+                              headers={"authorization": "Bearer integration-secret"}, timeout=30)
+
+        with ThreadPoolExecutor(3) as pool:
+            refused = list(pool.map(beat, ["a-mute", "b-mute", "c-mute"]))
+        assert all(r.status_code == 502 and r.json()["reason"] == "worker_unavailable" for r in refused)
+        assert not {"a-mute", "b-mute", "c-mute"} & set(cluster.states())
+        for _ in range(12):
+            response = httpx.post(cluster.url + "/coordinator/infer", json={"prompt": "Hi.", "max_tokens": 2},
+                                  timeout=30)
+            assert response.status_code == 200 and response.headers["x-worker-id"] in {"w1", "w2"}

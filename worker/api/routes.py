@@ -35,6 +35,7 @@ from protocol.worker import (
     EVENT_ERROR,
     EVENT_TOKEN,
     GENERATE_PATH,
+    HEALTH_PATH,
     MAX_STREAM_REF,
     PING_INTERVAL,
     PROTOCOL_HEADER,
@@ -168,7 +169,7 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
                        ping_interval=PING_INTERVAL, send_timeout=settings.slow_consumer_deadline)
 
 # Open even with a worker token: probes cannot send one (see the module docstring).
-@router.get("/worker/health")
+@router.get(HEALTH_PATH)
 async def health(request: Request) -> JSONResponse:
     settings: WorkerSettings = request.app.state.settings
     runtime: WorkerRuntime | None = request.app.state.runtime

@@ -28,7 +28,7 @@ def beat_dict(clock: ManualClock, **load: Any) -> dict[str, Any]:
 
 
 async def test_without_a_token_a_live_workers_id_cannot_be_claimed_from_another_url() -> None:
-    clock, fakes = ManualClock(), FakeWorkers({"w1": streaming(STREAM)})
+    clock, fakes = ManualClock(), FakeWorkers({"w1": streaming(STREAM)}, ids={"w1b": "w1", "evil": "w1"})
     async with running_app(OPEN, fakes, clock) as client:
         assert (await register(client, heartbeat("w1", timestamp=clock.time()))).status_code == 200
         forged = await register(client, heartbeat("w1", timestamp=clock.time(), url="http://evil.test"))
@@ -42,7 +42,7 @@ async def test_without_a_token_a_live_workers_id_cannot_be_claimed_from_another_
 
 
 async def test_with_the_token_a_worker_may_move() -> None:
-    clock, fakes = ManualClock(), FakeWorkers({"w1": streaming(STREAM)})
+    clock, fakes = ManualClock(), FakeWorkers({"w1": streaming(STREAM)}, ids={"w1b": "w1"})
     settings = Settings(heartbeat_interval=1.0, queue_size=0, worker_token="s3cret")
     async with running_app(settings, fakes, clock) as client:
         assert (await register(client, heartbeat("w1", timestamp=clock.time()), "s3cret")).status_code == 200
@@ -50,6 +50,31 @@ async def test_with_the_token_a_worker_may_move() -> None:
         assert moved.status_code == 200
         listing = (await client.get("/coordinator/health/workers")).json()["workers"]
         assert [w["url"] for w in listing] == ["http://w1b.test"]
+
+
+async def test_a_new_worker_is_registered_only_once_its_url_answers_as_that_worker() -> None:
+    """Before: a heartbeat alone registered a worker, so fakes that heartbeat but never answer were
+    ranked with the real ones and cost clients failovers and 502s until their breakers opened."""
+    clock = ManualClock()
+    fakes = FakeWorkers({"real": streaming(STREAM, worker_id="real")}, silent={"liar"}, ids={"other": "w9"})
+    settings = Settings(heartbeat_interval=1.0, queue_size=0, worker_token="s3cret", worker_probe_timeout=0.5)
+    async with running_app(settings, fakes, clock) as client:
+        for worker_id, url in [("liar", None), ("w7", "http://other.test")]:
+            refused = await register(client, heartbeat(worker_id, timestamp=clock.time(), url=url), "s3cret")
+            assert refused.status_code == 502 and refused.json()["reason"] == "worker_unavailable"
+            assert "not registered" in refused.json()["error"]
+        assert (await register(client, heartbeat("real", timestamp=clock.time()), "s3cret")).status_code == 200
+        listing = (await client.get("/coordinator/health/workers")).json()["workers"]
+        assert [w["worker_id"] for w in listing] == ["real"]
+        for _ in range(3):  # later heartbeats of a registered worker are not probed again
+            assert (await register(client, heartbeat("real", timestamp=clock.time()), "s3cret")).status_code == 200
+        assert fakes.probes == ["other", "real"]
+        for _ in range(6):
+            response = await client.post("/coordinator/infer", content=json.dumps({"prompt": "hi", "max_tokens": 2}))
+            assert response.status_code == 200 and response.headers["x-worker-id"] == "real"
+        assert [host for host, _ in fakes.calls] == ["real"] * 6
+        text = (await client.get("/metrics")).text
+        assert 'coordinator_heartbeats_total{outcome="unproven"} 2.0' in text
 
 
 @pytest.mark.parametrize("change", [
