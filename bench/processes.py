@@ -74,12 +74,14 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
 
 @contextlib.contextmanager
 def serving(name: str, argv: list[str], ready_url: str, *, log_path: Path | None = None,
-            env: Mapping[str, str] | None = None, timeout: float = 180.0) -> Iterator[subprocess.Popen[bytes]]:
-    """Starts `argv` in the repository root, waits until `ready_url` answers 200, yields the process,
+            env: Mapping[str, str] | None = None, timeout: float = 180.0,
+            cwd: Path = ROOT) -> Iterator[subprocess.Popen[bytes]]:
+    """Starts `argv` in `cwd` (the repository root; another checkout runs that checkout's code: `-m`
+    imports from the working directory first), waits until `ready_url` answers 200, yields the process,
     and stops it however the block ends. Output goes to `log_path`, or nowhere."""
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(log_path.open("wb")) if log_path is not None else subprocess.DEVNULL
-        proc = subprocess.Popen(argv, cwd=ROOT, env=dict(env) if env is not None else None, stdout=out,
+        proc = subprocess.Popen(argv, cwd=cwd, env=dict(env) if env is not None else None, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         stack.callback(stop, proc)
         wait_ready(proc, ready_url, name, timeout=timeout, detail=lambda: f"(log: {log_path})" if log_path else "")

@@ -32,6 +32,7 @@ they connect first and start together on a signal, and the window is from that s
 stream's end.
 
     .venv/bin/python -m bench.tiny_bench [--streams 16,64,256] [--tokens 128] [--clients 2] [--no-probabilities]
+                                         [--sampling greedy|default] [--worker-tree DIR]
 """
 
 from __future__ import annotations
@@ -105,8 +106,11 @@ class Ceiling:
 # -- the load generator (its own process) ----------------------------------------------------------------
 
 
-async def _one_stream(port: int, i: int, tokens: int, go: asyncio.Event, probabilities: bool) -> bytes:
-    fields: dict[str, Any] = {"prompt": prompt_text(i), "max_tokens": tokens, "ignore_eos": True, "temperature": 0}
+async def _one_stream(port: int, i: int, tokens: int, go: asyncio.Event, probabilities: bool,
+                      sampling: str) -> bytes:
+    fields: dict[str, Any] = {"prompt": prompt_text(i), "max_tokens": tokens, "ignore_eos": True}
+    if sampling == "greedy":
+        fields["temperature"] = 0  # otherwise the request's defaults: temperature 0.8, top-k 40, top-p 0.95
     if not probabilities:
         fields["probabilities"] = False  # as the OpenAI surface sends when no logprobs are asked for
     body = json.dumps(fields).encode()
@@ -160,9 +164,9 @@ def check_stream(raw: bytes, tokens: int) -> str:
     return ""
 
 
-async def _client(port: int, ids: list[int], tokens: int, probabilities: bool) -> dict[str, Any]:
+async def _client(port: int, ids: list[int], tokens: int, probabilities: bool, sampling: str) -> dict[str, Any]:
     go = asyncio.Event()
-    tasks = [asyncio.create_task(_one_stream(port, i, tokens, go, probabilities)) for i in ids]
+    tasks = [asyncio.create_task(_one_stream(port, i, tokens, go, probabilities, sampling)) for i in ids]
     await asyncio.sleep(0.2)  # let every connection open before the signal
     print("ready", flush=True)
     await asyncio.to_thread(sys.stdin.readline)
@@ -287,11 +291,12 @@ def scrape(url: str) -> dict[str, float]:
     return values
 
 
-def run_worker_cell(url: str, port: int, pid: int, n: int, tokens: int, clients: int, probabilities: bool) -> Cell:
+def run_worker_cell(url: str, port: int, pid: int, n: int, tokens: int, clients: int, probabilities: bool,
+                    sampling: str) -> Cell:
     ids = [list(range(n))[c::clients] for c in range(clients)]
     procs = [subprocess.Popen([sys.executable, "-m", "bench.tiny_bench", "--client-child", "--port", str(port),
                                "--ids", ",".join(map(str, part)), "--tokens", str(tokens),
-                               *([] if probabilities else ["--no-probabilities"])],
+                               "--sampling", sampling, *([] if probabilities else ["--no-probabilities"])],
                               cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
              for part in ids if part]
     try:
@@ -354,10 +359,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         with serving("worker", worker_argv(args.model, port, n, args.threads), f"{url}/worker/health",
-                     log_path=RESULTS / "tiny_worker.log", env=peer_env(None)) as proc:
-            run_worker_cell(url, port, proc.pid, min(n, 4), 8, 1, args.probabilities)  # warm-up
-            cells = [run_worker_cell(url, port, proc.pid, n, args.tokens, args.clients, args.probabilities)
-                     for _ in range(args.reps)]
+                     log_path=RESULTS / "tiny_worker.log", env=peer_env(None),
+                     cwd=args.worker_tree or ROOT) as proc:
+            run_worker_cell(url, port, proc.pid, min(n, 4), 8, 1, args.probabilities, args.sampling)  # warm-up
+            cells = [run_worker_cell(url, port, proc.pid, n, args.tokens, args.clients, args.probabilities,
+                                     args.sampling) for _ in range(args.reps)]
         ceiling_tps = statistics.median(c.tokens_per_s for c in ceilings)
 
         def med(name: str, cells: list[Cell] = cells) -> float:
@@ -405,6 +411,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-probabilities", dest="probabilities", action="store_false",
                         help="requests say probabilities: false (no per-token softmax), as an OpenAI client "
                              "that asks for no logprobs")
+    parser.add_argument("--sampling", choices=("greedy", "default"), default="greedy",
+                        help="greedy (temperature 0), or the requests' default sampling: temperature 0.8, top-k 40, "
+                             "top-p 0.95 (the ceiling loop stays greedy)")
+    parser.add_argument("--worker-tree", type=Path, default=None,
+                        help="run the worker from this checkout (e.g. a git worktree of an older commit), to "
+                             "compare two versions in one session; the load generators and ceiling stay this one's")
     parser.add_argument("--client-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--ids", default="", help=argparse.SUPPRESS)
@@ -419,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.client_child:
         ids = [int(i) for i in args.ids.split(",")]
-        print(json.dumps(asyncio.run(_client(args.port, ids, args.tokens, args.probabilities))))
+        print(json.dumps(asyncio.run(_client(args.port, ids, args.tokens, args.probabilities, args.sampling))))
         return 0
     if args.ceiling_child:
         print(json.dumps(ceiling_child(args.model, args.streams[0], args.tokens, args.threads)))

@@ -123,9 +123,7 @@ def test_top_k_top_p_support_is_llama_cpp_s(top_k: int, top_p: float, banned: tu
             stages.append(ll.llama_sampler_init_top_p(top_p, 1))
         left, _ = chain_apply(row, *stages)
         expected = set(left["id"][np.isfinite(left["logit"])].tolist())
-        work = row.copy()
-        work[list(banned)] = -np.inf
-        ids, _ = support(work, top_k, top_p, allowed=VOCAB - len(banned))
+        ids, _ = support(row, top_k, top_p, banned=np.array(banned, dtype=np.intp))
         assert set(ids.tolist()) == expected
 
 
@@ -179,3 +177,26 @@ def test_the_ggml_kernel_is_used_only_where_it_is_found(tmp_path: Path) -> None:
         top = float(row.max())
         expected = float(np.exp(row.astype(np.float64) - top).sum())
         assert kernel(row, top, scratch) == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("shape", ["gaussian", "peaked", "banned_on_top", "small_vocab", "mostly_minus_inf"])
+def test_top_k_by_threshold_is_the_exact_top_k(shape: str) -> None:
+    """`_top_k` passes over the row once by a threshold from a strided sample; it must keep exactly the
+    k largest allowed tokens, in order, whatever the row looks like."""
+    from worker.engine.sampling import _top_k
+
+    rng = np.random.default_rng(9)
+    for trial in range(40):
+        size = 50 if shape == "small_vocab" else VOCAB
+        row = (rng.standard_normal(size) * (12 if shape == "peaked" else 3)).astype(np.float32)
+        banned = np.array(sorted(rng.choice(size, 3, replace=False)), dtype=np.intp)
+        if shape == "banned_on_top":
+            row[banned] = row.max() + 1 + np.arange(3)
+        if shape == "mostly_minus_inf":
+            row[rng.random(size) < 0.99] = -np.inf
+        k = int(rng.integers(1, 48))
+        order = np.lexsort((np.arange(size), -row))
+        expected = order[~np.isin(order, banned)][:k]
+        got = _top_k(row, k, banned)
+        assert got.tolist() == expected.tolist(), (trial, k)
+
