@@ -1,7 +1,7 @@
 """The coordinator's FastAPI app: `create_app(settings, clock=..., worker_client=...)`.
 
 Owns: the lifespan that builds `app.state.coordinator` and `app.state.gateway`, the routers, the
-way in for the streaming POST routes (`FastPaths`), `/metrics`, and the one place where errors raised
+way in for the streaming POST routes (`FastPaths`) and around everything `Cors`, `/metrics`, and the one place where errors raised
 in routes become HTTP responses (`CoordinatorError` -> the surface's error body, chosen by path:
 OpenAI's shape under `/v1/`, `ErrorBody` elsewhere; status from errors.STATUS_BY_REASON,
 `X-Request-ID`, and `Retry-After` on 503).
@@ -25,6 +25,7 @@ from coordinator.clock import Clock, SystemClock
 from coordinator.errors import CoordinatorError
 from coordinator.gateway import Gateway
 from coordinator.ops import health, status_page
+from coordinator.ops.cors import Cors, parse_origins
 from coordinator.relay.upstream import WorkerClient
 from coordinator.settings import Settings
 from coordinator.state import CoordinatorState, build_state
@@ -62,6 +63,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     app.include_router(sessions.router)
     app.include_router(status_page.router)
     app.add_middleware(FastPaths)
+    app.add_middleware(Cors, origins=parse_origins(settings.cors_origins))  # outermost: before the keys
     app.add_exception_handler(CoordinatorError, _coordinator_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected)

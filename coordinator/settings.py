@@ -32,6 +32,10 @@ class Settings(BaseModel):
     api_keys: str | None = Field(
         default=None, repr=False, description="client API keys: comma-separated, or a file with one per line; "
         "set, /coordinator/infer and /v1/* need `Authorization: Bearer <key>` or `X-API-Key` (401 otherwise)")
+    cors_origins: str = Field(
+        default="", max_length=4096, description="origins whose web pages may call the coordinator "
+        "(comma-separated, e.g. https://app.example.com; * for any): preflights answered, CORS headers on "
+        "their responses; none by default")
     open_metrics: bool = Field(default=False, description="with api_keys: /metrics and /coordinator/status answer "
                                "without a key too (a scraper that cannot send one); by default they need one")
     worker_url_pattern: str | None = Field(

@@ -1,6 +1,7 @@
 """Wire types of the OpenAI-compatible surface: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
 
-Owns: the request bodies as OpenAI documents them (unknown fields ignored, as vLLM does), our
+Owns: the request bodies as OpenAI documents them (unknown fields ignored, as vLLM does, except the
+ones in `UNSUPPORTED`, which change what an answer means and are refused rather than dropped), our
 extensions (`session_id`, `top_k`, `ignore_eos`), and the response, chunk, model-list and error
 shapes the official clients parse.
 Must not: reach workers. The coordinator's OpenAI surface maps these onto `protocol.worker`.
@@ -12,6 +13,7 @@ means "until the end of generation or the session's KV limit".
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,6 +21,37 @@ from pydantic import BaseModel, ConfigDict, Field
 from protocol.worker import MAX_PROMPT_CHARS, MAX_STOP_LENGTH, MAX_STOP_STRINGS, SESSION_ID_PATTERN
 
 MAX_COMPLETION_TOKENS = 32_768
+# Our own value of OpenAI's `system_fingerprint` when the serving worker reports no model identity.
+FINGERPRINT_UNKNOWN = "fp_llm-pool"
+
+
+def _absent(value: Any) -> bool:
+    return value is None or value == [] or value == {} or value == ""
+
+
+# Fields of OpenAI's API, and of llama.cpp's server's, that this pool does not implement yet, each with
+# the test of a value that changes nothing. Any other value is a 400 naming the field: a client that
+# asks for JSON, tools or a penalty must not get an answer made without them.
+UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
+    "tools": _absent,
+    "tool_choice": lambda v: _absent(v) or v == "none",
+    "functions": _absent,
+    "function_call": lambda v: _absent(v) or v == "none",
+    "response_format": lambda v: _absent(v) or v == {"type": "text"},
+    "logit_bias": _absent,
+    "frequency_penalty": lambda v: _absent(v) or v == 0,
+    "presence_penalty": lambda v: _absent(v) or v == 0,
+    "repeat_penalty": lambda v: _absent(v) or v == 1,
+    "best_of": lambda v: _absent(v) or v == 1,
+    "grammar": _absent,
+    "json_schema": _absent,
+    "min_p": lambda v: _absent(v) or v == 0,
+    "typical_p": lambda v: _absent(v) or v == 1,
+    "mirostat": lambda v: _absent(v) or v == 0,
+    "modalities": lambda v: _absent(v) or v == ["text"],
+    "audio": _absent,
+    "prediction": _absent,
+}
 
 
 class TextPart(BaseModel):
@@ -49,7 +82,7 @@ class _Common(BaseModel):
     """Fields both endpoints share: model, sampling, streaming, our extensions. Strict types, as
     OpenAI's own API checks them: `"5"` is not a number and `true` is not 1."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True)  # kept only to check them against UNSUPPORTED
 
     model: str | None = Field(default=None, max_length=256)
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_COMPLETION_TOKENS)
@@ -122,6 +155,7 @@ class ChatCompletion(BaseModel):
     object: Literal["chat.completion"] = "chat.completion"
     created: int
     model: str
+    system_fingerprint: str = FINGERPRINT_UNKNOWN
     choices: list[ChatChoice]
     usage: CompletionUsage
 
@@ -143,6 +177,7 @@ class ChatCompletionChunk(BaseModel):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
     model: str
+    system_fingerprint: str = FINGERPRINT_UNKNOWN
     choices: list[ChunkChoice]
     usage: CompletionUsage | None = None
 
@@ -168,6 +203,7 @@ class Completion(BaseModel):
     object: Literal["text_completion"] = "text_completion"
     created: int
     model: str
+    system_fingerprint: str = FINGERPRINT_UNKNOWN
     choices: list[CompletionChoice]
     usage: CompletionUsage | None = None
 

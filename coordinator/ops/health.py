@@ -129,6 +129,8 @@ def _check(beat: Heartbeat, *, now_wall: float, max_skew: float, max_age: float)
 
 
 @router.get("/coordinator/health", responses={503: {"model": CoordinatorHealth, "description": "draining"}})
+@router.get("/health", responses={503: {"model": CoordinatorHealth, "description": "draining"}},
+            summary="The same as /coordinator/health, at the path most probes and benchmark tools ask")
 async def health_route(request: Request, response: Response) -> CoordinatorHealth:
     summary = await health(request)
     if summary.status == "draining":

@@ -2,7 +2,8 @@
 
 Owns: parsing OpenAI's request bodies into the internal request (chat messages go to the worker as
 messages, rendered there with the model's own template; completions are raw prompts), the
-refusals OpenAI clients expect (`n` other than 1, non-text content parts, tool roles), OpenAI's
+refusals OpenAI clients expect (`n` other than 1, non-text content parts, tool roles, and every
+field in `protocol.openai.UNSUPPORTED` with a value that would change the answer), OpenAI's
 error shape, choosing a streamed (`ChunkEncoder`) or collected (`assemble`) answer, and the OpenAPI
 description of these routes (the bodies narrowed to what the parsers here accept).
 Must not: admit, schedule or relay; the gateway does, exactly as for `/coordinator/infer`.
@@ -26,13 +27,14 @@ from coordinator.relay.response import RelayResponse
 from coordinator.relay.supervisor import client_left_of
 from coordinator.state import CoordinatorState
 from coordinator.surfaces.infer import event_stream, json_body, refusals
-from coordinator.surfaces.openai_format import ChunkEncoder, Options, assemble
+from coordinator.surfaces.openai_format import ChunkEncoder, Options, assemble, fingerprint_of
 from coordinator.validate import describe, first_field, read_body, request_id_of
 from protocol import openai as oa
 from protocol import reasons
 from protocol.openapi import inlined
 from protocol.worker import MAX_PROMPT_CHARS, REQUEST_ID_HEADER, WORKER_ID_HEADER, GenerateRequest
 
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for our `prompt_too_long`
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 PREFIX = "/v1/"
@@ -159,15 +161,18 @@ async def _serve(request: Request, surface: str, parse: Parse) -> Response:
         return error_response(request_id, exc)
     created = int(state.clock.time())
     headers = {REQUEST_ID_HEADER: request_id, WORKER_ID_HEADER: opened.worker_id}
+    record = state.registry.get(opened.worker_id)
+    fingerprint = fingerprint_of(record.model_identity if record is not None else "")
     if options.stream:
-        encoder = ChunkEncoder(options, request_id=request_id, created=created, model=opened.model)
+        encoder = ChunkEncoder(options, request_id=request_id, created=created, model=opened.model,
+                               fingerprint=fingerprint)
         return RelayResponse(opened.relay, headers=headers, ping_interval=state.settings.ping_interval,
                              clock=state.clock, on_end=opened.finish, encoder=encoder)
     model_name = opened.model
     return CollectedResponse(
         opened.relay, on_end=opened.finish, now=state.clock.monotonic,
         assemble=lambda events: assemble(options, events, request_id=request_id, created=created,
-                                         model=model_name, headers=headers))
+                                         model=model_name, fingerprint=fingerprint, headers=headers))
 
 
 def _validated(model: type[BaseModel], raw: bytes) -> Any:
@@ -188,6 +193,11 @@ def _common(body: oa.ChatCompletionRequest | oa.CompletionRequest, max_tokens: i
     """The internal fields both endpoints map the same way; only what the client set is sent on."""
     if body.n != 1:
         raise _invalid("n: only n=1 is supported", "n")
+    for name, value in (body.model_extra or {}).items():
+        harmless = oa.UNSUPPORTED.get(name)
+        if harmless is not None and not harmless(value):
+            raise _invalid(f"{name}: not supported by this pool yet; an answer made without it would not be "
+                           "what the request asks for, so leave it out", name)
     fields: dict[str, Any] = {"max_tokens": max_tokens or oa.MAX_COMPLETION_TOKENS}
     for name in ("model", "temperature", "top_p", "seed", "stop", "session_id", "top_k", "ignore_eos"):
         value = getattr(body, name)
@@ -198,6 +208,9 @@ def _common(body: oa.ChatCompletionRequest | oa.CompletionRequest, max_tokens: i
 
 def _parse_chat(raw: bytes) -> tuple[dict[str, Any], Options]:
     body: oa.ChatCompletionRequest = _validated(oa.ChatCompletionRequest, raw)
+    if (body.top_logprobs or 0) > 1:
+        raise _invalid("top_logprobs: at most 1 (the chosen token's); alternatives are not computed",
+                       "top_logprobs")
     fields = _common(body, body.max_completion_tokens or body.max_tokens)
     fields["messages"] = [_message(m, i) for i, m in enumerate(body.messages)]
     top = body.top_logprobs or 0
@@ -211,6 +224,8 @@ def _parse_completion(raw: bytes) -> tuple[dict[str, Any], Options]:
         raise _invalid("echo: not supported", "echo")
     if body.suffix:
         raise _invalid("suffix: not supported", "suffix")
+    if (body.logprobs or 0) > 1:
+        raise _invalid("logprobs: at most 1 (the chosen token's); alternatives are not computed", "logprobs")
     prompt = body.prompt
     if isinstance(prompt, list):
         if len(prompt) != 1:
@@ -259,7 +274,12 @@ def _invalid(message: str, param: str) -> CoordinatorError:
 
 
 def error_response(request_id: str, exc: CoordinatorError) -> JSONResponse:
-    """OpenAI's error shape; the status, `Retry-After` and reason (as `code`) as on every surface."""
+    """OpenAI's error shape; the status, `Retry-After` and reason (as `code`) as on every surface, but
+    for a prompt longer than the context: 400 `context_length_exceeded`, as OpenAI and llama.cpp's
+    server answer it (the SDK then raises `BadRequestError`, which agent frameworks catch to shorten
+    the conversation, instead of a generic `APIStatusError` for 413)."""
+    if exc.reason == reasons.PROMPT_TOO_LONG:
+        exc = CoordinatorError(CONTEXT_LENGTH_EXCEEDED, exc.message, status=400, param=exc.param)
     headers = error_headers(exc, request_id)
     param = exc.param or _PARAM_BY_REASON.get(exc.reason)
     body = oa.error_body(exc.message, status=exc.status, code=exc.reason, param=param)

@@ -14,6 +14,7 @@ types in protocol/openai.py and through the official `openai` client.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -49,6 +50,14 @@ def logprob(probability: float) -> float:
     return math.log(probability) if probability > 0.0 else MIN_LOGPROB
 
 
+def fingerprint_of(model_identity: str) -> str:
+    """OpenAI's `system_fingerprint`: it changes when what serves the model changes, here the model's
+    identity as its worker reports it (its file's digest)."""
+    if not model_identity:
+        return oa.FINGERPRINT_UNKNOWN
+    return "fp_" + hashlib.sha256(model_identity.encode()).hexdigest()[:12]
+
+
 def completion_id(kind: Kind, request_id: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + request_id
 
@@ -65,15 +74,18 @@ def error_detail(error: ErrorEvent) -> dict[str, Any]:
 
 
 class ChunkEncoder:
-    """One stream's chunks. The first content chunk of a chat carries the assistant role."""
+    """One stream's chunks. A chat opens with a chunk that carries only the assistant role (and empty
+    content), and closes with an empty `delta` and the finish reason, as OpenAI streams them."""
 
     __slots__ = ("_base", "_choice", "_first", "_offset", "_options", "_tail")
 
-    def __init__(self, options: Options, *, request_id: str, created: int, model: str) -> None:
+    def __init__(self, options: Options, *, request_id: str, created: int, model: str,
+                 fingerprint: str = oa.FINGERPRINT_UNKNOWN) -> None:
         obj = "chat.completion.chunk" if options.kind == "chat" else "text_completion"
         ident = completion_id(options.kind, request_id)
         self._options = options
-        self._base = f'{{"id":{json.dumps(ident)},"object":"{obj}","created":{created},"model":{json.dumps(model)},'
+        self._base = (f'{{"id":{json.dumps(ident)},"object":"{obj}","created":{created},"model":{json.dumps(model)},'
+                      f'"system_fingerprint":{json.dumps(fingerprint)},')
         self._choice = self._base + '"choices":[{"index":0,'
         self._tail = "}]" + (',"usage":null' if options.include_usage else "") + "}"
         self._first = True
@@ -82,7 +94,7 @@ class ChunkEncoder:
     def __call__(self, event: SseEvent) -> bytes:
         if event.event == EVENT_TOKEN:
             data = json.loads(event.data)
-            return self._frame(self._piece(data["token"], data["probability"]))
+            return self._opening() + self._frame(self._piece(data["token"], data["probability"]))
         if event.event == EVENT_DONE:
             return self._done(DoneEvent.model_validate_json(event.data))
         if event.event == EVENT_ERROR:
@@ -96,9 +108,14 @@ class ChunkEncoder:
         if options.kind == "text":
             self._offset += len(text)
             return f'"text":{quoted},"logprobs":{lp},"finish_reason":null'
-        role = '"role":"assistant",' if self._first else ""
+        return f'"delta":{{"content":{quoted}}},"logprobs":{lp},"finish_reason":null'
+
+    def _opening(self) -> bytes:
+        """A chat's first chunk, role only, before its first content (b"" after it, and for text)."""
+        if not self._first or self._options.kind != "chat":
+            return b""
         self._first = False
-        return f'"delta":{{{role}"content":{quoted}}},"logprobs":{lp},"finish_reason":null'
+        return self._frame('"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null')
 
     def _logprobs(self, text: str, probability: float) -> str:
         value = logprob(probability)
@@ -115,9 +132,8 @@ class ChunkEncoder:
         if self._options.kind == "text":
             last = f'"text":"","logprobs":null,"finish_reason":{reason}'
         else:
-            role = '"role":"assistant",' if self._first else ""
-            last = f'"delta":{{{role}"content":""}},"logprobs":null,"finish_reason":{reason}'
-        frames = self._frame(last)
+            last = f'"delta":{{}},"logprobs":null,"finish_reason":{reason}'
+        frames = self._opening() + self._frame(last)
         if self._options.include_usage:
             usage = usage_of(done).model_dump_json()
             frames += b"data: " + (self._base + f'"choices":[],"usage":{usage}}}').encode() + b"\n\n"
@@ -128,7 +144,7 @@ class ChunkEncoder:
 
 
 def assemble(options: Options, events: list[SseEvent], *, request_id: str, created: int, model: str,
-             headers: dict[str, str]) -> Response:
+             headers: dict[str, str], fingerprint: str = oa.FINGERPRINT_UNKNOWN) -> Response:
     """The whole answer of a non-streaming request from its collected events."""
     pieces: list[tuple[str, float]] = []
     done: DoneEvent | None = None
@@ -151,9 +167,10 @@ def assemble(options: Options, events: list[SseEvent], *, request_id: str, creat
     if options.kind == "chat":
         choice = oa.ChatChoice(message=oa.AssistantMessage(content=text), finish_reason=reason,
                                logprobs=_chat_logprobs(options, pieces))
-        body = oa.ChatCompletion(id=ident, created=created, model=model, choices=[choice], usage=usage)
+        body = oa.ChatCompletion(id=ident, created=created, model=model, choices=[choice], usage=usage,
+                                 system_fingerprint=fingerprint)
     else:
-        body = oa.Completion(id=ident, created=created, model=model, usage=usage,
+        body = oa.Completion(id=ident, created=created, model=model, usage=usage, system_fingerprint=fingerprint,
                              choices=[oa.CompletionChoice(text=text, logprobs=_text_logprobs(options, pieces),
                                                           finish_reason=reason)])
     return JSONResponse(body.model_dump(mode="json"), headers=headers)

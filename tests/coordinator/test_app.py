@@ -457,7 +457,8 @@ async def test_a_prompt_that_cannot_fit_is_refused_before_any_worker_tokenizes_i
         assert (refused.status_code, refused.json()["reason"]) == (413, "prompt_too_long") and fakes.calls == []
         chat = await client.post("/v1/chat/completions", json={"max_tokens": 5, "messages": [
             {"role": "user", "content": "y" * 600}, {"role": "user", "content": "z" * 600}]})
-        assert chat.status_code == 413 and fakes.calls == []
+        assert chat.status_code == 400 and fakes.calls == []  # OpenAI's status for it
+        assert chat.json()["error"]["code"] == "context_length_exceeded"
         assert (await infer(client, {"prompt": "x" * 1_000, "max_tokens": 5})).status_code == 200
         # A worker that reports no bound (0) lifts it: it alone can tell.
         await register(client, heartbeat("w2", timestamp=clock.time()))

@@ -152,6 +152,14 @@ async def test_an_error_after_the_first_token_is_an_error_chunk_then_done() -> N
      "messages.0.content", "invalid_request"),
     ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, 400, "temperature", "invalid_request"),
     ({"messages": [{"role": "user", "content": "x"}], "model": "gpt-9"}, 404, "model", "unknown_model"),
+    # Meaning-changing fields the pool does not implement are refused, never dropped in silence.
+    *[({"messages": [{"role": "user", "content": "x"}], field: value}, 400, field, "invalid_request")
+      for field, value in [
+          ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
+          ("tool_choice", "required"), ("response_format", {"type": "json_object"}),
+          ("logit_bias", {"42": -100}), ("frequency_penalty", 0.5), ("presence_penalty", -1.0),
+          ("grammar", "root ::= \"a\""), ("json_schema", {"type": "object"}), ("repeat_penalty", 1.2),
+          ("top_logprobs", 5)]],
 ])
 async def test_refusals_use_openais_error_shape(body: dict, status: int, param: str, code: str) -> None:  # type: ignore[type-arg]
     fakes = FakeWorkers({"w1": streaming(STREAM)})
@@ -233,3 +241,31 @@ async def test_a_next_turn_goes_back_to_the_worker_that_served_the_conversation(
         assert other.headers["x-worker-id"] == "w2"
         edited = history[:-1] + [{"role": "assistant", "content": "changed"}, {"role": "user", "content": "?"}]
         assert (await client.post("/v1/chat/completions", json={"messages": edited})).headers["x-worker-id"] == "w2"
+
+
+async def test_fields_with_values_that_change_nothing_are_accepted() -> None:
+    fakes = FakeWorkers({"w1": streaming(STREAM)})
+    async with pool(fakes, ONE) as (client, _):
+        response = await client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "x"}], "tools": [], "tool_choice": "none",
+            "response_format": {"type": "text"}, "logit_bias": {}, "frequency_penalty": 0, "presence_penalty": 0.0,
+            "parallel_tool_calls": True, "some_future_field": {"anything": 1}})
+    assert response.status_code == 200, response.text
+
+
+async def test_chat_stream_opens_with_the_role_alone_closes_with_an_empty_delta_and_has_a_fingerprint() -> None:
+    """As OpenAI streams it (strict clients check both ends): before, the role rode on the first content
+    chunk and the last chunk carried `delta: {"content": ""}`; `system_fingerprint` was absent."""
+    fakes = FakeWorkers({"w1": streaming(STREAM)})
+    async with pool(fakes, ONE) as (client, _):
+        response = await client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "x"}], "stream": True})
+        whole = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+    chunks = [json.loads(line[6:]) for line in response.text.splitlines()
+              if line.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert deltas[1:-1] == [{"content": "He"}, {"content": "llo"}, {"content": "!"}]
+    assert deltas[-1] == {} and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert {c["system_fingerprint"] for c in chunks} == {whole.json()["system_fingerprint"]}
+    assert whole.json()["system_fingerprint"].startswith("fp_")
