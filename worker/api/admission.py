@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from protocol import reasons
 from protocol.worker import GenerateRequest
 from worker.backends.base import EngineBackend, Message, ModelBackend
+from worker.backends.chat_template import TemplateRefusal
 from worker.engine.channel import TokenChannel
 from worker.engine.jobs import Job, StreamItem
 from worker.errors import WorkerError
@@ -84,7 +85,10 @@ class Gate:
         history = _history(request, known)
         cached_view = list(known.tokens) if known else []
         async with self._tokenizing:  # bounded: many big prompts at once must not take every core
-            tokens = await asyncio.to_thread(self._prompt_tokens, request, history, cached_view)
+            try:
+                tokens = await asyncio.to_thread(self._prompt_tokens, request, history, cached_view)
+            except TemplateRefusal as refused:  # e.g. "Conversation roles must alternate user/assistant"
+                raise WorkerError(400, reasons.INVALID_REQUEST, str(refused)) from None
         limit = self.table.limits.session_max_tokens
         if len(tokens) >= limit:
             raise WorkerError(413, reasons.PROMPT_TOO_LONG,

@@ -11,12 +11,15 @@ model and vocabulary, which llama.cpp allows from any thread, so the asyncio sid
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 from pathlib import Path
 
+import jinja2
 import llama_cpp as ll
 
 from worker.backends.base import PLAIN_TURN_STOP, Message, ModelShape, file_identity, plain_turns
+from worker.backends.chat_template import ChatTemplate
 
 _log = logging.getLogger("worker.llama")
 _GGML_LOG_LEVEL_WARN = 3
@@ -70,6 +73,7 @@ class Model:
         self._eog = frozenset(self.eog_tokens)  # checked for every generated token: no ctypes call
         template = ll.llama_model_chat_template(self._handle, None)
         self._chat_template: bytes | None = template or None
+        self._jinja = self._compile(self._chat_template)
         # Every token's bytes, read once: the engine turns each generated token into text, and a table
         # lookup costs a fraction of a llama_token_to_piece call through ctypes (about 0.1 s at load for
         # a 49,152-token vocabulary).
@@ -158,8 +162,31 @@ class Model:
         """Text that ends an assistant turn when there is no template to end it with a token."""
         return PLAIN_TURN_STOP if self._chat_template is None else None
 
+    def _compile(self, template: bytes | None) -> ChatTemplate | None:
+        """The GGUF's Jinja template, compiled; None without one, or (logged) when it does not compile."""
+        if template is None:
+            return None
+        bos, eos = ll.llama_vocab_bos(self.vocab), ll.llama_vocab_eos(self.vocab)
+        try:
+            return ChatTemplate(template.decode("utf-8", errors="replace"), bos=self._special_text(bos),
+                                eos=self._special_text(eos), strip_bos=bool(ll.llama_vocab_get_add_bos(self.vocab)))
+        except jinja2.TemplateError as exc:
+            _log.warning(json.dumps({"event": "chat_template_not_compiled", "model": self.name, "detail": str(exc),
+                                    "fallback": "llama.cpp's built-in template matcher"}))
+            return None
+
+    def _special_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        text = ll.llama_vocab_get_text(self.vocab, token)
+        return text.decode("utf-8", errors="replace") if text else ""
+
     def render_chat(self, messages: list[Message]) -> str:
-        """The conversation as the model expects it, ending with the assistant's turn opened."""
+        """The conversation as the model expects it, ending with the assistant's turn opened: by the
+        model's own Jinja template (`TemplateRefusal` when the template refuses it), else llama.cpp's
+        built-in matcher, else plain `role: text` turns."""
+        if self._jinja is not None:
+            return self._jinja.render([{"role": m.role, "content": m.content} for m in messages])
         if self._chat_template is None:
             return plain_turns(messages)
         keep = [(m.role.encode(), m.content.encode()) for m in messages]

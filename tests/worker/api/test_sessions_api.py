@@ -16,6 +16,7 @@ from protocol.health import Heartbeat
 from tests.polling import wait_until
 from tests.sse import generate
 from tests.worker.server import RunningWorker, running_worker
+from worker.backends.base import Message
 from worker.backends.llama_engine import state_seq_size
 
 pytestmark = pytest.mark.model
@@ -29,6 +30,14 @@ STORY = ("Once upon a time in a small village by the sea there lived an old fish
 def worker(model_path: Path) -> Iterator[RunningWorker]:
     with running_worker(model_path, session_ttl=2.0, sweep_interval=0.2) as running:
         yield running
+
+
+def template_opening(worker: RunningWorker) -> int:
+    """Tokens every chat prompt of this model starts with (its template's opening and default system
+    prompt): what a freed sequence can share with any new conversation."""
+    model = worker.runtime.gate.model
+    a, b = (model.tokenize(model.render_chat([Message("user", text)]), add_special=True) for text in ("x", "y"))
+    return next(i for i, (s, t) in enumerate(zip(a, b, strict=False)) if s != t)
 
 
 def test_kv_accounting_matches_llama_cpp_state_size(worker: RunningWorker) -> None:
@@ -58,10 +67,11 @@ def test_session_reuse_prefills_only_the_new_turn(worker: RunningWorker) -> None
     # Prefilled: the new message, its template tokens, and at most the reply's last tokens re-read.
     assert u2["prompt_tokens"] > u1["prompt_tokens"] + new_turn
     assert prefilled <= new_turn + 12, (u1, u2)
-    # The same conversation without a session prefills everything.
+    # The same conversation without a session prefills everything but the template's opening (its
+    # default system prompt), which a freed sequence may still hold.
     fresh = generate(worker.url, {"prompt": "And where does he live?", "session_id": "chat-fresh",
                                   "max_tokens": 1, "temperature": 0})
-    assert fresh.last[1]["usage"]["cached_tokens"] == 0
+    assert fresh.last[1]["usage"]["cached_tokens"] <= template_opening(worker)
     print(f"\nsession reuse: turn 1 prefilled {u1['prompt_tokens']} tokens, ttft "
           f"{first.last[1]['timings']['ttft_ms']:.1f} ms; turn 2 prefilled {prefilled} of "
           f"{u2['prompt_tokens']}, ttft {second.last[1]['timings']['ttft_ms']:.1f} ms")
@@ -82,7 +92,7 @@ def test_idle_session_expires_after_ttl_and_frees_kv(worker: RunningWorker) -> N
     # No claim (the coordinator forgot the id too): the id starts a new conversation, as any new id would.
     # Before, its tombstone answered 404 session_expired to every request with that id, indefinitely.
     fresh = generate(worker.url, {"prompt": "Hello again", "session_id": "short-lived", "max_tokens": 4})
-    assert fresh.status == 200 and fresh.last[1]["usage"]["cached_tokens"] == 0
+    assert fresh.status == 200 and fresh.last[1]["usage"]["cached_tokens"] <= template_opening(worker)
     assert worker.load()["sessions"] == 1
     assert httpx.delete(worker.url + "/worker/sessions/short-lived").status_code == 204
 
