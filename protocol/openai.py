@@ -18,7 +18,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from protocol.worker import MAX_PROMPT_CHARS, MAX_STOP_LENGTH, MAX_STOP_STRINGS, SESSION_ID_PATTERN
+from protocol.worker import (
+    MAX_GRAMMAR_CHARS,
+    MAX_PROMPT_CHARS,
+    MAX_STOP_LENGTH,
+    MAX_STOP_STRINGS,
+    SESSION_ID_PATTERN,
+)
 
 MAX_COMPLETION_TOKENS = 32_768
 # Our own value of OpenAI's `system_fingerprint` when the serving worker reports no model identity.
@@ -37,14 +43,11 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "tool_choice": lambda v: _absent(v) or v == "none",
     "functions": _absent,
     "function_call": lambda v: _absent(v) or v == "none",
-    "response_format": lambda v: _absent(v) or v == {"type": "text"},
     "logit_bias": _absent,
     "frequency_penalty": lambda v: _absent(v) or v == 0,
     "presence_penalty": lambda v: _absent(v) or v == 0,
     "repeat_penalty": lambda v: _absent(v) or v == 1,
     "best_of": lambda v: _absent(v) or v == 1,
-    "grammar": _absent,
-    "json_schema": _absent,
     "min_p": lambda v: _absent(v) or v == 0,
     "typical_p": lambda v: _absent(v) or v == 1,
     "mirostat": lambda v: _absent(v) or v == 0,
@@ -66,6 +69,25 @@ class ChatMessageIn(BaseModel):
 
     role: str = Field(max_length=32)
     content: str | list[TextPart] | None = None
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(default="response", max_length=64)
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(BaseModel):
+    """`{"type": "text"}`, `{"type": "json_object"}` (any JSON object) or `{"type": "json_schema",
+    "json_schema": {"name", "schema", "strict"}}`: the answer is constrained by a grammar to match."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class StreamOptions(BaseModel):
@@ -98,6 +120,10 @@ class _Common(BaseModel):
     session_id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN)
     top_k: int | None = Field(default=None, ge=0, le=100_000)
     ignore_eos: bool | None = None
+    # llama.cpp's server's extensions: constrain the answer to a GBNF grammar or a JSON schema.
+    grammar: str | None = Field(default=None, min_length=1, max_length=MAX_GRAMMAR_CHARS)
+    json_schema: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
 
 
 class ChatCompletionRequest(_Common):

@@ -18,7 +18,7 @@ header), and a refusal found while preparing is an `error` event before it (see 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -61,6 +61,7 @@ MAX_STOP_STRINGS = 8
 MAX_STOP_LENGTH = 64
 MAX_PROMPT_CHARS = 1_000_000
 MAX_MESSAGES = 1_024
+MAX_GRAMMAR_CHARS = 65_536
 SESSION_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/\-]{0,127}$"
 TENANT_PATTERN = r"^[A-Za-z0-9._:-]{0,64}$"
@@ -89,6 +90,20 @@ class GenerationFields(BaseModel):
     session_id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN)
     ignore_eos: bool = Field(default=False, description="keep generating past end-of-generation tokens")
     raw: bool = Field(default=False, description="True: complete the prompt as is, no chat template")
+    grammar: str | None = Field(default=None, min_length=1, max_length=MAX_GRAMMAR_CHARS,
+                                description="GBNF (llama.cpp's grammar format, a `root` rule): the answer is "
+                                "constrained to what it accepts; invalid: 400")
+    json_schema: dict[str, Any] | None = Field(default=None, description="a JSON schema the answer must match "
+                                               "(turned into a grammar); invalid or unsupported: 400")
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> Self:
+        if self.grammar is not None and self.json_schema is not None:
+            raise ValueError("give either grammar or json_schema, not both")
+        if self.ignore_eos and (self.grammar is not None or self.json_schema is not None):
+            raise ValueError("ignore_eos cannot be combined with a grammar or json_schema: the grammar decides "
+                             "where the answer ends")
+        return self
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -199,11 +199,31 @@ def _common(body: oa.ChatCompletionRequest | oa.CompletionRequest, max_tokens: i
             raise _invalid(f"{name}: not supported by this pool yet; an answer made without it would not be "
                            "what the request asks for, so leave it out", name)
     fields: dict[str, Any] = {"max_tokens": max_tokens or oa.MAX_COMPLETION_TOKENS}
-    for name in ("model", "temperature", "top_p", "seed", "stop", "session_id", "top_k", "ignore_eos"):
+    for name in ("model", "temperature", "top_p", "seed", "stop", "session_id", "top_k", "ignore_eos",
+                 "grammar", "json_schema"):
         value = getattr(body, name)
         if value is not None:
             fields[name] = value
+    schema = _schema_of(body.response_format)
+    if schema is not None:
+        if "grammar" in fields or "json_schema" in fields:
+            raise _invalid("response_format: give it, or grammar / json_schema, not both", "response_format")
+        fields["json_schema"] = schema
     return fields
+
+
+def _schema_of(response_format: oa.ResponseFormat | None) -> dict[str, Any] | None:
+    """The JSON schema `response_format` asks the answer to match: any object for `json_object` (as
+    llama.cpp's server reads it), the given schema for `json_schema`; None for text."""
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return {"type": "object"}
+    spec = response_format.json_schema
+    if spec is None or spec.schema_ is None:
+        raise _invalid("response_format.json_schema.schema: required with type json_schema",
+                       "response_format.json_schema")
+    return spec.schema_
 
 
 def _parse_chat(raw: bytes) -> tuple[dict[str, Any], Options]:

@@ -156,10 +156,15 @@ async def test_an_error_after_the_first_token_is_an_error_chunk_then_done() -> N
     *[({"messages": [{"role": "user", "content": "x"}], field: value}, 400, field, "invalid_request")
       for field, value in [
           ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-          ("tool_choice", "required"), ("response_format", {"type": "json_object"}),
-          ("logit_bias", {"42": -100}), ("frequency_penalty", 0.5), ("presence_penalty", -1.0),
-          ("grammar", "root ::= \"a\""), ("json_schema", {"type": "object"}), ("repeat_penalty", 1.2),
+          ("tool_choice", "required"), ("logit_bias", {"42": -100}), ("frequency_penalty", 0.5),
+          ("presence_penalty", -1.0), ("repeat_penalty", 1.2), ("min_p", 0.1), ("modalities", ["audio"]),
           ("top_logprobs", 5)]],
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}, 400,
+     "response_format.type", "invalid_request"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}, 400,
+     "response_format.json_schema", "invalid_request"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"},
+      "grammar": "root ::= \"a\""}, 400, "response_format", "invalid_request"),
 ])
 async def test_refusals_use_openais_error_shape(body: dict, status: int, param: str, code: str) -> None:  # type: ignore[type-arg]
     fakes = FakeWorkers({"w1": streaming(STREAM)})
@@ -269,3 +274,22 @@ async def test_chat_stream_opens_with_the_role_alone_closes_with_an_empty_delta_
     assert deltas[-1] == {} and chunks[-1]["choices"][0]["finish_reason"] == "stop"
     assert {c["system_fingerprint"] for c in chunks} == {whole.json()["system_fingerprint"]}
     assert whole.json()["system_fingerprint"].startswith("fp_")
+
+
+@pytest.mark.parametrize(("extra", "sent"), [
+    ({"response_format": {"type": "json_object"}}, {"json_schema": {"type": "object"}}),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": True, "schema": {
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}},
+     {"json_schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}),
+    ({"response_format": {"type": "text"}}, {}),
+    ({"grammar": 'root ::= "yes" | "no"'}, {"grammar": 'root ::= "yes" | "no"'}),
+    ({"json_schema": {"type": "array"}}, {"json_schema": {"type": "array"}}),
+])
+async def test_structured_output_fields_reach_the_worker_as_a_schema_or_grammar(extra: dict, sent: dict) -> None:  # type: ignore[type-arg]
+    fakes = FakeWorkers({"w1": streaming(STREAM)})
+    async with pool(fakes, ONE) as (client, _):
+        response = await client.post("/v1/chat/completions",
+                                     json={"messages": [{"role": "user", "content": "x"}], **extra})
+    assert response.status_code == 200, response.text
+    body = sent_body(fakes)
+    assert {k: body[k] for k in ("grammar", "json_schema") if k in body} == sent

@@ -4,15 +4,18 @@ real workers running the real model."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
 from tests.integration.conftest import Cluster
 from tests.integration.test_capacity import hold
 from tests.polling import wait_until
+from tests.worker.engine.test_grammar import SCHEMAS
 
 pytestmark = [pytest.mark.model, pytest.mark.anyio]
 USER = {"role": "user", "content": "Name three colors."}
@@ -129,3 +132,21 @@ async def test_models_lists_the_served_model(sdk: openai.AsyncOpenAI) -> None:
     models = [m async for m in sdk.models.list()]
     assert [m.id for m in models] == [MODEL]
     assert models[0].model_extra is not None and "SmolLM2-135M-Instruct.Q4_1" in models[0].model_extra["aliases"]
+
+
+async def test_structured_outputs_through_the_sdk_parse_and_validate(sdk: openai.AsyncOpenAI) -> None:
+    """`response_format` json_schema, streamed and not: the same schema-valid JSON both ways (greedy)."""
+    schema = SCHEMAS["nested"]
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": schema}}
+    ask = [{"role": "user", "content": "Give an example person as JSON."}]
+    whole = await sdk.chat.completions.create(model=MODEL, messages=ask, temperature=0, max_tokens=200,  # type: ignore[arg-type]
+                                              response_format=fmt)  # type: ignore[arg-type]
+    text = whole.choices[0].message.content or ""
+    jsonschema.validate(json.loads(text), schema)
+    assert whole.choices[0].finish_reason == "stop"
+    stream = await sdk.chat.completions.create(model=MODEL, messages=ask, temperature=0, max_tokens=200,  # type: ignore[arg-type]
+                                               response_format=fmt, stream=True)  # type: ignore[arg-type]
+    assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == text
+    with pytest.raises(openai.BadRequestError) as bad:  # refused by the worker while it prepared: still a 400
+        await sdk.chat.completions.create(model=MODEL, messages=ask, extra_body={"grammar": "root ::= oops("})  # type: ignore[arg-type]
+    assert isinstance(bad.value.body, dict) and "grammar" in bad.value.body["message"]

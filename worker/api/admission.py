@@ -21,7 +21,9 @@ from protocol.worker import GenerateRequest
 from worker.backends.base import EngineBackend, Message, ModelBackend
 from worker.backends.chat_template import TemplateRefusal
 from worker.engine.channel import TokenChannel
+from worker.engine.grammar import ConstraintError
 from worker.engine.jobs import Job, StreamItem
+from worker.engine.sampling import Constraint
 from worker.errors import WorkerError
 from worker.naming import ModelNames
 from worker.sessions.table import Admission, Session, SessionTable, shared_prefix
@@ -86,8 +88,8 @@ class Gate:
         cached_view = list(known.tokens) if known else []
         async with self._tokenizing:  # bounded: many big prompts at once must not take every core
             try:
-                tokens = await asyncio.to_thread(self._prompt_tokens, request, history, cached_view)
-            except TemplateRefusal as refused:  # e.g. "Conversation roles must alternate user/assistant"
+                tokens, constraint = await asyncio.to_thread(self._prepare_thread, request, history, cached_view)
+            except (TemplateRefusal, ConstraintError) as refused:  # e.g. "Conversation roles must alternate"
                 raise WorkerError(400, reasons.INVALID_REQUEST, str(refused)) from None
         limit = self.table.limits.session_max_tokens
         if len(tokens) >= limit:
@@ -106,7 +108,8 @@ class Gate:
         loop = asyncio.get_running_loop()
         job = Job(request_id=request_id, request=request, session=session, prompt_tokens=tokens,
                   cached_tokens=cached, history=history if not request.raw else [],
-                  channel=TokenChannel[StreamItem](loop, self.stream_buffer), admitted_at=self.clock())
+                  channel=TokenChannel[StreamItem](loop, self.stream_buffer), admitted_at=self.clock(),
+                  constraint=constraint)
         self.engine.submit(job, admission.freed_seq_ids)
         return job
 
@@ -163,6 +166,14 @@ class Gate:
         seq_id = self.table.release(session, keep_kv=keep_kv)
         if seq_id is not None:
             self.engine.free([seq_id])
+
+    def _prepare_thread(self, request: GenerateRequest, history: list[Message],
+                        cached: list[int]) -> tuple[list[int], Constraint | None]:
+        """Off the event loop: the prompt's tokens and the request's grammar, compiled."""
+        constraint = None
+        if request.grammar is not None or request.json_schema is not None:
+            constraint = self.model.constraint(grammar=request.grammar, json_schema=request.json_schema)
+        return self._prompt_tokens(request, history, cached), constraint
 
     def _prompt_tokens(self, request: GenerateRequest, history: list[Message], cached: list[int]) -> list[int]:
         if request.raw and request.prompt is not None:

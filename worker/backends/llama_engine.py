@@ -222,7 +222,7 @@ class Engine:
         params = SamplingParams(request.temperature, request.top_p, request.top_k, request.seed,
                                 self.model.eog_tokens if request.ignore_eos else (), request.probabilities)
         run = _Running(job=job, text=TextAssembler(request.stop), started_at=self._clock(),
-                       sampling=RequestSampling(params), todo=job.prompt_tokens[keep:])
+                       sampling=RequestSampling(params, job.constraint), todo=job.prompt_tokens[keep:])
         # Kept in sequence-id order so each step's decode rows reach llama.cpp ascending (one pass).
         bisect.insort(self._running, run, key=lambda r: r.job.session.seq_id)
 

@@ -14,12 +14,14 @@ import ctypes
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import jinja2
 import llama_cpp as ll
 
 from worker.backends.base import PLAIN_TURN_STOP, Message, ModelShape, file_identity, plain_turns
 from worker.backends.chat_template import ChatTemplate
+from worker.engine.grammar import Grammar, compile_constraint
 
 _log = logging.getLogger("worker.llama")
 _GGML_LOG_LEVEL_WARN = 3
@@ -201,6 +203,9 @@ class Model:
                 return buf.raw[:n].decode("utf-8", errors="replace")
             size = n
         raise RuntimeError("chat template output kept growing")
+
+    def constraint(self, *, grammar: str | None, json_schema: dict[str, Any] | None) -> Grammar | None:
+        return compile_constraint(self.vocab, self.shape.n_vocab, grammar=grammar, json_schema=json_schema)
 
     def close(self) -> None:
         if self._handle:

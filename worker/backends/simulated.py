@@ -19,11 +19,12 @@ import collections
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from worker.backends.base import Message, ModelShape, plain_turns
 from worker.engine.channel import TokenChannel
 from worker.engine.endings import Endings, Progress, cancel_session
+from worker.engine.grammar import ConstraintError
 from worker.engine.jobs import EngineConfig, EngineObserver, Failed, Finished, Job, StreamItem
 from worker.engine.textstream import TextAssembler
 from worker.sessions.table import Session, SessionTable
@@ -56,6 +57,10 @@ class SimulatedModel:
 
     def render_chat(self, messages: list[Message]) -> str:
         return plain_turns(messages)
+
+    def constraint(self, *, grammar: str | None, json_schema: dict[str, Any] | None) -> None:
+        if grammar is not None or json_schema is not None:
+            raise ConstraintError("the simulated engine does not constrain its output (grammar, json_schema)")
 
     def close(self) -> None:
         pass

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from protocol.worker import GenerateRequest
 from worker.backends.base import Message
 from worker.engine.channel import TokenChannel
+from worker.engine.sampling import Constraint
 from worker.engine.textstream import Piece
 from worker.sessions.table import Session
 
@@ -68,6 +69,7 @@ class Job:
     channel: TokenChannel[StreamItem]
     admitted_at: float
     copied_tokens: int = 0  # of `cached_tokens`, those copied from another sequence's cells
+    constraint: Constraint | None = None  # the request's grammar, compiled at admission
 
 
 class EngineObserver:

@@ -32,7 +32,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -66,13 +66,25 @@ class SamplingParams:
 NOT_COMPUTED = math.nan  # the probability of a row whose request did not ask for it
 
 
-class RequestSampling:
-    """One request's sampling parameters and its own random generator (the seed's, or fresh entropy)."""
+class Constraint(Protocol):
+    """What may come next in a constrained sequence (worker/engine/grammar.py's `Grammar`)."""
 
-    def __init__(self, params: SamplingParams) -> None:
+    end: int  # the token that ends the answer when the grammar allows nothing more
+
+    def allows(self, token: int) -> bool: ...
+    def mask(self, row: np.ndarray, out: np.ndarray) -> np.ndarray: ...
+    def accept(self, token: int) -> None: ...
+
+
+class RequestSampling:
+    """One request's sampling parameters, its own random generator (the seed's, or fresh entropy), and
+    its grammar when it has one."""
+
+    def __init__(self, params: SamplingParams, constraint: Constraint | None = None) -> None:
         self.params = params
         self.banned = np.array(params.banned_tokens, dtype=np.intp)
         self.rng = np.random.default_rng(params.seed)
+        self.constraint = constraint
 
 
 def numpy_exp_sum(row: np.ndarray, top: float, scratch: np.ndarray) -> float:
@@ -125,6 +137,7 @@ class StepSampler:
 
     def __init__(self, n_vocab: int, exp_sum: ExpSum | None = None) -> None:
         self._scratch = np.empty(n_vocab, dtype=np.float32)
+        self._masked = np.empty(n_vocab, dtype=np.float32)  # a constrained row's logits, masked
         self._exp_sum_of = exp_sum or ggml_exp_sum() or numpy_exp_sum
 
     def sample(self, logits: np.ndarray, requests: Sequence[RequestSampling]) -> list[tuple[int, float]]:
@@ -135,18 +148,36 @@ class StepSampler:
         for i, request in enumerate(requests):
             row = logits[i]
             params = request.params
-            if params.greedy:
-                token = int(best[i])
-                if request.banned.size and token in params.banned_tokens:
-                    token = int(self._without_banned(row, request.banned).argmax())
-            else:
-                token = self._draw(row, request)
+            token = self._pick(row, int(best[i]), request)
+            if request.constraint is not None:
+                token = self._constrained(row, token, request, request.constraint)
             if params.probability:  # the whole vocabulary's softmax denominator: most of a row's cost
                 top = float(row[best[i]])
                 out.append((token, min(1.0, math.exp(float(row[token]) - top) / self._exp_sum(row, top))))
             else:
                 out.append((token, NOT_COMPUTED))
         return out
+
+    def _pick(self, row: np.ndarray, best: int, request: RequestSampling) -> int:
+        if not request.params.greedy:
+            return self._draw(row, request)
+        if request.banned.size and best in request.params.banned_tokens:
+            return int(self._without_banned(row, request.banned).argmax())
+        return best
+
+    def _constrained(self, row: np.ndarray, token: int, request: RequestSampling, constraint: Constraint) -> int:
+        """The pick when the grammar allows it (one token checked); else the pick again from the row
+        masked to what the grammar allows. The grammar then advances by the token chosen."""
+        if not constraint.allows(token):
+            masked = constraint.mask(row, self._masked)
+            best = int(masked.argmax())
+            if not math.isfinite(float(masked[best])):
+                return constraint.end  # nothing may follow: end the answer (never accept a rejected token)
+            token = self._pick(masked, best, request)
+            if not math.isfinite(float(masked[token])):
+                token = best
+        constraint.accept(token)
+        return token
 
     def _exp_sum(self, row: np.ndarray, top: float) -> float:
         """Sum of exp(logit - top) over the row: the raw softmax's denominator."""

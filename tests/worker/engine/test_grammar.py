@@ -1,0 +1,120 @@
+"""Constrained decoding: the sampler with a grammar (a fake one, then llama.cpp's on the real model)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+
+from tests.sse import generate
+from tests.worker.server import RunningWorker, running_worker
+from worker.engine.sampling import RequestSampling, SamplingParams, StepSampler
+
+VOCAB = 1000
+# Four kinds of schema an agent asks for: nested objects, arrays, enums, required fields.
+SCHEMAS = {
+    "nested": {"type": "object", "required": ["name", "address"], "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "address": {"type": "object", "required": ["city", "zip"],
+                    "properties": {"city": {"type": "string", "maxLength": 20}, "zip": {"type": "integer"}}}}},
+    "array": {"type": "object", "required": ["colors"], "properties": {
+        "colors": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 1, "maxItems": 3}}},
+    "enum": {"type": "object", "required": ["mood", "score"], "properties": {
+        "mood": {"enum": ["happy", "sad", "calm"]}, "score": {"type": "integer"}}},
+    "required": {"type": "object", "required": ["title", "year", "tags"], "properties": {
+        "title": {"type": "string", "maxLength": 30}, "year": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 2}}},
+}
+
+
+class EvenOnly:
+    """Allows even tokens only; ends when told nothing may follow."""
+
+    end = 999
+
+    def __init__(self, *, dead: bool = False) -> None:
+        self.checked: list[int] = []
+        self.accepted: list[int] = []
+        self.masks = 0
+        self.dead = dead
+
+    def allows(self, token: int) -> bool:
+        self.checked.append(token)
+        return not self.dead and token % 2 == 0
+
+    def mask(self, row: np.ndarray, out: np.ndarray) -> np.ndarray:
+        self.masks += 1
+        np.copyto(out[:row.size], row)
+        out[1::2] = -np.inf
+        if self.dead:
+            out[:] = -np.inf
+        return out[:row.size]
+
+    def accept(self, token: int) -> None:
+        self.accepted.append(token)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(0.0, 1.0, 0, None), SamplingParams(0.9, 0.95, 40, 3),
+                                    SamplingParams(1.2, 1.0, 0, 4)])
+def test_a_constrained_row_only_gets_what_its_grammar_allows_and_pays_only_when_it_refuses(
+        params: SamplingParams) -> None:
+    rng = np.random.default_rng(5)
+    sampler, constraint = StepSampler(VOCAB), EvenOnly()
+    free = RequestSampling(params)
+    bound = RequestSampling(params, constraint)
+    unbound = []
+    for _ in range(50):
+        logits = (rng.standard_normal((2, VOCAB)) * 3).astype(np.float32)
+        (token, _), (other, _) = sampler.sample(logits, [bound, free])
+        assert token % 2 == 0 and constraint.accepted[-1] == token
+        unbound.append(other)
+    assert any(t % 2 for t in unbound)  # the row beside it, without a grammar, is not constrained
+    assert constraint.masks < len(constraint.checked) == 50  # masked only when the first pick was refused
+    assert any(t % 2 for t in constraint.checked)  # (and it was, sometimes)
+
+
+def test_a_grammar_that_allows_nothing_ends_the_answer_without_accepting() -> None:
+    constraint = EvenOnly(dead=True)
+    logits = np.random.default_rng(1).standard_normal((1, VOCAB)).astype(np.float32)
+    (token, _), = StepSampler(VOCAB).sample(logits, [RequestSampling(SamplingParams(0.0, 1.0, 0, None), constraint)])
+    assert token == EvenOnly.end and constraint.accepted == []
+
+
+@pytest.fixture(scope="module")
+def worker(model_path: Path) -> Iterator[RunningWorker]:
+    with running_worker(model_path) as running:
+        yield running
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_answers_constrained_by_a_json_schema_parse_and_validate(worker: RunningWorker, name: str) -> None:
+    schema = SCHEMAS[name]
+    stream = generate(worker.url, {"messages": [{"role": "user", "content": "Give an example as JSON."}],
+                                   "max_tokens": 200, "temperature": 0, "json_schema": schema})
+    assert stream.last[1]["finish_reason"] == "stop", stream.last
+    jsonschema.validate(json.loads(stream.text), schema)
+
+
+@pytest.mark.model
+def test_a_gbnf_grammar_constrains_sampled_answers(worker: RunningWorker) -> None:
+    answers = {generate(worker.url, {"messages": [{"role": "user", "content": "Is the sky blue?"}], "max_tokens": 8,
+                                     "temperature": 1.0, "seed": seed, "grammar": 'root ::= "yes" | "no"'}).text
+               for seed in range(6)}
+    assert answers <= {"yes", "no"} and answers
+
+
+@pytest.mark.model
+@pytest.mark.parametrize(("fields", "names"), [
+    ({"grammar": "root ::= oops("}, "grammar"),
+    ({"json_schema": {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}, "json_schema"),
+])
+def test_an_invalid_grammar_or_schema_is_refused_naming_it(worker: RunningWorker, fields: dict, names: str) -> None:  # type: ignore[type-arg]
+    stream = generate(worker.url, {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, **fields})
+    assert stream.refusal is not None and stream.refusal["reason"] == "invalid_request"
+    assert names in stream.refusal["error"]
+    assert worker.load()["sessions"] == 0

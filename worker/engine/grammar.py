@@ -1,0 +1,92 @@
+"""Constrained decoding: a sequence whose request carries a grammar (GBNF, or a JSON schema turned into
+one) may only generate what the grammar accepts, with llama.cpp's own grammar sampler.
+
+Owns: compiling a request's grammar (`compile_constraint`: a `ConstraintError` names what is wrong, so
+admission answers 400), the per-sequence grammar state (`Grammar`: may this token come next, mask a
+row to what may, advance by the chosen token), and freeing llama.cpp's sampler with it.
+Must not: choose tokens (sampling.py does, asking `allows` and `mask`) or touch the batch.
+
+Cost: only constrained rows pay, and mostly little. The step sampler first picks as if unconstrained
+and asks the grammar about that one token (a one-candidate `llama_sampler_apply`); only when the
+grammar rejects it is the whole row masked (every token's text checked against the grammar, which
+llama.cpp does in C), and the pick made again from what is left. This is what llama.cpp's own
+common sampler does; a model that already writes valid JSON rarely pays the full mask.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from typing import Any
+
+import llama_cpp as ll
+import numpy as np
+from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")], align=True)
+
+
+class ConstraintError(ValueError):
+    """The grammar or schema cannot be used; the message says why (for a 400)."""
+
+
+def gbnf_of(*, grammar: str | None, json_schema: dict[str, Any] | None) -> str | None:
+    """The GBNF text a request asks for: its `grammar`, or its `json_schema` converted; None for none."""
+    if grammar is not None and json_schema is not None:
+        raise ConstraintError("give either grammar or json_schema, not both")
+    if json_schema is not None:
+        try:
+            return json_schema_to_gbnf(json.dumps(json_schema))
+        except (ValueError, KeyError, TypeError, AssertionError, NotImplementedError, RecursionError) as exc:
+            raise ConstraintError(f"json_schema: cannot be turned into a grammar: {exc}") from None
+    return grammar
+
+
+class Grammar:
+    """One sequence's grammar state in llama.cpp. Used on the engine thread only, after compiling."""
+
+    def __init__(self, vocab: ll.llama_vocab_p, gbnf: str, n_vocab: int) -> None:
+        self._sampler = ll.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
+        if not self._sampler:
+            raise ConstraintError("grammar: llama.cpp cannot parse it (see the GBNF guide of llama.cpp: rules "
+                                  "`name ::= ...`, a `root` rule)")
+        self.end = int(ll.llama_vocab_eos(vocab))
+        self._one = np.zeros(1, dtype=_TOKEN_DATA)
+        self._all = np.zeros(n_vocab, dtype=_TOKEN_DATA)
+        self._all["id"] = np.arange(n_vocab)
+
+    def allows(self, token: int) -> bool:
+        self._one["id"], self._one["logit"] = token, 0.0
+        self._apply(self._one)
+        return bool(np.isfinite(self._one["logit"][0]))
+
+    def mask(self, row: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """`row` with -inf at every token the grammar rejects now, written into `out`."""
+        self._all["logit"] = row
+        self._apply(self._all)
+        np.copyto(out[:row.size], self._all["logit"])
+        return out[:row.size]
+
+    def accept(self, token: int) -> None:
+        ll.llama_sampler_accept(self._sampler, token)
+
+    def close(self) -> None:
+        sampler, self._sampler = self._sampler, None
+        if sampler:
+            ll.llama_sampler_free(sampler)
+
+    def __del__(self) -> None:  # a job dropped before its run began still frees its sampler
+        self.close()
+
+    def _apply(self, data: np.ndarray) -> None:
+        array = ll.llama_token_data_array(data=data.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)),
+                                          size=data.size, selected=-1, sorted=False)
+        ll.llama_sampler_apply(self._sampler, ctypes.byref(array))
+        if ctypes.cast(array.data, ctypes.c_void_p).value != data.ctypes.data:  # it filters in place
+            raise RuntimeError("llama.cpp's grammar sampler moved the candidates")
+
+
+def compile_constraint(vocab: ll.llama_vocab_p, n_vocab: int, *, grammar: str | None,
+                       json_schema: dict[str, Any] | None) -> Grammar | None:
+    gbnf = gbnf_of(grammar=grammar, json_schema=json_schema)
+    return None if gbnf is None else Grammar(vocab, gbnf, n_vocab)
