@@ -63,7 +63,8 @@ WORKER_FLAGS = ["--engine", "simulated", "--sim-token-rate", "5000", "--max-sess
 # probe as that worker), and the generation routes should be fuzzed against the one real worker.
 COORDINATOR_OPERATIONS = [
     "GET /coordinator/health", "GET /health", "GET /coordinator/health/workers", "POST /coordinator/infer",
-    "POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models", "GET /v1/models/{model}",
+    "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/responses", "GET /v1/models",
+    "GET /v1/models/{model}",
     "GET /coordinator/status", "GET /metrics", "POST /coordinator/health/heartbeat",
     "DELETE /coordinator/sessions/{session_id}"]
 WORKER_OPERATIONS = ["POST /worker/generate", "GET /worker/health", "GET /worker/sessions",
@@ -82,7 +83,8 @@ CONFIG = schemathesis.config.SchemathesisConfig.from_dict(
 VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 # The terminal event of each generation route's stream.
 STREAM_ENDS = {"/coordinator/infer": {"done", "error"}, "/worker/generate": {"done", "error"},
-               "/v1/chat/completions": {"[DONE]"}, "/v1/completions": {"[DONE]"}}
+               "/v1/chat/completions": {"[DONE]"}, "/v1/completions": {"[DONE]"},
+               "/v1/responses": {"response.completed", "response.incomplete", "response.failed"}}
 
 
 @dataclass

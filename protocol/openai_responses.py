@@ -1,0 +1,283 @@
+"""Wire types of OpenAI's Responses API as this pool serves it: `POST /v1/responses`, text in, text out.
+
+Owns: the request body (`ResponsesRequest`: unknown fields ignored, as on the other OpenAI routes,
+except the ones in `UNSUPPORTED`, which change what an answer means and are refused rather than
+dropped), the `response` object with its one output message and usage, the streamed events and
+their names, in the shapes the official `openai` package parses (`openai.types.responses`).
+Must not: reach workers, or repeat the shapes `protocol.openai` already defines (the error body is
+the same on every OpenAI route). The coordinator's Responses surface maps these onto `protocol.worker`.
+
+Nothing is stored: `store` is accepted and changes nothing, and every field that needs a stored
+response or conversation (`previous_response_id`, `conversation`, `prompt`, `background`) is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from protocol.openai import MAX_COMPLETION_TOKENS
+from protocol.worker import MAX_MESSAGES, MAX_PROMPT_CHARS, SESSION_ID_PATTERN
+
+RESPONSE_ID_PREFIX = "resp_"
+MESSAGE_ID_PREFIX = "msg_"
+
+# The `type` (and SSE `event:` name) of each streamed event, in the order a stream sends them; a
+# stream ends with exactly one of the last three.
+CREATED = "response.created"
+IN_PROGRESS = "response.in_progress"
+OUTPUT_ITEM_ADDED = "response.output_item.added"
+CONTENT_PART_ADDED = "response.content_part.added"
+OUTPUT_TEXT_DELTA = "response.output_text.delta"
+OUTPUT_TEXT_DONE = "response.output_text.done"
+CONTENT_PART_DONE = "response.content_part.done"
+OUTPUT_ITEM_DONE = "response.output_item.done"
+COMPLETED = "response.completed"
+INCOMPLETE = "response.incomplete"
+FAILED = "response.failed"
+STREAM_EVENTS = (CREATED, IN_PROGRESS, OUTPUT_ITEM_ADDED, CONTENT_PART_ADDED, OUTPUT_TEXT_DELTA, OUTPUT_TEXT_DONE,
+                 CONTENT_PART_DONE, OUTPUT_ITEM_DONE, COMPLETED, INCOMPLETE, FAILED)
+TERMINAL_EVENTS = frozenset({COMPLETED, INCOMPLETE, FAILED})
+
+# What the request may say, as this surface takes it (the parser refuses anything else, naming it).
+INPUT_ROLES = ("user", "system", "developer", "assistant")
+INPUT_PART_TYPES = ("input_text", "output_text")  # output_text: an assistant turn sent back as history
+INPUT_ITEM_TYPE = "message"
+TEXT_FORMAT = {"type": "text"}
+ToolChoice = Literal["auto", "none"]
+TOOL_CHOICES: tuple[ToolChoice, ...] = ("auto", "none")
+
+
+def _absent(value: Any) -> bool:
+    return value is None or value == [] or value == {} or value == ""
+
+
+def _no_settings(value: Any) -> bool:
+    """`reasoning: {"effort": null}` asks for nothing, as much as `{}` does."""
+    return _absent(value) or (isinstance(value, dict) and all(v is None for v in value.values()))
+
+
+# Fields of the Responses API this pool does not implement, each with the test of a value that changes
+# nothing. Any other value is a 400 naming the field: a client that asks for tools, reasoning or a
+# stored conversation must not get an answer made without them. (`text.format` is checked by the
+# surface, since `text` itself is accepted.)
+UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
+    "previous_response_id": _absent,
+    "conversation": _absent,
+    "prompt": _absent,
+    "background": lambda v: v is None or v is False,
+    "tools": _absent,
+    "tool_choice": lambda v: _absent(v) or v in TOOL_CHOICES,
+    "reasoning": _no_settings,
+    "include": _absent,
+    "truncation": lambda v: _absent(v) or v == "disabled",
+}
+
+
+class InputPart(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: str = Field(max_length=64)
+    text: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
+
+
+class InputItem(BaseModel):
+    """A message of the conversation (OpenAI's `EasyInputMessage`, or a `message` item; an output
+    message sent back as input parses too). Other item types parse as well, to be refused by name.
+    String content is one `input_text` part, as OpenAI defines it."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: str = Field(default=INPUT_ITEM_TYPE, max_length=64)
+    role: str | None = Field(default=None, max_length=32)
+    content: list[InputPart] | None = Field(default=None, max_length=MAX_MESSAGES)
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_as_part(cls, value: Any) -> Any:
+        return [{"type": "input_text", "text": value}] if isinstance(value, str) else value
+
+
+class TextConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    format: dict[str, Any] | None = None
+
+
+MetadataKey = Annotated[str, Field(max_length=64)]
+MetadataValue = Annotated[str, Field(max_length=512)]
+
+
+class ResponsesRequest(BaseModel):
+    """The body of `POST /v1/responses`. Strict types, as OpenAI's own API checks them."""
+
+    model_config = ConfigDict(extra="allow", strict=True)  # kept only to check them against UNSUPPORTED
+
+    model: str | None = Field(default=None, max_length=256)
+    input: list[InputItem] = Field(min_length=1, max_length=MAX_MESSAGES - 1,
+                                   description="a user message (a string), or the conversation as message items")
+    instructions: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS,
+                                     description="a system message put before the input")
+    max_output_tokens: int | None = Field(default=None, ge=1, le=MAX_COMPLETION_TOKENS)
+    temperature: float | None = Field(default=None, ge=0.0, le=5.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    stream: bool = False
+    store: bool | None = Field(default=None, description="accepted; nothing is stored")
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=16)
+    user: str | None = Field(default=None, max_length=256)
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    # Extensions (not in OpenAI's API): the same meaning as on /coordinator/infer and chat.
+    seed: int | None = Field(default=None, ge=0, le=2**32 - 2)
+    top_k: int | None = Field(default=None, ge=0, le=100_000)
+    session_id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN)
+    ignore_eos: bool | None = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _text_as_message(cls, value: Any) -> Any:
+        """A string is one user message, as OpenAI defines it; anything but a list is named here, so
+        the error does not read as if only a list were allowed."""
+        if isinstance(value, str):
+            return [{"role": "user", "content": value}]
+        if not isinstance(value, list):
+            raise ValueError("give a string or a list of message items")  # noqa: TRY004 - pydantic reports only ValueError
+        return value
+
+
+class OutputText(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list[dict[str, Any]] = Field(default_factory=list)
+    logprobs: list[dict[str, Any]] = Field(default_factory=list)
+
+
+MessageStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+class OutputMessage(BaseModel):
+    type: Literal["message"] = "message"
+    id: str
+    status: MessageStatus
+    role: Literal["assistant"] = "assistant"
+    content: list[OutputText]
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int = Field(description="prompt tokens reused from KV a worker already held")
+    cache_write_tokens: int = Field(default=0, description="always 0: no prompt cache is billed for here")
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
+    total_tokens: int
+
+
+class IncompleteDetails(BaseModel):
+    reason: Literal["max_output_tokens"] = "max_output_tokens"
+
+
+class ResponseError(BaseModel):
+    code: str = Field(description="the `reason` string, as in every other error body of the pool")
+    message: str
+
+
+class TextFormat(BaseModel):
+    type: Literal["text"] = "text"
+
+
+class TextSettings(BaseModel):
+    format: TextFormat = Field(default_factory=TextFormat)
+
+
+Status = Literal["in_progress", "completed", "incomplete", "failed"]
+
+
+class ResponseObject(BaseModel):
+    """OpenAI's `response` object: the whole answer, and the payload of the stream's `response.*` events."""
+
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    status: Status
+    completed_at: int | None = None
+    error: ResponseError | None = None
+    incomplete_details: IncompleteDetails | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    model: str
+    output: list[OutputMessage] = Field(default_factory=list)
+    parallel_tool_calls: bool = True
+    previous_response_id: None = None
+    temperature: float | None = None
+    text: TextSettings = Field(default_factory=TextSettings)
+    tool_choice: ToolChoice = "auto"
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    top_p: float | None = None
+    truncation: Literal["disabled"] = "disabled"
+    background: bool = False
+    usage: ResponseUsage | None = None
+    user: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class ResponseEvent(BaseModel):
+    """`response.created`, `response.in_progress`, and the terminal `response.completed`,
+    `response.incomplete` and `response.failed`."""
+
+    type: str
+    sequence_number: int
+    response: ResponseObject
+
+
+class OutputItemEvent(BaseModel):
+    """`response.output_item.added` and `response.output_item.done`."""
+
+    type: str
+    sequence_number: int
+    output_index: int
+    item: OutputMessage
+
+
+class ContentPartEvent(BaseModel):
+    """`response.content_part.added` and `response.content_part.done`."""
+
+    type: str
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    part: OutputText
+
+
+class TextDeltaEvent(BaseModel):
+    """`response.output_text.delta`: one piece of text as the worker streamed it."""
+
+    type: str = OUTPUT_TEXT_DELTA
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+    logprobs: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class TextDoneEvent(BaseModel):
+    """`response.output_text.done`: the whole text of the content part."""
+
+    type: str = OUTPUT_TEXT_DONE
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+    logprobs: list[dict[str, Any]] = Field(default_factory=list)
