@@ -1,7 +1,8 @@
-"""Worker throughput benchmark: our worker against llama-cpp-python's server and a plain batched loop.
+"""Worker throughput benchmark: our worker against llama-cpp-python's server, llama.cpp's own
+llama-server and a plain batched loop.
 
 Owns: the workload (N concurrent streams of exactly `--tokens` greedy tokens, end tokens banned), the
-three peers it is run against, the repetitions, the table it prints and bench/results/worker_bench.json.
+peers it is run against, the repetitions, the table it prints and bench/results/worker_bench.json.
 Must not: change or monkey-patch worker code, or run two peers at the same time. Only 127.0.0.1 is used,
 and every process it starts is stopped by its own pid in a `finally` block.
 
@@ -13,6 +14,13 @@ Peers, all with the same model and the same llama.cpp thread count:
            worker's chat-rendered prompt text (the token ids are checked equal up front), repeat_penalty
            1.0 (its default 1.1 is not plain greedy), and `logit_bias` -100 on every end token since it
            has no ignore_eos; `finish_reason == "length"` proves 64 tokens.
+  llama-server  llama.cpp's own server (bench/llama_server.py builds it once from the llama.cpp sources
+           vendored in the pinned llama-cpp-python sdist), 16 slots of 2048 tokens like the worker's
+           sessions, its RAM prompt cache off (--cache-ram 0); POST /completion with the same prompt
+           text (token ids checked equal up front through its /tokenize), n_predict, ignore_eos,
+           cache_prompt false (the worker runs with --no-prompt-cache); a stream counts when its last
+           chunk says tokens_predicted == --tokens, stop_type "limit", tokens_evaluated == the prompt's
+           length, and the token ids streamed number --tokens. Not run unless named in --peers.
   ceiling  its own subprocess running llama.cpp's low-level API with the worker's context shape: one
            `llama_decode` for all prompts, then one per step holding one token of every sequence (seq
            ids 0..N-1 in ascending order), a logit-bias + greedy sampler chain; no HTTP, no threads. It
@@ -24,6 +32,7 @@ median over the repetitions. Before each cell the run waits for other processes 
 cell during which they took more than `--max-other-cores` is measured again (kept in the JSON).
 
     .venv/bin/python -m bench.worker_bench [--streams 1,8,16] [--tokens 64] [--reps 3] [--threads 2]
+    .venv/bin/python -m bench.worker_bench --peers worker,llama-server,server
 """
 
 from __future__ import annotations
@@ -46,13 +55,17 @@ from typing import Any
 
 import httpx
 
+from bench.llama_server import Build, LlamaServer, provision
 from bench.processes import free_port, peer_env, serving
 from protocol.sse import SseParser
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-PEERS = ("worker", "server", "ceiling")
-PEER_NAMES = {"worker": "worker (ours)", "server": "llama_cpp.server", "ceiling": "ceiling (in-process)"}
+PEERS = ("worker", "server", "ceiling", "llama-server")
+DEFAULT_PEERS = ("worker", "server", "ceiling")  # llama-server needs a build first (minutes, once)
+PEER_NAMES = {"worker": "worker (ours)", "server": "llama_cpp.server", "ceiling": "ceiling (in-process)",
+              "llama-server": "llama-server"}
+HTTP_PEERS = ("worker", "server", "llama-server")
 TARGET_STREAMS = 16
 TARGET_VS_SERVER = 2.5
 TARGET_VS_CEILING = 0.90
@@ -203,6 +216,51 @@ async def server_stream(client: httpx.AsyncClient, url: str, prompt: str, tokens
     return Stream(count, not problems, max(ttft, 0.0), "".join(text), chunks, "; ".join(problems))
 
 
+async def llama_server_stream(client: httpx.AsyncClient, url: str, prompt: str, tokens: int,
+                              expect_prompt_tokens: int, t0: float) -> Stream:
+    # llama-server's own endpoint takes exactly what the workload needs: n_predict tokens with the end
+    # tokens ignored (it bans them, as the worker does), and no reuse of an earlier identical prompt.
+    body = {"prompt": prompt, "n_predict": tokens, "ignore_eos": True, "temperature": 0, "repeat_penalty": 1.0,
+            "cache_prompt": False, "stream": True}
+    ttft, chunks, ids = -1.0, 0, 0
+    text: list[str] = []
+    final: dict[str, Any] | None = None
+    try:
+        async with client.stream("POST", f"{url}/completion", json=body) as response:
+            if response.status_code != 200:
+                return Stream(0, False, 0.0, error=f"HTTP {response.status_code}: {(await response.aread())[:200]!r}")
+            async for _event, data in sse_lines(response):
+                if data == "[DONE]":
+                    break
+                item = json.loads(data)
+                if "error" in item:
+                    return Stream(ids, False, max(ttft, 0.0), "".join(text), chunks, f"error: {data[:200]}")
+                ids += len(item.get("tokens") or ())
+                if item.get("content"):
+                    if ttft < 0:
+                        ttft = time.perf_counter() - t0
+                    text.append(item["content"])
+                    chunks += 1
+                if item.get("stop"):
+                    final = item
+                    break
+    except httpx.HTTPError as exc:
+        return Stream(ids, False, max(ttft, 0.0), "".join(text), chunks, f"{type(exc).__name__}: {exc}")
+    if final is None:
+        return Stream(ids, False, max(ttft, 0.0), "".join(text), chunks, "stream ended without its final chunk")
+    predicted = int(final.get("tokens_predicted", -1))
+    problems = []
+    if predicted != tokens:
+        problems.append(f"tokens_predicted={predicted}")
+    if ids != tokens:
+        problems.append(f"token ids streamed={ids}")
+    if final.get("stop_type") != "limit":
+        problems.append(f"stop_type={final.get('stop_type')}")
+    if final.get("tokens_evaluated") != expect_prompt_tokens:
+        problems.append(f"prompt tokens {final.get('tokens_evaluated')} != {expect_prompt_tokens}")
+    return Stream(predicted, not problems, max(ttft, 0.0), "".join(text), chunks, "; ".join(problems))
+
+
 async def decode_counters(client: httpx.AsyncClient, url: str) -> tuple[float, float]:
     """The worker's own count of llama_decode calls and the seconds spent in them (its /metrics; the
     worker runs without a worker token, so they need none, like its generate)."""
@@ -223,6 +281,8 @@ async def run_http_cell(peer: str, url: str, n: int, tokens: int, prompts: list[
         t0 = time.perf_counter()
         if peer == "worker":
             jobs = [worker_stream(client, url, i, tokens, prompt_lens[i], t0) for i in range(n)]
+        elif peer == "llama-server":
+            jobs = [llama_server_stream(client, url, prompts[i], tokens, prompt_lens[i], t0) for i in range(n)]
         else:
             jobs = [server_stream(client, url, prompts[i], tokens, logit_bias, t0) for i in range(n)]
         streams = await asyncio.gather(*jobs)
@@ -468,14 +528,16 @@ def report(args: argparse.Namespace, cells: list[Cell]) -> dict[str, Any]:
         entry: dict[str, Any] = {"tokens_per_s": med,
                                  "ttft_ms": {p: median_of(rows[p], "ttft_median_ms") for p in args.peers if rows[p]},
                                  "verified": {p: all(c.verified for c in rows[p]) for p in args.peers if rows[p]}}
-        for other, target in (("server", TARGET_VS_SERVER), ("ceiling", TARGET_VS_CEILING)):
+        targets: tuple[tuple[str, float | None], ...] = (
+            ("server", TARGET_VS_SERVER), ("ceiling", TARGET_VS_CEILING), ("llama-server", None))
+        for other, target in targets:
             if "worker" not in med or other not in med:
                 continue
             ratio = med["worker"] / med[other]
             paired = [w.tokens_per_s / o.tokens_per_s for w in rows["worker"] for o in rows[other] if w.rep == o.rep]
             line = (f"  worker / {PEER_NAMES[other]:<20} = {ratio:6.2f}x ({ratio:.0%})   "
                     f"per-rep {min(paired):.2f}-{max(paired):.2f}")
-            if n == TARGET_STREAMS:
+            if n == TARGET_STREAMS and target is not None:
                 met = ratio >= target
                 line += f"   target >= {target:g}x: {'MET' if met else 'MISSED'}"
                 entry[f"target_vs_{other}"] = {"target": target, "met": met}
@@ -500,7 +562,7 @@ def report(args: argparse.Namespace, cells: list[Cell]) -> dict[str, Any]:
 def text_agreement(cells: list[Cell], args: argparse.Namespace) -> dict[str, str]:
     """How often the worker's greedy text equals the other peers' (a check that all did the same work)."""
     out = {}
-    for other in ("server", "ceiling"):
+    for other in ("server", "ceiling", "llama-server"):
         same = total = 0
         for w in (c for c in cells if c.peer == "worker"):
             for o in (c for c in cells if c.peer == other and c.streams == w.streams and c.rep == w.rep):
@@ -540,6 +602,7 @@ async def run_all(args: argparse.Namespace) -> list[Cell]:
                   "--n_threads_batch", str(args.threads), "--n_ctx", "2048", "--host", "127.0.0.1",
                   "--port", str(server_port), "--interrupt_requests", "False",
                   "--logits_all", str(args.server_logits_all), "--verbose", "False"]
+    urls = {"worker": worker_url, "server": server_url}
     cells: list[Cell] = []
     meter = CpuMeter()
     with contextlib.ExitStack() as stack:
@@ -559,10 +622,26 @@ async def run_all(args: argparse.Namespace) -> list[Cell]:
                     if got != prompt_tokens[i]:
                         raise RuntimeError(f"prompt {i}: the server tokenizes it as {got}, the worker as "
                                            f"{prompt_tokens[i]}")
-        for peer in args.peers:  # warm-up, not recorded
-            if peer != "ceiling":
-                url = worker_url if peer == "worker" else server_url
-                await run_http_cell(peer, url, 2, 8, rendered, prompt_lens, logit_bias, -1)
+        if "llama-server" in args.peers:
+            binary = provision(Build.default(cache=args.llama_server_cache))  # built once, minutes; else at once
+            # The worker's shape: MAX_SESSIONS sequences of SESSION_TOKENS each; prompt reuse off on both.
+            llama_server = stack.enter_context(LlamaServer(
+                args.model, threads=args.threads, n_ctx=SESSION_TOKENS, slots=MAX_SESSIONS, binary=binary,
+                extra_args=("--cache-ram", "0"), log_path=RESULTS / "llama-server-binary.log"))
+            assert llama_server.pid is not None
+            meter.pids["llama-server"] = llama_server.pid
+            urls["llama-server"] = llama_server.url
+            print(f"llama-server pid {llama_server.pid} ({binary})", file=sys.stderr)
+            async with httpx.AsyncClient(timeout=30) as client:
+                for i, text in enumerate(rendered):
+                    got = (await client.post(f"{llama_server.url}/tokenize",
+                                             json={"content": text, "add_special": True})).json()["tokens"]
+                    if got != prompt_tokens[i]:
+                        raise RuntimeError(f"prompt {i}: llama-server tokenizes it as {got}, the worker as "
+                                           f"{prompt_tokens[i]}")
+        for name in args.peers:  # warm-up, not recorded
+            if name in HTTP_PEERS:
+                await run_http_cell(name, urls[name], 2, 8, rendered, prompt_lens, logit_bias, -1)
         for rep in range(args.reps):
             for n in args.streams:
                 order = args.peers[rep % len(args.peers):] + args.peers[:rep % len(args.peers)]
@@ -575,8 +654,7 @@ async def run_all(args: argparse.Namespace) -> list[Cell]:
                             cell = await asyncio.to_thread(run_ceiling_cell, n, args.tokens, args.threads,
                                                            args.model, rep)
                         else:
-                            url = worker_url if peer == "worker" else server_url
-                            cell = await run_http_cell(peer, url, n, args.tokens, rendered, prompt_lens,
+                            cell = await run_http_cell(peer, urls[peer], n, args.tokens, rendered, prompt_lens,
                                                        logit_bias, rep)
                         after = meter.snapshot()
                         cell.other_cpu_cores = meter.other_cores(before, after)
@@ -609,7 +687,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=3, help="repetitions of every cell (median is reported)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2,
                         help="llama.cpp threads for every peer (default: all cores)")
-    parser.add_argument("--peers", default=",".join(PEERS), help="subset of worker,server,ceiling")
+    parser.add_argument("--peers", default=",".join(DEFAULT_PEERS),
+                        help=f"subset of {','.join(PEERS)} (default {','.join(DEFAULT_PEERS)}; llama-server is "
+                             "built on first use: python -m bench.llama_server --build)")
+    parser.add_argument("--llama-server-cache", type=Path,
+                        help="llama-server's build cache root (default $LLAMA_SERVER_CACHE, "
+                             "else ~/.cache/llm-pool/llama-server)")
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL_PATH)
     parser.add_argument("--server-logits-all", choices=("True", "False"), default="False",
                         help="llama_cpp.server --logits_all (its default is True, which is slower)")
@@ -644,12 +727,16 @@ def main(argv: list[str] | None = None) -> int:
     cells = asyncio.run(run_all(args))
     summary = report(args, cells)
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    settings: dict[str, Any] = {"streams": args.streams, "tokens": args.tokens, "reps": args.reps,
+                                "threads": args.threads, "peers": args.peers,
+                                "server_logits_all": args.server_logits_all, "model": str(args.model)}
+    if "llama-server" in args.peers:
+        settings["llama_server"] = {"slots": MAX_SESSIONS, "ctx_per_slot": SESSION_TOKENS,
+                                    "extra_args": ["--cache-ram", "0"],
+                                    "llama_cpp_python_sdist": Build.default(cache=args.llama_server_cache).version}
     record = {"command": " ".join([".venv/bin/python -m bench.worker_bench", *(argv or sys.argv[1:])]),
               "started_utc": started.isoformat(timespec="seconds"), "machine": machine(), "code": code,
-              "settings": {"streams": args.streams, "tokens": args.tokens, "reps": args.reps,
-                           "threads": args.threads, "peers": args.peers,
-                           "server_logits_all": args.server_logits_all, "model": str(args.model)},
-              "summary": summary, "cells": [asdict(c) for c in cells]}
+              "settings": settings, "summary": summary, "cells": [asdict(c) for c in cells]}
     args.out.write_text(json.dumps(record, indent=2))
     print(f"\nraw results: {args.out}")
     ok = all(c.verified for c in cells)

@@ -9,7 +9,7 @@ instead, so the two surfaces can be compared point by point.
 Modules, one job each: `workload` (what is sent when: seeded prompts, closed and open loops), `sse`
 and `clients` (one timed streaming request per API), `record` (what one request measured), `runner`
 (one point of a sweep), `stats` (percentiles, throughput, goodput), `report` (tables, JSON), `plot`
-(PNG), `peer` and `compare` (the same workload against `llama_cpp.server`), `cli` (flags) and
+(PNG), `peer` and `compare` (the same workload against `llama_cpp.server` or llama.cpp's `llama-server`), `cli` (flags) and
 `command` (a run from start to end). Targets are loopback only.
 
 Short points measure edges: a closed-loop point's wall time includes the requests still running at

@@ -106,16 +106,34 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--slo-ttft-ms", type=float, help="goodput: TTFT at most this")
     o.add_argument("--slo-tpot-ms", type=float, help="goodput: TPOT at most this")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
-    c = p.add_argument_group("comparison with llama_cpp.server")
+    c = p.add_argument_group("comparison with llama_cpp.server or llama-server")
     c.add_argument("--compare-llama-cpp-server", action="store_true",
                    help="also start `python -m llama_cpp.server` and run the same points against it")
+    c.add_argument("--compare-llama-server", action="store_true",
+                   help="also start llama.cpp's own `llama-server` (built once from the pinned llama-cpp-python "
+                        "sdist: python -m bench.llama_server --build) and run the same points against it")
     c.add_argument("--model-path", type=Path, help="GGUF the peer serves (the same one as ours)")
     c.add_argument("--threads", type=int, help="peer threads (start ours with the same --threads)")
     c.add_argument("--peer-port", type=int, help="default: a free port")
-    c.add_argument("--peer-ctx", type=int, default=2048, help="peer n_ctx")
+    c.add_argument("--peer-ctx", type=int, default=2048,
+                   help="peer n_ctx (llama-server: each slot's; it is started with -c peer-ctx x peer-slots)")
+    c.add_argument("--peer-slots", type=int,
+                   help="llama-server: parallel sequences (-np; default 16, the worker's default --max-sessions)")
+    c.add_argument("--llama-server-cache", type=Path,
+                   help="llama-server's build cache root (default $LLAMA_SERVER_CACHE, "
+                        "else ~/.cache/llm-pool/llama-server)")
     c.add_argument("--no-chat-template", action="store_true",
                    help="send the prompts as raw text to both, instead of the model's chat template")
     return p
+
+
+def comparison_flag(args: argparse.Namespace) -> str | None:
+    """The comparison flag given (the first, if both are), or None."""
+    if args.compare_llama_cpp_server:
+        return "--compare-llama-cpp-server"
+    if args.compare_llama_server:
+        return "--compare-llama-server"
+    return None
 
 
 @dataclass(frozen=True)
@@ -125,6 +143,15 @@ class Options:
     banned_tokens: tuple[int, ...]
     prompts: tuple[str, ...]
     worker_token: str | None = None  # --api worker: sent with every request; never written out
+
+    @property
+    def peer(self) -> str | None:
+        """The peer server a comparison runs against ("llama_cpp.server" or "llama-server"), or None."""
+        if self.args.compare_llama_cpp_server:
+            return "llama_cpp.server"
+        if self.args.compare_llama_server:
+            return "llama-server"
+        return None
 
 
 def validate(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Options:
@@ -163,13 +190,22 @@ def validate(args: argparse.Namespace, environ: Mapping[str, str] | None = None)
         problems.append("--worker-token is for --api worker: only a worker checks it")
     if args.api == "openai-chat" and args.raw:
         problems.append("--raw is not for --api openai-chat: chat messages always get the chat template")
-    if args.compare_llama_cpp_server:
+    peer_flag = comparison_flag(args)
+    if args.compare_llama_cpp_server and args.compare_llama_server:
+        problems.append("--compare-llama-cpp-server and --compare-llama-server: one peer per run")
+    if not args.compare_llama_server:
+        for name, value in (("--peer-slots", args.peer_slots), ("--llama-server-cache", args.llama_server_cache)):
+            if value is not None:
+                problems.append(f"{name} is for --compare-llama-server")
+    elif args.peer_slots is not None and args.peer_slots < 1:
+        problems.append("--peer-slots must be positive")
+    if peer_flag is not None:
         if args.api in ("openai", "openai-chat"):
-            problems.append("--compare-llama-cpp-server measures ours: use --api infer or worker")
+            problems.append(f"{peer_flag} measures ours: use --api infer or worker")
         if args.model_path is None or not args.model_path.is_file():
-            problems.append(f"--compare-llama-cpp-server needs --model-path to a GGUF file (got {args.model_path})")
+            problems.append(f"{peer_flag} needs --model-path to a GGUF file (got {args.model_path})")
         if args.threads is None or args.threads < 1:
-            problems.append("--compare-llama-cpp-server needs --threads (the same as ours)")
+            problems.append(f"{peer_flag} needs --threads (the same as ours)")
     elif args.api == "openai" and args.ignore_eos and not banned and args.model_path is None:
         problems.append("--ignore-eos with --api openai needs --logit-bias-ban IDS or --model-path "
                         "(OpenAI servers have no ignore_eos)")

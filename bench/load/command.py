@@ -11,6 +11,7 @@ import os
 import platform
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,7 +20,7 @@ import uvloop
 from bench.load import compare, report
 from bench.load.cli import Options, UsageError, build_parser, validate
 from bench.load.clients import Sampling, make_client
-from bench.load.peer import LlamaCppServer
+from bench.load.peer import make_peer
 from bench.load.plot import plot_sweep
 from bench.load.runner import PointResult, Runner
 from bench.load.stats import Slo
@@ -34,8 +35,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = validate(args, os.environ)
     except UsageError as exc:
         parser.error(str(exc))
-    if args.compare_llama_cpp_server:
-        return run_comparison(options)
+    if options.peer is not None:
+        return run_comparison(options, options.peer)
     return run_single(options)
 
 
@@ -91,37 +92,40 @@ async def _sweep(runner: Runner, options: Options, show: Any) -> list[PointResul
     return await runner.sweep(options.points, on_point=show)
 
 
-def run_comparison(options: Options) -> int:
+def run_comparison(options: Options, name: str) -> int:
+    """`name`: the peer, "llama_cpp.server" or "llama-server"."""
     a = options.args
     prepared = compare.prepare_prompts(a.model_path, options.prompts, chat_template=not a.no_chat_template)
     banned = options.banned_tokens or (prepared.eog_tokens if a.ignore_eos else ())
     ours = runner_for(options, a.api, a.url,
                       sampling_of(options, raw=a.raw or not a.no_chat_template, model=a.model), prepared.prompts)
-    peer = LlamaCppServer(a.model_path, threads=a.threads, port=a.peer_port, n_ctx=a.peer_ctx)
-    print(f"starting llama_cpp.server on {peer.url} (threads {a.threads}, log {peer.log_path}) ...", flush=True)
+    peer = make_peer(name, a.model_path, threads=a.threads, port=a.peer_port, n_ctx=a.peer_ctx, slots=a.peer_slots,
+                     cache=a.llama_server_cache)
+    print(f"starting {name} on {peer.url} (threads {a.threads}, log {peer.log_path}) ...", flush=True)
     try:
         peer.start()
         theirs = runner_for(options, "openai", peer.url, sampling_of(options, raw=True, banned=banned),
                             prepared.prompts)
-        print(header(options, a.api, a.url) + f"\npeer: llama_cpp.server {peer.url} (openai api), "
+        print(header(options, a.api, a.url) + f"\npeer: {name} {peer.url} (openai api), "
               f"banned tokens {list(banned)}")
-        mine, peers = uvloop.run(_compare(ours, theirs, options))
+        mine, peers = uvloop.run(_compare(ours, theirs, options, name))
     finally:
         peer.stop()
     print()
     print("ours:\n" + report.sweep_table(mine))
-    print("\nllama_cpp.server:\n" + report.sweep_table(peers))
+    print(f"\n{name}:\n" + report.sweep_table(peers))
     rows = compare.ratios(mine, peers)
-    print("\n" + compare.ratio_table(rows))
-    finish(options, {"ours": mine, "llama_cpp.server": peers}, extra={"ratios": [r.as_json() for r in rows]})
+    print("\n" + compare.ratio_table(rows, name))
+    finish(options, {"ours": mine, name: peers}, extra={"ratios": [r.as_json() for r in rows]})
     return 0 if any(r.summary.successes for r in mine) else 1
 
 
-async def _compare(ours: Runner, theirs: Runner, options: Options) -> tuple[list[PointResult], list[PointResult]]:
+async def _compare(ours: Runner, theirs: Runner, options: Options,
+                   name: str) -> tuple[list[PointResult], list[PointResult]]:
     if options.args.warmup:
         await ours.warm_up(options.args.warmup)
         await theirs.warm_up(options.args.warmup)
-    return await compare.run_both(ours, theirs, options.points, on_point=print_point())
+    return await compare.run_both(ours, theirs, options.points, on_point=print_point(), peer=name)
 
 
 def header(options: Options, api: str, url: str) -> str:
@@ -138,7 +142,7 @@ def header(options: Options, api: str, url: str) -> str:
 def finish(options: Options, targets: dict[str, list[PointResult]], extra: dict[str, Any] | None = None) -> None:
     a = options.args
     if a.out is not None:
-        config = {k: (str(v) if k in ("out", "plot", "model_path") and v is not None else v)
+        config = {k: (str(v) if isinstance(v, Path) else v)
                   for k, v in vars(a).items() if k != "worker_token"}  # a secret stays out of results
         config["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(),
                              "python": sys.version.split()[0]}

@@ -1,4 +1,5 @@
-"""Comparison mode: the same workload points against this project and against llama_cpp.server.
+"""Comparison mode: the same workload points against this project and against a peer server
+(llama_cpp.server, or llama.cpp's own llama-server).
 
 Owns: preparing prompts so both servers see the same text (the model's chat template rendered here;
 ours gets `raw: true`), the ban list that stands in for `ignore_eos` on the peer (the model's
@@ -85,7 +86,7 @@ def ratios(ours: Sequence[PointResult], theirs: Sequence[PointResult]) -> list[R
     return rows
 
 
-def ratio_table(rows: Sequence[Ratio]) -> str:
+def ratio_table(rows: Sequence[Ratio], peer: str = "llama_cpp.server") -> str:
     def n(v: float | None, width: int, digits: int = 1) -> str:
         return f"{'-':>{width}}" if v is None else f"{v:>{width}.{digits}f}"
 
@@ -101,22 +102,23 @@ def ratio_table(rows: Sequence[Ratio]) -> str:
                      f"{n(r.ours_tps, 10)}{n(r.theirs_tps, 8)}{x(r.tps)} | "
                      f"{n(r.ours_ttft_p50, 13)}{n(r.theirs_ttft_p50, 8)}{x(r.ttft_p50)} | "
                      f"{n(r.ours_ttft_p99, 13)}{n(r.theirs_ttft_p99, 8)}{x(r.ttft_p99)}")
-    lines.append("ratio = ours / llama_cpp.server; TTFT in ms (a ratio below 1 is better for TTFT)")
+    lines.append(f"ratio = ours / {peer}; TTFT in ms (a ratio below 1 is better for TTFT)")
     return "\n".join(lines)
 
 
 async def run_both(ours: Runner, theirs: Runner, points: Sequence[Point], *,
-                   on_point: Callable[[str, PointResult], None] | None = None,
+                   on_point: Callable[[str, PointResult], None] | None = None, peer: str = "llama_cpp.server",
                    ) -> tuple[list[PointResult], list[PointResult]]:
-    """Each point against ours, then against the peer, so slow drift of the machine hits both alike."""
+    """Each point against ours, then against the peer (named `peer` to `on_point`), so slow drift of the
+    machine hits both alike."""
     mine: list[PointResult] = []
-    peer: list[PointResult] = []
+    theirs_results: list[PointResult] = []
     for point in points:
         if ours.remaining <= 0 or theirs.remaining <= 0:
             break
-        for name, runner, results in (("ours", ours, mine), ("llama_cpp.server", theirs, peer)):
+        for name, runner, results in (("ours", ours, mine), (peer, theirs, theirs_results)):
             result = await runner.run(point)
             results.append(result)
             if on_point is not None:
                 on_point(name, result)
-    return mine, peer
+    return mine, theirs_results

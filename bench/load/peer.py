@@ -1,7 +1,9 @@
-"""The peer for comparison runs: `python -m llama_cpp.server`, started and stopped by the tool.
+"""The peer for comparison runs: `python -m llama_cpp.server`, or llama.cpp's own `llama-server`
+(bench/llama_server.py), started and stopped by the tool.
 
-Owns: the server's command line, its readiness wait (`GET /v1/models`), its log file, and stopping it.
-Must not: run workloads (compare.py does).
+Owns: llama_cpp.server's command line, its readiness wait (`GET /v1/models`), its log file, and stopping
+it; which of the two peers the flags ask for.
+Must not: run workloads (compare.py does) or build llama-server (bench/llama_server.py does).
 """
 
 from __future__ import annotations
@@ -11,13 +13,34 @@ import sys
 import tempfile
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Protocol, Self
 
+from bench.llama_server import LlamaServer
 from bench.processes import free_port, stop, wait_ready
+
+LLAMA_CPP_SERVER = "llama_cpp.server"
+LLAMA_SERVER = "llama-server"
+# llama-server's slots when --peer-slots is not given: the worker's default --max-sessions, so both
+# sides decode as many sequences at once.
+DEFAULT_SLOTS = 16
+
+
+class Peer(Protocol):
+    """What comparison mode needs of a peer server."""
+
+    name: str
+    url: str
+    log_path: Path
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 class LlamaCppServer:
     """`with LlamaCppServer(model, threads=2) as peer:` ... `peer.url` is its loopback base URL."""
+
+    name = LLAMA_CPP_SERVER
 
     def __init__(self, model_path: Path, *, threads: int, port: int | None = None, n_ctx: int = 2048,
                  python: str = sys.executable, startup_timeout: float = 120.0) -> None:
@@ -73,3 +96,15 @@ class LlamaCppServer:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+def make_peer(kind: str, model_path: Path, *, threads: int, port: int | None, n_ctx: int,
+              slots: int | None = None, cache: Path | None = None) -> Peer:
+    """`kind` LLAMA_CPP_SERVER or LLAMA_SERVER; `n_ctx` is llama_cpp.server's whole context and each of
+    llama-server's `slots` contexts (it gets n_ctx x slots); `cache`: llama-server's build cache root."""
+    if kind == LLAMA_CPP_SERVER:
+        return LlamaCppServer(model_path, threads=threads, port=port, n_ctx=n_ctx)
+    if kind == LLAMA_SERVER:
+        return LlamaServer(model_path, threads=threads, port=port, n_ctx=n_ctx, slots=slots or DEFAULT_SLOTS,
+                           cache=cache)
+    raise ValueError(f"unknown peer {kind!r}")
