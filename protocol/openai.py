@@ -43,9 +43,6 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "tool_choice": lambda v: _absent(v) or v == "none",
     "functions": _absent,
     "function_call": lambda v: _absent(v) or v == "none",
-    "logit_bias": _absent,
-    "frequency_penalty": lambda v: _absent(v) or v == 0,
-    "presence_penalty": lambda v: _absent(v) or v == 0,
     "repeat_penalty": lambda v: _absent(v) or v == 1,
     "best_of": lambda v: _absent(v) or v == 1,
     "min_p": lambda v: _absent(v) or v == 0,
@@ -124,6 +121,9 @@ class _Common(BaseModel):
     grammar: str | None = Field(default=None, min_length=1, max_length=MAX_GRAMMAR_CHARS)
     json_schema: dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
+    logit_bias: dict[str, float] | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
 
 
 class ChatCompletionRequest(_Common):

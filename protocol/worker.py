@@ -62,6 +62,7 @@ MAX_STOP_LENGTH = 64
 MAX_PROMPT_CHARS = 1_000_000
 MAX_MESSAGES = 1_024
 MAX_GRAMMAR_CHARS = 65_536
+MAX_LOGIT_BIAS = 300  # OpenAI's bound on logit_bias entries
 SESSION_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/\-]{0,127}$"
 TENANT_PATTERN = r"^[A-Za-z0-9._:-]{0,64}$"
@@ -95,6 +96,23 @@ class GenerationFields(BaseModel):
                                 "constrained to what it accepts; invalid: 400")
     json_schema: dict[str, Any] | None = Field(default=None, description="a JSON schema the answer must match "
                                                "(turned into a grammar); invalid or unsupported: 400")
+    logit_bias: dict[str, float] = Field(default_factory=dict, max_length=MAX_LOGIT_BIAS,
+                                         description="token id (as a string, JSON's keys) -> -100..100 added to "
+                                         "its logit before sampling; -100 keeps it out in effect")
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, description="taken off the logit of every "
+                                    "token generated so far")
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, description="taken off once per time a "
+                                     "token was generated so far")
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_by_token_id(cls, value: dict[str, float]) -> dict[str, float]:
+        for token, bias in value.items():
+            if not (token.isascii() and token.isdigit() and len(token) <= 9):
+                raise ValueError(f"logit_bias: keys are token ids, not {token[:20]!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias: {token}: biases go from -100 to 100")
+        return value
 
     @model_validator(mode="after")
     def _one_constraint(self) -> Self:

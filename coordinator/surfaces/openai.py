@@ -200,7 +200,7 @@ def _common(body: oa.ChatCompletionRequest | oa.CompletionRequest, max_tokens: i
                            "what the request asks for, so leave it out", name)
     fields: dict[str, Any] = {"max_tokens": max_tokens or oa.MAX_COMPLETION_TOKENS}
     for name in ("model", "temperature", "top_p", "seed", "stop", "session_id", "top_k", "ignore_eos",
-                 "grammar", "json_schema"):
+                 "grammar", "json_schema", "logit_bias", "presence_penalty", "frequency_penalty"):
         value = getattr(body, name)
         if value is not None:
             fields[name] = value

@@ -156,8 +156,7 @@ async def test_an_error_after_the_first_token_is_an_error_chunk_then_done() -> N
     *[({"messages": [{"role": "user", "content": "x"}], field: value}, 400, field, "invalid_request")
       for field, value in [
           ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-          ("tool_choice", "required"), ("logit_bias", {"42": -100}), ("frequency_penalty", 0.5),
-          ("presence_penalty", -1.0), ("repeat_penalty", 1.2), ("min_p", 0.1), ("modalities", ["audio"]),
+          ("tool_choice", "required"), ("repeat_penalty", 1.2), ("min_p", 0.1), ("modalities", ["audio"]),
           ("top_logprobs", 5)]],
     ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}, 400,
      "response_format.type", "invalid_request"),
@@ -284,12 +283,15 @@ async def test_chat_stream_opens_with_the_role_alone_closes_with_an_empty_delta_
     ({"response_format": {"type": "text"}}, {}),
     ({"grammar": 'root ::= "yes" | "no"'}, {"grammar": 'root ::= "yes" | "no"'}),
     ({"json_schema": {"type": "array"}}, {"json_schema": {"type": "array"}}),
+    ({"logit_bias": {"42": -100}, "presence_penalty": 0.5, "frequency_penalty": 1},
+     {"logit_bias": {"42": -100}, "presence_penalty": 0.5, "frequency_penalty": 1}),
 ])
-async def test_structured_output_fields_reach_the_worker_as_a_schema_or_grammar(extra: dict, sent: dict) -> None:  # type: ignore[type-arg]
+async def test_structured_output_and_sampling_fields_reach_the_worker(extra: dict, sent: dict) -> None:  # type: ignore[type-arg]
     fakes = FakeWorkers({"w1": streaming(STREAM)})
     async with pool(fakes, ONE) as (client, _):
         response = await client.post("/v1/chat/completions",
                                      json={"messages": [{"role": "user", "content": "x"}], **extra})
     assert response.status_code == 200, response.text
     body = sent_body(fakes)
-    assert {k: body[k] for k in ("grammar", "json_schema") if k in body} == sent
+    keys = ("grammar", "json_schema", "logit_bias", "presence_penalty", "frequency_penalty")
+    assert {k: body[k] for k in keys if k in body} == sent

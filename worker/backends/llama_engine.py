@@ -220,7 +220,10 @@ class Engine:
         del session.tokens[keep:]
         request = job.request
         params = SamplingParams(request.temperature, request.top_p, request.top_k, request.seed,
-                                self.model.eog_tokens if request.ignore_eos else (), request.probabilities)
+                                self.model.eog_tokens if request.ignore_eos else (), request.probabilities,
+                                logit_bias=tuple((int(t), b) for t, b in request.logit_bias.items()),
+                                presence_penalty=request.presence_penalty,
+                                frequency_penalty=request.frequency_penalty)
         run = _Running(job=job, text=TextAssembler(request.stop), started_at=self._clock(),
                        sampling=RequestSampling(params, job.constraint), todo=job.prompt_tokens[keep:])
         # Kept in sequence-id order so each step's decode rows reach llama.cpp ascending (one pass).

@@ -57,6 +57,9 @@ class SamplingParams:
     seed: int | None
     banned_tokens: tuple[int, ...] = ()  # end-of-generation tokens when ignore_eos is asked
     probability: bool = True  # False: the chosen token's probability is not computed (NOT_COMPUTED)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, added to its logit); -100 bans it in effect
+    presence_penalty: float = 0.0  # taken off the logit of every token generated so far
+    frequency_penalty: float = 0.0  # taken off once per time a token was generated so far
 
     @property
     def greedy(self) -> bool:
@@ -85,6 +88,29 @@ class RequestSampling:
         self.banned = np.array(params.banned_tokens, dtype=np.intp)
         self.rng = np.random.default_rng(params.seed)
         self.constraint = constraint
+        self.bias_ids = np.array([t for t, _ in params.logit_bias], dtype=np.intp)
+        self.bias = np.array([b for _, b in params.logit_bias], dtype=np.float32)
+        self.penalised = bool(params.presence_penalty or params.frequency_penalty)
+        self.adjusted = self.penalised or bool(params.logit_bias)
+        self.generated: dict[int, int] = {}  # token -> times generated, kept only with a penalty
+
+    def adjust(self, row: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """`row` with the request's logit bias and penalties applied, written into `out` (OpenAI's
+        rule: logit - count x frequency_penalty - (count > 0) x presence_penalty, over the tokens
+        generated so far)."""
+        adjusted = out[:row.size]
+        np.copyto(adjusted, row)
+        if self.bias_ids.size:
+            adjusted[self.bias_ids] += self.bias
+        if self.generated:
+            ids = np.fromiter(self.generated, dtype=np.intp, count=len(self.generated))
+            counts = np.fromiter(self.generated.values(), dtype=np.float32, count=len(self.generated))
+            adjusted[ids] -= counts * self.params.frequency_penalty + self.params.presence_penalty
+        return adjusted
+
+    def chose(self, token: int) -> None:
+        if self.penalised:
+            self.generated[token] = self.generated.get(token, 0) + 1
 
 
 def numpy_exp_sum(row: np.ndarray, top: float, scratch: np.ndarray) -> float:
@@ -138,6 +164,7 @@ class StepSampler:
     def __init__(self, n_vocab: int, exp_sum: ExpSum | None = None) -> None:
         self._scratch = np.empty(n_vocab, dtype=np.float32)
         self._masked = np.empty(n_vocab, dtype=np.float32)  # a constrained row's logits, masked
+        self._adjusted = np.empty(n_vocab, dtype=np.float32)  # a row with its bias and penalties
         self._exp_sum_of = exp_sum or ggml_exp_sum() or numpy_exp_sum
 
     def sample(self, logits: np.ndarray, requests: Sequence[RequestSampling]) -> list[tuple[int, float]]:
@@ -148,9 +175,14 @@ class StepSampler:
         for i, request in enumerate(requests):
             row = logits[i]
             params = request.params
-            token = self._pick(row, int(best[i]), request)
+            if request.adjusted:  # only rows with a bias or a penalty pay for a copy of their row
+                choose_from = request.adjust(row, self._adjusted)
+                token = self._pick(choose_from, int(choose_from.argmax()), request)
+            else:
+                choose_from, token = row, self._pick(row, int(best[i]), request)
             if request.constraint is not None:
-                token = self._constrained(row, token, request, request.constraint)
+                token = self._constrained(choose_from, token, request, request.constraint)
+            request.chose(token)
             if params.probability:  # the whole vocabulary's softmax denominator: most of a row's cost
                 top = float(row[best[i]])
                 out.append((token, min(1.0, math.exp(float(row[token]) - top) / self._exp_sum(row, top))))
