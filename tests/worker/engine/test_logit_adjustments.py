@@ -24,7 +24,7 @@ def test_a_bias_of_minus_100_keeps_a_token_out_greedy_and_sampled() -> None:
             favourite = int(logits[0].argmax())
             logits[0, favourite] += 8  # by far the likeliest
             banned = RequestSampling(SamplingParams(**{**params.__dict__, "logit_bias": ((favourite, -100.0),)}))
-            (token, probability), = sampler.sample(logits, [banned])
+            (token, _), = sampler.sample(logits, [banned])
             assert token != favourite
             (free, _), = sampler.sample(logits, [RequestSampling(params)])
             assert free == favourite or not params.greedy
