@@ -93,6 +93,7 @@ class RequestSampling:
         self.penalised = bool(params.presence_penalty or params.frequency_penalty)
         self.adjusted = self.penalised or bool(params.logit_bias)
         self.generated: dict[int, int] = {}  # token -> times generated, kept only with a penalty
+        self.plain = params.greedy and not (self.banned.size or self.adjusted or constraint is not None)
 
     def adjust(self, row: np.ndarray, out: np.ndarray) -> np.ndarray:
         """`row` with the request's logit bias and penalties applied, written into `out` (OpenAI's
@@ -175,20 +176,27 @@ class StepSampler:
         for i, request in enumerate(requests):
             row = logits[i]
             params = request.params
-            if request.adjusted:  # only rows with a bias or a penalty pay for a copy of their row
-                choose_from = request.adjust(row, self._adjusted)
-                token = self._pick(choose_from, int(choose_from.argmax()), request)
+            if request.plain:  # greedy, nothing banned, adjusted or constrained: the shared argmax
+                token = int(best[i])
             else:
-                choose_from, token = row, self._pick(row, int(best[i]), request)
-            if request.constraint is not None:
-                token = self._constrained(choose_from, token, request, request.constraint)
-            request.chose(token)
+                token = self._special(row, int(best[i]), request)
             if params.probability:  # the whole vocabulary's softmax denominator: most of a row's cost
                 top = float(row[best[i]])
                 out.append((token, min(1.0, math.exp(float(row[token]) - top) / self._exp_sum(row, top))))
             else:
                 out.append((token, NOT_COMPUTED))
         return out
+
+    def _special(self, row: np.ndarray, best: int, request: RequestSampling) -> int:
+        """A row that samples, bans tokens, is adjusted (bias, penalties) or constrained (grammar)."""
+        if request.adjusted:  # only rows with a bias or a penalty pay for a copy of their row
+            row = request.adjust(row, self._adjusted)
+            best = int(row.argmax())
+        token = self._pick(row, best, request)
+        if request.constraint is not None:
+            token = self._constrained(row, token, request, request.constraint)
+        request.chose(token)
+        return token
 
     def _pick(self, row: np.ndarray, best: int, request: RequestSampling) -> int:
         if not request.params.greedy:
