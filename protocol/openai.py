@@ -39,8 +39,6 @@ def _absent(value: Any) -> bool:
 # the test of a value that changes nothing. Any other value is a 400 naming the field: a client that
 # asks for JSON, tools or a penalty must not get an answer made without them.
 UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
-    "tools": _absent,
-    "tool_choice": lambda v: _absent(v) or v == "none",
     "functions": _absent,
     "function_call": lambda v: _absent(v) or v == "none",
     "repeat_penalty": lambda v: _absent(v) or v == 1,
@@ -61,11 +59,50 @@ class TextPart(BaseModel):
     text: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(max_length=64)
+    arguments: str = Field(max_length=MAX_PROMPT_CHARS, description="the arguments as a JSON text")
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str = Field(max_length=128)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: str = Field(max_length=32)
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = Field(default=None, max_length=64)  # an assistant's calls
+    tool_call_id: str | None = Field(default=None, max_length=128)  # a tool message: the call it answers
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = Field(default=None, max_length=4096)
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class ToolDef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"]
+    function: dict[str, str]
 
 
 class JsonSchemaFormat(BaseModel):
@@ -128,6 +165,9 @@ class _Common(BaseModel):
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessageIn] = Field(min_length=1, max_length=1_024)
+    tools: list[ToolDef] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_COMPLETION_TOKENS)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
@@ -166,7 +206,8 @@ class ChoiceLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):

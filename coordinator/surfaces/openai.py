@@ -28,6 +28,7 @@ from coordinator.relay.supervisor import client_left_of
 from coordinator.state import CoordinatorState
 from coordinator.surfaces.infer import event_stream, json_body, refusals
 from coordinator.surfaces.openai_format import ChunkEncoder, Options, assemble, fingerprint_of
+from coordinator.surfaces.tools import Tools, call_schema, call_text, result_text, system_text, tools_of
 from coordinator.validate import describe, first_field, read_body, request_id_of
 from protocol import openai as oa
 from protocol import reasons
@@ -68,7 +69,7 @@ def _chat_body() -> dict[str, Any]:
     """Roles and content parts as `_message` takes them."""
     schema = _body(oa.ChatCompletionRequest)
     message = schema["properties"]["messages"]["items"]["properties"]
-    message["role"]["enum"] = list(ROLES)
+    message["role"]["enum"] = [*ROLES, "tool"]
     parts = next(option for option in message["content"]["anyOf"] if option.get("type") == "array")
     parts["items"]["properties"]["type"]["enum"] = ["text"]
     return schema
@@ -232,10 +233,43 @@ def _parse_chat(raw: bytes) -> tuple[dict[str, Any], Options]:
         raise _invalid("top_logprobs: at most 1 (the chosen token's); alternatives are not computed",
                        "top_logprobs")
     fields = _common(body, body.max_completion_tokens or body.max_tokens)
-    fields["messages"] = [_message(m, i) for i, m in enumerate(body.messages)]
+    tools = tools_of(body)
+    fields["messages"] = _messages(body.messages, tools)
     top = body.top_logprobs or 0
-    options = Options("chat", body.stream, _usage(body), body.logprobs or top > 0, top)
+    if tools is not None:
+        if body.logprobs or top:
+            raise _invalid("logprobs: not given with tools (a call is read from the whole answer)", "logprobs")
+        schema = call_schema(tools)
+        if schema is not None:
+            if "json_schema" in fields or "grammar" in fields:
+                raise _invalid("tool_choice: a required call cannot also take response_format or a grammar",
+                               "tool_choice")
+            fields["json_schema"] = schema
+    options = Options("chat", body.stream, _usage(body), body.logprobs or top > 0, top, tools=tools)
     return _probabilities(fields, options), options
+
+
+def _messages(messages: list[oa.ChatMessageIn], tools: Tools | None) -> list[dict[str, str]]:
+    """The conversation as plain turns: the tools listed in the system turn, earlier calls as the JSON
+    the model writes, tool results as user turns (coordinator/surfaces/tools.py's format)."""
+    names: dict[str, str] = {}
+    out = []
+    for i, message in enumerate(messages):
+        if message.role == "tool":
+            text = _message(message.model_copy(update={"role": "user"}), i)["content"]
+            out.append({"role": "user", "content": result_text(text, message.tool_call_id, names)})
+        elif message.role == "assistant" and message.tool_calls:
+            for call in message.tool_calls:
+                names[call.id] = call.function.name
+            out.append({"role": "assistant", "content": "\n".join(call_text(c) for c in message.tool_calls)})
+        else:
+            out.append(_message(message, i))
+    if tools is not None:
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + system_text(tools)}
+        else:
+            out.insert(0, {"role": "system", "content": system_text(tools)})
+    return out
 
 
 def _parse_completion(raw: bytes) -> tuple[dict[str, Any], Options]:

@@ -24,12 +24,14 @@ from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
 from coordinator.errors import STATUS_BY_REASON
+from coordinator.surfaces.tools import Tools, read_call
 from protocol import openai as oa
 from protocol.sse import SseEvent
 from protocol.worker import EVENT_DONE, EVENT_ERROR, EVENT_TOKEN, DoneEvent, ErrorEvent
 
 Kind = Literal["chat", "text"]
 DONE_FRAME = b"data: [DONE]\n\n"
+ARGUMENT_PIECE = 24  # characters of a tool call's arguments per streamed chunk
 MIN_LOGPROB = -9999.0  # OpenAI's floor, instead of -inf (not valid JSON) for a probability of 0
 
 
@@ -40,6 +42,7 @@ class Options:
     include_usage: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    tools: Tools | None = None  # the answer is read for a tool call when `tools.calling`
 
 
 def finish_reason(reason: str) -> str:
@@ -77,7 +80,7 @@ class ChunkEncoder:
     """One stream's chunks. A chat opens with a chunk that carries only the assistant role (and empty
     content), and closes with an empty `delta` and the finish reason, as OpenAI streams them."""
 
-    __slots__ = ("_base", "_choice", "_first", "_offset", "_options", "_tail")
+    __slots__ = ("_base", "_choice", "_first", "_held", "_offset", "_options", "_request_id", "_tail")
 
     def __init__(self, options: Options, *, request_id: str, created: int, model: str,
                  fingerprint: str = oa.FINGERPRINT_UNKNOWN) -> None:
@@ -90,10 +93,16 @@ class ChunkEncoder:
         self._tail = "}]" + (',"usage":null' if options.include_usage else "") + "}"
         self._first = True
         self._offset = 0
+        self._request_id = request_id
+        # With tools, the answer is held until it ends: only then is it known to be a call or text.
+        self._held: list[str] | None = [] if options.tools is not None and options.tools.calling else None
 
     def __call__(self, event: SseEvent) -> bytes:
         if event.event == EVENT_TOKEN:
             data = json.loads(event.data)
+            if self._held is not None:
+                self._held.append(data["token"])
+                return self._opening()
             return self._opening() + self._frame(self._piece(data["token"], data["probability"]))
         if event.event == EVENT_DONE:
             return self._done(DoneEvent.model_validate_json(event.data))
@@ -129,6 +138,26 @@ class ChunkEncoder:
 
     def _done(self, done: DoneEvent) -> bytes:
         reason = json.dumps(finish_reason(done.finish_reason))
+        if self._held is not None and self._options.tools is not None:
+            text, self._held = "".join(self._held), None
+            call = read_call(text, self._options.tools, self._request_id)
+            if call is None:
+                return self._opening() + self._frame(self._piece(text, 1.0)) + self._finish(reason, done)
+            head = {"index": 0, "id": call.id, "type": "function", "function": {"name": call.function.name,
+                                                                                 "arguments": ""}}
+            frames = self._opening() + self._frame(self._tool_delta(head))
+            arguments = call.function.arguments
+            for at in range(0, len(arguments), ARGUMENT_PIECE):  # the arguments in pieces, as OpenAI streams them
+                piece = {"index": 0, "function": {"arguments": arguments[at:at + ARGUMENT_PIECE]}}
+                frames += self._frame(self._tool_delta(piece))
+            return frames + self._finish('"tool_calls"', done)
+        return self._finish(reason, done)
+
+    @staticmethod
+    def _tool_delta(call: dict[str, Any]) -> str:
+        return f'"delta":{{"tool_calls":[{json.dumps(call, ensure_ascii=False)}]}},"logprobs":null,"finish_reason":null'
+
+    def _finish(self, reason: str, done: DoneEvent) -> bytes:
         if self._options.kind == "text":
             last = f'"text":"","logprobs":null,"finish_reason":{reason}'
         else:
@@ -164,6 +193,13 @@ def assemble(options: Options, events: list[SseEvent], *, request_id: str, creat
     text = "".join(t for t, _ in pieces)
     ident, reason, usage = completion_id(options.kind, request_id), finish_reason(done.finish_reason), usage_of(done)
     body: oa.ChatCompletion | oa.Completion
+    call = read_call(text, options.tools, request_id) if options.tools and options.tools.calling else None
+    if call is not None:
+        choice = oa.ChatChoice(message=oa.AssistantMessage(content=None, tool_calls=[call]),
+                               finish_reason="tool_calls")
+        body = oa.ChatCompletion(id=ident, created=created, model=model, choices=[choice], usage=usage,
+                                 system_fingerprint=fingerprint)
+        return JSONResponse(body.model_dump(mode="json", exclude_none=False), headers=headers)
     if options.kind == "chat":
         choice = oa.ChatChoice(message=oa.AssistantMessage(content=text), finish_reason=reason,
                                logprobs=_chat_logprobs(options, pieces))

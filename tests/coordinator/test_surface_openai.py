@@ -147,7 +147,7 @@ async def test_an_error_after_the_first_token_is_an_error_chunk_then_done() -> N
 @pytest.mark.parametrize(("body", "status", "param", "code"), [
     ({"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n", "invalid_request"),
     ({"messages": []}, 400, "messages", "invalid_request"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages.0.role", "invalid_request"),
+    ({"messages": [{"role": "function", "content": "x"}]}, 400, "messages.0.role", "invalid_request"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
      "messages.0.content", "invalid_request"),
     ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, 400, "temperature", "invalid_request"),
@@ -155,7 +155,6 @@ async def test_an_error_after_the_first_token_is_an_error_chunk_then_done() -> N
     # Meaning-changing fields the pool does not implement are refused, never dropped in silence.
     *[({"messages": [{"role": "user", "content": "x"}], field: value}, 400, field, "invalid_request")
       for field, value in [
-          ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
           ("tool_choice", "required"), ("repeat_penalty", 1.2), ("min_p", 0.1), ("modalities", ["audio"]),
           ("top_logprobs", 5)]],
     ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}, 400,

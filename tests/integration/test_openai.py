@@ -150,3 +150,25 @@ async def test_structured_outputs_through_the_sdk_parse_and_validate(sdk: openai
     with pytest.raises(openai.BadRequestError) as bad:  # refused by the worker while it prepared: still a 400
         await sdk.chat.completions.create(model=MODEL, messages=ask, extra_body={"grammar": "root ::= oops("})  # type: ignore[arg-type]
     assert isinstance(bad.value.body, dict) and "grammar" in bad.value.body["message"]
+
+
+async def test_a_required_tool_call_and_its_round_trip_with_the_real_model(sdk: openai.AsyncOpenAI) -> None:
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "description": "The current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                       "required": ["city"]}}}
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    whole = await sdk.chat.completions.create(model=MODEL, messages=ask, tools=[weather], tool_choice="required",  # type: ignore[arg-type, list-item]
+                                              temperature=0, max_tokens=60)
+    (call,) = whole.choices[0].message.tool_calls or []
+    assert whole.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), weather["function"]["parameters"])  # type: ignore[index]
+    stream = await sdk.chat.completions.create(model=MODEL, messages=ask, tools=[weather], tool_choice="required",  # type: ignore[arg-type, list-item]
+                                               temperature=0, max_tokens=60, stream=True)
+    pieces = [tc for c in [c async for c in stream] if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert "".join((p.function.arguments or "") for p in pieces if p.function) == call.function.arguments
+    follow = [*ask, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+              {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and clear"}]
+    final = await sdk.chat.completions.create(model=MODEL, messages=follow, tools=[weather], temperature=0,  # type: ignore[arg-type, list-item]
+                                              max_tokens=40, tool_choice="none")
+    assert final.choices[0].message.content and final.choices[0].finish_reason in ("stop", "length")
