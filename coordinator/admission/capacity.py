@@ -6,7 +6,7 @@ Must not: choose a worker (scheduler.py) or talk to one (dispatch.py).
 
 A reservation lives from the moment a worker is chosen until its stream ends, whatever the ending.
 It first holds the upper bound from `Demand.tokens`, then the exact size once the worker reports
-`X-Prompt-Tokens` (larger than the estimate too, when a chat template adds more than it allows).
+the prompt's length in its `admitted` event (larger than the estimate too, when a chat template adds more than it allows).
 It is released as soon as the stream's final event is read, before the client sees it, so a client
 that sends its next request at once finds the slot free here as it is on the worker. It reaches the
 scheduler through a registry correction on that worker, keyed by the reservation's key, which the

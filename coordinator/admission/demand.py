@@ -3,7 +3,7 @@
 Owns: the reservation estimate. The coordinator has no tokenizer, so before a worker answers it
 reserves `min(session_max_tokens, prompt_bytes + TEMPLATE_TOKENS + max_tokens)` tokens: every token
 covers at least one byte of UTF-8, the chat template adds at most `TEMPLATE_TOKENS`, and no session
-can hold more than `session_max_tokens`. Once the worker answers with `X-Prompt-Tokens`, the
+can hold more than `session_max_tokens`. Once the worker's `admitted` event gives the prompt's length, the
 reservation shrinks to the exact `min(session_max_tokens, prompt_tokens + max_tokens)`.
 Must not: hold state or do I/O.
 """
