@@ -30,12 +30,11 @@ import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Self
+from typing import IO
 
 import httpx
 
-from bench.processes import free_port, stop, wait_ready
+from bench.processes import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DIST = "llama-cpp-python"
@@ -258,7 +257,7 @@ def server_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in environ.items() if not k.startswith("LLAMA_ARG_")}
 
 
-class LlamaServer:
+class LlamaServer(ServerProcess):
     """`with LlamaServer(model, threads=2, slots=4) as peer:` ... `peer.url` is its loopback base URL.
 
     `n_ctx` is each slot's context: llama-server splits `-c` evenly across its `-np` slots, so it gets
@@ -266,6 +265,7 @@ class LlamaServer:
     `start()` when missing."""
 
     name = "llama-server"
+    ready_path = "/health"
 
     def __init__(self, model_path: Path, *, threads: int, port: int | None = None, n_ctx: int = 2048,
                  slots: int = 1, binary: Path | None = None, cache: Path | None = None,
@@ -284,7 +284,6 @@ class LlamaServer:
         self.startup_timeout = startup_timeout
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path or Path(tempfile.gettempdir()) / f"bench-llama-server-{self.port}.log"
-        self._proc: subprocess.Popen[bytes] | None = None
 
     def argv(self) -> list[str]:
         t = str(self.threads)
@@ -294,39 +293,13 @@ class LlamaServer:
                 "-c", str(self.n_ctx * self.slots), "-np", str(self.slots),
                 "--host", "127.0.0.1", "--port", str(self.port), "--no-webui", *self.extra_args]
 
+    def env(self) -> dict[str, str]:
+        return server_env(os.environ)
+
     def start(self) -> None:
         if self.binary is None:
             self.binary = provision(Build.default(cache=self.cache))
-        with self.log_path.open("wb") as log:
-            self._proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env=server_env(os.environ),
-                                          start_new_session=True)
-        try:
-            wait_ready(self._proc, self.url + "/health", self.name, timeout=self.startup_timeout,
-                       detail=lambda: ":\n" + self.log_tail())
-        except BaseException:  # Ctrl+C while it loads included: never leave it running
-            self.stop()
-            raise
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            stop(proc)
-
-    def log_tail(self, lines: int = 20) -> str:
-        return log_tail(self.log_path, lines)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
+        super().start()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

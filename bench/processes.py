@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
 import httpx
 
@@ -127,3 +129,57 @@ def pool(log_dir: Path, *, workers: Sequence[Sequence[str]], coordinator: Sequen
                 raise RuntimeError(f"the workers did not register within {timeout:g} s (logs in {log_dir})")
             time.sleep(0.2)
         yield Pool(url, tuple(worker_urls), token)
+
+
+class ServerProcess:
+    """A peer server for comparisons: started from `argv()` with its output in `log_path`, ready once
+    `url + ready_path` answers 200, stopped however a `with` block ends (Ctrl+C while it loads too).
+    Subclasses set `name`, `url`, `log_path`, `startup_timeout` and `ready_path` and give `argv()`."""
+
+    name: str
+    url: str
+    log_path: Path
+    startup_timeout: float
+    ready_path: str
+    _proc: subprocess.Popen[bytes] | None = None
+
+    def argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str] | None:
+        """The server's environment; None: this process's."""
+        return None
+
+    def start(self) -> None:
+        with self.log_path.open("wb") as log:
+            self._proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, env=self.env(), start_new_session=True)
+        try:
+            wait_ready(self._proc, self.url + self.ready_path, self.name, timeout=self.startup_timeout,
+                       detail=lambda: ":\n" + self.log_tail())
+        except BaseException:  # Ctrl+C while it loads included: never leave it running
+            self.stop()
+            raise
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            stop(proc)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

@@ -51,7 +51,7 @@ def micro(n: int = 20_000) -> None:
 
     def chat() -> object:
         fields, _ = openai_surface._parse_chat(CHAT)
-        return Generation.of(openai_surface._internal(fields), "r", "openai-chat")
+        return Generation.of(openai_surface.internal(fields), "r", "openai-chat")
 
     timings = {
         "parse /coordinator/infer": timeit.timeit(lambda: infer_surface.parse(INFER, "r"), number=n),

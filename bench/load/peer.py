@@ -8,15 +8,13 @@ Must not: run workloads (compare.py does) or build llama-server (bench/llama_ser
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from types import TracebackType
-from typing import Protocol, Self
+from typing import Protocol
 
 from bench.llama_server import LlamaServer
-from bench.processes import free_port, stop, wait_ready
+from bench.processes import ServerProcess, free_port
 
 LLAMA_CPP_SERVER = "llama_cpp.server"
 LLAMA_SERVER = "llama-server"
@@ -37,10 +35,11 @@ class Peer(Protocol):
     def stop(self) -> None: ...
 
 
-class LlamaCppServer:
+class LlamaCppServer(ServerProcess):
     """`with LlamaCppServer(model, threads=2) as peer:` ... `peer.url` is its loopback base URL."""
 
     name = LLAMA_CPP_SERVER
+    ready_path = "/v1/models"
 
     def __init__(self, model_path: Path, *, threads: int, port: int | None = None, n_ctx: int = 2048,
                  python: str = sys.executable, startup_timeout: float = 120.0) -> None:
@@ -52,7 +51,6 @@ class LlamaCppServer:
         self.startup_timeout = startup_timeout
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(tempfile.gettempdir()) / f"bench-load-llama-cpp-server-{self.port}.log"
-        self._proc: subprocess.Popen[bytes] | None = None
 
     def argv(self) -> list[str]:
         t = str(self.threads)
@@ -62,40 +60,6 @@ class LlamaCppServer:
                 # By default a new request cuts the running stream short ("[DONE]" early), which would
                 # count truncated answers as successes; off, requests wait their turn instead.
                 "--interrupt_requests", "False", "--verbose", "False"]
-
-    def start(self) -> None:
-        with self.log_path.open("wb") as log:
-            self._proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True)
-        try:
-            self._wait_ready()
-        except BaseException:  # Ctrl+C while it loads included: never leave it running
-            self.stop()
-            raise
-
-    def _wait_ready(self) -> None:
-        assert self._proc is not None
-        wait_ready(self._proc, self.url + "/v1/models", "llama_cpp.server", timeout=self.startup_timeout,
-                   detail=lambda: ":\n" + self.log_tail())
-
-    def stop(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            stop(proc)
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
 
 
 def make_peer(kind: str, model_path: Path, *, threads: int, port: int | None, n_ctx: int,

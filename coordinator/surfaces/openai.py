@@ -12,7 +12,7 @@ Must not: admit, schedule or relay; the gateway does, exactly as for `/coordinat
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from coordinator.auth import tenant_of
 from coordinator.errors import CoordinatorError, error_headers
-from coordinator.gateway import Gateway
+from coordinator.gateway import Gateway, Opened
 from coordinator.generation import Generation
 from coordinator.relay.collect import CollectedResponse
 from coordinator.relay.response import RelayResponse
@@ -47,6 +47,7 @@ _PARAM_BY_REASON = {reasons.UNKNOWN_MODEL: "model", reasons.MODEL_UNAVAILABLE: "
 
 router = APIRouter()
 Parse = Callable[[bytes], tuple[dict[str, Any], Options]]
+T = TypeVar("T")
 
 
 async def chat_completions(request: Request) -> Response:
@@ -142,17 +143,20 @@ def _card(state: CoordinatorState, name: str) -> oa.ModelCard:
     return oa.ModelCard(id=name, created=int(state.started_at), aliases=state.registry.aliases_of(name))
 
 
-async def _serve(request: Request, surface: str, parse: Parse) -> Response:
+async def open_generation(request: Request, surface: str, parse: Callable[[bytes], tuple[dict[str, Any], T]]
+                          ) -> tuple[Opened, Generation, T] | Response:
+    """Parse, admit and open one request of an OpenAI-shaped surface (`parse` gives the internal fields
+    and what that surface's answer needs); a refusal comes back as OpenAI's error response."""
     state: CoordinatorState = request.app.state.coordinator
     gateway: Gateway = request.app.state.gateway
     started = gateway.now()
     request_id = request_id_of(request)
     try:
-        fields, options = parse(await read_body(request, state.settings.max_body_bytes))
+        fields, answer = parse(await read_body(request, state.settings.max_body_bytes))
         tenant = tenant_of(request.scope.get("state", {}))
         if tenant:
             fields["tenant"] = tenant
-        gen = Generation.of(_internal(fields), request_id, surface)
+        gen = Generation.of(internal(fields), request_id, surface)
     except CoordinatorError as exc:
         gateway.refused(request_id, exc, started, surface=surface)
         return error_response(request_id, exc)
@@ -160,6 +164,16 @@ async def _serve(request: Request, surface: str, parse: Parse) -> Response:
         opened = await gateway.open(gen, started, client_gone=lambda: client_left_of(request.receive))
     except CoordinatorError as exc:
         return error_response(request_id, exc)
+    return opened, gen, answer
+
+
+async def _serve(request: Request, surface: str, parse: Parse) -> Response:
+    found = await open_generation(request, surface, parse)
+    if isinstance(found, Response):
+        return found
+    opened, gen, options = found
+    state: CoordinatorState = request.app.state.coordinator
+    request_id = gen.request_id
     created = int(state.clock.time())
     headers = {REQUEST_ID_HEADER: request_id, WORKER_ID_HEADER: opened.worker_id}
     record = state.registry.get(opened.worker_id)
@@ -183,7 +197,7 @@ def _validated(model: type[BaseModel], raw: bytes) -> Any:
         raise CoordinatorError(reasons.INVALID_REQUEST, describe(exc), param=first_field(exc)) from None
 
 
-def _internal(fields: dict[str, Any]) -> GenerateRequest:
+def internal(fields: dict[str, Any]) -> GenerateRequest:
     try:
         return GenerateRequest.model_validate(fields)
     except ValidationError as exc:

@@ -19,23 +19,19 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
-from coordinator.auth import tenant_of
 from coordinator.errors import CoordinatorError
-from coordinator.gateway import Gateway
-from coordinator.generation import Generation
 from coordinator.relay.collect import CollectedResponse
 from coordinator.relay.response import RelayResponse
-from coordinator.relay.supervisor import client_left_of
 from coordinator.state import CoordinatorState
 from coordinator.surfaces.infer import event_stream, json_body, refusals
-from coordinator.surfaces.openai import error_response
+from coordinator.surfaces.openai import open_generation
 from coordinator.surfaces.responses_format import Echo, EventEncoder, Shape, assemble
-from coordinator.validate import describe, first_field, read_body, request_id_of
+from coordinator.validate import describe, first_field
 from protocol import openai as oa
 from protocol import openai_responses as rs
 from protocol import reasons
 from protocol.openapi import inlined
-from protocol.worker import MAX_PROMPT_CHARS, REQUEST_ID_HEADER, WORKER_ID_HEADER, GenerateRequest
+from protocol.worker import MAX_PROMPT_CHARS, REQUEST_ID_HEADER, WORKER_ID_HEADER
 
 PATH = "/v1/responses"
 SURFACE = "openai-responses"
@@ -47,23 +43,12 @@ router = APIRouter()
 
 
 async def create(request: Request) -> Response:
+    found = await open_generation(request, SURFACE, parse)
+    if isinstance(found, Response):
+        return found
+    opened, gen, echo = found
     state: CoordinatorState = request.app.state.coordinator
-    gateway: Gateway = request.app.state.gateway
-    started = gateway.now()
-    request_id = request_id_of(request)
-    try:
-        fields, echo = parse(await read_body(request, state.settings.max_body_bytes))
-        tenant = tenant_of(request.scope.get("state", {}))
-        if tenant:
-            fields["tenant"] = tenant
-        gen = Generation.of(_internal(fields), request_id, SURFACE)
-    except CoordinatorError as exc:
-        gateway.refused(request_id, exc, started, surface=SURFACE)
-        return error_response(request_id, exc)
-    try:
-        opened = await gateway.open(gen, started, client_gone=lambda: client_left_of(request.receive))
-    except CoordinatorError as exc:
-        return error_response(request_id, exc)
+    request_id = gen.request_id
     # Sampling as the worker applies it: the client's value, or the default both sides share.
     echo = dataclasses.replace(echo, temperature=gen.request.temperature, top_p=gen.request.top_p)
     shape = Shape(echo, request_id, int(state.clock.time()), opened.model)
@@ -132,12 +117,6 @@ def _message(item: rs.InputItem, index: int) -> dict[str, str]:
         texts.append(part.text)
     return {"role": role, "content": "".join(texts)}
 
-
-def _internal(fields: dict[str, Any]) -> GenerateRequest:
-    try:
-        return GenerateRequest.model_validate(fields)
-    except ValidationError as exc:
-        raise CoordinatorError(reasons.INVALID_REQUEST, describe(exc), param=first_field(exc)) from None
 
 
 def _invalid(message: str, param: str) -> CoordinatorError:
