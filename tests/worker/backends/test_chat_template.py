@@ -10,14 +10,11 @@ import pytest
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from protocol.worker import GenerateRequest
-from worker.api.admission import Gate
+from tests.worker.backends.test_simulated import simulated_gate
 from worker.backends.base import Message
 from worker.backends.chat_template import ChatTemplate, TemplateRefusal
-from worker.backends.simulated import SimulatedEngine, SimulatedModel
-from worker.engine.jobs import EngineConfig
+from worker.backends.simulated import SimulatedModel
 from worker.errors import WorkerError
-from worker.naming import ModelNames
-from worker.sessions.table import KvLimits, SessionTable
 
 ALTERNATING = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
                "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant') }}"
@@ -83,14 +80,7 @@ class _RefusingTemplate(SimulatedModel):
 
 def test_a_conversation_the_template_refuses_is_a_400_naming_why() -> None:
     async def admit() -> None:
-        model = _RefusingTemplate()
-        engine = SimulatedEngine(model, EngineConfig(ctx_size=1024, max_sessions=2, threads=1),
-                                 token_rate=1000.0, prefill_rate=1e6)
-        table = SessionTable(KvLimits(capacity_tokens=1024, session_max_tokens=512, max_sessions=2,
-                                      bytes_per_token=1), clock=lambda: 0.0, ttl=60)
-        engine.bind(table)
-        gate = Gate(model, ModelNames.choose(configured="", configured_aliases=(), general_name=None,
-                                             file_stem="sim"), table, engine, stream_buffer=8, clock=lambda: 0.0)
+        gate = simulated_gate(_RefusingTemplate(), sessions=2)
         request = GenerateRequest(messages=[{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
         await gate.admit(request, "r1")
 

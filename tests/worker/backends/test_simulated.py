@@ -117,15 +117,20 @@ def test_prompts_are_tokenized_a_bounded_number_at_a_time() -> None:
     assert asyncio.run(tokenizing_at_most(requests=6)) == 2
 
 
-async def tokenizing_at_most(requests: int) -> int:
-    model = SlowTokenizer()
-    engine = SimulatedEngine(model, EngineConfig(ctx_size=4096, max_sessions=8, threads=1),
+def simulated_gate(model: SimulatedModel, *, sessions: int = 8) -> Gate:
+    """A worker's admission over the simulated engine (no HTTP, no model file); call inside a loop."""
+    engine = SimulatedEngine(model, EngineConfig(ctx_size=512 * sessions, max_sessions=sessions, threads=1),
                              token_rate=1000.0, prefill_rate=1e6)
-    table = SessionTable(KvLimits(capacity_tokens=4096, session_max_tokens=512, max_sessions=8,
+    table = SessionTable(KvLimits(capacity_tokens=512 * sessions, session_max_tokens=512, max_sessions=sessions,
                                   bytes_per_token=1), clock=lambda: 0.0, ttl=60)
     engine.bind(table)
-    gate = Gate(model, ModelNames.choose(configured="", configured_aliases=(), general_name=None,
+    return Gate(model, ModelNames.choose(configured="", configured_aliases=(), general_name=None,
                                          file_stem="sim"), table, engine, stream_buffer=8, clock=lambda: 0.0)
+
+
+async def tokenizing_at_most(requests: int) -> int:
+    model = SlowTokenizer()
+    gate = simulated_gate(model)
     await asyncio.gather(*(gate.admit(GenerateRequest(prompt=f"prompt {i}", max_tokens=4), f"r{i}")
                            for i in range(requests)))
     return model.most
