@@ -15,11 +15,12 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from coordinator.settings import Settings
@@ -195,3 +196,11 @@ def cluster(cluster_session: Cluster) -> Cluster:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture
+async def sdk(cluster: Cluster) -> AsyncIterator[openai.AsyncOpenAI]:
+    """The official OpenAI client against the shared cluster's coordinator."""
+    client = openai.AsyncOpenAI(base_url=cluster.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    yield client
+    await client.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 
 import httpx
 import jsonschema
@@ -20,13 +19,6 @@ from tests.worker.engine.test_grammar import SCHEMAS
 pytestmark = [pytest.mark.model, pytest.mark.anyio]
 USER = {"role": "user", "content": "Name three colors."}
 MODEL = "smollm2-135m-8k-lc100k-mix1-ep2"  # general.name, lower-cased (README: model names)
-
-
-@pytest.fixture
-async def sdk(cluster: Cluster) -> AsyncIterator[openai.AsyncOpenAI]:
-    client = openai.AsyncOpenAI(base_url=cluster.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-    yield client
-    await client.close()
 
 
 async def test_chat_streaming_and_not_give_the_same_greedy_text(sdk: openai.AsyncOpenAI) -> None:

@@ -3,24 +3,13 @@ coordinator and two real workers running the real model."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import openai
 import pytest
-
-from tests.integration.conftest import Cluster
 
 pytestmark = [pytest.mark.model, pytest.mark.anyio]
 MODEL = "smollm2-135m-8k-lc100k-mix1-ep2"  # general.name, lower-cased (README: model names)
 INSTRUCTIONS = "You answer in one short sentence."
 QUESTION = "Name three colors."
-
-
-@pytest.fixture
-async def sdk(cluster: Cluster) -> AsyncIterator[openai.AsyncOpenAI]:
-    client = openai.AsyncOpenAI(base_url=cluster.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-    yield client
-    await client.close()
 
 
 async def test_streamed_and_not_give_the_same_greedy_text(sdk: openai.AsyncOpenAI) -> None:
