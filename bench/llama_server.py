@@ -34,7 +34,7 @@ from typing import IO
 
 import httpx
 
-from bench.processes import ServerProcess, free_port
+from bench.processes import ServerProcess, free_port, log_tail
 
 ROOT = Path(__file__).resolve().parent.parent
 DIST = "llama-cpp-python"
@@ -44,6 +44,7 @@ INDEX = "https://pypi.org/simple"
 # from a mirror; the simple index never is).
 INDEX_JSON = "application/vnd.pypi.simple.v1+json"
 BUILD_JOBS = 2
+BUILD_TIMEOUT = 3600  # seconds for one cmake step: a build that hangs fails instead of waiting forever
 
 
 # -- which version, and where ----------------------------------------------------------------------
@@ -193,13 +194,6 @@ def build_argv(build: Build, jobs: int = BUILD_JOBS) -> list[str]:
             "-j", str(jobs)]
 
 
-def log_tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
 @contextlib.contextmanager
 def locked(folder: Path) -> Iterator[None]:
     """One provisioning per cache folder at a time (a second benchmark waits for the first's build)."""
@@ -232,8 +226,11 @@ def provision(build: Build | None = None, *, jobs: int = BUILD_JOBS, quiet: bool
                     extract(build)
                 for argv in (configure_argv(build), build_argv(build, jobs)):
                     print("$ " + " ".join(argv), file=log, flush=True)
-                    done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, check=False)
+                    try:
+                        done = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL, check=False, timeout=BUILD_TIMEOUT)
+                    except subprocess.TimeoutExpired:
+                        raise RuntimeError(f"{argv[0]} {argv[1]} ran past {BUILD_TIMEOUT} s") from None
                     if done.returncode != 0:
                         raise RuntimeError(f"{argv[0]} {argv[1]} exited with {done.returncode}")
             except (RuntimeError, OSError, httpx.HTTPError, tarfile.TarError) as exc:

@@ -131,6 +131,14 @@ def pool(log_dir: Path, *, workers: Sequence[Sequence[str]], coordinator: Sequen
         yield Pool(url, tuple(worker_urls), token)
 
 
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The last `lines` lines of a log file ("" when it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
 class ServerProcess:
     """A peer server for comparisons: started from `argv()` with its output in `log_path`, ready once
     `url + ready_path` answers 200, stopped however a `with` block ends (Ctrl+C while it loads too).
@@ -171,10 +179,7 @@ class ServerProcess:
             stop(proc)
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return log_tail(self.log_path, lines)
 
     def __enter__(self) -> Self:
         self.start()
