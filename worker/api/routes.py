@@ -240,9 +240,8 @@ async def _events(runtime: WorkerRuntime, ticket: Ticket, request_id: str,
     try:
         job = await runtime.gate.prepare(ticket, request_id, stream_ref=stream_ref)
     except WorkerError as refused:
+        # Counted, not logged, as a refusal by status is: under load they come by the thousand.
         runtime.metrics.admission.labels("rejected", refused.reason).inc()
-        log.info(json.dumps({"event": "refused", "request_id": request_id, "reason": refused.reason,
-                             "status": refused.status}))
         yield encode(EVENT_ERROR, ErrorEvent(error=refused.message, reason=refused.reason,
                                              request_id=request_id).model_dump_json())
         return

@@ -31,9 +31,8 @@ class ConstraintError(ValueError):
 
 
 def gbnf_of(*, grammar: str | None, json_schema: dict[str, Any] | None) -> str | None:
-    """The GBNF text a request asks for: its `grammar`, or its `json_schema` converted; None for none."""
-    if grammar is not None and json_schema is not None:
-        raise ConstraintError("give either grammar or json_schema, not both")
+    """The GBNF text a request asks for: its `grammar`, or its `json_schema` converted; None for none
+    (never both: `protocol.worker.GenerationFields` refuses that)."""
     if json_schema is not None:
         try:
             return json_schema_to_gbnf(json.dumps(json_schema))
