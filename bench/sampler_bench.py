@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     logits = (np.random.default_rng(0).standard_normal((args.rows, args.vocab)) * 3).astype(np.float32)
     sampler = s.StepSampler(args.vocab)
     for name, params in (("greedy", s.SamplingParams(0.0, 1.0, 0, None)),
-                         ("default (0.8, top-k 40, top-p 0.95)", s.SamplingParams(0.8, 0.95, 40, 1))):
+                         ("default (0.8, top-k 40, top-p 0.95)", s.SamplingParams(0.8, 0.95, 40, 1)),
+                         ("default, 2 end tokens banned", s.SamplingParams(0.8, 0.95, 40, 1, (0, 2)))):
         requests = [s.RequestSampling(params) for _ in range(args.rows)]
 
         def step(requests: list[s.RequestSampling] = requests) -> None:

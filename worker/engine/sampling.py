@@ -19,9 +19,12 @@ of the work per row: numpy's float32 exp is not vectorised on an AVX2 machine (1
 75-170 us for a 49,152-token vocabulary). llama.cpp's CPU library exports its own vectorised softmax
 kernel (`ggml_vec_soft_max_f32`: exp of x - max into a scratch row, the sum in double), about 3x faster
 here; `ggml_exp_sum` finds it, checks it against numpy on a test row, and numpy stands in when it is
-missing or disagrees. Every other step is a single pass over the matrix (argmax) or over a row (top-k's
-one comparison against a threshold from a strided sample, `_top_k`), or work on a few candidates; only
-a request without top-k, or one whose top-k keeps the whole vocabulary, pays for full-row selection.
+missing or disagrees. Every other step is a single pass over the matrix (argmax) or over a row, or work
+on a few candidates. The rows that only sample with top-k (most requests: nothing banned, biased or
+constrained) are drawn side by side, a group of rows per k, with fixed-size array operations over the
+group (`top_k_rows`, `_draw_rows`); a row with banned tokens finds its top-k alone by one comparison
+against a threshold from a strided sample (`_top_k`). Only a request without top-k, or one whose top-k
+keeps the whole vocabulary, pays for full-row selection.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ ExpSum = Callable[[np.ndarray, float, np.ndarray], float]
 NUCLEUS_FIRST_GUESS = 64
 # Top-k's threshold comes from every 16th logit of a row (see `_top_k`): 2,000 of a 32,000 vocabulary.
 TOP_K_SAMPLE_STRIDE = 16
+# Top-k for a step's sampling rows together sees each row as groups of this many tokens (`top_k_rows`).
+TOP_K_GROUPS = 16
 NO_TOKENS = np.empty(0, dtype=np.intp)
 
 
@@ -94,6 +99,7 @@ class RequestSampling:
         self.adjusted = self.penalised or bool(params.logit_bias)
         self.generated: dict[int, int] = {}  # token -> times generated, kept only with a penalty
         self.plain = params.greedy and not (self.banned.size or self.adjusted or constraint is not None)
+        self.top_k_only = not params.greedy and params.top_k > 0 and not (self.adjusted or constraint is not None)
 
     def adjust(self, row: np.ndarray, out: np.ndarray) -> np.ndarray:
         """`row` with the request's logit bias and penalties applied, written into `out` (OpenAI's
@@ -172,12 +178,15 @@ class StepSampler:
         """`logits` is (len(requests), n_vocab) float32, row i for requests[i]; returns (token, probability)
         per row."""
         best = logits.argmax(axis=1)  # one pass over the matrix serves every greedy row and every row max
+        drawn = self._draw_side_by_side(logits, requests)
         out = []
         for i, request in enumerate(requests):
             row = logits[i]
             params = request.params
             if request.plain:  # greedy, nothing banned, adjusted or constrained: the shared argmax
                 token = int(best[i])
+            elif i in drawn:
+                token = drawn[i]
             else:
                 token = self._special(row, int(best[i]), request)
             if params.probability:  # the whole vocabulary's softmax denominator: most of a row's cost
@@ -186,6 +195,28 @@ class StepSampler:
             else:
                 out.append((token, NOT_COMPUTED))
         return out
+
+    def _draw_side_by_side(self, logits: np.ndarray, requests: Sequence[RequestSampling]) -> dict[int, int]:
+        """The tokens of the rows that sample with top-k and are neither adjusted nor constrained, drawn
+        together, a group per k: row -> token. Each of those rows costs a few array operations on the
+        whole group instead of twenty-odd calls of its own (`top_k_rows`, `_draw_rows`)."""
+        groups: dict[int, list[int]] = {}
+        for i, request in enumerate(requests):
+            if request.top_k_only and request.params.top_k + request.banned.size <= logits.shape[1] // TOP_K_GROUPS:
+                groups.setdefault(request.params.top_k, []).append(i)
+        drawn: dict[int, int] = {}
+        for k, rows in groups.items():
+            picked = [requests[i] for i in rows]
+            banned = np.full((len(rows), max(r.banned.size for r in picked)), -1, dtype=np.intp)
+            for line, request in zip(banned, picked, strict=True):
+                line[:request.banned.size] = request.banned
+            ids, kept = top_k_rows(logits, np.array(rows, dtype=np.intp), k, banned)
+            tokens = _draw_rows(ids, kept, picked)
+            for i, request, token in zip(rows, picked, tokens, strict=True):
+                if token < 0:  # the row's k-th logit is -inf: ties among -inf need the row's own order
+                    token = self._draw(logits[i], request)
+                drawn[i] = token
+        return drawn
 
     def _special(self, row: np.ndarray, best: int, request: RequestSampling) -> int:
         """A row that samples, bans tokens, is adjusted (bias, penalties) or constrained (grammar)."""
@@ -298,6 +329,67 @@ def _top_k(row: np.ndarray, k: int, banned: np.ndarray) -> np.ndarray:
     if ids.size > k:
         ids = ids[np.argpartition(row[ids], ids.size - k)[ids.size - k:]]
     return ids[np.lexsort((ids, -row[ids]))]
+
+
+def top_k_rows(logits: np.ndarray, rows: np.ndarray, k: int,
+               banned: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest logits of each of `rows` and their token ids, (len(rows), k) each, largest first
+    (ties: lower token id first), leaving out each row's `banned` tokens (a line per row, padded with
+    -1); k plus the banned tokens a row at most n_vocab // TOP_K_GROUPS.
+
+    A row's first TOP_K_GROUPS x g tokens (g = n_vocab // TOP_K_GROUPS) are seen as g groups, group j
+    holding tokens j, g + j, 2g + j, ...: the largest of each group is one elementwise maximum over the
+    row's TOP_K_GROUPS slices. Every one of the k largest tokens lies in one of the k groups with the
+    largest maxima (a group holding one of them has a maximum at least that large, and fewer than k
+    other groups can beat it), so the exact selection is made among those groups' tokens and the few
+    left over at the end of the row: fixed-size arrays for every row of the step at once, no search
+    per row. With banned tokens the k + b largest are selected, and the banned ones dropped."""
+    n_vocab = logits.shape[1]
+    bans = 0 if banned is None else banned.shape[1]
+    selected = k + bans
+    g = n_vocab // TOP_K_GROUPS
+    whole = rows.size == logits.shape[0] and bool(np.all(rows == np.arange(rows.size)))
+    body = (logits if whole else logits[rows])[:, :TOP_K_GROUPS * g].reshape(rows.size, TOP_K_GROUPS, g)
+    maxima = body.max(axis=1)
+    groups = np.argpartition(maxima, g - selected, axis=1)[:, g - selected:]
+    candidates = (groups[:, :, None] + np.arange(TOP_K_GROUPS * g, step=g)[None, None, :]).reshape(rows.size, -1)
+    if TOP_K_GROUPS * g < n_vocab:  # the tail that makes no whole group is always a candidate
+        tail = np.broadcast_to(np.arange(TOP_K_GROUPS * g, n_vocab), (rows.size, n_vocab - TOP_K_GROUPS * g))
+        candidates = np.concatenate([candidates, tail], axis=1)
+    values = logits[rows[:, None], candidates]
+    best = np.argpartition(values, values.shape[1] - selected, axis=1)[:, values.shape[1] - selected:]
+    ids = np.take_along_axis(candidates, best, axis=1)
+    kept = np.take_along_axis(values, best, axis=1)
+    order = np.lexsort((ids, -kept), axis=1)
+    ids, kept = np.take_along_axis(ids, order, axis=1), np.take_along_axis(kept, order, axis=1)
+    if banned is not None and bans:  # the first k tokens of each row that are not banned, in order
+        allowed = np.argsort((ids[:, :, None] == banned[:, None, :]).any(axis=2), axis=1, kind="stable")[:, :k]
+        ids, kept = np.take_along_axis(ids, allowed, axis=1), np.take_along_axis(kept, allowed, axis=1)
+    return ids, kept
+
+
+def _draw_rows(ids: np.ndarray, kept: np.ndarray, requests: Sequence[RequestSampling]) -> list[int]:
+    """One draw per row from top-k's survivors (`ids`, their logits `kept`, largest first): top-p, then
+    the temperature, then each request's own generator, with the arithmetic of `support` and `_draw`
+    on one row. -1 for a row whose smallest survivor is -inf (the caller draws it alone)."""
+    top_p = np.array([r.params.top_p for r in requests], dtype=np.float32)[:, None]
+    temperature = np.array([r.params.temperature for r in requests], dtype=np.float64)[:, None]
+    probs = np.exp(kept - kept[:, :1])
+    probs /= probs.sum(axis=1, keepdims=True)
+    reached = np.cumsum(probs, axis=1) >= top_p
+    cut = np.where(reached.any(axis=1), reached.argmax(axis=1) + 1, kept.shape[1])
+    cut[top_p[:, 0] >= 1.0] = kept.shape[1]
+    scaled = kept.astype(np.float64) / temperature
+    weights = np.exp(scaled - scaled[:, :1])
+    weights[np.arange(kept.shape[1])[None, :] >= cut[:, None]] = 0.0
+    cumulative = np.cumsum(weights, axis=1)
+    totals = cumulative[np.arange(len(requests)), cut - 1]
+    finite = np.isfinite(kept[:, -1])
+    targets = np.array([r.rng.random() if ok else 0.0 for r, ok in zip(requests, finite, strict=True)]) * totals
+    picks = np.minimum((cumulative <= targets[:, None]).sum(axis=1), cut - 1)
+    tokens = ids[np.arange(len(requests)), picks]
+    tokens[~finite] = -1
+    return [int(t) for t in tokens]
 
 
 def _largest(row: np.ndarray, k: int) -> np.ndarray:

@@ -200,3 +200,48 @@ def test_top_k_by_threshold_is_the_exact_top_k(shape: str) -> None:
         got = _top_k(row, k, banned)
         assert got.tolist() == expected.tolist(), (trial, k)
 
+
+
+@pytest.mark.parametrize("shape", ["gaussian", "peaked", "odd_vocab", "ties", "banned_on_top"])
+def test_top_k_rows_is_the_exact_top_k_of_every_row(shape: str) -> None:
+    """`top_k_rows` selects among the tokens of the groups with the largest maxima; it must keep exactly
+    the k largest allowed tokens of each row, in order (ties: lower token id first)."""
+    from worker.engine.sampling import top_k_rows
+
+    rng = np.random.default_rng(13)
+    size = VOCAB + 11 if shape == "odd_vocab" else VOCAB  # 11 tokens past the last whole group
+    logits = (rng.standard_normal((24, size)) * (12 if shape == "peaked" else 3)).astype(np.float32)
+    if shape == "odd_vocab":
+        logits[::2, -3] = logits.max() + 1  # the largest token of every other row is in the tail
+    if shape == "ties":
+        logits = rng.integers(-40, 4, size=(24, size)).astype(np.float32)
+    rows = np.array([1, 4, 5, 9, 17, 23], dtype=np.intp)
+    banned = np.full((rows.size, 3), -1, dtype=np.intp)  # rows ban 0 to 3 tokens, -1 pads
+    if shape == "banned_on_top":
+        for n, (line, r) in enumerate(zip(banned, rows, strict=True)):
+            line[:n % 4] = np.argsort(-logits[r])[[0, 2, 5][:n % 4]]
+    for k in (1, 7, 40, 64):
+        ids, kept = top_k_rows(logits, rows, k, banned if shape == "banned_on_top" else None)
+        for got_ids, got_kept, r, line in zip(ids, kept, rows, banned, strict=True):
+            order = np.lexsort((np.arange(size), -logits[r]))
+            expected = order[~np.isin(order, line)][:k]
+            assert got_kept.tolist() == logits[r][expected].tolist(), (shape, k, r)
+            if shape != "ties":  # among equal logits at the k-th place any of them may be kept
+                assert got_ids.tolist() == expected.tolist(), (shape, k, r)
+
+
+def test_rows_drawn_side_by_side_draw_what_each_row_draws_alone() -> None:
+    """The step draws its top-k rows together (`StepSampler._draw_side_by_side`); each must draw the
+    token that the same generator draws from its row alone (`StepSampler._draw`), -inf rows included."""
+    logits = logits_matrix(16, seed=21)
+    logits[3] = -np.inf
+    logits[3, [7, 700, 7000]] = [1.0, 2.0, 3.0]  # fewer finite tokens than k: drawn alone
+    sampler = StepSampler(VOCAB)
+    logits[5, list(BANNED)] = logits[5].max() + 1  # banned, and otherwise the likeliest
+    for temperature, top_p, top_k in ((0.8, 0.95, 40), (1.0, 1.0, 40), (1.3, 0.5, 5), (0.7, 0.99, 1)):
+        params = [SamplingParams(temperature, top_p, top_k, seed, BANNED if seed % 2 else ()) for seed in range(16)]
+        together = [RequestSampling(p) for p in params]
+        alone = [RequestSampling(p) for p in params]
+        for _ in range(4):
+            drawn = [token for token, _ in sampler.sample(logits, together)]
+            assert drawn == [sampler._draw(row, request) for row, request in zip(logits, alone, strict=True)]
