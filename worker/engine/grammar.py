@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 from typing import Any
 
 import llama_cpp as ll
@@ -24,6 +25,11 @@ import numpy as np
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")], align=True)
+# llama-cpp-python's schema converter lets a string's characters be anything but `"` and `\`, so a
+# constrained answer could hold a raw newline inside a string, which is not JSON (JSON wants control
+# characters escaped). Its `char` rule is replaced by JSON's: no control characters, no DEL.
+_LOOSE_CHAR = re.compile(r'^char ::= \[\^"\\\\\] ', re.MULTILINE)
+_JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] '
 
 
 class ConstraintError(ValueError):
@@ -35,9 +41,10 @@ def gbnf_of(*, grammar: str | None, json_schema: dict[str, Any] | None) -> str |
     (never both: `protocol.worker.GenerationFields` refuses that)."""
     if json_schema is not None:
         try:
-            return json_schema_to_gbnf(json.dumps(json_schema))
+            gbnf = json_schema_to_gbnf(json.dumps(json_schema))
         except (ValueError, KeyError, TypeError, AssertionError, NotImplementedError, RecursionError) as exc:
             raise ConstraintError(f"json_schema: cannot be turned into a grammar: {exc}") from None
+        return _LOOSE_CHAR.sub(lambda _: _JSON_CHAR, gbnf)
     return grammar
 
 

@@ -118,3 +118,28 @@ def test_an_invalid_grammar_or_schema_is_refused_naming_it(worker: RunningWorker
     assert stream.refusal is not None and stream.refusal["reason"] == "invalid_request"
     assert names in stream.refusal["error"]
     assert worker.load()["sessions"] == 0
+
+
+@pytest.mark.model
+def test_a_json_string_never_holds_a_raw_control_character(model_path: Path) -> None:
+    """JSON wants a newline inside a string escaped (`\\n`); the schema's grammar must refuse the raw
+    one that the model would like to write there, and still take the escape."""
+    from worker.backends.llama_model import Model
+
+    model = Model(model_path)
+    try:
+        grammar = model.constraint(grammar=None, json_schema={
+            "type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]})
+        assert grammar is not None
+        for token in model.tokenize('{"a": "x', add_special=False):
+            assert grammar.allows(token)
+            grammar.accept(token)
+        newline, tab = model.tokenize("\n", add_special=False), model.tokenize("\t", add_special=False)
+        assert len(newline) == 1 and len(tab) == 1
+        assert not grammar.allows(newline[0]) and not grammar.allows(tab[0])
+        assert all(grammar.allows(t) for t in model.tokenize("y", add_special=False))
+        (backslash,) = model.tokenize("\\", add_special=False)
+        assert grammar.allows(backslash)
+        grammar.close()
+    finally:
+        model.close()
