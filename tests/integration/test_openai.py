@@ -11,10 +11,10 @@ import jsonschema
 import openai
 import pytest
 
+from bench.agents_check import SCHEMAS
 from tests.integration.conftest import Cluster
 from tests.integration.test_capacity import hold
 from tests.polling import wait_until
-from tests.worker.engine.test_grammar import SCHEMAS
 
 pytestmark = [pytest.mark.model, pytest.mark.anyio]
 USER = {"role": "user", "content": "Name three colors."}

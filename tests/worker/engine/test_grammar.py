@@ -10,25 +10,12 @@ import jsonschema
 import numpy as np
 import pytest
 
+from bench.agents_check import SCHEMAS
 from tests.sse import generate
 from tests.worker.server import RunningWorker, running_worker
 from worker.engine.sampling import RequestSampling, SamplingParams, StepSampler
 
 VOCAB = 1000
-# Four kinds of schema an agent asks for: nested objects, arrays, enums, required fields.
-SCHEMAS = {
-    "nested": {"type": "object", "required": ["name", "address"], "properties": {
-        "name": {"type": "string", "maxLength": 20},
-        "address": {"type": "object", "required": ["city", "zip"],
-                    "properties": {"city": {"type": "string", "maxLength": 20}, "zip": {"type": "integer"}}}}},
-    "array": {"type": "object", "required": ["colors"], "properties": {
-        "colors": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 1, "maxItems": 3}}},
-    "enum": {"type": "object", "required": ["mood", "score"], "properties": {
-        "mood": {"enum": ["happy", "sad", "calm"]}, "score": {"type": "integer"}}},
-    "required": {"type": "object", "required": ["title", "year", "tags"], "properties": {
-        "title": {"type": "string", "maxLength": 30}, "year": {"type": "integer"},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 2}}},
-}
 
 
 class EvenOnly:
