@@ -96,6 +96,9 @@ class GenerationFields(BaseModel):
                                 "constrained to what it accepts; invalid: 400")
     json_schema: dict[str, Any] | None = Field(default=None, description="a JSON schema the answer must match "
                                                "(turned into a grammar); invalid or unsupported: 400")
+    grammar_lazy: bool = Field(default=False, description="the grammar (or json_schema) holds the answer only "
+                               "if the answer's first token that is not whitespace starts what it accepts; "
+                               "otherwise the answer is free (tool_choice auto: a call is held to its schema)")
     logit_bias: dict[str, float] = Field(default_factory=dict, max_length=MAX_LOGIT_BIAS,
                                          description="token id (as a string, JSON's keys) -> -100..100 added to "
                                          "its logit before sampling; -100 keeps it out in effect")
@@ -118,6 +121,8 @@ class GenerationFields(BaseModel):
     def _one_constraint(self) -> Self:
         if self.grammar is not None and self.json_schema is not None:
             raise ValueError("give either grammar or json_schema, not both")
+        if self.grammar_lazy and self.grammar is None and self.json_schema is None:
+            raise ValueError("grammar_lazy applies to a grammar or json_schema, and none is given")
         if self.ignore_eos and (self.grammar is not None or self.json_schema is not None):
             raise ValueError("ignore_eos cannot be combined with a grammar or json_schema: the grammar decides "
                              "where the answer ends")

@@ -255,10 +255,13 @@ def _parse_chat(raw: bytes) -> tuple[dict[str, Any], Options]:
             raise _invalid("logprobs: not given with tools (a call is read from the whole answer)", "logprobs")
         schema = call_schema(tools)
         if schema is not None:
-            if "json_schema" in fields or "grammar" in fields:
+            formatted = "json_schema" in fields or "grammar" in fields
+            if formatted and tools.choice != "auto":
                 raise _invalid("tool_choice: a required call cannot also take response_format or a grammar",
                                "tool_choice")
-            fields["json_schema"] = schema
+            if not formatted:  # with `auto` and a response_format, the format holds the answer instead
+                fields["json_schema"] = schema
+                fields["grammar_lazy"] = tools.choice == "auto"
     options = Options("chat", body.stream, _usage(body), body.logprobs or top > 0, top, tools=tools)
     return _probabilities(fields, options), options
 

@@ -8,9 +8,10 @@ Must not: sample or relay; the worker constrains the answer with the schema like
 
 The format: the model answers a call as one JSON object `{"name": ..., "arguments": {...}}` and nothing
 else. With `tool_choice` `required` or a named function the answer is held to that shape by the
-schema (the arguments to the function's own `parameters`); with `auto` the answer is free, and is a
-call when it is exactly such an object naming one of the tools; with `none` the tools are listed and
-nothing is read as a call. One call per answer (`parallel_tool_calls` is accepted and not used).
+schema (the arguments to the function's own `parameters`). With `auto` the answer is free until its
+first word: an answer that opens a JSON object is held to a call to one of the tools from there on
+(a lazy grammar, the worker's `grammar_lazy`), any other answer stays free text; it is a call when it
+is exactly such an object. With `none` the tools are listed and nothing is read as a call. One call per answer (`parallel_tool_calls` is accepted and not used).
 This does not use a model template's own tool section (a template that has one is not asked for it
 yet); every model gets the same documented format.
 """
@@ -85,10 +86,12 @@ def result_text(content: str, call_id: str | None, names: dict[str, str]) -> str
 
 
 def call_schema(tools: Tools) -> dict[str, Any] | None:
-    """The schema an answer must match: a call to the named function, or to any (`required`)."""
-    if tools.choice in ("none", "auto"):
+    """The schema a call must match: to the named function, or to any of them (`required`, `auto`);
+    None with `none`. With `auto` it holds only an answer that starts as a call does (the worker's
+    `grammar_lazy`)."""
+    if tools.choice == "none":
         return None
-    chosen = [f for f in tools.functions if tools.choice in ("required", f.name)]
+    chosen = [f for f in tools.functions if tools.choice in ("required", "auto", f.name)]
     shapes = [{"type": "object", "properties": {"name": {"const": f.name}, "arguments": f.parameters},
                "required": ["name", "arguments"]} for f in chosen]
     return shapes[0] if len(shapes) == 1 else {"anyOf": shapes}

@@ -75,7 +75,17 @@ async def test_with_auto_a_plain_answer_stays_text(stream: bool) -> None:
         else:
             text, reason = got.choices[0].message.content, got.choices[0].finish_reason
     assert (text, reason) == ("It is sunny.", "stop")
-    assert "json_schema" not in sent_body(fakes)  # auto: the answer is free
+    sent = sent_body(fakes)  # auto: the call's schema, held lazily (only an answer that starts as a call)
+    assert sent["grammar_lazy"] is True and sent["json_schema"]["properties"]["name"] == {"const": "get_weather"}
+
+
+async def test_with_auto_a_response_format_holds_the_answer_instead() -> None:
+    fakes = FakeWorkers({"w1": streaming(answer('{"a": 1}'))})
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    async with pool(fakes, ONE) as (_, sdk):
+        await sdk.chat.completions.create(model="smol", messages=ASK, tools=[WEATHER], response_format=fmt)  # type: ignore[arg-type, list-item]
+    sent = sent_body(fakes)
+    assert sent["json_schema"] == {"type": "object"} and not sent.get("grammar_lazy")
 
 
 async def test_a_round_trip_reaches_the_worker_as_plain_turns() -> None:

@@ -172,7 +172,8 @@ class Gate:
         """Off the event loop: the prompt's tokens and the request's grammar, compiled."""
         constraint = None
         if request.grammar is not None or request.json_schema is not None:
-            constraint = self.model.constraint(grammar=request.grammar, json_schema=request.json_schema)
+            constraint = self.model.constraint(grammar=request.grammar, json_schema=request.json_schema,
+                                               lazy=request.grammar_lazy)
         return self._prompt_tokens(request, history, cached), constraint
 
     def _prompt_tokens(self, request: GenerateRequest, history: list[Message], cached: list[int]) -> list[int]:

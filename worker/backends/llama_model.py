@@ -21,7 +21,7 @@ import llama_cpp as ll
 
 from worker.backends.base import PLAIN_TURN_STOP, Message, ModelShape, file_identity, plain_turns
 from worker.backends.chat_template import ChatTemplate
-from worker.engine.grammar import Grammar, compile_constraint
+from worker.engine.grammar import Grammar, LazyGrammar, compile_constraint
 
 _log = logging.getLogger("worker.llama")
 _GGML_LOG_LEVEL_WARN = 3
@@ -204,8 +204,10 @@ class Model:
             size = n
         raise RuntimeError("chat template output kept growing")
 
-    def constraint(self, *, grammar: str | None, json_schema: dict[str, Any] | None) -> Grammar | None:
-        return compile_constraint(self.vocab, self.shape.n_vocab, grammar=grammar, json_schema=json_schema)
+    def constraint(self, *, grammar: str | None, json_schema: dict[str, Any] | None,
+                   lazy: bool = False) -> Grammar | LazyGrammar | None:
+        return compile_constraint(self.vocab, self.shape.n_vocab, grammar=grammar, json_schema=json_schema,
+                                  lazy=self.piece if lazy else None)
 
     def close(self) -> None:
         if self._handle:

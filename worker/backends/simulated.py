@@ -58,7 +58,7 @@ class SimulatedModel:
     def render_chat(self, messages: list[Message]) -> str:
         return plain_turns(messages)
 
-    def constraint(self, *, grammar: str | None, json_schema: dict[str, Any] | None) -> None:
+    def constraint(self, *, grammar: str | None, json_schema: dict[str, Any] | None, lazy: bool = False) -> None:
         if grammar is not None or json_schema is not None:
             raise ConstraintError("the simulated engine does not constrain its output (grammar, json_schema)")
 

@@ -3,7 +3,8 @@ one) may only generate what the grammar accepts, with llama.cpp's own grammar sa
 
 Owns: compiling a request's grammar (`compile_constraint`: a `ConstraintError` names what is wrong, so
 admission answers 400), the per-sequence grammar state (`Grammar`: may this token come next, mask a
-row to what may, advance by the chosen token), and freeing llama.cpp's sampler with it.
+row to what may, advance by the chosen token; `LazyGrammar`: the same, only for an answer that starts
+as the grammar does), and freeing llama.cpp's sampler with it.
 Must not: choose tokens (sampling.py does, asking `allows` and `mask`) or touch the batch.
 
 Cost: only constrained rows pay, and mostly little. The step sampler first picks as if unconstrained
@@ -18,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import llama_cpp as ll
@@ -92,7 +94,48 @@ class Grammar:
             raise RuntimeError("llama.cpp's grammar sampler moved the candidates")
 
 
+class LazyGrammar:
+    """A grammar that holds an answer only if the answer starts as the grammar does: until the first
+    token that is not whitespace it allows everything; that token, when the grammar takes it, wakes the
+    grammar for the rest of the answer, and otherwise the answer stays free to its end.
+
+    This is llama.cpp's lazy grammar (a grammar woken by a trigger) with the trigger "the answer's
+    first word starts the grammar", decided here by asking the grammar about the token before it is
+    accepted: llama.cpp's own trigger patterns feed the grammar the text from the match on, and a
+    text the grammar rejects aborts the process. Used for `tool_choice: auto`: an answer that opens
+    a JSON object is held to a valid call, prose is left alone."""
+
+    def __init__(self, grammar: Grammar, piece: Callable[[int], bytes]) -> None:
+        self._grammar = grammar
+        self._piece = piece
+        self.end = grammar.end
+        self.state = "waiting"  # then "holding" (the grammar has the answer) or "free" (it never will)
+
+    def allows(self, token: int) -> bool:
+        return self.state != "holding" or self._grammar.allows(token)
+
+    def mask(self, row: np.ndarray, out: np.ndarray) -> np.ndarray:
+        if self.state == "holding":
+            return self._grammar.mask(row, out)
+        np.copyto(out[:row.size], row)
+        return out[:row.size]
+
+    def accept(self, token: int) -> None:
+        if self.state == "waiting" and self._piece(token).strip():
+            self.state = "holding" if self._grammar.allows(token) else "free"
+        if self.state == "holding":
+            self._grammar.accept(token)
+
+    def close(self) -> None:
+        self._grammar.close()
+
+
 def compile_constraint(vocab: ll.llama_vocab_p, n_vocab: int, *, grammar: str | None,
-                       json_schema: dict[str, Any] | None) -> Grammar | None:
+                       json_schema: dict[str, Any] | None, lazy: Callable[[int], bytes] | None = None,
+                       ) -> Grammar | LazyGrammar | None:
+    """The request's constraint; `lazy` (a token's bytes) makes it a `LazyGrammar`."""
     gbnf = gbnf_of(grammar=grammar, json_schema=json_schema)
-    return None if gbnf is None else Grammar(vocab, gbnf, n_vocab)
+    if gbnf is None:
+        return None
+    compiled = Grammar(vocab, gbnf, n_vocab)
+    return compiled if lazy is None else LazyGrammar(compiled, lazy)

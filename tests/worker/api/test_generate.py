@@ -147,6 +147,7 @@ def test_utf8_output_is_intact(worker: RunningWorker) -> None:
         ({"prompt": "hi", "max_tokens": 0}, 400, "invalid_request", "max_tokens"),
         ({"prompt": "hi", "surprise": 1}, 400, "invalid_request", "surprise"),
         ({"prompt": "hi", "session_id": "bad id!"}, 400, "invalid_request", "session_id"),
+        ({"prompt": "hi", "grammar_lazy": True}, 400, "invalid_request", "grammar_lazy"),
         ({"prompt": "hi", "model": "gpt-17"}, 404, "unknown_model", "gpt-17"),
     ],
 )

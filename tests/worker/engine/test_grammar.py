@@ -71,6 +71,30 @@ def test_a_grammar_that_allows_nothing_ends_the_answer_without_accepting() -> No
     assert token == EvenOnly.end and constraint.accepted == []
 
 
+@pytest.mark.parametrize(("first", "state"), [(4, "holding"), (3, "free")])
+def test_a_lazy_grammar_holds_only_an_answer_that_starts_as_it_does(first: int, state: str) -> None:
+    """Whitespace first is not the start; the first other token decides: one the grammar takes wakes
+    it for the rest of the answer, any other leaves the answer free (and the grammar unfed)."""
+    from worker.engine.grammar import LazyGrammar
+
+    inner = EvenOnly()
+    lazy = LazyGrammar(inner, lambda token: b" " if token == 1 else b"w%d" % token)  # type: ignore[arg-type]
+    sampler, rng = StepSampler(VOCAB), np.random.default_rng(2)
+    request = RequestSampling(SamplingParams(0.0, 1.0, 0, None), lazy)
+    row = np.zeros((1, VOCAB), dtype=np.float32)
+    for token in (1, first):  # a space, then the first word
+        row[:] = 0
+        row[0, token] = 10
+        assert sampler.sample(row, [request])[0][0] == token
+    assert lazy.state == state and inner.accepted == ([first] if state == "holding" else [])
+    picked = [sampler.sample((rng.standard_normal((1, VOCAB)) * 3).astype(np.float32), [request])[0][0]
+              for _ in range(40)]
+    if state == "holding":
+        assert all(t % 2 == 0 for t in picked) and inner.accepted[1:] == picked
+    else:
+        assert any(t % 2 for t in picked) and inner.accepted == []
+
+
 @pytest.fixture(scope="module")
 def worker(model_path: Path) -> Iterator[RunningWorker]:
     with running_worker(model_path) as running:
@@ -130,3 +154,26 @@ def test_a_json_string_never_holds_a_raw_control_character(model_path: Path) -> 
         grammar.close()
     finally:
         model.close()
+
+
+@pytest.mark.model
+def test_a_lazy_schema_holds_an_answer_that_opens_an_object_and_leaves_prose_free(
+        worker: RunningWorker, model_path: Path) -> None:
+    """`grammar_lazy` (tool_choice auto): pushed to open with `{`, the answer is a valid object of the
+    schema; pushed to open with a word, it is left alone (here it repeats the word: not JSON)."""
+    from worker.backends.llama_model import Model
+
+    model = Model(model_path)
+    try:
+        (brace,) = model.tokenize("{", add_special=False)
+        (word,) = model.tokenize("Hello", add_special=False)
+    finally:
+        model.close()
+    schema = SCHEMAS["enum"]
+    ask = {"messages": [{"role": "user", "content": "How do you feel?"}], "max_tokens": 40, "temperature": 0,
+           "json_schema": schema, "grammar_lazy": True}
+    held = generate(worker.url, {**ask, "logit_bias": {str(brace): 30}})
+    assert held.text.startswith("{") and held.last[1]["finish_reason"] == "stop"
+    jsonschema.validate(json.loads(held.text), schema)
+    free = generate(worker.url, {**ask, "logit_bias": {str(word): 100}})
+    assert free.text.startswith("HelloHello") and free.last[1]["finish_reason"] == "length"
