@@ -10,7 +10,14 @@ import llama_cpp as ll
 import numpy as np
 import pytest
 
-from worker.engine.sampling import RequestSampling, SamplingParams, StepSampler, ggml_exp_sum, numpy_exp_sum
+from worker.engine.sampling import (
+    RequestSampling,
+    SamplingParams,
+    StepSampler,
+    choice_seed,
+    ggml_exp_sum,
+    numpy_exp_sum,
+)
 
 VOCAB = 49152  # SmolLM2's vocabulary: the size the worker really samples from
 BANNED = (0, 2, 4)
@@ -200,3 +207,21 @@ def test_top_k_by_threshold_is_the_exact_top_k(shape: str) -> None:
         got = _top_k(row, k, banned)
         assert got.tolist() == expected.tolist(), (trial, k)
 
+
+
+def test_each_choice_of_a_seeded_request_has_its_own_seed_and_keeps_it() -> None:
+    """Choice 0 draws as a one-choice request always did; the others from seeds derived from (seed, i):
+    the same on every call, different from each other and from the next seed's choice 0."""
+    seeds = [choice_seed(42, i) for i in range(8)]
+    assert seeds[0] == 42 and seeds == [choice_seed(42, i) for i in range(8)]
+    assert len(set(seeds)) == 8 and 43 not in seeds
+    assert all(isinstance(s, int) and 0 <= s < 2**32 for s in seeds)
+    assert choice_seed(None, 3) is None  # no seed: every choice draws from fresh entropy
+    row = np.random.default_rng(1).standard_normal(VOCAB).astype(np.float32)
+
+    def draws(seed: int | None) -> list[int]:
+        request = RequestSampling(SamplingParams(1.5, 1.0, 0, seed))
+        sampler = StepSampler(VOCAB)
+        return [sampler.sample(row[None, :], [request])[0][0] for _ in range(6)]
+
+    assert draws(choice_seed(42, 1)) == draws(choice_seed(42, 1)) != draws(choice_seed(42, 2))
