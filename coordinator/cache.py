@@ -260,6 +260,7 @@ def _as_hit(event: SseEvent, request_id: str) -> SseEvent:
     usage = done.usage.model_copy(update={"completion_tokens": 0, "cached_tokens": done.usage.prompt_tokens,
                                           "total_tokens": done.usage.prompt_tokens})
     timings = Timings(queue_ms=0.0, prefill_ms=0.0, ttft_ms=0.0, total_ms=0.0, tokens_per_second=0.0)
+    choices = [end.model_copy(update={"completion_tokens": 0}) for end in done.choices] if done.choices else None
     hit = done.model_copy(update={"cached": True, "request_id": request_id, "usage": usage, "timings": timings,
-                                  "worker_id": "cache"})
+                                  "worker_id": "cache", "choices": choices})
     return SseEvent(EVENT_DONE, hit.model_dump_json())

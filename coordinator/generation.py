@@ -32,6 +32,7 @@ class Generation:
 
     @classmethod
     def of(cls, request: GenerateRequest, request_id: str, surface: str) -> Generation:
-        demand = Demand(request.prompt_bytes(), request.max_tokens, messages=len(request.messages or ()))
+        demand = Demand(request.prompt_bytes(), request.max_tokens, messages=len(request.messages or ()),
+                        choices=request.n)
         payload = request.model_dump_json(exclude_unset=True).encode()
         return cls(request, request_id, payload, demand, surface)

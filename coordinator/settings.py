@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from coordinator.scheduling.policy import DEFAULT_SCORERS, parse_scorers
-from protocol.worker import PING_INTERVAL
+from protocol.worker import MAX_CHOICES, PING_INTERVAL
 
 
 class Settings(BaseModel):
@@ -107,6 +107,10 @@ class Settings(BaseModel):
         default=100_000, ge=0, description="conversation fingerprints remembered for prefix affinity (0: off)")
     default_model: str | None = Field(
         default=None, max_length=256, description="model for requests that name none (default: the only model)")
+    max_choices: int = Field(
+        default=8, ge=1, le=MAX_CHOICES, description="the most choices one request may ask for (OpenAI's `n`; "
+        "more: 400). All of a request's choices run on one worker, a sequence and a KV reservation each, so keep "
+        "it within the workers' WORKER_MAX_SESSIONS")
     max_body_bytes: int = Field(default=4_194_304, ge=1024, description="largest request body, bytes (413)")
     max_header_bytes: int = Field(default=16_384, ge=1024, le=1 << 20,
                                   description="request line and headers together, bytes (431)")

@@ -9,6 +9,8 @@ The surface's events are, by design, the internal events of protocol version 1 a
 were one contract before the split), so the surface relays them without re-encoding; the names below
 are re-exported so readers of this contract find them here. Should the internal events change, the
 infer surface must map them back to these shapes (tests/coordinator/test_surface_infer.py pins them).
+Version 4's `TokenEvent.choice` and `DoneEvent.choices` (several choices per request) never appear
+here: this surface asks for one choice, and a one-choice event leaves both out of its JSON.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The internal coordinator <-> worker contract, version 3: what a coordinator posts to a worker's
+"""The internal coordinator <-> worker contract, version 4: what a coordinator posts to a worker's
 `POST /worker/generate` and the SSE events the worker streams back.
 
 Owns: the generation request (a prompt, or a list of chat messages the worker renders with the
@@ -14,6 +14,9 @@ mixed fleet never routes a request a worker would misread. Version 2 added `Gene
 (a version 1 worker refuses the unknown field). Version 3 answers the response head before the
 prompt is tokenized: the prompt's length comes in an `admitted` event (it was the `X-Prompt-Tokens`
 header), and a refusal found while preparing is an `error` event before it (see `AdmittedEvent`).
+Version 4 added several choices per request: `GenerateRequest.n`, `TokenEvent.choice` and
+`DoneEvent.choices` (a version 3 worker refuses the unknown `n`; a request with `n` = 1 is as before
+on the wire, event for event).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 GENERATE_PATH = "/worker/generate"
 # Open even with a worker token (probes cannot send one); the coordinator reads it before it registers
 # a new worker (coordinator/pool/probe.py).
@@ -66,6 +69,9 @@ MAX_LOGIT_BIAS = 300  # OpenAI's bound on logit_bias entries
 SESSION_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/\-]{0,127}$"
 TENANT_PATTERN = r"^[A-Za-z0-9._:-]{0,64}$"
+# The most choices one request may ask for on this wire (OpenAI's own bound on `n`); a coordinator
+# sets its own, smaller, bound (`MAX_CHOICES`), and a worker cannot run more than its sequences.
+MAX_CHOICES = 128
 
 
 class ChatMessage(BaseModel):
@@ -158,6 +164,11 @@ class GenerateRequest(GenerationFields):
                                     "client's API key (\"\" when the pool has no keys). The worker keeps each "
                                     "tenant's sessions, prompt cache and prefix copies apart: another tenant's "
                                     "session id names nothing, and its cached prompts are never reused")
+    # Internal only: public surfaces that offer several choices (OpenAI's `n`) map onto it.
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES,
+                   description="choices generated from the one prompt: it is prefilled once and its cells copied "
+                               "to n sequences; each choice samples on its own (with `seed`, choice i > 0 draws "
+                               "from a seed derived from (seed, i)) and ends on its own. Not with `session_id`")
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> GenerateRequest:
@@ -165,6 +176,9 @@ class GenerateRequest(GenerationFields):
             raise ValueError("give exactly one of prompt and messages")
         if self.raw and self.messages is not None:
             raise ValueError("raw applies to a prompt, not to messages")
+        if self.n > 1 and self.session_id is not None:
+            raise ValueError("n: several choices cannot continue a session (which one would the next turn "
+                             "continue?); leave out session_id or ask for one choice")
         return self
 
     def prompt_bytes(self) -> int:
@@ -188,6 +202,9 @@ class TokenEvent(BaseModel):
     index: int = Field(ge=0)
     probability: float | None = Field(ge=0.0, le=1.0)
     finished: Literal[False] = False
+    choice: int = Field(default=0, ge=0, lt=MAX_CHOICES, exclude_if=lambda v: v == 0,
+                        description="which of the request's `n` choices the text belongs to; left out when 0 (so "
+                        "always with n = 1, as before `n` existed)")
 
 
 class Usage(BaseModel):
@@ -205,7 +222,19 @@ class Timings(BaseModel):
     tokens_per_second: float = Field(ge=0.0, description="completion tokens / (total - ttft)")
 
 
+class ChoiceEnd(BaseModel):
+    """How one choice of a request with `n` > 1 ended (`DoneEvent.choices`, in choice order)."""
+
+    finish_reason: FinishReason
+    completion_tokens: int = Field(ge=0)
+
+
 class DoneEvent(BaseModel):
+    """The end of a request. With `n` > 1 choices it comes once, when the last choice has ended:
+    `usage.completion_tokens` counts every choice's tokens (the prompt once), `finish_reason` is
+    `cancelled` if the request was, else `length` if any choice ran out of tokens, else `stop`, and
+    `choices` says how each one ended. With one choice, `choices` is left out of the JSON."""
+
     finished: Literal[True] = True
     finish_reason: FinishReason
     usage: Usage
@@ -216,6 +245,10 @@ class DoneEvent(BaseModel):
     session_id: str | None = None
     cached: bool = Field(default=False, description="replayed from the coordinator's response cache: nothing "
                          "was computed (completion_tokens 0)")
+    # Left out of the JSON when None, so a one-choice `done` is what it was before `n` existed
+    # (/coordinator/infer passes it through as is, and the response cache replays it).
+    choices: list[ChoiceEnd] | None = Field(default=None, max_length=MAX_CHOICES, exclude_if=lambda v: v is None,
+                                            description="with n > 1: each choice's ending, in choice order")
 
 
 class AdmittedEvent(BaseModel):

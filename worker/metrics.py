@@ -98,8 +98,10 @@ class WorkerMetrics(EngineObserver):
         if item.completion_tokens:
             self.ttft.observe(item.ttft_s)
             self.e2e.observe(item.total_s)
-        if item.completion_tokens > 1:
-            self.tpot.observe((item.total_s - item.ttft_s) / (item.completion_tokens - 1))
+        # Time per output token of one sequence: with several choices, of the longest (they decode side by side).
+        longest = max((end.completion_tokens for end in item.choices), default=item.completion_tokens)
+        if longest > 1:
+            self.tpot.observe((item.total_s - item.ttft_s) / (longest - 1))
 
     def internal_error(self, task: str) -> None:
         self.internal_errors.labels(task=task).inc()

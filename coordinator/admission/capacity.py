@@ -66,7 +66,7 @@ class Admission:
             # session, and a worker would spend seconds tokenizing it to say so.
             raise CoordinatorError(reasons.PROMPT_TOO_LONG, f"the prompt's {demand.prompt_bytes} bytes cannot fit "
                                    f"in a session of this model (at most {max(longest)} bytes of text)")
-        if demand.new_session and totals.free_sessions <= 0:
+        if demand.sessions and totals.free_sessions < demand.sessions:
             raise self._overloaded(reasons.SESSIONS_FULL, "every worker's sessions are in use")
         # Distinct values, not workers: one per model in practice.
         need = demand.tokens(max(totals.session_max_tokens)) * max(totals.bytes_per_token)
@@ -75,7 +75,7 @@ class Admission:
 
     def reserve(self, worker: WorkerRecord, demand: Demand) -> Reservation:
         kv_bytes = demand.tokens(worker.session_max_tokens) * worker.bytes_per_token
-        res = Reservation(next(self._keys), worker.worker_id, demand, kv_bytes, int(demand.new_session))
+        res = Reservation(next(self._keys), worker.worker_id, demand, kv_bytes, demand.sessions)
         self._registry.correct(res.worker_id, res.key, Correction(kv_bytes, res.sessions))
         worker.in_flight += 1
         worker.picked_at = self._clock.monotonic()

@@ -4,7 +4,9 @@ Owns: the reservation estimate. The coordinator has no tokenizer, so before a wo
 reserves `min(session_max_tokens, prompt_bytes + TEMPLATE_TOKENS + max_tokens)` tokens: every token
 covers at least one byte of UTF-8, the chat template adds at most `TEMPLATE_TOKENS`, and no session
 can hold more than `session_max_tokens`. Once the worker's `admitted` event gives the prompt's length, the
-reservation shrinks to the exact `min(session_max_tokens, prompt_tokens + max_tokens)`.
+reservation shrinks to the exact `min(session_max_tokens, prompt_tokens + max_tokens)`. A request of
+`choices` > 1 takes that many sequences and that many times the tokens, as the worker reserves them:
+each choice's sequence holds its own copy of the prompt (a split KV cache copies the cells).
 Must not: hold state or do I/O.
 """
 
@@ -24,11 +26,17 @@ class Demand:
     max_tokens: int
     new_session: bool = True  # False when it continues a session that already holds its sequence slot
     messages: int = 0  # chat messages the worker renders with its template (0: a single prompt)
+    choices: int = 1  # sequences generated from the prompt (OpenAI's `n`; only ever one-shot)
+
+    @property
+    def sessions(self) -> int:
+        """Sequence slots it takes on a worker: none when it continues a session that holds its own."""
+        return self.choices if self.new_session else 0
 
     def tokens(self, session_max_tokens: int) -> int:
         """Upper bound of the KV tokens this request can make a worker hold."""
         template = TEMPLATE_TOKENS + MESSAGE_TOKENS * max(0, self.messages - 1)
-        return min(session_max_tokens, self.prompt_bytes + template + self.max_tokens)
+        return self.choices * min(session_max_tokens, self.prompt_bytes + template + self.max_tokens)
 
     def exact_tokens(self, prompt_tokens: int, session_max_tokens: int) -> int:
-        return min(session_max_tokens, prompt_tokens + self.max_tokens)
+        return self.choices * min(session_max_tokens, prompt_tokens + self.max_tokens)

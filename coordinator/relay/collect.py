@@ -7,7 +7,8 @@ with the same ending rules as a streamed answer: the client leaving, a slow clie
 its own, which the client hears as the surface's 500 error body.
 Must not: read the worker (relay.py) or shape the body (the surface's `assemble` does).
 
-Bounded: the stream holds at most `max_tokens` token events, which the request's validation bounds.
+Bounded: the stream holds at most `n` x `max_tokens` token events (every choice's), which the
+request's validation bounds.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The OpenAI-compatible surface: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`.
 
 Owns: parsing OpenAI's request bodies into the internal request (chat messages go to the worker as
-messages, rendered there with the model's own template; completions are raw prompts), the
-refusals OpenAI clients expect (`n` other than 1, non-text content parts, tool roles, and every
-field in `protocol.openai.UNSUPPORTED` with a value that would change the answer), OpenAI's
+messages, rendered there with the model's own template; completions are raw prompts; `n` choices
+become the internal request's `n`, up to the coordinator's `max_choices`, never with a
+`session_id`), the refusals OpenAI clients expect (`n` past that bound, non-text content parts, tool
+roles, and every field in `protocol.openai.UNSUPPORTED` with a value that would change the answer), OpenAI's
 error shape, choosing a streamed (`ChunkEncoder`) or collected (`assemble`) answer, and the OpenAPI
 description of these routes (the bodies narrowed to what the parsers here accept).
 Must not: admit, schedule or relay; the gateway does, exactly as for `/coordinator/infer`.
@@ -12,6 +13,7 @@ Must not: admit, schedule or relay; the gateway does, exactly as for `/coordinat
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
@@ -33,7 +35,13 @@ from coordinator.validate import describe, first_field, read_body, request_id_of
 from protocol import openai as oa
 from protocol import reasons
 from protocol.openapi import inlined
-from protocol.worker import MAX_PROMPT_CHARS, REQUEST_ID_HEADER, WORKER_ID_HEADER, GenerateRequest
+from protocol.worker import (
+    MAX_CHOICES,
+    MAX_PROMPT_CHARS,
+    REQUEST_ID_HEADER,
+    WORKER_ID_HEADER,
+    GenerateRequest,
+)
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for our `prompt_too_long`
 CHAT_PATH = "/v1/chat/completions"
@@ -51,18 +59,25 @@ T = TypeVar("T")
 
 
 async def chat_completions(request: Request) -> Response:
-    return await _serve(request, "openai-chat", _parse_chat)
+    return await _serve(request, "openai-chat", partial(_parse_chat, max_choices=_max_choices(request)))
 
 
 async def completions(request: Request) -> Response:
-    return await _serve(request, "openai-completions", _parse_completion)
+    return await _serve(request, "openai-completions", partial(_parse_completion, max_choices=_max_choices(request)))
+
+
+def _max_choices(request: Request) -> int:
+    state: CoordinatorState = request.app.state.coordinator
+    return state.settings.max_choices
 
 
 # The request bodies as this surface serves them: OpenAI's types (protocol/openai.py), narrowed to what
 # the parsers below accept (anything else gets 400 with `param` naming the field).
 def _body(model: type[BaseModel]) -> dict[str, Any]:
     schema = inlined(model)
-    schema["properties"]["n"] = {"type": "integer", "enum": [1], "default": 1, "description": "only 1"}
+    schema["properties"]["n"] = {"type": "integer", "minimum": 1, "maximum": MAX_CHOICES, "default": 1,
+                                 "description": "choices, at most the pool's MAX_CHOICES (8 unless configured; "
+                                 "more: 400); more than 1 not with session_id"}
     return schema
 
 
@@ -204,16 +219,22 @@ def internal(fields: dict[str, Any]) -> GenerateRequest:
         raise CoordinatorError(reasons.INVALID_REQUEST, describe(exc), param=first_field(exc)) from None
 
 
-def _common(body: oa.ChatCompletionRequest | oa.CompletionRequest, max_tokens: int | None) -> dict[str, Any]:
+def _common(body: oa.ChatCompletionRequest | oa.CompletionRequest, max_tokens: int | None,
+            max_choices: int) -> dict[str, Any]:
     """The internal fields both endpoints map the same way; only what the client set is sent on."""
-    if body.n != 1:
-        raise _invalid("n: only n=1 is supported", "n")
+    if body.n > max_choices:
+        raise _invalid(f"n: at most {max_choices} choices per request on this pool (MAX_CHOICES)", "n")
+    if body.n > 1 and body.session_id is not None:
+        raise _invalid("n: several choices cannot keep a session (which one would the next turn continue?); "
+                       "leave out session_id or ask for n=1", "n")
     for name, value in (body.model_extra or {}).items():
         harmless = oa.UNSUPPORTED.get(name)
         if harmless is not None and not harmless(value):
             raise _invalid(f"{name}: not supported by this pool yet; an answer made without it would not be "
                            "what the request asks for, so leave it out", name)
     fields: dict[str, Any] = {"max_tokens": max_tokens or oa.MAX_COMPLETION_TOKENS}
+    if body.n > 1:
+        fields["n"] = body.n
     for name in ("model", "temperature", "top_p", "seed", "stop", "session_id", "top_k", "ignore_eos",
                  "grammar", "json_schema", "logit_bias", "presence_penalty", "frequency_penalty"):
         value = getattr(body, name)
@@ -241,12 +262,12 @@ def _schema_of(response_format: oa.ResponseFormat | None) -> dict[str, Any] | No
     return spec.schema_
 
 
-def _parse_chat(raw: bytes) -> tuple[dict[str, Any], Options]:
+def _parse_chat(raw: bytes, max_choices: int = 1) -> tuple[dict[str, Any], Options]:
     body: oa.ChatCompletionRequest = _validated(oa.ChatCompletionRequest, raw)
     if (body.top_logprobs or 0) > 1:
         raise _invalid("top_logprobs: at most 1 (the chosen token's); alternatives are not computed",
                        "top_logprobs")
-    fields = _common(body, body.max_completion_tokens or body.max_tokens)
+    fields = _common(body, body.max_completion_tokens or body.max_tokens, max_choices)
     tools = tools_of(body)
     fields["messages"] = _messages(body.messages, tools)
     top = body.top_logprobs or 0
@@ -262,7 +283,7 @@ def _parse_chat(raw: bytes) -> tuple[dict[str, Any], Options]:
             if not formatted:  # with `auto` and a response_format, the format holds the answer instead
                 fields["json_schema"] = schema
                 fields["grammar_lazy"] = tools.choice == "auto"
-    options = Options("chat", body.stream, _usage(body), body.logprobs or top > 0, top, tools=tools)
+    options = Options("chat", body.stream, _usage(body), body.logprobs or top > 0, top, tools=tools, n=body.n)
     return _probabilities(fields, options), options
 
 
@@ -289,7 +310,7 @@ def _messages(messages: list[oa.ChatMessageIn], tools: Tools | None) -> list[dic
     return out
 
 
-def _parse_completion(raw: bytes) -> tuple[dict[str, Any], Options]:
+def _parse_completion(raw: bytes, max_choices: int = 1) -> tuple[dict[str, Any], Options]:
     body: oa.CompletionRequest = _validated(oa.CompletionRequest, raw)
     if body.echo:
         raise _invalid("echo: not supported", "echo")
@@ -304,10 +325,10 @@ def _parse_completion(raw: bytes) -> tuple[dict[str, Any], Options]:
         prompt = prompt[0]
     if not prompt:
         raise _invalid("prompt: must not be empty", "prompt")
-    fields = _common(body, body.max_tokens)
+    fields = _common(body, body.max_tokens, max_choices)
     fields.update(prompt=prompt, raw=True)
     top = body.logprobs or 0
-    options = Options("text", body.stream, _usage(body), body.logprobs is not None, top)
+    options = Options("text", body.stream, _usage(body), body.logprobs is not None, top, n=body.n)
     return _probabilities(fields, options), options
 
 

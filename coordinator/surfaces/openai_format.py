@@ -1,9 +1,10 @@
 """Internal events -> OpenAI's wire format: streamed chunks (`data: {...}` ... `data: [DONE]`) or one
 whole `chat.completion` / `text_completion` object.
 
-Owns: the chunk shapes of both endpoints, the finish-reason mapping, logprobs (the chosen token's,
-from the probability every token event carries), the usage chunk of `stream_options.include_usage`,
-and the error chunk that ends a stream that has started.
+Owns: the chunk shapes of both endpoints, one choice or several (`n`: each token event names its
+choice, and `done` how each one ended), the finish-reason mapping, logprobs (the chosen token's,
+from the probability every token event carries), the usage chunk of `stream_options.include_usage`
+(every choice's tokens, the prompt once), and the error chunk that ends a stream that has started.
 Must not: parse requests or touch the relay; `ChunkEncoder` is a `response.Encoder`, and `assemble`
 turns a collected stream into a response.
 
@@ -43,6 +44,7 @@ class Options:
     logprobs: bool = False
     top_logprobs: int = 0
     tools: Tools | None = None  # the answer is read for a tool call when `tools.calling`
+    n: int = 1  # choices
 
 
 def finish_reason(reason: str) -> str:
@@ -77,8 +79,10 @@ def error_detail(error: ErrorEvent) -> dict[str, Any]:
 
 
 class ChunkEncoder:
-    """One stream's chunks. A chat opens with a chunk that carries only the assistant role (and empty
-    content), and closes with an empty `delta` and the finish reason, as OpenAI streams them."""
+    """One stream's chunks. A chat opens each choice with a chunk that carries only the assistant role (and
+    empty content), and closes it with an empty `delta` and the finish reason, as OpenAI streams them.
+    With several choices each chunk carries one choice's `index`; the worker reports how each ended in
+    its one `done` event, so every choice's closing chunk goes out then, in index order."""
 
     __slots__ = ("_base", "_choice", "_first", "_held", "_offset", "_options", "_request_id", "_tail")
 
@@ -89,21 +93,24 @@ class ChunkEncoder:
         self._options = options
         self._base = (f'{{"id":{json.dumps(ident)},"object":"{obj}","created":{created},"model":{json.dumps(model)},'
                       f'"system_fingerprint":{json.dumps(fingerprint)},')
-        self._choice = self._base + '"choices":[{"index":0,'
+        # Per choice: the head of its chunks, whether its role chunk is still to come, its text offset.
+        self._choice = [self._base + f'"choices":[{{"index":{i},' for i in range(options.n)]
         self._tail = "}]" + (',"usage":null' if options.include_usage else "") + "}"
-        self._first = True
-        self._offset = 0
+        self._first = [True] * options.n
+        self._offset = [0] * options.n
         self._request_id = request_id
-        # With tools, the answer is held until it ends: only then is it known to be a call or text.
-        self._held: list[str] | None = [] if options.tools is not None and options.tools.calling else None
+        # With tools, each answer is held until it ends: only then is it known to be a call or text.
+        calling = options.tools is not None and options.tools.calling
+        self._held: list[list[str]] | None = [[] for _ in range(options.n)] if calling else None
 
     def __call__(self, event: SseEvent) -> bytes:
         if event.event == EVENT_TOKEN:
             data = json.loads(event.data)
+            i = data.get("choice", 0)
             if self._held is not None:
-                self._held.append(data["token"])
-                return self._opening()
-            return self._opening() + self._frame(self._piece(data["token"], data["probability"]))
+                self._held[i].append(data["token"])
+                return self._opening(i)
+            return self._opening(i) + self._frame(i, self._piece(i, data["token"], data["probability"]))
         if event.event == EVENT_DONE:
             return self._done(DoneEvent.model_validate_json(event.data))
         if event.event == EVENT_ERROR:
@@ -111,76 +118,86 @@ class ChunkEncoder:
             return b"data: " + error.encode() + b"\n\n" + DONE_FRAME
         return b""
 
-    def _piece(self, text: str, probability: float) -> str:
+    def _piece(self, i: int, text: str, probability: float) -> str:
         options, quoted = self._options, json.dumps(text)
-        lp = self._logprobs(text, probability) if options.logprobs else "null"
+        lp = self._logprobs(i, text, probability) if options.logprobs else "null"
         if options.kind == "text":
-            self._offset += len(text)
+            self._offset[i] += len(text)
             return f'"text":{quoted},"logprobs":{lp},"finish_reason":null'
         return f'"delta":{{"content":{quoted}}},"logprobs":{lp},"finish_reason":null'
 
-    def _opening(self) -> bytes:
-        """A chat's first chunk, role only, before its first content (b"" after it, and for text)."""
-        if not self._first or self._options.kind != "chat":
+    def _opening(self, i: int) -> bytes:
+        """A chat choice's first chunk, role only, before its first content (b"" after it, and for text)."""
+        if not self._first[i] or self._options.kind != "chat":
             return b""
-        self._first = False
-        return self._frame('"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null')
+        self._first[i] = False
+        return self._frame(i, '"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null')
 
-    def _logprobs(self, text: str, probability: float) -> str:
+    def _logprobs(self, i: int, text: str, probability: float) -> str:
         value = logprob(probability)
         if self._options.kind == "text":
             top = [{text: value}] if self._options.top_logprobs > 0 else []
             return json.dumps({"tokens": [text], "token_logprobs": [value], "top_logprobs": top,
-                               "text_offset": [self._offset - len(text)]})
+                               "text_offset": [self._offset[i] - len(text)]})
         entry: dict[str, Any] = {"token": text, "logprob": value, "bytes": list(text.encode())}
         top = [entry] if self._options.top_logprobs > 0 else []
         return json.dumps({"content": [{**entry, "top_logprobs": top}]})
 
     def _done(self, done: DoneEvent) -> bytes:
-        reason = json.dumps(finish_reason(done.finish_reason))
-        if self._held is not None and self._options.tools is not None:
-            text, self._held = "".join(self._held), None
-            call = read_call(text, self._options.tools, self._request_id)
-            if call is None:
-                return self._opening() + self._frame(self._piece(text, 1.0)) + self._finish(reason, done)
-            head = {"index": 0, "id": call.id, "type": "function", "function": {"name": call.function.name,
-                                                                                 "arguments": ""}}
-            frames = self._opening() + self._frame(self._tool_delta(head))
-            arguments = call.function.arguments
-            for at in range(0, len(arguments), ARGUMENT_PIECE):  # the arguments in pieces, as OpenAI streams them
-                piece = {"index": 0, "function": {"arguments": arguments[at:at + ARGUMENT_PIECE]}}
-                frames += self._frame(self._tool_delta(piece))
-            return frames + self._finish('"tool_calls"', done)
-        return self._finish(reason, done)
-
-    @staticmethod
-    def _tool_delta(call: dict[str, Any]) -> str:
-        return f'"delta":{{"tool_calls":[{json.dumps(call, ensure_ascii=False)}]}},"logprobs":null,"finish_reason":null'
-
-    def _finish(self, reason: str, done: DoneEvent) -> bytes:
-        if self._options.kind == "text":
-            last = f'"text":"","logprobs":null,"finish_reason":{reason}'
-        else:
-            last = f'"delta":{{}},"logprobs":null,"finish_reason":{reason}'
-        frames = self._opening() + self._frame(last)
+        frames = b"".join(self._close(i, reason) for i, reason in enumerate(choice_endings(done)))
         if self._options.include_usage:
             usage = usage_of(done).model_dump_json()
             frames += b"data: " + (self._base + f'"choices":[],"usage":{usage}}}').encode() + b"\n\n"
         return frames + DONE_FRAME
 
-    def _frame(self, choice: str) -> bytes:
-        return b"data: " + (self._choice + choice + self._tail).encode() + b"\n\n"
+    def _close(self, i: int, ending: str) -> bytes:
+        """Choice i's last chunks: its held answer (a tool call, or text) if any, then its finish reason."""
+        reason = json.dumps(finish_reason(ending))
+        if self._held is not None and self._options.tools is not None:
+            text = "".join(self._held[i])
+            call = read_call(text, self._options.tools, self._request_id, choice=i)
+            if call is None:
+                return self._opening(i) + self._frame(i, self._piece(i, text, 1.0)) + self._finish(i, reason)
+            head = {"index": 0, "id": call.id, "type": "function", "function": {"name": call.function.name,
+                                                                                 "arguments": ""}}
+            frames = self._opening(i) + self._frame(i, self._tool_delta(head))
+            arguments = call.function.arguments
+            for at in range(0, len(arguments), ARGUMENT_PIECE):  # the arguments in pieces, as OpenAI streams them
+                piece = {"index": 0, "function": {"arguments": arguments[at:at + ARGUMENT_PIECE]}}
+                frames += self._frame(i, self._tool_delta(piece))
+            return frames + self._finish(i, '"tool_calls"')
+        return self._finish(i, reason)
+
+    @staticmethod
+    def _tool_delta(call: dict[str, Any]) -> str:
+        return f'"delta":{{"tool_calls":[{json.dumps(call, ensure_ascii=False)}]}},"logprobs":null,"finish_reason":null'
+
+    def _finish(self, i: int, reason: str) -> bytes:
+        if self._options.kind == "text":
+            last = f'"text":"","logprobs":null,"finish_reason":{reason}'
+        else:
+            last = f'"delta":{{}},"logprobs":null,"finish_reason":{reason}'
+        return self._opening(i) + self._frame(i, last)
+
+    def _frame(self, i: int, choice: str) -> bytes:
+        return b"data: " + (self._choice[i] + choice + self._tail).encode() + b"\n\n"
+
+
+def choice_endings(done: DoneEvent) -> list[str]:
+    """Each choice's finish reason, in index order (a one-choice `done` carries only its own)."""
+    return [done.finish_reason] if done.choices is None else [end.finish_reason for end in done.choices]
 
 
 def assemble(options: Options, events: list[SseEvent], *, request_id: str, created: int, model: str,
              headers: dict[str, str], fingerprint: str = oa.FINGERPRINT_UNKNOWN) -> Response:
-    """The whole answer of a non-streaming request from its collected events."""
-    pieces: list[tuple[str, float]] = []
+    """The whole answer of a non-streaming request from its collected events: one choice per index,
+    each with its own text (or tool call) and finish reason; the usage counts them all."""
+    pieces: list[list[tuple[str, float]]] = [[] for _ in range(options.n)]
     done: DoneEvent | None = None
     for event in events:
         if event.event == EVENT_TOKEN:
             data = json.loads(event.data)
-            pieces.append((data["token"], data["probability"]))
+            pieces[data.get("choice", 0)].append((data["token"], data["probability"]))
         elif event.event == EVENT_DONE:
             done = DoneEvent.model_validate_json(event.data)
         elif event.event == EVENT_ERROR:
@@ -190,26 +207,32 @@ def assemble(options: Options, events: list[SseEvent], *, request_id: str, creat
     if done is None:  # the relay always ends with done or error; guard rather than assume
         return JSONResponse(oa.error_body("the stream ended without a result", status=502, code="worker_failed"),
                             status_code=502, headers=headers)
-    text = "".join(t for t, _ in pieces)
-    ident, reason, usage = completion_id(options.kind, request_id), finish_reason(done.finish_reason), usage_of(done)
+    ident, usage = completion_id(options.kind, request_id), usage_of(done)
+    endings = choice_endings(done)
     body: oa.ChatCompletion | oa.Completion
-    call = read_call(text, options.tools, request_id) if options.tools and options.tools.calling else None
-    if call is not None:
-        choice = oa.ChatChoice(message=oa.AssistantMessage(content=None, tool_calls=[call]),
-                               finish_reason="tool_calls")
-        body = oa.ChatCompletion(id=ident, created=created, model=model, choices=[choice], usage=usage,
-                                 system_fingerprint=fingerprint)
-        return JSONResponse(body.model_dump(mode="json", exclude_none=False), headers=headers)
     if options.kind == "chat":
-        choice = oa.ChatChoice(message=oa.AssistantMessage(content=text), finish_reason=reason,
-                               logprobs=_chat_logprobs(options, pieces))
-        body = oa.ChatCompletion(id=ident, created=created, model=model, choices=[choice], usage=usage,
-                                 system_fingerprint=fingerprint)
+        body = oa.ChatCompletion(id=ident, created=created, model=model, usage=usage, system_fingerprint=fingerprint,
+                                 choices=[_chat_choice(options, i, pieces[i], endings[i], request_id)
+                                          for i in range(len(endings))])
     else:
         body = oa.Completion(id=ident, created=created, model=model, usage=usage, system_fingerprint=fingerprint,
-                             choices=[oa.CompletionChoice(text=text, logprobs=_text_logprobs(options, pieces),
-                                                          finish_reason=reason)])
+                             choices=[oa.CompletionChoice(index=i, text="".join(t for t, _ in pieces[i]),
+                                                          logprobs=_text_logprobs(options, pieces[i]),
+                                                          finish_reason=finish_reason(endings[i]))
+                                      for i in range(len(endings))])
     return JSONResponse(body.model_dump(mode="json"), headers=headers)
+
+
+def _chat_choice(options: Options, i: int, pieces: list[tuple[str, float]], ending: str,
+                 request_id: str) -> oa.ChatChoice:
+    """One choice of a chat answer: a tool call when it is one (with tools), else its text."""
+    text = "".join(t for t, _ in pieces)
+    call = read_call(text, options.tools, request_id, choice=i) if options.tools and options.tools.calling else None
+    if call is not None:
+        return oa.ChatChoice(index=i, message=oa.AssistantMessage(content=None, tool_calls=[call]),
+                             finish_reason="tool_calls")
+    return oa.ChatChoice(index=i, message=oa.AssistantMessage(content=text), finish_reason=finish_reason(ending),
+                         logprobs=_chat_logprobs(options, pieces))
 
 
 def _chat_logprobs(options: Options, pieces: list[tuple[str, float]]) -> oa.ChoiceLogprobs | None:

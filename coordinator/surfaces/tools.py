@@ -3,7 +3,8 @@
 Owns: reading `tools` and `tool_choice`, writing the tools and the conversation's calls and results as
 plain chat turns (a system section listing the functions; an assistant's call as the JSON object it
 would write; a tool's result as a user turn), the JSON schema that constrains a `required` or named
-call, and reading a call back out of the model's answer.
+call, and reading a call back out of the model's answer (out of each choice's, when a request asks
+for several: each is constrained by the same schema and read on its own).
 Must not: sample or relay; the worker constrains the answer with the schema like any `json_schema`.
 
 The format: the model answers a call as one JSON object `{"name": ..., "arguments": {...}}` and nothing
@@ -97,8 +98,9 @@ def call_schema(tools: Tools) -> dict[str, Any] | None:
     return shapes[0] if len(shapes) == 1 else {"anyOf": shapes}
 
 
-def read_call(text: str, tools: Tools, request_id: str) -> oa.ToolCall | None:
-    """The call in an answer, when it is exactly one `{"name", "arguments"}` object naming a tool."""
+def read_call(text: str, tools: Tools, request_id: str, *, choice: int = 0) -> oa.ToolCall | None:
+    """The call in an answer, when it is exactly one `{"name", "arguments"}` object naming a tool. Its id
+    is the same every time for that request and choice, and differs between a request's choices."""
     try:
         found = json.loads(text)
     except json.JSONDecodeError:
@@ -106,7 +108,7 @@ def read_call(text: str, tools: Tools, request_id: str) -> oa.ToolCall | None:
     if not (isinstance(found, dict) and found.keys() == {"name", "arguments"} and found["name"] in tools.names
             and isinstance(found["arguments"], dict)):
         return None
-    ident = "call_" + uuid.uuid5(uuid.NAMESPACE_URL, request_id).hex[:24]
+    ident = "call_" + uuid.uuid5(uuid.NAMESPACE_URL, request_id if choice == 0 else f"{request_id}#{choice}").hex[:24]
     return oa.ToolCall(id=ident, function=oa.FunctionCall(name=found["name"],
                                                           arguments=json.dumps(found["arguments"], ensure_ascii=False)))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from coordinator.cache import ResponseCache, cache_key
+from coordinator.cache import Replay, ResponseCache, cache_key
 from coordinator.clock import ManualClock
 from coordinator.settings import Settings
 from protocol.sse import SseEvent
@@ -46,7 +46,7 @@ def test_the_key_covers_surface_model_and_every_field() -> None:
     base = {"prompt": "x", "temperature": 0, "max_tokens": 8}
     key = cache_key("infer", "m", GenerateRequest.model_validate(base))
     for change in ({"prompt": "y"}, {"max_tokens": 9}, {"stop": ["."]}, {"top_k": 5}, {"top_p": 0.5},
-                   {"ignore_eos": True}, {"raw": True}):
+                   {"ignore_eos": True}, {"raw": True}, {"n": 2}):
         assert cache_key("infer", "m", GenerateRequest.model_validate({**base, **change})) != key, change
     assert cache_key("openai-chat", "m", GenerateRequest.model_validate(base)) != key
     assert cache_key("infer", "other", GenerateRequest.model_validate(base)) != key
@@ -176,3 +176,14 @@ async def test_sampled_requests_and_failed_streams_are_never_stored() -> None:
         for _ in range(2):
             await post(client, sampled, "s")
         assert len(fakes.calls) == 4
+
+
+@pytest.mark.anyio
+async def test_a_replayed_answer_of_several_choices_keeps_each_ending_and_counts_nothing_computed() -> None:
+    raw = json.loads(done(n=5).decode().split("data: ", 1)[1])
+    raw["choices"] = [{"finish_reason": "length", "completion_tokens": 3}, {"finish_reason": "stop", "completion_tokens": 2}]
+    replay = Replay((SseEvent("token", "{}"), SseEvent("done", json.dumps(raw))), "r9")
+    hit = json.loads([event async for event in replay.events][-1].data)
+    assert hit["cached"] and hit["usage"]["completion_tokens"] == 0
+    assert hit["choices"] == [{"finish_reason": "length", "completion_tokens": 0},
+                              {"finish_reason": "stop", "completion_tokens": 0}]

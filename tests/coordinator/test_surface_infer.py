@@ -4,6 +4,8 @@ protocol/worker.py that would change this surface's output fails here first."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from coordinator.errors import CoordinatorError
@@ -12,12 +14,24 @@ from coordinator.surfaces.infer import parse
 from protocol import inference, worker
 from protocol.sse import SseEvent
 
+PUBLIC_DONE = {"finished", "finish_reason", "usage", "timings", "request_id", "worker_id", "model", "session_id",
+               "cached"}
+
 
 def test_public_event_shapes_are_the_internal_ones() -> None:
+    """Protocol 4 added `choice` to token events and `choices` to `done` (several choices per request).
+    This surface serves one choice only (`n` is not one of its fields), and a one-choice event leaves
+    both out of its JSON: what it writes is what it wrote."""
     assert inference.TokenEvent.model_json_schema() == {
         **worker.TokenEvent.model_json_schema()}
-    assert set(inference.DoneEvent.model_fields) == {"finished", "finish_reason", "usage", "timings", "request_id",
-                                                     "worker_id", "model", "session_id", "cached"}
+    assert set(inference.DoneEvent.model_fields) == PUBLIC_DONE | {"choices"}
+    token = worker.TokenEvent(token="a", index=0, probability=0.5)
+    assert set(json.loads(token.model_dump_json())) == {"token", "index", "probability", "finished"}
+    done = worker.DoneEvent(finish_reason="stop", request_id="r", worker_id="w", model="m",
+                            usage=worker.Usage(prompt_tokens=1, cached_tokens=0, completion_tokens=1, total_tokens=2),
+                            timings=worker.Timings(queue_ms=0, prefill_ms=0, ttft_ms=0, total_ms=0,
+                                                   tokens_per_second=0))
+    assert set(json.loads(done.model_dump_json())) == PUBLIC_DONE
     assert set(inference.ErrorEvent.model_fields) == {"error", "reason", "request_id", "finished"}
     assert set(inference.Usage.model_fields) == {"prompt_tokens", "cached_tokens", "completion_tokens",
                                                  "total_tokens"}

@@ -145,7 +145,9 @@ async def test_an_error_after_the_first_token_is_an_error_chunk_then_done() -> N
 
 
 @pytest.mark.parametrize(("body", "status", "param", "code"), [
-    ({"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n", "invalid_request"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 9}, 400, "n", "invalid_request"),  # past MAX_CHOICES
+    ({"messages": [{"role": "user", "content": "x"}], "n": 0}, 400, "n", "invalid_request"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 2, "session_id": "s"}, 400, "n", "invalid_request"),
     ({"messages": []}, 400, "messages", "invalid_request"),
     ({"messages": [{"role": "function", "content": "x"}]}, 400, "messages.0.role", "invalid_request"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,

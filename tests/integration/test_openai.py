@@ -164,3 +164,59 @@ async def test_a_required_tool_call_and_its_round_trip_with_the_real_model(sdk: 
     final = await sdk.chat.completions.create(model=MODEL, messages=follow, tools=[weather], temperature=0,  # type: ignore[arg-type, list-item]
                                               max_tokens=40, tool_choice="none")
     assert final.choices[0].message.content and final.choices[0].finish_reason in ("stop", "length")
+
+
+# -- several choices (`n`): one worker prefills the prompt once and runs a sequence per choice ----------
+
+
+def _every_sequence_free(cluster: Cluster) -> bool:
+    return all(cluster.worker_load(w)["sessions"] == 0 == cluster.worker_load(w)["kv_reserved_bytes"]
+               for w in cluster.workers) and cluster.coordinator_health()["kv_reserved_bytes"] == 0
+
+
+async def test_n_choices_differ_under_sampling_and_usage_counts_them_all(cluster: Cluster,
+                                                                        sdk: openai.AsyncOpenAI) -> None:
+    story = {"role": "user", "content": "Tell me a story about a cat."}
+    # ignore_eos: every choice runs to max_tokens, so each one's token count is known exactly.
+    whole = await sdk.chat.completions.create(model=MODEL, messages=[story], n=4, temperature=1.0,  # type: ignore[list-item]
+                                              max_tokens=8, extra_body={"ignore_eos": True})
+    assert [c.index for c in whole.choices] == [0, 1, 2, 3]
+    texts = [c.message.content or "" for c in whole.choices]
+    assert all(texts) and len(set(texts)) > 1
+    assert [c.finish_reason for c in whole.choices] == ["length"] * 4
+    assert whole.usage is not None and whole.usage.completion_tokens == 4 * 8
+    alone = await sdk.chat.completions.create(model=MODEL, messages=[story], max_tokens=1)  # type: ignore[list-item]
+    assert alone.usage is not None and whole.usage.prompt_tokens == alone.usage.prompt_tokens  # counted once
+    wait_until(lambda: _every_sequence_free(cluster), 10, "every choice's sequence and reservation to be free")
+
+
+async def test_n_choices_streamed_assemble_into_n_texts_each_with_its_ending(sdk: openai.AsyncOpenAI) -> None:
+    stream = await sdk.chat.completions.create(model=MODEL, messages=[USER], n=4, temperature=1.0, max_tokens=12,  # type: ignore[list-item]
+                                               stream=True, stream_options={"include_usage": True})
+    texts, endings, roles = ["" for _ in range(4)], [None for _ in range(4)], [None for _ in range(4)]
+    chunks = [chunk async for chunk in stream]
+    for chunk in chunks:
+        for choice in chunk.choices:
+            roles[choice.index] = roles[choice.index] or choice.delta.role  # type: ignore[call-overload]
+            texts[choice.index] += choice.delta.content or ""
+            endings[choice.index] = choice.finish_reason or endings[choice.index]  # type: ignore[call-overload]
+    assert all(texts) and roles == ["assistant"] * 4
+    assert all(ending in ("stop", "length") for ending in endings)
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage is not None and 4 <= usage.completion_tokens <= 4 * 12
+
+
+async def test_a_seeded_request_of_n_choices_repeats_itself(sdk: openai.AsyncOpenAI) -> None:
+    async def ask() -> list[str]:
+        answer = await sdk.completions.create(model=MODEL, prompt="Once upon a time", n=2, seed=99,
+                                              temperature=1.0, max_tokens=10)
+        return [c.text for c in answer.choices]
+
+    first = await ask()
+    assert first == await ask() and first[0] != first[1]
+
+
+async def test_n_past_the_pools_bound_is_a_bad_request(sdk: openai.AsyncOpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        await sdk.chat.completions.create(model=MODEL, messages=[USER], n=9, max_tokens=4)  # type: ignore[list-item]
+    assert isinstance(refused.value.body, dict) and refused.value.body["param"] == "n"

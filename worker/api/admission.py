@@ -5,7 +5,9 @@ session state) and those made after it, while the route pings (`prepare`: prompt
 session's KV limit, KV and sequence capacity: an `error` event before `admitted`), prompt construction
 (the request's chat messages, or its prompt as a user turn after the session's history, rendered
 with the model's chat template; or raw text) and the reuse of a session's cached tokens. A session
-id is looked up within the request's tenant only (see worker/sessions/table.py, Tenancy).
+id is looked up within the request's tenant only (see worker/sessions/table.py, Tenancy). A request
+with `n` > 1 choices reserves n sequences, each `min(session limit, prompt + max_tokens)` cells,
+all or none, and brings a grammar state per choice.
 Must not: run inference or free KV itself; it hands jobs and frees to the engine in FIFO order.
 """
 
@@ -22,7 +24,7 @@ from worker.backends.base import EngineBackend, Message, ModelBackend
 from worker.backends.chat_template import TemplateRefusal
 from worker.engine.channel import TokenChannel
 from worker.engine.grammar import ConstraintError
-from worker.engine.jobs import Job, StreamItem
+from worker.engine.jobs import ExtraChoice, Job, StreamItem
 from worker.engine.sampling import Constraint
 from worker.errors import WorkerError
 from worker.naming import ModelNames
@@ -73,6 +75,9 @@ class Gate:
         `session_expected`: the caller knows this session lives here (the coordinator's affinity), so
         its absence means the conversation was lost (e.g. a restart): 404, never a fresh start."""
         known = self._known_session(request, session_expected)
+        if request.n > self.table.limits.max_sessions:
+            raise WorkerError(400, reasons.INVALID_REQUEST, f"n: {request.n} choices need as many sequences; this "
+                              f"worker runs {self.table.limits.max_sessions}")
         if not request.raw and self.model.turn_stop is not None and self.model.turn_stop not in request.stop:
             request = request.model_copy(update={"stop": [*request.stop, self.model.turn_stop]})
         return Ticket(request, known, len(known.messages) if known else 0)
@@ -88,7 +93,7 @@ class Gate:
         cached_view = list(known.tokens) if known else []
         async with self._tokenizing:  # bounded: many big prompts at once must not take every core
             try:
-                tokens, constraint = await asyncio.to_thread(self._prepare_thread, request, history, cached_view)
+                tokens, constraints = await asyncio.to_thread(self._prepare_thread, request, history, cached_view)
             except (TemplateRefusal, ConstraintError) as refused:  # e.g. "Conversation roles must alternate"
                 raise WorkerError(400, reasons.INVALID_REQUEST, str(refused)) from None
         limit = self.table.limits.session_max_tokens
@@ -109,7 +114,9 @@ class Gate:
         job = Job(request_id=request_id, request=request, session=session, prompt_tokens=tokens,
                   cached_tokens=cached, history=history if not request.raw else [],
                   channel=TokenChannel[StreamItem](loop, self.stream_buffer), admitted_at=self.clock(),
-                  constraint=constraint)
+                  constraint=constraints[0],
+                  extra_choices=tuple(ExtraChoice(i, extra, constraints[i])
+                                      for i, extra in enumerate(admission.extra, start=1)))
         self.engine.submit(job, admission.freed_seq_ids)
         return job
 
@@ -134,7 +141,7 @@ class Gate:
                 self._freed.clear()  # before the attempt: a release after it is not missed
                 try:
                     return self.table.admit(request.session_id, need, tokens, tenant=request.tenant,
-                                            stream_ref=stream_ref)
+                                            stream_ref=stream_ref, choices=request.n)
                 except WorkerError as refused:
                     left = deadline - loop.time()
                     if refused.reason not in WAITABLE or not self.table.ending or left <= 0:
@@ -168,13 +175,14 @@ class Gate:
             self.engine.free([seq_id])
 
     def _prepare_thread(self, request: GenerateRequest, history: list[Message],
-                        cached: list[int]) -> tuple[list[int], Constraint | None]:
-        """Off the event loop: the prompt's tokens and the request's grammar, compiled."""
-        constraint = None
+                        cached: list[int]) -> tuple[list[int], list[Constraint | None]]:
+        """Off the event loop: the prompt's tokens and the request's grammar, compiled once per choice
+        (each choice advances its own grammar state)."""
+        constraints: list[Constraint | None] = [None] * request.n
         if request.grammar is not None or request.json_schema is not None:
-            constraint = self.model.constraint(grammar=request.grammar, json_schema=request.json_schema,
-                                               lazy=request.grammar_lazy)
-        return self._prompt_tokens(request, history, cached), constraint
+            constraints = [self.model.constraint(grammar=request.grammar, json_schema=request.json_schema,
+                                                 lazy=request.grammar_lazy) for _ in range(request.n)]
+        return self._prompt_tokens(request, history, cached), constraints
 
     def _prompt_tokens(self, request: GenerateRequest, history: list[Message], cached: list[int]) -> list[int]:
         if request.raw and request.prompt is not None:

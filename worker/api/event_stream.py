@@ -29,17 +29,19 @@ PING = b": ping\r\n\r\n"
 _HEAD = {"cache-control": "no-store", "x-accel-buffering": "no"}
 
 
-def token_event(text: str, index: int, probability: float | None) -> bytes:
+def token_event(text: str, index: int, probability: float | None, choice: int = 0) -> bytes:
     """`protocol.worker.TokenEvent`'s JSON, written without building the model: it is the one event
-    sent per generated token. `probability` None: not asked for (null)."""
+    sent per generated token. `probability` None: not asked for (null). `choice` 0 is left out, as
+    the model leaves it out."""
     if probability is None:
         p = "null"
     elif 0.0 <= probability <= 1.0:
         p = repr(float(probability))
     else:
         raise ValueError(f"probability {probability!r} is not in [0, 1]")
+    tail = f',"choice":{int(choice)}}}' if choice else "}"
     return encode(EVENT_TOKEN, f'{{"token":{json.dumps(text, ensure_ascii=False)},"index":{int(index)},'
-                               f'"probability":{p},"finished":false}}')
+                               f'"probability":{p},"finished":false' + tail)
 
 
 class EventStream(StreamingResponse):

@@ -47,6 +47,7 @@ from protocol.worker import (
     TENANT_PATTERN,
     WORKER_ID_HEADER,
     AdmittedEvent,
+    ChoiceEnd,
     DoneEvent,
     ErrorBody,
     ErrorEvent,
@@ -261,19 +262,22 @@ async def _events(runtime: WorkerRuntime, ticket: Ticket, request_id: str,
                 error = ErrorEvent(error=item.message, reason=item.reason, request_id=job.request_id)
                 yield encode(EVENT_ERROR, error.model_dump_json())
             else:
-                yield token_event(item.text, item.index, item.probability if probabilities else None)
+                yield token_event(item.text, item.index, item.probability if probabilities else None,
+                                  item.choice)
     finally:
         runtime.jobs.discard(job)
         if outcome is None:
             job.channel.cancel()
-            runtime.table.mark_ending(job.session)
+            for session in job.sessions:
+                runtime.table.mark_ending(session)
             runtime.engine.poke()
         _log_request(runtime, job, outcome)
 
 
 def _done(runtime: WorkerRuntime, job: Job, item: Finished) -> DoneEvent:
     decode_s = item.total_s - item.ttft_s
-    tps = (item.completion_tokens - 1) / decode_s if item.completion_tokens > 1 and decode_s > 0 else 0.0
+    later = item.completion_tokens - max(1, len(item.choices))  # after each choice's first token
+    tps = later / decode_s if later > 0 and decode_s > 0 else 0.0
     return DoneEvent(
         finish_reason=item.reason,  # type: ignore[arg-type]
         usage=Usage(prompt_tokens=item.prompt_tokens, cached_tokens=item.cached_tokens,
@@ -282,7 +286,9 @@ def _done(runtime: WorkerRuntime, job: Job, item: Finished) -> DoneEvent:
         timings=Timings(queue_ms=item.queue_s * 1e3, prefill_ms=item.prefill_s * 1e3, ttft_ms=item.ttft_s * 1e3,
                         total_ms=item.total_s * 1e3, tokens_per_second=tps),
         request_id=job.request_id, worker_id=runtime.settings.worker_id, model=runtime.names.name,
-        session_id=job.request.session_id)
+        session_id=job.request.session_id,
+        choices=[ChoiceEnd(finish_reason=end.reason, completion_tokens=end.completion_tokens)  # type: ignore[arg-type]
+                 for end in item.choices] or None)
 
 
 def _log_request(runtime: WorkerRuntime, job: Job, outcome: Finished | Failed | None) -> None:

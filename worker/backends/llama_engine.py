@@ -1,7 +1,12 @@
 """The continuously batched decode loop: one thread, one llama.cpp context, every request in one batch.
 
 Owns: the llama.cpp context and its batch, the running sequences, prefill chunking, sampling, ending
-a sequence (EOG, max_tokens, KV limit, stop string, cancel, slow consumer) and freeing its KV cells.
+a sequence (EOG, max_tokens, KV limit, stop string, cancel, slow consumer) and freeing its KV cells,
+and the further choices of a request with `n` > 1: its prompt is prefilled once, in choice 0's
+sequence; in the step that decodes its last prompt token the other choices' sequences get a copy of
+those cells (`llama_memory_seq_cp`, made by llama.cpp at the start of the next decode) and their
+first tokens are drawn, each by its own sampler, from that same row of logits; from then on each
+choice is a sequence of its own in the batch.
 Must not: block on a consumer or touch asyncio objects other than through `TokenChannel` and
 `loop.call_soon_threadsafe`. Each step puts one token of every generating sequence, plus at most
 `prefill_chunk` prompt tokens of joining sequences (the shortest remaining prompt first), into a
@@ -14,6 +19,7 @@ import bisect
 import collections
 import concurrent.futures
 import ctypes
+import dataclasses
 import logging
 import threading
 import time
@@ -27,9 +33,9 @@ import numpy as np
 from protocol import reasons
 from worker.backends.llama_model import Model
 from worker.engine.channel import TokenChannel
-from worker.engine.endings import Endings, Progress, cancel_session
+from worker.engine.endings import Endings, Progress, also_ending, cancel_session
 from worker.engine.jobs import EngineConfig, EngineObserver, Failed, Finished, Job, StreamItem
-from worker.engine.sampling import RequestSampling, SamplingParams, StepSampler
+from worker.engine.sampling import RequestSampling, SamplingParams, StepSampler, choice_seed
 from worker.engine.textstream import TextAssembler
 from worker.sessions.table import Session, SessionTable
 
@@ -42,6 +48,9 @@ class _Running(Progress):
     sampling: RequestSampling = field(kw_only=True)
     todo: list[int] = field(kw_only=True)  # prompt tokens still to prefill
     next_token: int | None = None  # sampled, not yet decoded
+    # Choice 0 of several: the other choices, waiting for its prompt's cells (then copied to them).
+    waiting: list[_Running] = field(default_factory=list, kw_only=True)
+    copied: bool = field(default=True, kw_only=True)  # False while a further choice waits for its copy
 
 
 class Engine:
@@ -101,11 +110,12 @@ class Engine:
 
     @property
     def running(self) -> int:
-        return len(self._running)
+        """Requests generating or prefilling (a request of several choices runs several sequences)."""
+        return sum(1 for run in self._running if run.choice == 0)
 
     @property
     def active(self) -> int:
-        return len(self._running) + self.queue_depth
+        return self.running + self.queue_depth
 
     def bind(self, table: SessionTable) -> None:
         self.table = table
@@ -179,7 +189,7 @@ class Engine:
             except Exception:  # a bug or llama.cpp failure must not leave streams hanging
                 log.exception("engine step failed")  # the exception's text goes here, not to clients
                 self._observer.internal_error("engine_step")
-                for run in list(self._running):
+                for run in list(self._running):  # a request's other choices end with its first
                     self._end(run, Failed(reasons.ENGINE_FAILED, "the engine failed; its log says why"), touched)
             if touched:
                 self._loop.call_soon_threadsafe(_wake_all, list(touched))
@@ -209,7 +219,9 @@ class Engine:
     def _begin(self, job: Job, touched: set[TokenChannel[StreamItem]]) -> None:
         session, keep = job.session, job.cached_tokens
         if job.channel.cancelled:
-            self._release(job, keep_kv=session.session_id is not None)
+            self._release(session, keep_kv=session.session_id is not None)
+            for extra in job.extra_choices:  # never filled: their cells hold another request's tokens
+                self._release(extra.session, keep_kv=False, clean=False)
             return
         source = self._prefix_source(job)
         if source is not None:
@@ -224,10 +236,19 @@ class Engine:
                                 logit_bias=tuple((int(t), b) for t, b in request.logit_bias.items()),
                                 presence_penalty=request.presence_penalty,
                                 frequency_penalty=request.frequency_penalty)
-        run = _Running(job=job, text=TextAssembler(request.stop), started_at=self._clock(),
+        now = self._clock()
+        run = _Running(job=job, text=TextAssembler(request.stop), started_at=now,
                        sampling=RequestSampling(params, job.constraint), todo=job.prompt_tokens[keep:])
-        # Kept in sequence-id order so each step's decode rows reach llama.cpp ascending (one pass).
-        bisect.insort(self._running, run, key=lambda r: r.job.session.seq_id)
+        run.waiting = [
+            _Running(job=job, choice=extra.index, text=TextAssembler(request.stop, choice=extra.index),
+                     started_at=now, todo=[], copied=False,
+                     sampling=RequestSampling(dataclasses.replace(params, seed=choice_seed(params.seed, extra.index)),
+                                              extra.constraint))
+            for extra in job.extra_choices]
+        for each in (run, *run.waiting):
+            # Kept in sequence-id order so each step's decode rows reach llama.cpp ascending (one pass).
+            # A waiting choice has neither prompt left nor a token: no step puts it in the batch.
+            bisect.insort(self._running, each, key=lambda r: r.session.seq_id)
 
     def _prefix_source(self, job: Job) -> tuple[int, int] | None:
         """(sequence, tokens) of another sequence holding a longer prefix of the prompt, worth a copy."""
@@ -251,7 +272,8 @@ class Engine:
         return n
 
     def _step(self, touched: set[TokenChannel[StreamItem]]) -> bool:
-        """Decodes one batch; returns False when nothing could be scheduled."""
+        """Decodes one batch; returns False when nothing could be scheduled. A request of several
+        choices whose prompt this batch completes has its other choices filled and sampled here."""
         rows: list[_Running] = []  # the runs whose last row in the batch asks for logits, in batch order
         decoding = self._add_generated(rows, touched)
         n, prefilling = self._add_prompts(decoding, rows)
@@ -270,10 +292,42 @@ class Engine:
             # the step samples them all from one view of its buffer.
             logits = np.ctypeslib.as_array(ll.llama_get_logits(self._ctx),
                                            shape=(len(rows), self.model.shape.n_vocab))
+            if any(run.waiting for run in rows):
+                rows, logits = self._with_choices(rows, logits)
             picks = self._sampler.sample(logits, [run.sampling for run in rows])
             for run, (token, probability) in zip(rows, picks, strict=True):
-                self._accept(run, token, probability, touched)
+                if not run.ended:
+                    self._accept(run, token, probability, touched)
         return True
+
+    def _with_choices(self, rows: list[_Running], logits: np.ndarray) -> tuple[list[_Running], np.ndarray]:
+        """The step's rows with, after each choice 0 whose prompt is now in its cells, its other choices:
+        each gets a copy of those cells (before any ending of this step can free them) and samples its
+        first token from the same row of logits (a copy of the rows, made once per such request)."""
+        owners: list[_Running] = []
+        at: list[int] = []
+        for i, run in enumerate(rows):
+            owners.append(run)
+            at.append(i)
+            for other in run.waiting:
+                if other.ended:
+                    continue
+                self._copy_prompt(run.session, other)
+                owners.append(other)
+                at.append(i)
+            run.waiting = []
+        return owners, logits[at]
+
+    def _copy_prompt(self, source: Session, run: _Running) -> None:
+        """Fills a further choice's sequence with choice 0's cells. With a split KV cache llama.cpp clears
+        the destination's stream and copies the source's at the start of the next decode; a unified one
+        shares the cells (its destination is cleared first, since there the copy adds to what it holds)."""
+        dst = run.session.seq_id
+        ll.llama_memory_seq_rm(self._mem, dst, -1, -1)
+        ll.llama_memory_seq_cp(self._mem, source.seq_id, dst, -1, -1)
+        run.session.tokens[:] = source.tokens
+        run.copied = True
+        self._copied.add(dst)
 
     def _add_generated(self, rows: list[_Running], touched: set[TokenChannel[StreamItem]]) -> int:
         """Puts each running sequence's last generated token in the batch (one row each), after
@@ -281,6 +335,8 @@ class Engine:
         now, endings = self._clock(), self._endings
         n = 0
         for run in list(self._running):
+            if run.ended:
+                continue  # ended with another choice of its request, earlier in this loop
             ended = endings.interrupted(run, now)
             if ended is not None:
                 self._end(run, ended, touched)
@@ -292,8 +348,9 @@ class Engine:
                 if ready is not False:
                     self._end(run, ready, touched)
                 continue
-            self._put(n, run.next_token, len(run.job.session.tokens), run.job.session.seq_id, True)
-            run.job.session.tokens.append(run.next_token)
+            session = run.session
+            self._put(n, run.next_token, len(session.tokens), session.seq_id, True)
+            session.tokens.append(run.next_token)
             run.next_token = None
             rows.append(run)
             n += 1
@@ -311,7 +368,7 @@ class Engine:
                 break
             chunk, run.todo = run.todo[:budget], run.todo[budget:]
             sequences += 1
-            session = run.job.session
+            session = run.session
             for i, token in enumerate(chunk):
                 last = not run.todo and i == len(chunk) - 1
                 self._put(n, token, len(session.tokens), session.seq_id, last)
@@ -340,20 +397,29 @@ class Engine:
             self._end(run, self._endings.finished(run, reason), touched)
 
     def _end(self, run: _Running, outcome: Finished | Failed, touched: set[TokenChannel[StreamItem]]) -> None:
+        """Ends one sequence; a failure ends its request's other choices too. Never one already in this
+        step's batch: a failure comes from a check that all choices of a request share (the deadline,
+        their one channel, which only gains room while a step runs), so the first of them the step
+        looks at fails before any of them is put in the batch."""
+        if run.ended:
+            return
         self._running.remove(run)
+        run.ended = True
         completed = self._endings.completed(run, outcome, touched)
-        self._release(run.job, keep_kv=completed, clean=isinstance(outcome, Finished))
+        self._release(run.session, keep_kv=completed, clean=isinstance(outcome, Finished) and run.copied)
         self._endings.deliver(run, outcome, touched)
+        for other in also_ending(run, outcome, self._running):
+            self._end(other, outcome, touched)
 
-    def _release(self, job: Job, *, keep_kv: bool, clean: bool = True) -> None:
+    def _release(self, session: Session, *, keep_kv: bool, clean: bool = True) -> None:
         """`clean`: the cells hold exactly `session.tokens`; with a split KV they may then stay as a
         prompt cache for the next request on this id (no other sequence can use them anyway)."""
         assert self.table is not None, "Engine.bind(table) must be called before start()"
-        seq_id = self.table.release(job.session, keep_kv=keep_kv, retain_cells=clean and self.config.prompt_cache
-                                                                       and not self.config.kv_unified)
+        seq_id = self.table.release(session, keep_kv=keep_kv, retain_cells=clean and self.config.prompt_cache
+                                                                   and not self.config.kv_unified)
         if seq_id is not None:
             ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
-            job.session.tokens.clear()
+            session.tokens.clear()
 
 
 def _wake_all(channels: list[TokenChannel[StreamItem]]) -> None:

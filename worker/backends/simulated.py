@@ -6,7 +6,10 @@ accounting (bytes per token as configured) and bounded channels, so the coordina
 a real worker would show: the same events, the same 503/409/413 refusals, the same heartbeats.
 It runs on the event loop (no thread), so many simulated workers can share one process.
 
-Owns: a stand-in tokenizer (one token per 4 UTF-8 bytes), the pacing of tokens and prefill. How a
+Owns: a stand-in tokenizer (one token per 4 UTF-8 bytes), the pacing of tokens and prefill, and the
+choices of a request with `n` > 1 (each a sequence of its own that starts once the prompt's
+simulated prefill is done, holding the prompt's tokens as the real engine's copy would; choice i
+starts its words i words further on, so choices differ). How a
 sequence ends (cancel, queued or running; deadline; slow consumer; stop strings; max_tokens; the KV
 reservation) is the real engine's own rules (worker/engine/endings.py), not a copy.
 Must not: pretend to be a model in any default path.
@@ -23,7 +26,7 @@ from typing import Any, TypeVar
 
 from worker.backends.base import Message, ModelShape, plain_turns
 from worker.engine.channel import TokenChannel
-from worker.engine.endings import Endings, Progress, cancel_session
+from worker.engine.endings import Endings, Progress, also_ending, cancel_session
 from worker.engine.grammar import ConstraintError
 from worker.engine.jobs import EngineConfig, EngineObserver, Failed, Finished, Job, StreamItem
 from worker.engine.textstream import TextAssembler
@@ -95,8 +98,8 @@ class SimulatedEngine:
     seq_tokens = property(lambda self: self.config.ctx_size if self.config.kv_unified
                           else self.config.ctx_size // self.config.max_sessions)
     queue_depth = property(lambda self: len(self._inbox))
-    running = property(lambda self: len(self._running))
-    active = property(lambda self: len(self._running) + len(self._inbox))
+    running = property(lambda self: sum(1 for run in self._running if run.choice == 0))  # requests
+    active = property(lambda self: self.running + len(self._inbox))
 
     def bind(self, table: SessionTable) -> None:
         self.table = table
@@ -135,11 +138,16 @@ class SimulatedEngine:
                 todo = len(job.prompt_tokens) - job.cached_tokens
                 del job.session.tokens[job.cached_tokens:]
                 job.session.tokens.extend(job.prompt_tokens[job.cached_tokens:])
-                self._running.append(_Running(job=job, text=TextAssembler(job.request.stop), started_at=now,
-                                              ready_at=now + todo / self.prefill_rate))
+                for extra in job.extra_choices:  # what the real engine's copy of the prompt's cells holds
+                    extra.session.tokens[:] = job.prompt_tokens
+                for choice in range(job.n):
+                    self._running.append(_Running(job=job, text=TextAssembler(job.request.stop, choice=choice),
+                                                  started_at=now, choice=choice,
+                                                  ready_at=now + todo / self.prefill_rate))
             touched: set[TokenChannel[StreamItem]] = set()
             for run in list(self._running):
-                self._advance(run, now, touched)
+                if not run.ended:  # or it ended with another choice of its request, in this loop
+                    self._advance(run, now, touched)
             self.steps += 1
             self._observer.step(len(self._running), 0, 0.0)
             for channel in touched:
@@ -159,17 +167,22 @@ class SimulatedEngine:
             if ready is not False:
                 self._end(run, ready, touched)
             return
-        word = (" " + WORDS[run.generated % len(WORDS)]).encode()
+        word = (" " + WORDS[(run.generated + run.choice) % len(WORDS)]).encode()
         reason = endings.accept(run, word, 0.5, touched)
         if reason is not None:
             self._end(run, endings.finished(run, reason, now), touched)
         else:
-            run.job.session.tokens.append(run.generated)
+            run.session.tokens.append(run.generated)
 
     def _end(self, run: _Running, outcome: Finished | Failed, touched: set[TokenChannel[StreamItem]]) -> None:
+        if run.ended:
+            return
         self._running.remove(run)
+        run.ended = True
         completed = self._endings.completed(run, outcome, touched)
         assert self.table is not None
-        if self.table.release(run.job.session, keep_kv=completed) is not None:
-            run.job.session.tokens.clear()
+        if self.table.release(run.session, keep_kv=completed) is not None:
+            run.session.tokens.clear()
         self._endings.deliver(run, outcome, touched)
+        for other in also_ending(run, outcome, self._running):
+            self._end(other, outcome, touched)

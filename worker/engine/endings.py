@@ -5,7 +5,10 @@ whether it runs or still waits in the engine's inbox), past the request's deadli
 stopped reading past the slow-consumer deadline, an end-of-generation token (unless `ignore_eos`),
 a stop string, `max_tokens`, the session's KV reservation; the text a sequence streams (UTF-8
 assembly and stop strings, `TextAssembler`); the `Finished` it reports; and, when it completed,
-the assistant turn its session keeps.
+the assistant turn its session keeps. For a request of several choices (`n` > 1) each choice is a
+sequence of its own that ends by these rules on its own; the request ends, with one terminal item
+that accounts for them all, when the last one has; a choice that fails fails the request
+(`also_ending`), since its stream can end only once.
 Must not: touch llama.cpp or free KV; each backend releases its sequence (the llama.cpp engine frees
 cells, the simulated one only the table) between `completed` and `deliver`, so the slot is free
 before the consumer hears of the end.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from protocol import reasons
 from worker.backends.base import Message
@@ -24,6 +28,7 @@ from worker.engine.textstream import TextAssembler
 from worker.sessions.table import Session
 
 Touched = set[TokenChannel[StreamItem]]
+P = TypeVar("P", bound="Progress")
 
 
 @dataclass(eq=False)
@@ -37,6 +42,12 @@ class Progress:
     output: list[str] = field(default_factory=list)
     first_token_at: float | None = None
     last_token_at: float = 0.0
+    choice: int = 0  # which of the job's choices this sequence generates
+    ended: bool = False  # set by the backend when it ends the sequence (a sibling's failure may)
+    session: Session = field(init=False)  # the choice's own sequence
+
+    def __post_init__(self) -> None:
+        self.session = self.job.session if self.choice == 0 else self.job.extra_choices[self.choice - 1].session
 
 
 class Endings:
@@ -45,8 +56,9 @@ class Endings:
         self._observer = observer
         self._clock = clock
 
-    def begin(self, job: Job, started_at: float) -> Progress:
-        return Progress(job=job, text=TextAssembler(job.request.stop), started_at=started_at)
+    def begin(self, job: Job, started_at: float, choice: int = 0) -> Progress:
+        return Progress(job=job, text=TextAssembler(job.request.stop, choice=choice), started_at=started_at,
+                        choice=choice)
 
     def interrupted(self, run: Progress, now: float) -> Finished | Failed | None:
         """Before a step: the ending of a sequence cancelled or past its deadline, else None."""
@@ -89,7 +101,7 @@ class Endings:
             touched.add(job.channel)
         if run.text.stopped:
             return "stop"
-        session = job.session
+        session = run.session
         if run.generated >= job.request.max_tokens or len(session.tokens) + 1 > session.reserved_tokens:
             return "length"
         return None
@@ -113,14 +125,45 @@ class Endings:
             run.output.append(out.text)
             job.channel.push(out)
             touched.add(job.channel)
-        job.session.messages = [*job.history, Message("assistant", "".join(run.output))]
+        run.session.messages = [*job.history, Message("assistant", "".join(run.output))]
         return True
 
     def deliver(self, run: Progress, outcome: Finished | Failed, touched: Touched) -> None:
-        """The terminal item, once the backend has released the sequence."""
-        run.job.channel.push(outcome, terminal=True)
-        touched.add(run.job.channel)
-        self._observer.finished(run.job, outcome)
+        """The terminal item, once the backend has released the sequence; with several choices, once
+        the last one has ended (or at the first failure: the request fails as one)."""
+        job = run.job
+        if job.n > 1:
+            if job.channel.closed:
+                return  # a choice failed before this one ended: the request's end was delivered then
+            if isinstance(outcome, Finished):
+                job.ended[run.choice] = outcome
+                if len(job.ended) < job.n:
+                    return
+                outcome = combined([job.ended[i] for i in range(job.n)])
+        job.channel.push(outcome, terminal=True)
+        touched.add(job.channel)
+        self._observer.finished(job, outcome)
+
+
+def combined(ends: list[Finished]) -> Finished:
+    """The ending of a request from its choices' endings (in choice order): every choice's tokens, the
+    prompt once, from the first token of any choice to the end of the last; `cancelled` if it was,
+    else `length` if any choice ran out of tokens, else `stop`."""
+    reasons_seen = {end.reason for end in ends}
+    reason = next((r for r in ("cancelled", "length") if r in reasons_seen), "stop")
+    first = ends[0]
+    return Finished(reason=reason, prompt_tokens=first.prompt_tokens, cached_tokens=first.cached_tokens,
+                    completion_tokens=sum(end.completion_tokens for end in ends), queue_s=first.queue_s,
+                    prefill_s=first.prefill_s, ttft_s=min(end.ttft_s for end in ends),
+                    total_s=max(end.total_s for end in ends), choices=tuple(ends))
+
+
+def also_ending(run: Progress, outcome: Finished | Failed, running: Iterable[P]) -> list[P]:
+    """The other sequences that end with `run`: its request's other choices when it failed (the
+    request's stream ends once, with that error), none otherwise (each choice ends on its own)."""
+    if run.job.n == 1 or not isinstance(outcome, Failed):
+        return []
+    return [other for other in running if other.job is run.job and other is not run and not other.ended]
 
 
 def cancel_session(session: Session, running: Iterable[Job], queued: Iterable[Job]) -> None:

@@ -1,6 +1,7 @@
 """The engine's contract with the rest of the worker, the same for every engine backend (the llama.cpp
-engine and the simulated one): its configuration, an admitted request (`Job`), what a request's
-channel carries (`StreamItem`: text pieces, then `Finished` or `Failed`), and the observer hooks.
+engine and the simulated one): its configuration, an admitted request (`Job`, with its further
+choices when it asks for several), what a request's channel carries (`StreamItem`: text pieces of
+any of its choices, then one `Finished` or `Failed`), and the observer hooks.
 
 Owns: these types only. Imports no llama.cpp, so the simulated backend and the HTTP side use them
 without loading it.
@@ -8,7 +9,7 @@ without loading it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from protocol.worker import GenerateRequest
 from worker.backends.base import Message
@@ -37,6 +38,10 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class Finished:
+    """How a sequence ended; for a request of several choices, also how the whole request did: its
+    `completion_tokens` sum every choice's, its times span them all, and `choices` holds each one's
+    own ending, in choice order (empty for one choice)."""
+
     reason: str  # stop | length | cancelled
     prompt_tokens: int
     cached_tokens: int
@@ -45,6 +50,7 @@ class Finished:
     prefill_s: float
     ttft_s: float
     total_s: float
+    choices: tuple[Finished, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -56,9 +62,20 @@ class Failed:
 StreamItem = Piece | Finished | Failed
 
 
+@dataclass(frozen=True, eq=False)
+class ExtraChoice:
+    """Choice `index` (1 and up) of a request with several: its own sequence, which the engine fills with
+    a copy of choice 0's cells once choice 0 has prefilled the prompt, and its own grammar state."""
+
+    index: int
+    session: Session
+    constraint: Constraint | None = None
+
+
 @dataclass(eq=False)
 class Job:
-    """An admitted request, built at the edge and handed to the engine thread."""
+    """An admitted request, built at the edge and handed to the engine thread. `session` and
+    `constraint` are choice 0's; `extra_choices` the others' when the request asks for `n` > 1."""
 
     request_id: str
     request: GenerateRequest
@@ -70,6 +87,18 @@ class Job:
     admitted_at: float
     copied_tokens: int = 0  # of `cached_tokens`, those copied from another sequence's cells
     constraint: Constraint | None = None  # the request's grammar, compiled at admission
+    extra_choices: tuple[ExtraChoice, ...] = ()
+    # Engine side, n > 1: the choices that have ended so far (the request ends when all have).
+    ended: dict[int, Finished] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return 1 + len(self.extra_choices)
+
+    @property
+    def sessions(self) -> tuple[Session, ...]:
+        """Every sequence the request holds, choice 0's first."""
+        return (self.session, *(extra.session for extra in self.extra_choices))
 
 
 class EngineObserver:

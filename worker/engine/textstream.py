@@ -16,11 +16,13 @@ class Piece:
     text: str
     index: int  # position of the last generated token the text includes
     probability: float  # product of the included tokens' probabilities
+    choice: int = 0  # which of the request's choices generated it
 
 
 class TextAssembler:
-    def __init__(self, stop: list[str] | tuple[str, ...] = ()) -> None:
+    def __init__(self, stop: list[str] | tuple[str, ...] = (), *, choice: int = 0) -> None:
         self._stop = tuple(stop)
+        self._choice = choice
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""
         self._probability = 1.0
@@ -61,7 +63,7 @@ class TextAssembler:
         self._pending = keep
         if not text:
             return []
-        piece = Piece(text, self._last_index, self._probability)
+        piece = Piece(text, self._last_index, self._probability, self._choice)
         self._probability = 1.0
         return [piece]
 

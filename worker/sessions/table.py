@@ -3,6 +3,8 @@
 Owns: the table of sessions (named ones kept between turns, one-shot ones freed at stream end), the
 pool of sequence ids, KV reservations against the total budget, idle-session expiry and eviction,
 and tombstones of expired sessions (so a late turn gets 404 instead of silently starting afresh).
+A request with several choices (`n` > 1, always one-shot) is admitted as a group: n one-shot
+sessions, each its own sequence and its own reservation, all or none.
 Must not: call llama.cpp. Freeing a sequence's cells is the engine's job: every method that gives
 a sequence up returns its id, and the caller queues the free on the engine *before* any request that
 could reuse that id (the engine's inbox is FIFO).
@@ -94,6 +96,7 @@ class _Leftover:
 class Admission:
     session: Session
     freed_seq_ids: tuple[int, ...]  # evicted idle sessions: free these on the engine first
+    extra: tuple[Session, ...] = ()  # with several choices: the sessions of choices 1 to n-1
 
 
 class SessionTable:
@@ -137,7 +140,7 @@ class SessionTable:
             return self._named.get(key)
 
     def admit(self, session_id: str | None, need_tokens: int, prompt: list[int] | tuple[int, ...] = (), *,
-              tenant: str = "", stream_ref: int | None = None) -> Admission:
+              tenant: str = "", stream_ref: int | None = None, choices: int = 1) -> Admission:
         """Reserves a sequence and `need_tokens` of KV for one request of `tenant`, or raises 409/503.
 
         `stream_ref`: the coordinator's reference of the request (`X-Stream-Ref`); heartbeats list it
@@ -146,36 +149,56 @@ class SessionTable:
         A new sequence is the free one that already holds most of `prompt` for this tenant (see
         `_take_seq`); its `tokens` then say what its cells hold, and the engine keeps their common
         prefix. Taken from another tenant's leftover, its `tokens` are empty: the engine clears it all.
+
+        `choices` > 1 (one-shot only): `choices` sequences and `choices` x `need_tokens` of KV, or
+        nothing. Each choice holds its own copy of the prompt (with a split cache llama.cpp copies the
+        cells into each sequence's stream), so each reserves what a lone request would; the extra
+        sessions start empty (`Admission.extra`): the engine fills them with a copy of choice 0's.
         """
         if need_tokens > self.limits.session_max_tokens:
             raise ValueError("need_tokens is above the session limit; validate before admitting")
+        if choices > 1 and session_id:
+            raise ValueError("several choices are one-shot: no session_id")
         with self._lock:
             session = self._named.get((tenant, session_id)) if session_id else None
             if session is not None and session.busy:
                 raise WorkerError(409, reasons.SESSION_BUSY, f"session {session_id!r} is generating")
             freed: list[int] = []
             held = session.reserved_tokens if session else 0
-            while self._reserved_tokens - held + need_tokens > self.limits.capacity_tokens:
+            while self._reserved_tokens - held + need_tokens * choices > self.limits.capacity_tokens:
                 if not self._evict_one(keep=session, into=freed):
                     raise WorkerError(503, reasons.KV_FULL, "not enough KV cache left for this request")
+            extra: list[Session] = []
             if session is None:
-                while not self._free_seq_ids:
+                while len(self._free_seq_ids) < choices:
                     if not self._evict_one(keep=None, into=freed):
                         raise WorkerError(503, reasons.SESSIONS_FULL, "every sequence slot is in use")
-                seq_id = self._take_seq(prompt, tenant)
+                seq_id = self._take_seq(prompt, tenant)  # first: choice 0 may find its prompt cached
                 left = self._leftover.pop(seq_id, None)
                 session = Session(seq_id=seq_id, session_id=session_id, last_used=self._clock(), tenant=tenant,
                                   tokens=left.tokens if left is not None and left.tenant == tenant else [])
                 self._live.add(session)
                 if session_id:
                     self._named[(tenant, session_id)] = session
+                for _ in range(choices - 1):
+                    extra.append(self._open(self._take_seq((), tenant), tenant, need_tokens, stream_ref))
             else:
                 self._idle_lru.pop(session.seq_id, None)
             self._reserved_tokens += need_tokens - session.reserved_tokens
             session.reserved_tokens = need_tokens
             session.busy = True
             session.stream_ref = stream_ref
-            return Admission(session, tuple(freed))
+            return Admission(session, tuple(freed), tuple(extra))
+
+    def _open(self, seq_id: int, tenant: str, need_tokens: int, stream_ref: int | None) -> Session:
+        """A busy one-shot session of a further choice on `seq_id`: empty whatever its cells held (the
+        engine replaces them with a copy of choice 0's), holding its reservation. Under the lock."""
+        self._leftover.pop(seq_id, None)
+        session = Session(seq_id=seq_id, session_id=None, last_used=self._clock(), tenant=tenant,
+                          reserved_tokens=need_tokens, busy=True, stream_ref=stream_ref)
+        self._live.add(session)
+        self._reserved_tokens += need_tokens
+        return session
 
     def _take_seq(self, prompt: list[int] | tuple[int, ...], tenant: str) -> int:
         """A free sequence id: the one whose leftover cells (of this tenant) share the longest prefix with
@@ -331,7 +354,8 @@ class SessionTable:
             idle = self._idle_lru.values()
             return TableLoad(len(self._live), sum(len(s.tokens) for s in self._live), self._reserved_tokens,
                              len(idle), sum(s.reserved_tokens for s in idle),
-                             tuple(s.stream_ref for s in self._live if s.stream_ref is not None))
+                             # a request of several choices holds several sessions: listed once
+                             tuple(dict.fromkeys(s.stream_ref for s in self._live if s.stream_ref is not None)))
 
     def describe(self) -> list[SessionInfo]:
         now = self._clock()

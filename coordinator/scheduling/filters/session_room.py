@@ -1,5 +1,6 @@
-"""Session room: a new conversation needs a free sequence slot (a continued one already holds its own).
-A slot held by an idle kept session counts as free: the worker evicts it for a new request."""
+"""Session room: a new conversation needs a free sequence slot (a continued one already holds its own),
+and a request of several choices one per choice, all on the same worker. A slot held by an idle kept
+session counts as free: the worker evicts it for a new request."""
 
 from __future__ import annotations
 
@@ -14,4 +15,5 @@ class SessionRoom:
     reason: str = reasons.SESSIONS_FULL
 
     def keep(self, request: Request, worker: WorkerView, now: float) -> bool:
-        return not request.demand.new_session or worker.sessions - worker.idle_sessions < worker.max_sessions
+        need = request.demand.sessions
+        return need == 0 or worker.sessions - worker.idle_sessions + need <= worker.max_sessions

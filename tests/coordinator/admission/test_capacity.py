@@ -52,6 +52,11 @@ SMALL = Demand(prompt_bytes=10, max_tokens=100)
     # The estimate never exceeds one session's limit (2,000 tokens here).
     ([{"kv_reserved_bytes": 800_000}], Demand(900_000, 100), None, None),
     ([{"kv_reserved_bytes": 800_001}], Demand(900_000, 100), None, reasons.KV_FULL),
+    # Several choices: a sequence and a prompt's copy each (the default worker: 4 sequences, none used).
+    ([{"sessions": 1}], Demand(10, 100, choices=3), None, None),
+    ([{"sessions": 2}], Demand(10, 100, choices=3), None, reasons.SESSIONS_FULL),
+    ([{"kv_reserved_bytes": 1_000_000 - 3 * 17_400}], Demand(10, 100, choices=3), None, None),
+    ([{"kv_reserved_bytes": 1_000_000 - 3 * 17_400 + 1}], Demand(10, 100, choices=3), None, reasons.KV_FULL),
 ])
 def test_check(beats: list[dict], demand: Demand, model: str | None, expected: str | None) -> None:  # type: ignore[type-arg]
     _, adm, _ = setup(*beats)
@@ -227,3 +232,16 @@ def test_stream_references_of_two_coordinators_do_not_meet() -> None:
     worker = reg.get("w0")
     assert worker is not None
     assert first.reserve(worker, SMALL).key != second.reserve(worker, SMALL).key
+
+
+def test_a_request_of_several_choices_reserves_for_each_and_gives_all_back() -> None:
+    reg, adm, _ = setup({})
+    worker = reg.get("w0")
+    assert worker is not None
+    res = adm.reserve(worker, Demand(prompt_bytes=10, max_tokens=5, choices=4))
+    assert res.sessions == 4 and res.kv_bytes == 4 * (10 + TEMPLATE_TOKENS + 5) * worker.bytes_per_token
+    assert (worker.sessions, worker.kv_reserved_bytes) == (4, res.kv_bytes)
+    adm.confirm(res, prompt_tokens=20)  # the worker's exact count: the prompt in each choice's sequence
+    assert res.kv_bytes == 4 * 25 * worker.bytes_per_token == worker.kv_reserved_bytes == adm.in_flight_kv_bytes
+    adm.release(res)
+    assert (worker.sessions, worker.kv_reserved_bytes, adm.in_flight_kv_bytes) == (0, 0, 0)

@@ -18,6 +18,7 @@ from coordinator.scheduling.scorers.session_load import SessionLoad
 from tests.coordinator.scheduling.test_policy import NOW, SMALL, W
 
 CONTINUING = Request(Demand(10, 26, new_session=False))
+CHOICES = Demand(10, 26, choices=3)
 FILTERS = [
     (Alive(3.0), Request(SMALL), W("a", last_seen=NOW - 2.99), True),
     (Alive(3.0), Request(SMALL), W("a", last_seen=NOW - 3.0), False),
@@ -35,6 +36,14 @@ FILTERS = [
     (KvRoom(), Request(SMALL), W("a", kv_reserved_bytes=9_000), True),  # 100 tokens x 10 B free exactly
     (KvRoom(), Request(SMALL), W("a", kv_reserved_bytes=9_001), False),
     (KvRoom(), Request(Demand(10_000, 26)), W("a", kv_reserved_bytes=5_000), True),  # capped at 500 tokens
+    # Several choices: a sequence each, and each its own copy of the prompt, all on one worker.
+    (SessionRoom(), Request(CHOICES), W("a", sessions=7), True),
+    (SessionRoom(), Request(CHOICES), W("a", sessions=8), False),
+    (SessionRoom(), Request(CHOICES), W("a", sessions=10, idle_sessions=3), True),  # idle ones are evicted
+    (KvRoom(), Request(CHOICES), W("a", kv_reserved_bytes=7_000), True),  # 3 x 100 tokens x 10 B free exactly
+    (KvRoom(), Request(CHOICES), W("a", kv_reserved_bytes=7_001), False),
+    (KvRoom(), Request(Demand(10_000, 26, choices=2)), W("a"), True),  # each capped at 500 tokens
+    (KvRoom(), Request(Demand(10_000, 26, choices=2)), W("a", kv_reserved_bytes=1), False),
 ]
 
 

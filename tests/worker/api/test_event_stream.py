@@ -117,12 +117,15 @@ async def test_an_error_in_the_events_reaches_the_server() -> None:
         await stream(events())({"type": "http"}, server.receive, server.send)
 
 
-@pytest.mark.parametrize(("text", "probability"), [("Hi", 0.41), ("é \" \\ \n", 1.0), ("", 1e-07), ("x", None)])
-def test_the_token_event_json_is_the_protocols(text: str, probability: float | None) -> None:
-    raw = token_event(text, 3, probability)
+@pytest.mark.parametrize(("text", "probability", "choice"),
+                         [("Hi", 0.41, 0), ("é \" \\ \n", 1.0, 0), ("", 1e-07, 0), ("x", None, 0), ("y", 0.5, 3)])
+def test_the_token_event_json_is_the_protocols(text: str, probability: float | None, choice: int) -> None:
+    raw = token_event(text, 3, probability, choice)
     (parsed,) = SseParser().feed(raw)
     assert parsed.event == "token"
-    assert TokenEvent.model_validate_json(parsed.data) == TokenEvent(token=text, index=3, probability=probability)
+    event = TokenEvent(token=text, index=3, probability=probability, choice=choice)
+    assert TokenEvent.model_validate_json(parsed.data) == event
+    assert ('"choice"' in parsed.data) == (choice != 0)  # left out for choice 0, as before `n` existed
 
 
 def test_a_probability_outside_0_1_is_refused_not_sent() -> None:

@@ -134,3 +134,44 @@ async def tokenizing_at_most(requests: int) -> int:
     await asyncio.gather(*(gate.admit(GenerateRequest(prompt=f"prompt {i}", max_tokens=4), f"r{i}")
                            for i in range(requests)))
     return model.most
+
+
+def test_simulated_choices_end_on_their_own_and_give_every_sequence_back(tmp_path: Path) -> None:
+    """n = 4: four sequences (choice i starts i words on), each ending by the shared rules on its own
+    (here a stop string reached after 1 to 3 words, or max_tokens), one `done` counting them all."""
+    with running_worker(tmp_path / "none.gguf", engine="simulated", sim_token_rate=500.0, max_sessions=4) as worker:
+        stream = generate(worker.url, {"prompt": "go", "max_tokens": 3, "stop": ["fox"], "n": 4})
+        event, done = stream.last
+        assert event == "done"
+        texts = ["".join(t["token"] for t in stream.tokens if t.get("choice", 0) == i) for i in range(4)]
+        assert texts == [" the quick brown", " quick brown ", " brown ", " "]
+        assert done["choices"] == [{"finish_reason": "length", "completion_tokens": 3},
+                                   {"finish_reason": "stop", "completion_tokens": 3},
+                                   {"finish_reason": "stop", "completion_tokens": 2},
+                                   {"finish_reason": "stop", "completion_tokens": 1}]
+        assert done["finish_reason"] == "length" and done["usage"]["completion_tokens"] == 9
+        wait_until(lambda: worker.load()["sessions"] == 0 == worker.load()["kv_reserved_bytes"], 3.0,
+                   "every choice's sequence to be free")
+        # More choices than the worker has sequences can never run: refused before the head.
+        assert generate(worker.url, {"prompt": "go", "n": 5}).status == 400
+
+
+def test_simulated_choices_failing_or_cancelled_free_every_sequence(tmp_path: Path) -> None:
+    import httpx
+
+    with running_worker(tmp_path / "none.gguf", engine="simulated", sim_token_rate=100.0, max_sessions=4,
+                        request_timeout=0.3) as worker:
+        failed = generate(worker.url, {"prompt": "go", "max_tokens": 500, "n": 3})
+        assert [event for event, _ in failed.events].count("error") == 1
+        assert failed.last[0] == "error" and failed.last[1]["reason"] == "deadline_exceeded"
+        wait_until(lambda: worker.load()["sessions"] == 0 == worker.load()["kv_reserved_bytes"], 3.0,
+                   "the failed request's sequences to be free")
+    with running_worker(tmp_path / "none.gguf", engine="simulated", sim_token_rate=100.0, max_sessions=4) as worker:
+        with httpx.Client(timeout=10) as client, client.stream(
+                "POST", worker.url + "/worker/generate", json={"prompt": "go", "max_tokens": 500, "n": 4}) as response:
+            lines = response.iter_lines()  # kept: dropping it closes the connection
+            while not next(lines).startswith("event: token"):
+                pass
+            assert worker.load()["sessions"] == 4
+        wait_until(lambda: worker.load()["sessions"] == 0 == worker.load()["kv_reserved_bytes"], 3.0,
+                   "the cancelled request's sequences to be free")

@@ -10,7 +10,14 @@ import llama_cpp as ll
 import numpy as np
 import pytest
 
-from worker.engine.sampling import RequestSampling, SamplingParams, StepSampler, ggml_exp_sum, numpy_exp_sum
+from worker.engine.sampling import (
+    RequestSampling,
+    SamplingParams,
+    StepSampler,
+    choice_seed,
+    ggml_exp_sum,
+    numpy_exp_sum,
+)
 
 VOCAB = 49152  # SmolLM2's vocabulary: the size the worker really samples from
 BANNED = (0, 2, 4)
@@ -201,7 +208,6 @@ def test_top_k_by_threshold_is_the_exact_top_k(shape: str) -> None:
         assert got.tolist() == expected.tolist(), (trial, k)
 
 
-
 @pytest.mark.parametrize("shape", ["gaussian", "peaked", "odd_vocab", "ties", "banned_on_top"])
 def test_top_k_rows_is_the_exact_top_k_of_every_row(shape: str) -> None:
     """`top_k_rows` selects among the tokens of the groups with the largest maxima; it must keep exactly
@@ -245,3 +251,21 @@ def test_rows_drawn_side_by_side_draw_what_each_row_draws_alone() -> None:
         for _ in range(4):
             drawn = [token for token, _ in sampler.sample(logits, together)]
             assert drawn == [sampler._draw(row, request) for row, request in zip(logits, alone, strict=True)]
+
+
+def test_each_choice_of_a_seeded_request_has_its_own_seed_and_keeps_it() -> None:
+    """Choice 0 draws as a one-choice request always did; the others from seeds derived from (seed, i):
+    the same on every call, different from each other and from the next seed's choice 0."""
+    seeds = [choice_seed(42, i) for i in range(8)]
+    assert seeds[0] == 42 and seeds == [choice_seed(42, i) for i in range(8)]
+    assert len(set(seeds)) == 8 and 43 not in seeds
+    assert all(isinstance(s, int) and 0 <= s < 2**32 for s in seeds)
+    assert choice_seed(None, 3) is None  # no seed: every choice draws from fresh entropy
+    row = np.random.default_rng(1).standard_normal(VOCAB).astype(np.float32)
+
+    def draws(seed: int | None) -> list[int]:
+        request = RequestSampling(SamplingParams(1.5, 1.0, 0, seed))
+        sampler = StepSampler(VOCAB)
+        return [sampler.sample(row[None, :], [request])[0][0] for _ in range(6)]
+
+    assert draws(choice_seed(42, 1)) == draws(choice_seed(42, 1)) != draws(choice_seed(42, 2))

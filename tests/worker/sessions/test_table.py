@@ -377,3 +377,44 @@ def test_a_cancelled_session_counts_as_ending_until_released_and_the_release_is_
     t.mark_ending(busy)  # no longer busy: nothing to wait for
     assert t.ending == 0
     assert t.admit(None, 10).session.seq_id == busy.seq_id
+
+
+# -- several choices: a group of one-shot sessions, all or none ---------------------------------------------
+
+
+def test_choices_take_a_sequence_and_a_reservation_each_and_give_all_back() -> None:
+    t, _ = table(capacity=200, session_max=50, sessions=4)
+    admission = t.admit(None, 40, [1, 2, 3], choices=3, stream_ref=77)
+    sessions = [admission.session, *admission.extra]
+    assert len({s.seq_id for s in sessions}) == 3 and all(s.busy and s.session_id is None for s in sessions)
+    assert t.stats() == (3, 0, 120)  # n x (prompt + max_tokens): each choice holds its own copy of the prompt
+    assert t.load().stream_refs == (77,)  # one stream, listed once
+    for session in sessions:
+        t.release(session, keep_kv=True)  # one-shot: never kept
+    assert t.stats() == (0, 0, 0) and t.load().stream_refs == ()
+
+
+@pytest.mark.parametrize(("sessions", "capacity", "reason"), [(2, 200, "sessions_full"), (4, 100, "kv_full")])
+def test_choices_are_admitted_all_or_none(sessions: int, capacity: int, reason: str) -> None:
+    t, _ = table(capacity=capacity, session_max=50, sessions=sessions)
+    with pytest.raises(WorkerError) as refused:
+        t.admit(None, 40, choices=3)
+    assert refused.value.reason == reason
+    assert t.stats() == (0, 0, 0)
+    assert len({t.admit(None, 1).session.seq_id for _ in range(sessions)}) == sessions  # no slot was lost
+
+
+def test_choice_zero_takes_the_cached_prompt_and_the_others_start_empty() -> None:
+    t, _ = table(capacity=200, session_max=50, sessions=4)
+    first = t.admit(None, 20, [5, 6, 7, 8])
+    first.session.tokens.extend([5, 6, 7, 8])
+    t.release(first.session, keep_kv=False, retain_cells=True)
+    again = t.admit(None, 20, [5, 6, 7, 8, 9], choices=3)
+    assert again.session.seq_id == first.session.seq_id and again.session.tokens == [5, 6, 7, 8]
+    assert all(s.tokens == [] and s.seq_id != first.session.seq_id for s in again.extra)
+
+
+def test_choices_never_keep_a_session() -> None:
+    t, _ = table()
+    with pytest.raises(ValueError, match="one-shot"):
+        t.admit("chat", 10, choices=2)

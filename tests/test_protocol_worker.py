@@ -1,0 +1,56 @@
+"""The coordinator <-> worker contract's choices (`n`): its bounds, its refusal with a session, and a
+one-choice stream that stays what it was on the wire before `n` existed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from protocol.worker import (
+    MAX_CHOICES,
+    ChoiceEnd,
+    DoneEvent,
+    GenerateRequest,
+    Timings,
+    TokenEvent,
+    Usage,
+)
+
+
+@pytest.mark.parametrize(("body", "ok"), [
+    ({"n": 1}, True),
+    ({"n": 4}, True),
+    ({"n": MAX_CHOICES}, True),
+    ({"n": 0}, False),
+    ({"n": MAX_CHOICES + 1}, False),
+    ({"n": "2"}, False),  # strict, as every other number of this contract
+    ({"n": 2, "session_id": "chat"}, False),  # which choice would the next turn continue?
+    ({"n": 1, "session_id": "chat"}, True),
+])
+def test_n_is_bounded_and_one_shot(body: dict[str, object], ok: bool) -> None:
+    raw = json.dumps({"prompt": "hi", **body})
+    if ok:
+        assert GenerateRequest.model_validate_json(raw).n == body["n"]
+    else:
+        with pytest.raises(ValidationError, match="n"):
+            GenerateRequest.model_validate_json(raw)
+
+
+def test_one_choice_is_sent_as_before() -> None:
+    """The coordinator posts only the fields a client set, and a one-choice stream's events carry no
+    choice fields: /coordinator/infer relays them as they are."""
+    assert "n" not in json.loads(GenerateRequest(prompt="hi").model_dump_json(exclude_unset=True))
+    assert set(json.loads(TokenEvent(token="a", index=0, probability=None).model_dump_json())) == {
+        "token", "index", "probability", "finished"}
+    done = DoneEvent(finish_reason="stop", usage=Usage(prompt_tokens=3, cached_tokens=0, completion_tokens=2,
+                                                       total_tokens=5),
+                     timings=Timings(queue_ms=0, prefill_ms=0, ttft_ms=0, total_ms=0, tokens_per_second=0),
+                     request_id="r", worker_id="w", model="m")
+    assert "choices" not in json.loads(done.model_dump_json())
+    several = done.model_copy(update={"choices": [ChoiceEnd(finish_reason="stop", completion_tokens=1),
+                                                  ChoiceEnd(finish_reason="length", completion_tokens=1)]})
+    assert json.loads(several.model_dump_json())["choices"][1] == {"finish_reason": "length", "completion_tokens": 1}
+    assert DoneEvent.model_validate_json(several.model_dump_json()) == several
+    assert json.loads(TokenEvent(token="a", index=0, probability=None, choice=3).model_dump_json())["choice"] == 3
