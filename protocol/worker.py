@@ -1,5 +1,6 @@
 """The internal coordinator <-> worker contract, version 3: what a coordinator posts to a worker's
-`POST /worker/generate` and the SSE events the worker streams back.
+`POST /worker/generate` and the SSE events the worker streams back, and the embedding request a
+coordinator posts to `POST /worker/embed` with its one JSON answer.
 
 Owns: the generation request (a prompt, or a list of chat messages the worker renders with the
 model's own chat template; sampling; session), the token/done/error events, and every name both
@@ -14,11 +15,13 @@ mixed fleet never routes a request a worker would misread. Version 2 added `Gene
 (a version 1 worker refuses the unknown field). Version 3 answers the response head before the
 prompt is tokenized: the prompt's length comes in an `admitted` event (it was the `X-Prompt-Tokens`
 header), and a refusal found while preparing is an `error` event before it (see `AdmittedEvent`).
+Embeddings came later without a new version: an older worker never says in its heartbeat that it
+serves them (`protocol.health.Heartbeat.embeddings`), so no coordinator sends it an `EmbedRequest`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -29,6 +32,7 @@ GENERATE_PATH = "/worker/generate"
 HEALTH_PATH = "/worker/health"
 # `DELETE {SESSIONS_PATH}/{session_id}?tenant=...`: end a kept session (204, or 404 when that tenant has none).
 SESSIONS_PATH = "/worker/sessions"
+EMBED_PATH = "/worker/embed"
 
 # Headers (lower case: both HTTP stacks compare them case-insensitively).
 PROTOCOL_HEADER = "x-llm-pool-protocol"
@@ -63,6 +67,8 @@ MAX_PROMPT_CHARS = 1_000_000
 MAX_MESSAGES = 1_024
 MAX_GRAMMAR_CHARS = 65_536
 MAX_LOGIT_BIAS = 300  # OpenAI's bound on logit_bias entries
+MAX_EMBED_INPUTS = 2_048  # OpenAI's bound on the inputs of one embedding request
+MAX_EMBED_DIMENSIONS = 1 << 16
 SESSION_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/\-]{0,127}$"
 TENANT_PATTERN = r"^[A-Za-z0-9._:-]{0,64}$"
@@ -242,3 +248,38 @@ class ErrorBody(BaseModel):
     error: str
     reason: str
     request_id: str
+
+
+class EmbedRequest(BaseModel):
+    """`POST /worker/embed`: texts to embed with the worker's model, each into one vector.
+
+    Each input is tokenized as it is (with the model's special tokens, no chat template) and must fit
+    the worker's embedding context whole: a longer one is refused (413 `prompt_too_long`), never cut.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = Field(default=None, max_length=256, description="None: the worker's own model")
+    inputs: list[Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]] = Field(
+        min_length=1, max_length=MAX_EMBED_INPUTS)
+    dimensions: int | None = Field(default=None, ge=1, le=MAX_EMBED_DIMENSIONS,
+                                   description="the size the caller expects; another than the model's: 400")
+    tenant: str = Field(default="", pattern=TENANT_PATTERN, description="the tenant it is computed for (logs)")
+
+    def input_bytes(self) -> int:
+        return sum(len(text.encode()) for text in self.inputs)
+
+
+class EmbedResponse(BaseModel):
+    """The answer to an `EmbedRequest`: one unit-length vector per input, in input order.
+
+    Each vector is base64 of little-endian float32 values (what OpenAI's `encoding_format: "base64"`
+    sends), so it crosses exactly and at a third of the size of JSON numbers.
+    """
+
+    model: str
+    dimensions: int = Field(ge=1, le=MAX_EMBED_DIMENSIONS)
+    embeddings: list[str] = Field(max_length=MAX_EMBED_INPUTS)
+    prompt_tokens: list[int] = Field(max_length=MAX_EMBED_INPUTS, description="each input's length in tokens")
+    request_id: str
+    worker_id: str
