@@ -40,7 +40,13 @@ from protocol import openai as oa
 from protocol import reasons
 from protocol.openai_embeddings import EmbeddingList, EmbeddingRequest
 from protocol.openapi import inlined
-from protocol.worker import MAX_PROMPT_CHARS, REQUEST_ID_HEADER, WORKER_ID_HEADER, EmbedRequest
+from protocol.worker import (
+    MAX_EMBED_INPUTS,
+    MAX_PROMPT_CHARS,
+    REQUEST_ID_HEADER,
+    WORKER_ID_HEADER,
+    EmbedRequest,
+)
 
 PATH = "/v1/embeddings"
 SURFACE = "openai-embeddings"
@@ -159,8 +165,9 @@ def _body() -> dict[str, Any]:
     schema = inlined(EmbeddingRequest)
     text = {"type": "string", "minLength": 1, "maxLength": MAX_PROMPT_CHARS}
     schema["properties"]["input"] = {"anyOf": [text, {"type": "array", "items": text, "minItems": 1,
-                                                      "maxItems": Settings().embedding_max_inputs}],
-                                     "description": "token-id forms: 400"}
+                                                      "maxItems": MAX_EMBED_INPUTS}],
+                                     "description": "at most EMBEDDING_MAX_INPUTS texts (256 by default) and "
+                                                    "EMBEDDING_MAX_BYTES together (more: 400); token-id forms: 400"}
     return schema
 
 
