@@ -71,7 +71,8 @@ class _ProbedOnly:
         worker_id = f"w{int(url.rsplit(':', 1)[1].split('/')[0]) - 10_000}"
         return 200, json.dumps({"status": "ok", "worker_id": worker_id, "model": "smol"}).encode()
 
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> WorkerResponse:
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str], *,
+                   read_timeout: float | None = None) -> WorkerResponse:
         raise AssertionError("admission refuses every request: no worker is called")
 
     async def delete(self, url: str, headers: Mapping[str, str]) -> int:

@@ -29,7 +29,7 @@ from coordinator.ops.cors import Cors, parse_origins
 from coordinator.relay.upstream import WorkerClient
 from coordinator.settings import Settings
 from coordinator.state import CoordinatorState, build_state
-from coordinator.surfaces import infer, openai, responses, sessions
+from coordinator.surfaces import embeddings, infer, openai, responses, sessions
 from coordinator.surfaces.sessions import PREFIX as SESSIONS_PREFIX
 from coordinator.validate import request_id_of
 from protocol import reasons
@@ -60,6 +60,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     app.include_router(health.router)
     app.include_router(infer.router)
     app.include_router(openai.router)
+    app.include_router(embeddings.router)
     app.include_router(responses.router)
     app.include_router(sessions.router)
     app.include_router(status_page.router)

@@ -13,6 +13,7 @@ from protocol.worker import REQUEST_ID_HEADER
 
 STATUS_BY_REASON: dict[str, int] = {
     reasons.INVALID_REQUEST: 400,
+    reasons.EMBEDDINGS_UNSUPPORTED: 400,
     reasons.UNAUTHORIZED: 401,
     reasons.UNKNOWN_MODEL: 404,
     reasons.UNKNOWN_SESSION: 404,
@@ -32,6 +33,7 @@ STATUS_BY_REASON: dict[str, int] = {
     reasons.LOADING: 503,
     reasons.DRAINING: 503,
     reasons.STREAMS_FULL: 503,
+    reasons.EMBEDDINGS_FULL: 503,
     reasons.WORKER_UNAVAILABLE: 502,
     reasons.WORKER_FAILED: 502,
     reasons.ENGINE_FAILED: 502,

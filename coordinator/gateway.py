@@ -5,7 +5,8 @@ Owns: that order, so every surface decides its status code before the first byte
 affinity (affinity/), rank (scheduling/), dispatch and relay (relay/), and account for the request
 however it ends (ops/requests.py). Also what ties the steps together: the reservation a request
 holds from dispatch to its final event, and the guard that gives it back when a step after dispatch
-fails.
+fails. An embedding request (`embed`) takes the same steps but the cache and affinity, with its own
+admission slots, queue and policy (it holds no sequence and no KV), and one JSON answer for a relay.
 Must not: know any public wire format. Surfaces (coordinator/surfaces/) parse their own requests into
 a `Generation` and turn the relay's internal events (protocol.worker) into their own bytes.
 """
@@ -18,12 +19,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from coordinator.admission.demand import Demand
 from coordinator.admission.turn import in_turn
 from coordinator.cache import Replay, cache_key
+from coordinator.embedding import Embedding
 from coordinator.errors import CoordinatorError
 from coordinator.generation import Generation
 from coordinator.pool.models import resolve_model
 from coordinator.relay.dispatch import OpenStream
+from coordinator.relay.embeddings import EmbedAnswer
 from coordinator.relay.stream import Outcome, Relay
 from coordinator.relay.supervisor import Ending
 from coordinator.scheduling import Request
@@ -33,6 +37,8 @@ from protocol.sse import SseEvent
 if TYPE_CHECKING:
     from coordinator.state import CoordinatorState
 
+# What an embedding request asks of the generation side: nothing (the scheduler's `Request` needs one).
+EMBEDDING_DEMAND = Demand(prompt_bytes=0, max_tokens=0, new_session=False)
 # A stream that ended with one of these counts against its worker's circuit breaker.
 WORKER_FAULTS = frozenset({reasons.WORKER_FAILED, reasons.ENGINE_FAILED})
 Placed = Callable[[], None] | None
@@ -97,6 +103,56 @@ class Gateway:
             internal = CoordinatorError(reasons.INTERNAL, "internal error")
             self.refused(gen.request_id, internal, started, surface=gen.surface)
             raise internal from None
+
+    async def embed(self, work: Embedding, started: float, *,
+                    client_gone: Callable[[], Awaitable[None]] | None = None) -> EmbedAnswer:
+        """Admit (waiting in the embedding queue while every slot is taken), schedule and dispatch an
+        embedding request; its answer, or a `CoordinatorError` (already counted and logged)."""
+        state = self._state
+        try:
+            if state.draining:
+                raise CoordinatorError(reasons.DRAINING, "the coordinator is shutting down; try another",
+                                       retry_after=state.settings.retry_after)
+            model = resolve_model(state.registry, state.settings.default_model, work.request.model)
+            if state.embedding_queue.enabled() and model is not None:
+                answer = await in_turn(state.embedding_queue, model, lambda placed: self._embed(work, model, placed),
+                                       started=started, now=self.now, metrics=state.metrics,
+                                       client_gone=client_gone)
+            else:
+                answer = await self._embed(work, model, None)
+        except CoordinatorError as exc:
+            self.refused(work.request_id, exc, started, surface=work.surface)
+            raise
+        except Exception as exc:  # a bug: the client gets a 500 naming no detail
+            state.log.error(json.dumps({"event": "internal_error", "task": "embed", "request_id": work.request_id,
+                                        "error": repr(exc)}), exc_info=exc)
+            state.metrics.internal_errors.labels(task="embed").inc()
+            internal = CoordinatorError(reasons.INTERNAL, "internal error")
+            self.refused(work.request_id, internal, started, surface=work.surface)
+            raise internal from None
+        response = answer.response
+        state.requests.embedded(work.request_id, work.surface, worker_id=response.worker_id, model=response.model,
+                                inputs=len(response.embeddings), tokens=sum(response.prompt_tokens),
+                                attempts=answer.attempts, started=started)
+        return answer
+
+    async def _embed(self, work: Embedding, model: str | None, placed: Placed) -> EmbedAnswer:
+        """One placement attempt: admission's check, the embedding policy's ranking, then dispatch."""
+        state = self._state
+        state.embedding_admission.check(model)
+        decision = state.embedding_policy.select(
+            Request(EMBEDDING_DEMAND, model, turn=next(state.turns), rng=state.rng),
+            state.registry.alive(model), now=state.clock.monotonic())
+        if decision.reason is not None:
+            raise CoordinatorError(decision.reason, f"no worker can take it now: {decision.reason}",
+                                   retry_after=state.settings.retry_after)
+        ranked = [w for w in (state.registry.get(v.worker_id) for v in decision.ranked) if w is not None]
+        wanted = work.request.dimensions
+        served = ranked[0].embeddings if ranked else None
+        if wanted is not None and served is not None and served.dimensions != wanted:
+            raise CoordinatorError(reasons.INVALID_REQUEST, f"dimensions: {model} embeds into {served.dimensions} "
+                                   "dimensions, the only size served", param="dimensions")
+        return await state.embedder.embed(work, ranked, reserved=placed)
 
     def _check_own_limits(self) -> None:
         """Also the process's own limit: past `max_streams` relayed at once, one more would slow them all."""

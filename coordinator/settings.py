@@ -102,6 +102,12 @@ class Settings(BaseModel):
         default=256, ge=0, le=100_000,
         description="requests that may wait per model when capacity is short (0: 503 at once, no queue)")
     queue_timeout: float = Field(default=30.0, gt=0, description="seconds a request may wait in the queue")
+    embedding_max_inputs: int = Field(default=256, ge=1, le=2_048,
+                                      description="inputs one /v1/embeddings request may have (more: 400)")
+    embedding_max_bytes: int = Field(default=1_048_576, ge=1, description="UTF-8 bytes of all the inputs of one "
+                                     "/v1/embeddings request together (more: 400)")
+    embedding_timeout: float = Field(default=60.0, gt=0, description="seconds an embedding request may take "
+                                     "from its dispatch, every worker tried included (then 504)")
     session_table_size: int = Field(default=100_000, ge=1, description="session-to-worker entries remembered")
     conversation_table_size: int = Field(
         default=100_000, ge=0, description="conversation fingerprints remembered for prefix affinity (0: off)")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coordinator.admission.capacity import Admission
+from coordinator.admission.embeddings import EmbeddingAdmission
 from coordinator.admission.queue import AdmissionQueue
 from coordinator.affinity.conversations import ConversationTable
 from coordinator.affinity.placement import Affinity
@@ -28,6 +29,7 @@ from coordinator.pool.breaker import Breakers
 from coordinator.pool.probe import PROBES_AT_ONCE, Probe
 from coordinator.pool.registry import Registry
 from coordinator.relay.dispatch import Dispatcher
+from coordinator.relay.embeddings import EmbeddingDispatcher
 from coordinator.relay.stream import Relay
 from coordinator.relay.upstream import AiohttpWorkerClient, WorkerClient
 from coordinator.scheduling import Policy
@@ -57,6 +59,12 @@ class CoordinatorState:
     started_at: float  # wall time the app started (OpenAI's `created` of the models it lists)
     affinity: Affinity
     requests: RequestLog  # the account (metrics, log line) of every request
+    # Embedding requests: their own slots, queue and policy (no sequence, no KV), the same registry,
+    # breakers, worker client and error family.
+    embedding_admission: EmbeddingAdmission
+    embedding_queue: AdmissionQueue
+    embedding_policy: Policy
+    embedder: EmbeddingDispatcher
     api_keys: ApiKeys | None = None  # None: no client key is needed
     # The relays of the streams open now (drain ends them at its deadline), and whether it is draining.
     streams: set[Relay] = field(default_factory=set)
@@ -73,6 +81,10 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
     queue = AdmissionQueue(size=settings.queue_size, timeout=settings.queue_timeout,
                            retry_after=settings.retry_after)
     admission = Admission(registry, clock, retry_after=settings.retry_after, on_release=queue.wake)
+    embedding_queue = AdmissionQueue(size=settings.queue_size, timeout=settings.queue_timeout,
+                                     retry_after=settings.retry_after)
+    embedding_admission = EmbeddingAdmission(registry, clock, retry_after=settings.retry_after,
+                                             on_release=embedding_queue.wake)
     metrics = CoordinatorMetrics()
     breakers = Breakers(registry, clock.monotonic, threshold=settings.breaker_failures,
                         cooldown=settings.breaker_cooldown, max_cooldown=settings.breaker_max_cooldown,
@@ -84,9 +96,11 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
     metrics.cache_bytes.set_function(lambda: cache.bytes)
     metrics.cache_entries.set_function(lambda: len(cache))
     metrics.watch(alive=lambda: registry.alive_count, stale=lambda: registry.stale_count,
-                  reserved_kv=lambda: admission.in_flight_kv_bytes, queued=lambda: queue.length,
+                  reserved_kv=lambda: admission.in_flight_kv_bytes,
+                  queued=lambda: queue.length + embedding_queue.length,
                   # At scrape time only: O(workers), like the listing.
-                  breakers_open=lambda: sum(1 for w in registry.all() if w.breaker_trips))
+                  breakers_open=lambda: sum(1 for w in registry.all() if w.breaker_trips),
+                  embeddings_running=lambda: embedding_admission.in_flight)
     if client is None:
         client = AiohttpWorkerClient(max_connections=settings.worker_max_connections,
                                      connect_timeout=settings.worker_connect_timeout,
@@ -108,4 +122,11 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
         probe=Probe(client, timeout=settings.worker_probe_timeout, at_once=PROBES_AT_ONCE),
         affinity=Affinity(sessions, conversations, prefixes, registry),
         requests=RequestLog(metrics, registry, log, now=clock.monotonic, refusal_log_rate=settings.refusal_log_rate),
-        started_at=clock.time(), api_keys=ApiKeys.from_setting(settings.api_keys))
+        started_at=clock.time(), api_keys=ApiKeys.from_setting(settings.api_keys),
+        embedding_admission=embedding_admission, embedding_queue=embedding_queue,
+        embedding_policy=Policy.build_embeddings(stale_after=settings.stale_after, routing=settings.routing_policy,
+                                                 latency_half_life=settings.latency_half_life),
+        embedder=EmbeddingDispatcher(client, embedding_admission, metrics, breakers,
+                                     max_attempts=settings.max_failover_attempts, timeout=settings.embedding_timeout,
+                                     now=clock.monotonic, retry_after=settings.retry_after,
+                                     worker_token=settings.worker_token))

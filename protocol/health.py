@@ -10,7 +10,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from protocol.worker import MAX_STREAM_REF, MODEL_NAME_PATTERN, PROTOCOL_VERSION
+from protocol.worker import (
+    MAX_EMBED_DIMENSIONS,
+    MAX_EMBED_INPUTS,
+    MAX_STREAM_REF,
+    MODEL_NAME_PATTERN,
+    PROTOCOL_VERSION,
+)
 
 ModelName = Annotated[str, StringConstraints(pattern=MODEL_NAME_PATTERN)]
 # Ids and URLs end up in logs, metrics labels and headers: no whitespace, no control characters.
@@ -84,6 +90,18 @@ class WorkerLoad(BaseModel):
                                        "idle_kv_bytes": min(self.idle_kv_bytes, ceiling)})
 
 
+class EmbeddingService(BaseModel):
+    """What a worker that serves `POST /worker/embed` says about it in its heartbeats."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    dimensions: int = Field(ge=1, le=MAX_EMBED_DIMENSIONS, description="the size of its vectors")
+    max_tokens: int = Field(ge=1, le=MAX_TOKENS, description="the longest input it embeds, in tokens")
+    pooling: Literal["mean", "cls", "last"] = Field(description="how a sequence's token states become one vector")
+    capacity: int = Field(ge=1, le=MAX_EMBED_INPUTS, description="embedding requests it holds at once (running "
+                          "or queued); past them it refuses with 503 `embeddings_full`")
+
+
 class Heartbeat(BaseModel):
     """`POST /coordinator/health/heartbeat` body, sent by each worker every interval."""
 
@@ -97,6 +115,8 @@ class Heartbeat(BaseModel):
                                 description="what the model is beyond its name (a digest of its file): cached "
                                 "answers are keyed by it, so a model swapped under the same name misses")
     protocol: int = Field(default=PROTOCOL_VERSION, description="version of protocol.worker it speaks")
+    embeddings: EmbeddingService | None = Field(default=None, description="set when it serves embeddings "
+                                                "(`POST /worker/embed`); only then are they routed to it")
     load: WorkerLoad
     timestamp: float = Field(description="the worker's clock, Unix seconds, when the heartbeat was made")
 
@@ -109,6 +129,7 @@ class WorkerHealth(BaseModel):
     model: str
     aliases: list[str] = Field(default_factory=list)
     load: WorkerLoad | None = None
+    embeddings: EmbeddingService | None = None
     batch_steps: int = Field(default=0, ge=0, description="decode steps run since start")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 # 400
 INVALID_REQUEST = "invalid_request"
 PROTOCOL_MISMATCH = "protocol_mismatch"
+EMBEDDINGS_UNSUPPORTED = "embeddings_unsupported"  # no worker of the model says it serves embeddings
 # 401
 UNAUTHORIZED = "unauthorized"
 # 408, 413, 431: refused at the edge, before the app saw the request (serving/edge.py)
@@ -34,6 +35,7 @@ QUEUE_TIMEOUT = "queue_timeout"
 LOADING = "loading"
 DRAINING = "draining"
 STREAMS_FULL = "streams_full"  # the coordinator relays as many streams as it is set to: it protects itself
+EMBEDDINGS_FULL = "embeddings_full"  # every embedding slot (a worker's bounded embedding queue) is taken
 # 502 / stream errors
 WORKER_UNAVAILABLE = "worker_unavailable"
 WORKER_FAILED = "worker_failed"
@@ -45,4 +47,4 @@ INTERNAL = "internal"
 CLIENT_GONE = "client_gone"
 
 # A worker refusing for one of these says nothing about the other workers: try the next one.
-RETRYABLE_ON_OTHER_WORKER = frozenset({SESSIONS_FULL, KV_FULL, QUEUE_FULL, LOADING, DRAINING})
+RETRYABLE_ON_OTHER_WORKER = frozenset({SESSIONS_FULL, KV_FULL, QUEUE_FULL, LOADING, DRAINING, EMBEDDINGS_FULL})

@@ -1,5 +1,6 @@
 """The internal coordinator <-> worker contract, version 4: what a coordinator posts to a worker's
-`POST /worker/generate` and the SSE events the worker streams back.
+`POST /worker/generate` and the SSE events the worker streams back, and the embedding request a
+coordinator posts to `POST /worker/embed` with its one JSON answer.
 
 Owns: the generation request (a prompt, or a list of chat messages the worker renders with the
 model's own chat template; sampling; session), the token/done/error events, and every name both
@@ -17,11 +18,13 @@ header), and a refusal found while preparing is an `error` event before it (see 
 Version 4 added several choices per request: `GenerateRequest.n`, `TokenEvent.choice` and
 `DoneEvent.choices` (a version 3 worker refuses the unknown `n`; a request with `n` = 1 is as before
 on the wire, event for event).
+Embeddings need no version of their own: a worker that does not serve them never says so in its
+heartbeat (`protocol.health.Heartbeat.embeddings`), so no coordinator sends it an `EmbedRequest`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -32,6 +35,7 @@ GENERATE_PATH = "/worker/generate"
 HEALTH_PATH = "/worker/health"
 # `DELETE {SESSIONS_PATH}/{session_id}?tenant=...`: end a kept session (204, or 404 when that tenant has none).
 SESSIONS_PATH = "/worker/sessions"
+EMBED_PATH = "/worker/embed"
 
 # Headers (lower case: both HTTP stacks compare them case-insensitively).
 PROTOCOL_HEADER = "x-llm-pool-protocol"
@@ -66,6 +70,8 @@ MAX_PROMPT_CHARS = 1_000_000
 MAX_MESSAGES = 1_024
 MAX_GRAMMAR_CHARS = 65_536
 MAX_LOGIT_BIAS = 300  # OpenAI's bound on logit_bias entries
+MAX_EMBED_INPUTS = 2_048  # OpenAI's bound on the inputs of one embedding request
+MAX_EMBED_DIMENSIONS = 1 << 16
 SESSION_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/\-]{0,127}$"
 TENANT_PATTERN = r"^[A-Za-z0-9._:-]{0,64}$"
@@ -280,3 +286,38 @@ class ErrorBody(BaseModel):
     error: str
     reason: str
     request_id: str
+
+
+class EmbedRequest(BaseModel):
+    """`POST /worker/embed`: texts to embed with the worker's model, each into one vector.
+
+    Each input is tokenized as it is (with the model's special tokens, no chat template) and must fit
+    the worker's embedding context whole: a longer one is refused (413 `prompt_too_long`), never cut.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = Field(default=None, max_length=256, description="None: the worker's own model")
+    inputs: list[Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]] = Field(
+        min_length=1, max_length=MAX_EMBED_INPUTS)
+    dimensions: int | None = Field(default=None, ge=1, le=MAX_EMBED_DIMENSIONS,
+                                   description="the size the caller expects; another than the model's: 400")
+    tenant: str = Field(default="", pattern=TENANT_PATTERN, description="the tenant it is computed for (logs)")
+
+    def input_bytes(self) -> int:
+        return sum(len(text.encode()) for text in self.inputs)
+
+
+class EmbedResponse(BaseModel):
+    """The answer to an `EmbedRequest`: one unit-length vector per input, in input order.
+
+    Each vector is base64 of little-endian float32 values (what OpenAI's `encoding_format: "base64"`
+    sends), so it crosses exactly and at a third of the size of JSON numbers.
+    """
+
+    model: str
+    dimensions: int = Field(ge=1, le=MAX_EMBED_DIMENSIONS)
+    embeddings: list[str] = Field(max_length=MAX_EMBED_INPUTS)
+    prompt_tokens: list[int] = Field(max_length=MAX_EMBED_INPUTS, description="each input's length in tokens")
+    request_id: str
+    worker_id: str

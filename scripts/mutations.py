@@ -65,6 +65,8 @@ T_UNITS = "tests/coordinator/scheduling/test_units.py"
 T_AFFINITY = "tests/coordinator/affinity/test_property_affinity.py"
 T_TENANCY = "tests/coordinator/test_tenancy.py"
 T_SUPERVISION = "tests/coordinator/relay/test_supervisor.py"
+T_EMBEDDING_ADMISSION = "tests/coordinator/admission/test_embeddings.py"
+T_EMBEDDINGS = "tests/coordinator/test_surface_embeddings.py"
 CHECK_SUMS = "        totals = self._registry.totals(model)\n"
 
 
@@ -222,6 +224,19 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("collector-fault-unanswered", "a collector's fault answers the client with a 500",
              "coordinator/relay/supervisor.py", "                await self._fail(scope, receive, send)", "                pass",
              (T_SUPERVISION,)),
+    Mutation("embeddings-to-any-worker", "embedding requests go only to workers that say they embed",
+             "coordinator/scheduling/filters/serves_embeddings.py", "return worker.embedding_capacity > 0",
+             "return True", (T_POLICY,)),
+    Mutation("embedding-room-off-by-one", "a worker holding as many embedding requests as its capacity is full",
+             "coordinator/scheduling/filters/embedding_room.py",
+             "worker.embedding_requests < worker.embedding_capacity",
+             "worker.embedding_requests <= worker.embedding_capacity", (T_UNITS, T_POLICY, T_EMBEDDINGS)),
+    Mutation("embedding-slot-kept", "a released embedding slot is free again", "coordinator/admission/embeddings.py",
+             "            self._registry.hold_embedding(slot.worker_id, -1)\n", "            pass\n",
+             (T_EMBEDDING_ADMISSION, T_EMBEDDINGS)),
+    Mutation("embedding-check-loops", "embedding admission's check is O(1): it never walks the alive workers",
+             "coordinator/admission/embeddings.py", CHECK_SUMS, loop_in_check("self._registry.alive()"),
+             (T_EMBEDDING_ADMISSION,)),
     Mutation("cache-failure-propagates", "a failing response cache disables itself instead of failing requests",
              "coordinator/cache.py", "            self._put(key, events, identity)\n        except Exception as exc:",
              "            self._put(key, events, identity)\n        except ZeroDivisionError as exc:", (T_SUPERVISION,)),

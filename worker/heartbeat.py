@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import httpx
 
-from protocol.health import Heartbeat, WorkerLoad
+from protocol.health import EmbeddingService, Heartbeat, WorkerLoad
 from worker.naming import ModelNames
 
 log = logging.getLogger("worker.heartbeat")
@@ -23,13 +23,14 @@ HEARTBEAT_PATH = "/coordinator/health/heartbeat"
 class HeartbeatSender:
     def __init__(self, *, coordinator_url: str, worker_id: str, worker_url: str, names: ModelNames,
                  token: str, interval: float, load: Callable[[], WorkerLoad], model_identity: str = "",
-                 transport: httpx.AsyncBaseTransport | None = None,
+                 embeddings: EmbeddingService | None = None, transport: httpx.AsyncBaseTransport | None = None,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self._url = coordinator_url.rstrip("/") + HEARTBEAT_PATH
         self._worker_id = worker_id
         self._worker_url = worker_url
         self._names = names
         self._identity = model_identity
+        self._embeddings = embeddings
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._interval = interval
         self._load = load
@@ -41,8 +42,8 @@ class HeartbeatSender:
 
     def heartbeat(self) -> Heartbeat:
         return Heartbeat(worker_id=self._worker_id, url=self._worker_url, model=self._names.name,
-                         aliases=list(self._names.aliases), model_identity=self._identity, load=self._load(),
-                         timestamp=self._wall_clock())
+                         aliases=list(self._names.aliases), model_identity=self._identity,
+                         embeddings=self._embeddings, load=self._load(), timestamp=self._wall_clock())
 
     async def send_once(self) -> bool:
         try:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from worker.engine.embedder import EmbeddingObserver
 from worker.engine.jobs import EngineObserver, Failed, Finished, Job
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -18,7 +19,7 @@ TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.3
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 64, 128, 256)
 
 
-class WorkerMetrics(EngineObserver):
+class WorkerMetrics(EngineObserver, EmbeddingObserver):
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -60,10 +61,24 @@ class WorkerMetrics(EngineObserver):
         self.sessions_expired = Gauge("worker_sessions_expired_total", "Idle sessions dropped by TTL", registry=r)
         self.sessions_evicted = Gauge("worker_sessions_evicted_total", "Idle sessions evicted for room",
                                       registry=r)
+        self._embeddings(r)
+
+    def _embeddings(self, r: CollectorRegistry) -> None:
+        self.embedding_requests = Counter("worker_embedding_requests", "Embedding requests answered (ok) or "
+                                          "refused, by reason", ["outcome"], registry=r)
+        self.embedding_inputs = Counter("worker_embedding_inputs", "Inputs embedded", registry=r)
+        self.embedding_tokens = Counter("worker_embedding_tokens", "Input tokens embedded", registry=r)
+        self.embedding_batch_size = Histogram("worker_embedding_batch_size", "Inputs in one llama_decode of the "
+                                              "embedding context", buckets=BATCH_BUCKETS, registry=r)
+        self.embedding_step_seconds = Histogram("worker_embedding_decode_seconds", "Duration of one llama_decode "
+                                                "of the embedding context", buckets=LATENCY_BUCKETS, registry=r)
+        self.embeddings_held = Gauge("worker_embedding_requests_held", "Embedding requests running or waiting",
+                                     registry=r)
 
     def bind(self, *, running: Callable[[], float], waiting: Callable[[], float],
              kv_usage: Callable[[], float], kv_reserved: Callable[[], float], sessions: Callable[[], float],
-             expired: Callable[[], float], evicted: Callable[[], float]) -> None:
+             expired: Callable[[], float], evicted: Callable[[], float],
+             embeddings_held: Callable[[], float] = lambda: 0) -> None:
         self.running.set_function(running)
         self.waiting.set_function(waiting)
         self.kv_usage.set_function(kv_usage)
@@ -71,6 +86,7 @@ class WorkerMetrics(EngineObserver):
         self.sessions.set_function(sessions)
         self.sessions_expired.set_function(expired)
         self.sessions_evicted.set_function(evicted)
+        self.embeddings_held.set_function(embeddings_held)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -102,6 +118,12 @@ class WorkerMetrics(EngineObserver):
         longest = max((end.completion_tokens for end in item.choices), default=item.completion_tokens)
         if longest > 1:
             self.tpot.observe((item.total_s - item.ttft_s) / (longest - 1))
+
+    def embedding_batch(self, inputs: int, tokens: int, seconds: float) -> None:
+        self.embedding_inputs.inc(inputs)
+        self.embedding_tokens.inc(tokens)
+        self.embedding_batch_size.observe(inputs)
+        self.embedding_step_seconds.observe(seconds)
 
     def internal_error(self, task: str) -> None:
         self.internal_errors.labels(task=task).inc()

@@ -1,7 +1,8 @@
-"""Assembles a running worker from its settings: model, engine, session table, gate, background tasks.
+"""Assembles a running worker from its settings: model, engine, embedder, session table, gate, background tasks.
 
 Owns: start-up order (load the model off the event loop, size the KV limits from the real context,
-start the engine thread, the expiry sweeper and the heartbeats) and shutdown in reverse.
+start the engine thread, the embedder's thread, the expiry sweeper and the heartbeats) and shutdown
+in reverse.
 Must not: serve HTTP; app.py does, reading `WorkerRuntime` from `app.state`.
 """
 
@@ -16,10 +17,11 @@ from collections.abc import Awaitable, Callable
 import httpx
 
 from protocol import reasons
-from protocol.health import WorkerLoad
+from protocol.health import EmbeddingService, WorkerLoad
 from worker.api.admission import Gate
-from worker.backends import build_engine
+from worker.backends import build_embedding_context, build_engine
 from worker.backends.base import EngineBackend, ModelBackend
+from worker.engine.embedder import Embedder
 from worker.engine.jobs import EngineConfig, Failed, Job
 from worker.heartbeat import HeartbeatSender
 from worker.metrics import WorkerMetrics
@@ -56,8 +58,13 @@ class WorkerRuntime:
                           max_sessions=settings.max_sessions, bytes_per_token=model.bytes_per_token)
         self.table = SessionTable(limits, clock, ttl=settings.session_ttl)
         self.engine.bind(self.table)
+        # A second context on the same weights, with its own thread: embeddings never enter the decode loop.
+        context = build_embedding_context(settings, model)
+        self.embedder = None if context is None else Embedder(
+            context, lambda text: model.tokenize(text, add_special=True), capacity=settings.embedding_queue,
+            timeout=settings.embedding_timeout, observer=metrics, clock=clock)
         self.gate = Gate(model, self.names, self.table, self.engine, stream_buffer=settings.stream_buffer,
-                         clock=clock)
+                         clock=clock, embedder=self.embedder)
         self.table.on_release = self.gate.released
         self._tasks: list[asyncio.Task[None]] = []
         self.jobs: set[Job] = set()  # the jobs whose stream is open (app.py keeps it), for the drain
@@ -67,7 +74,16 @@ class WorkerRuntime:
             kv_usage=lambda: self.table.stats()[1] / limits.capacity_tokens,
             kv_reserved=lambda: self.table.stats()[2] / limits.capacity_tokens,
             sessions=lambda: self.table.stats()[0], expired=lambda: self.table.expired_total,
-            evicted=lambda: self.table.evicted_total)
+            evicted=lambda: self.table.evicted_total,
+            embeddings_held=lambda: self.embedder.held if self.embedder is not None else 0)
+
+    def embedding_service(self) -> EmbeddingService | None:
+        """What heartbeats and health say about the embeddings served here; None: none are."""
+        if self.embedder is None:
+            return None
+        context = self.embedder.context
+        return EmbeddingService(dimensions=context.dimensions, max_tokens=context.max_tokens,
+                                pooling=context.pooling, capacity=self.embedder.capacity)
 
     def load(self) -> WorkerLoad:
         table = self.table.load()
@@ -86,13 +102,16 @@ class WorkerRuntime:
 
     async def start(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.engine.start(asyncio.get_running_loop())
+        if self.embedder is not None:
+            self.embedder.start()
         self._tasks.append(asyncio.create_task(self._supervised("session_sweeper", self._sweep)))
         s = self.settings
         if s.coordinator_url:
             self.heartbeats = HeartbeatSender(
                 coordinator_url=s.coordinator_url, worker_id=s.worker_id, worker_url=s.worker_url,
                 names=self.names, token=s.worker_token, interval=s.heartbeat_interval,
-                load=self.load, model_identity=self.model.identity, transport=transport)
+                load=self.load, model_identity=self.model.identity, embeddings=self.embedding_service(),
+                transport=transport)
             self._tasks.append(asyncio.create_task(self._supervised("heartbeats", self.heartbeats.run)))
 
     async def _supervised(self, task: str, run: Callable[[], Awaitable[None]]) -> None:
@@ -156,4 +175,6 @@ class WorkerRuntime:
         if self.heartbeats is not None:
             await self.heartbeats.aclose()
         await asyncio.to_thread(self.engine.stop)
+        if self.embedder is not None:
+            await asyncio.to_thread(self.embedder.stop)
         self.model.close()

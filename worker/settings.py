@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from protocol.health import MAX_SESSIONS
-from protocol.worker import MODEL_NAME_PATTERN
+from protocol.worker import MAX_EMBED_INPUTS, MODEL_NAME_PATTERN
 from worker.provision import DEFAULT_MODEL_PATH
 
 # field name -> environment variable (design.md keeps the original system's names where it has them)
@@ -46,6 +46,12 @@ ENV_NAMES = {
     "request_timeout": "WORKER_REQUEST_TIMEOUT",
     "prompt_cache": "WORKER_PROMPT_CACHE",
     "prefix_min_tokens": "WORKER_PREFIX_MIN_TOKENS",
+    "embeddings": "WORKER_EMBEDDINGS",
+    "embedding_threads": "WORKER_EMBEDDING_THREADS",
+    "embedding_ctx": "WORKER_EMBEDDING_CTX",
+    "embedding_batch_inputs": "WORKER_EMBEDDING_BATCH_INPUTS",
+    "embedding_queue": "WORKER_EMBEDDING_QUEUE",
+    "embedding_timeout": "WORKER_EMBEDDING_TIMEOUT",
     "drain_timeout": "WORKER_DRAIN_TIMEOUT",
     "max_body_bytes": "WORKER_MAX_BODY_BYTES",
     "max_header_bytes": "WORKER_MAX_HEADER_BYTES",
@@ -93,6 +99,18 @@ class WorkerSettings(BaseModel):
                                    description="split KV: copy another sequence's cells when they hold at least "
                                                "this many more leading prompt tokens than the request's own")
     request_timeout: float = Field(default=600.0, gt=0, description="seconds a request may run in all")
+    embeddings: bool = Field(default=True, description="serve POST /worker/embed from a second llama.cpp context "
+                             "on the same weights (its own thread), and say so in heartbeats")
+    embedding_threads: int = Field(default=1, ge=1, le=256, description="llama.cpp threads of the embedding "
+                                   "context (1: the decode loop keeps the other core of a 2-core machine)")
+    embedding_ctx: int = Field(default=512, ge=16, le=1 << 20, description="tokens of the embedding context: "
+                               "the longest input embedded (longer: 413), and the tokens decoded in one batch")
+    embedding_batch_inputs: int = Field(default=16, ge=1, le=MAX_SESSIONS,
+                                        description="inputs of one request decoded together in one llama_decode")
+    embedding_queue: int = Field(default=16, ge=1, le=MAX_EMBED_INPUTS,
+                                 description="embedding requests held at once, running or waiting; past them 503")
+    embedding_timeout: float = Field(default=30.0, gt=0, description="seconds an embedding request may wait and "
+                                     "run on the worker; past them 504 deadline_exceeded")
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024,
                                 description="largest request body, bytes (413 before it is read)")
     max_header_bytes: int = Field(default=16_384, ge=1024, le=1 << 20,

@@ -26,7 +26,8 @@ def settings_for(index: int, args: argparse.Namespace) -> WorkerSettings:
         engine="simulated", port=port, worker_id=f"sim-{port}", coordinator_url=args.coordinator_url,
         worker_token=args.worker_token, heartbeat_interval=args.heartbeat_interval,
         max_sessions=args.max_sessions, session_max_tokens=args.session_max_tokens,
-        sim_token_rate=args.token_rate, stream_buffer=args.stream_buffer, log_level="warning")
+        sim_token_rate=args.token_rate, stream_buffer=args.stream_buffer, log_level="warning",
+        embeddings=False)  # no embedder thread for each of hundreds of workers in one process
 
 
 async def serve_all(args: argparse.Namespace) -> None:

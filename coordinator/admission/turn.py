@@ -20,7 +20,7 @@ from protocol import reasons
 
 T = TypeVar("T")
 # Capacity that is short for now, not a request that cannot be served: worth waiting for.
-QUEUEABLE = frozenset({reasons.SESSIONS_FULL, reasons.KV_FULL})
+QUEUEABLE = frozenset({reasons.SESSIONS_FULL, reasons.KV_FULL, reasons.EMBEDDINGS_FULL})
 # `placed` runs once a worker's capacity is reserved for the request, before that worker answers.
 Attempt = Callable[[Callable[[], None] | None], Awaitable[T]]
 

@@ -73,6 +73,7 @@ async def heartbeat(request: Request) -> HeartbeatAck:
     record = state.registry.upsert(beat.model_copy(update={"load": beat.load.clamped()}), now)
     state.registry.sweep(now)
     state.queue.wake(record.model)  # it may have room now (and catches any wake-up missed before)
+    state.embedding_queue.wake(record.model)
     state.metrics.heartbeats.labels(outcome="accepted").inc()
     return HeartbeatAck(worker_id=record.worker_id, state="alive",
                         heartbeat_interval=settings.heartbeat_interval)

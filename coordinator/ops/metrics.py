@@ -57,6 +57,18 @@ class CoordinatorMetrics:
                                        ["task"], registry=r)
         self.queue_outcomes = Counter("coordinator_queue_outcomes", "How waits in the admission queue ended",
                                       ["outcome"], registry=r)
+        self._embeddings(r)
+
+    def _embeddings(self, r: CollectorRegistry) -> None:
+        self.embedding_requests = Counter("coordinator_embedding_requests", "Embedding requests answered",
+                                          registry=r)
+        self.embedding_inputs = Counter("coordinator_embedding_inputs", "Inputs embedded", registry=r)
+        self.embedding_tokens = Counter("coordinator_embedding_tokens", "Input tokens embedded (the usage "
+                                        "answered)", registry=r)
+        self.embedding_latency = Histogram("coordinator_embedding_latency_seconds", "Embedding request received "
+                                           "to its answer", buckets=LATENCY_BUCKETS, registry=r)
+        self.embeddings_running = Gauge("coordinator_embedding_requests_running", "Embedding requests on a worker "
+                                        "now", registry=r)
 
     def _response_cache(self, r: CollectorRegistry) -> None:
         self.cache_lookups = Counter("coordinator_response_cache_lookups", "Response cache lookups of cacheable "
@@ -76,8 +88,10 @@ class CoordinatorMetrics:
                                     "API key", registry=r)
 
     def watch(self, alive: Callable[[], int], stale: Callable[[], int], reserved_kv: Callable[[], int],
-              queued: Callable[[], int] = lambda: 0, breakers_open: Callable[[], int] = lambda: 0) -> None:
+              queued: Callable[[], int] = lambda: 0, breakers_open: Callable[[], int] = lambda: 0,
+              embeddings_running: Callable[[], int] = lambda: 0) -> None:
         """Gauges read at scrape time from O(1) counts."""
+        self.embeddings_running.set_function(embeddings_running)
         self.workers.labels(state="alive").set_function(alive)
         self.workers.labels(state="stale").set_function(stale)
         self.reserved_kv.set_function(reserved_kv)

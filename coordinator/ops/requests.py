@@ -2,7 +2,8 @@
 
 Owns: counting and logging refusals before the first byte (logged at a bounded rate: a flood of 503s
 must not become a flood of log lines), an admitted request's finish (its metrics, the finish reason,
-the worker's time-to-first-token signal, its log line), and a cache hit's.
+the worker's time-to-first-token signal, its log line), a cache hit's, and an answered embedding
+request's.
 Must not: release capacity or decide an ending (the gateway and the relay's supervisor do).
 """
 
@@ -108,6 +109,18 @@ class RequestLog:
         self._metrics.finished.labels(finish_reason=finished).inc()
         self.line(request_id=request_id, surface=surface, status=200, worker_id="cache", cached=True,
                   finish_reason=finished, duration_ms=_ms(self._now() - started))
+
+    def embedded(self, request_id: str, surface: str, *, worker_id: str, model: str, inputs: int, tokens: int,
+                 attempts: int, started: float) -> None:
+        """An embedding request answered: its counts and its log line."""
+        now, metrics = self._now(), self._metrics
+        metrics.admitted()
+        metrics.embedding_requests.inc()
+        metrics.embedding_inputs.inc(inputs)
+        metrics.embedding_tokens.inc(tokens)
+        metrics.embedding_latency.observe(now - started)
+        self.line(request_id=request_id, surface=surface, status=200, worker_id=worker_id, model=model,
+                  inputs=inputs, prompt_tokens=tokens, duration_ms=_ms(now - started), attempts=attempts)
 
     def line(self, **fields: Any) -> None:
         self._log.info(json.dumps({"event": "request", **fields}, separators=(",", ":")))

@@ -1,7 +1,9 @@
 """Heartbeat registry: every known worker, its state, and O(1) sums of the alive workers' capacity.
 
 Owns: worker records; the alive -> stale -> removed transitions; per-model and global aggregates,
-kept up to date on every change so reading them never loops over workers; and *corrections*, the
+kept up to date on every change so reading them never loops over workers (embedding slots too: a
+worker that serves embeddings offers `capacity` of them, less this coordinator's embedding requests
+on it, `hold_embedding`); and *corrections*, the
 coordinator's in-flight reservations laid on top of a worker's last reported load until a later
 heartbeat shows them.
 Must not: decide admission, pick workers or do I/O (admission.py, scheduler.py, dispatch.py do).
@@ -29,7 +31,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from protocol.health import Heartbeat, WorkerLoad
+from protocol.health import EmbeddingService, Heartbeat, WorkerLoad
 
 ALIVE = "alive"
 STALE = "stale"
@@ -85,6 +87,8 @@ class WorkerRecord:
     picked_at: float = 0.0  # when admission last reserved on it: score ties go to the least recent
     ttft_ewma: float | None = None  # recent time to first token, seconds (gateway.py)
     ttft_at: float = 0.0
+    embeddings: EmbeddingService | None = None  # what it says it embeds; None: it does not
+    embedding_requests: int = 0  # this coordinator's embedding requests on it now (hold_embedding)
 
     def observe_ttft(self, seconds: float, now: float, weight: float = 0.3) -> None:
         self.ttft_ewma = seconds if self.ttft_ewma is None else (1 - weight) * self.ttft_ewma + weight * seconds
@@ -134,13 +138,20 @@ class WorkerRecord:
     def draining(self) -> bool:
         return self.load.draining
 
+    @property
+    def embedding_capacity(self) -> int:
+        """Embedding requests it holds at once; 0: it serves none."""
+        return self.embeddings.capacity if self.embeddings is not None else 0
+
     def contribution(self) -> tuple[int, ...]:
         """What this worker adds to the sums: (workers, free sessions, session capacity, free KV
-        bytes, KV capacity, bytes per token, session max tokens, longest prompt in bytes)."""
+        bytes, KV capacity, bytes per token, session max tokens, longest prompt in bytes, workers
+        serving embeddings, free embedding slots)."""
         free_sessions = max(0, self.max_sessions - self.sessions + self.idle_sessions)
         free_kv = max(0, self.kv_capacity_bytes - self.kv_reserved_bytes + self.idle_kv_bytes)
         return (1, free_sessions, self.max_sessions, free_kv, self.kv_capacity_bytes,
-                self.bytes_per_token, self.session_max_tokens, self.load.max_prompt_bytes)
+                self.bytes_per_token, self.session_max_tokens, self.load.max_prompt_bytes,
+                int(self.embeddings is not None), max(0, self.embedding_capacity - self.embedding_requests))
 
 
 @dataclass(slots=True)
@@ -156,6 +167,8 @@ class Totals:
     bytes_per_token: Counter[int] = field(default_factory=Counter)
     session_max_tokens: Counter[int] = field(default_factory=Counter)
     max_prompt_bytes: Counter[int] = field(default_factory=Counter)  # 0: a worker that reports none
+    embedding_workers: int = 0  # of `workers`, those serving embeddings
+    free_embedding_slots: int = 0
 
     def apply(self, values: tuple[int, ...], sign: int) -> None:
         self.workers += sign * values[0]
@@ -163,6 +176,8 @@ class Totals:
         self.max_sessions += sign * values[2]
         self.free_kv_bytes += sign * values[3]
         self.kv_capacity_bytes += sign * values[4]
+        self.embedding_workers += sign * values[8]
+        self.free_embedding_slots += sign * values[9]
         for counter, key in ((self.bytes_per_token, values[5]), (self.session_max_tokens, values[6]),
                              (self.max_prompt_bytes, values[7])):
             counter[key] += sign
@@ -259,7 +274,8 @@ class Registry:
         aliases = tuple(hb.aliases)
         if rec is None:
             rec = WorkerRecord(hb.worker_id, hb.url, hb.model, hb.load, now, state=STALE, aliases=aliases,
-                               model_identity=hb.model_identity, listed=frozenset(hb.load.streams))
+                               model_identity=hb.model_identity, listed=frozenset(hb.load.streams),
+                               embeddings=hb.embeddings)
             self._workers[hb.worker_id] = rec
             self._know(rec)
         else:
@@ -270,7 +286,7 @@ class Registry:
                 rec.model, rec.aliases, rec.model_identity = hb.model, aliases, hb.model_identity
                 self._know(rec)
                 self._announce_if_gone(*before)  # after: an alias change keeps the identity served
-            rec.url, rec.load, rec.last_seen = hb.url, hb.load, now
+            rec.url, rec.load, rec.last_seen, rec.embeddings = hb.url, hb.load, now, hb.embeddings
             self._reflect(rec, frozenset(hb.load.streams), hb.timestamp)
         self._join(rec)
         return rec
@@ -317,6 +333,16 @@ class Registry:
         ended = (Correction(kept_kv_bytes, corr.sessions, KEPT, at) if kept_kv_bytes is not None
                  else Correction(corr.kv_bytes, corr.sessions, ENDED, at))
         self._update(rec, lambda: self._set_correction(rec, key, ended))
+
+    def hold_embedding(self, worker_id: str, change: int) -> None:
+        """This coordinator sent (+1) or finished (-1) an embedding request on a worker. O(1)."""
+        rec = self._workers.get(worker_id)
+        if rec is not None:
+
+            def held() -> None:
+                rec.embedding_requests = max(0, rec.embedding_requests + change)
+
+            self._update(rec, held)
 
     # --- internals ----------------------------------------------------------------------------
     def _update(self, rec: WorkerRecord, change: Callable[[], None]) -> None:

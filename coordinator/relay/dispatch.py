@@ -54,7 +54,9 @@ from protocol.worker import (
 log = logging.getLogger("coordinator.requests")
 
 
-class _Failover(Exception):
+class Failover(Exception):
+    """This worker cannot serve the request, and another may: try the next one (relay/embeddings.py too)."""
+
     def __init__(self, reason: str, refused: bool, retry_after: int | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
@@ -103,7 +105,7 @@ class Dispatcher:
     async def open(self, valid: Generation, ranked: Sequence[WorkerRecord], *,
                    reserved: Callable[[], None] | None = None) -> OpenStream:
         """`reserved` runs once, when the first attempt's reservation is made (before any await)."""
-        last: _Failover | None = None
+        last: Failover | None = None
         refused_only = True
         for attempt, worker in enumerate(ranked[: self._max_attempts], start=1):
             reservation = self._admission.reserve(worker, valid.demand)
@@ -113,7 +115,7 @@ class Dispatcher:
             self._breakers.attempt(worker)
             try:
                 stream = await self._attempt(worker, valid, reservation)
-            except _Failover as failover:
+            except Failover as failover:
                 self._admission.release(reservation)
                 if failover.refused:
                     self._breakers.settled(worker.worker_id)  # a capacity refusal is the worker working
@@ -145,7 +147,7 @@ class Dispatcher:
             async with asyncio.timeout(self._first_event_timeout):
                 response = await self._client.post(url, valid.payload, _worker_headers(valid, res) | self._auth)
                 if response.status != 200:
-                    raise await self._refusal(response)
+                    raise await worker_refusal(response)
                 events = worker_events(response.chunks())
                 first = await anext(events, None)
                 if first is not None and first.event == EVENT_ADMITTED:
@@ -158,16 +160,16 @@ class Dispatcher:
             if response is not None:
                 await response.close()
             reason = reasons.WORKER_UNAVAILABLE if response is None else reasons.WORKER_FAILED
-            raise _Failover(reason, refused=False) from exc
+            raise Failover(reason, refused=False) from exc
         except TimeoutError as exc:
             if response is not None:
                 await response.close()
             if response is not None and not admitted:
                 # The worker answered and kept pinging while it prepared the prompt (its tokenizers'
                 # queue, a release it waited for): this request's own wait, no verdict on the worker.
-                raise _Failover(reasons.QUEUE_TIMEOUT, refused=True) from exc
+                raise Failover(reasons.QUEUE_TIMEOUT, refused=True) from exc
             reason = reasons.WORKER_UNAVAILABLE if response is None else reasons.WORKER_FAILED
-            raise _Failover(reason, refused=False) from exc
+            raise Failover(reason, refused=False) from exc
         except BaseException:
             if response is not None:
                 await response.close()
@@ -175,24 +177,26 @@ class Dispatcher:
         if first is None or first.event in (EVENT_ERROR, EVENT_ADMITTED) or not admitted:
             # Nothing reached the client yet, so another worker may still serve it.
             await response.close()
-            raise _Failover(reasons.WORKER_FAILED, refused=False)
+            raise Failover(reasons.WORKER_FAILED, refused=False)
         return OpenStream(worker, response, events, first, res, attempts=1)
 
-    @staticmethod
-    async def _refusal(response: WorkerResponse) -> Exception:
-        raw = await response.read()
-        await response.close()
-        try:
-            body = ErrorBody.model_validate_json(raw)
-        except ValidationError:
-            return _Failover(reasons.WORKER_FAILED, refused=False)
-        if response.status == 503 or body.reason in reasons.RETRYABLE_ON_OTHER_WORKER:
-            return _Failover(body.reason, refused=True, retry_after=_int_header(response, "retry-after"))
-        if response.status >= 500 or response.status == 401:
-            # 401: the worker wants another worker token than ours. Not the client's fault, and
-            # perhaps only this worker's: a misconfigured worker, tried like a failing one.
-            return _Failover(body.reason, refused=False)
-        return CoordinatorError(body.reason, body.error, status=response.status)
+
+async def worker_refusal(response: WorkerResponse) -> Exception:
+    """What a worker's non-200 answer means: `Failover` (503 or a retryable reason, a 5xx, a 401:
+    try the next worker) or the `CoordinatorError` to answer with (the worker's 4xx and reason)."""
+    raw = await response.read()
+    await response.close()
+    try:
+        body = ErrorBody.model_validate_json(raw)
+    except ValidationError:
+        return Failover(reasons.WORKER_FAILED, refused=False)
+    if response.status == 503 or body.reason in reasons.RETRYABLE_ON_OTHER_WORKER:
+        return Failover(body.reason, refused=True, retry_after=_int_header(response, "retry-after"))
+    if response.status >= 500 or response.status == 401:
+        # 401: the worker wants another worker token than ours. Not the client's fault, and
+        # perhaps only this worker's: a misconfigured worker, tried like a failing one.
+        return Failover(body.reason, refused=False)
+    return CoordinatorError(body.reason, body.error, status=response.status)
 
 
 def _refused_in_stream(event: SseEvent) -> Exception:
@@ -200,11 +204,11 @@ def _refused_in_stream(event: SseEvent) -> Exception:
     with the reason a status would have named (protocol.worker.AdmittedEvent)."""
     error = ErrorEvent.model_validate_json(event.data)
     if error.reason in reasons.RETRYABLE_ON_OTHER_WORKER:
-        return _Failover(error.reason, refused=True)
+        return Failover(error.reason, refused=True)
     status = STATUS_BY_REASON.get(error.reason, 502)
     if 400 <= status < 500:
         return CoordinatorError(error.reason, error.error)
-    return _Failover(reasons.WORKER_FAILED, refused=False)
+    return Failover(reasons.WORKER_FAILED, refused=False)
 
 
 def _int_header(response: WorkerResponse, name: str) -> int | None:

@@ -49,7 +49,11 @@ class WorkerResponse(Protocol):
 
 
 class WorkerClient(Protocol):
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> WorkerResponse: ...
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str], *,
+                   read_timeout: float | None = None) -> WorkerResponse:
+        """`read_timeout`: the longest silence allowed on this call, in place of the pool's (a worker
+        computing an embedding answers nothing until it is done)."""
+        ...
 
     async def delete(self, url: str, headers: Mapping[str, str]) -> int:
         """The status of a DELETE, its body read and dropped; `WorkerUnreachable` when there is none."""
@@ -106,15 +110,22 @@ class AiohttpWorkerClient:
                  keepalive_expiry: float) -> None:
         connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0,
                                          keepalive_timeout=keepalive_expiry, enable_cleanup_closed=False)
+        self._connect_timeout = connect_timeout
         timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=read_timeout)
         # No cookies, no proxies from the environment, no automatic decompression: workers are ours.
         self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False,
                                               cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
                                               skip_auto_headers=("User-Agent",))
 
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> WorkerResponse:
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str], *,
+                   read_timeout: float | None = None) -> WorkerResponse:
         try:
-            response = await self._session.post(url, data=body, headers=dict(headers), allow_redirects=False)
+            if read_timeout is None:  # the pool's own timeouts (the hot path: every generation)
+                response = await self._session.post(url, data=body, headers=dict(headers), allow_redirects=False)
+            else:
+                timeout = aiohttp.ClientTimeout(total=None, connect=self._connect_timeout, sock_read=read_timeout)
+                response = await self._session.post(url, data=body, headers=dict(headers), allow_redirects=False,
+                                                    timeout=timeout)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise WorkerUnreachable(f"{type(exc).__name__}: {exc}") from exc
         return _AiohttpResponse(response)

@@ -4,7 +4,9 @@ Owns: running the filters in order (the first that leaves nobody gives the answe
 weighted sum of the scorers (weights come from settings), the picker that orders the survivors (the
 named routing policy: by default the lowest total first, ties to the lower worker id, so the same
 inputs always give the same answer), session affinity (a hard rule) and conversation preference (a
-soft one). Every policy passes the same filters.
+soft one). Every policy passes the same filters. Embedding requests have a policy of their own
+(`build_embeddings`): the same picker, filters for embedding slots instead of sequences and KV,
+and scorers for the embedder's queue and the decode loop's load, since both share the worker's cores.
 Must not: do I/O, read a clock or random source it was not given, or change the workers it reads.
 """
 
@@ -16,8 +18,10 @@ from dataclasses import dataclass, field
 from coordinator.scheduling.filters import Filter
 from coordinator.scheduling.filters.alive import Alive
 from coordinator.scheduling.filters.breaker_closed import BreakerClosed
+from coordinator.scheduling.filters.embedding_room import EmbeddingRoom
 from coordinator.scheduling.filters.kv_room import KvRoom
 from coordinator.scheduling.filters.not_draining import NotDraining
+from coordinator.scheduling.filters.serves_embeddings import ServesEmbeddings
 from coordinator.scheduling.filters.serves_model import ServesModel
 from coordinator.scheduling.filters.session_room import SessionRoom
 from coordinator.scheduling.pickers import Picker
@@ -27,6 +31,7 @@ from coordinator.scheduling.pickers.random_pick import RandomPick
 from coordinator.scheduling.pickers.round_robin import RoundRobin
 from coordinator.scheduling.pickers.score import ByScore
 from coordinator.scheduling.scorers import Scorer
+from coordinator.scheduling.scorers.embedding_load import EmbeddingLoad
 from coordinator.scheduling.scorers.kv_load import KvLoad
 from coordinator.scheduling.scorers.prefix import Prefix
 from coordinator.scheduling.scorers.session_load import SessionLoad
@@ -36,6 +41,9 @@ from protocol import reasons
 # Every scorer a policy may name in settings, by name.
 SCORERS: dict[str, Callable[[], Scorer]] = {"session_load": SessionLoad, "kv_load": KvLoad, "prefix": Prefix}
 DEFAULT_SCORERS = "session_load:0.6,kv_load:0.4"
+# Embedding requests: half their own queue's load, half the decode loop's (sequences in use), since an
+# embedding batch and a decode step compete for the same cores.
+EMBEDDING_SCORERS: tuple[tuple[Scorer, float], ...] = ((EmbeddingLoad(), 0.5), (SessionLoad(), 0.5))
 # Every named routing policy (`--routing-policy`), by name; `score` is the default.
 PICKERS: dict[str, Callable[[], Picker]] = {"score": ByScore, "round-robin": RoundRobin,
                                              "least-connections": LeastConnections, "random": RandomPick,
@@ -60,6 +68,15 @@ class Policy:
             raise ValueError(f"unknown routing policy {routing!r} (known: {', '.join(PICKERS)})")
         picker = LeastLatency(latency_half_life) if routing == "least-latency" else PICKERS[routing]()
         return cls(filters, parse_scorers(scorers), balance_threshold, picker)
+
+    @classmethod
+    def build_embeddings(cls, *, stale_after: float, routing: str = "score",
+                         latency_half_life: float = 10.0) -> Policy:
+        """The policy of embedding requests: only workers that embed and have a free embedding slot."""
+        filters: tuple[Filter, ...] = (Alive(stale_after), ServesModel(), ServesEmbeddings(), NotDraining(),
+                                       BreakerClosed(), EmbeddingRoom())
+        generation = cls.build(stale_after=stale_after, routing=routing, latency_half_life=latency_half_life)
+        return cls(filters, EMBEDDING_SCORERS, picker=generation.picker)
 
     def uses(self, name: str) -> bool:
         return any(s.name == name for s, _ in self.scorers)

@@ -55,6 +55,10 @@ class WorkerView(Protocol):
     def ttft_at(self) -> float: ...  # monotonic seconds of the last sample
     @property
     def picked_at(self) -> float: ...  # monotonic seconds the coordinator last reserved on it; 0: never
+    @property
+    def embedding_capacity(self) -> int: ...  # embedding requests it holds at once; 0: it serves none
+    @property
+    def embedding_requests(self) -> int: ...  # the coordinator's embedding requests on it now
 
 
 @dataclass(frozen=True, slots=True)

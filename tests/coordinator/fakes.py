@@ -16,7 +16,7 @@ from coordinator.app import create_app
 from coordinator.clock import ManualClock
 from coordinator.relay.upstream import WorkerStreamError, WorkerUnreachable
 from coordinator.settings import Settings
-from protocol.health import Heartbeat, WorkerLoad
+from protocol.health import EmbeddingService, Heartbeat, WorkerLoad
 
 MODEL = "smol"
 
@@ -30,10 +30,15 @@ def load(**over: Any) -> WorkerLoad:
 
 
 def heartbeat(worker_id: str, *, timestamp: float, model: str = MODEL, url: str | None = None,
-              aliases: tuple[str, ...] = (), model_identity: str = "", **load_over: Any) -> Heartbeat:
+              aliases: tuple[str, ...] = (), model_identity: str = "", embeddings: EmbeddingService | None = None,
+              **load_over: Any) -> Heartbeat:
     return Heartbeat(worker_id=worker_id, url=url or f"http://{worker_id}.test", model=model,
-                     aliases=list(aliases), model_identity=model_identity, load=load(**load_over),
-                     timestamp=timestamp)
+                     aliases=list(aliases), model_identity=model_identity, embeddings=embeddings,
+                     load=load(**load_over), timestamp=timestamp)
+
+
+def embedding_service(dimensions: int = 4, capacity: int = 4, max_tokens: int = 512) -> EmbeddingService:
+    return EmbeddingService(dimensions=dimensions, max_tokens=max_tokens, pooling="mean", capacity=capacity)
 
 
 def sse(event: str, data: dict[str, Any]) -> bytes:
@@ -90,7 +95,8 @@ class FakeWorkerClient:
     def __init__(self, client: httpx.AsyncClient) -> None:
         self._client = client
 
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> _FakeResponse:
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str], *,
+                   read_timeout: float | None = None) -> _FakeResponse:
         request = self._client.build_request("POST", url, content=body, headers=dict(headers))
         try:
             return _FakeResponse(await self._client.send(request, stream=True))

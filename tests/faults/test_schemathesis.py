@@ -63,11 +63,12 @@ WORKER_FLAGS = ["--engine", "simulated", "--sim-token-rate", "5000", "--max-sess
 # probe as that worker), and the generation routes should be fuzzed against the one real worker.
 COORDINATOR_OPERATIONS = [
     "GET /coordinator/health", "GET /health", "GET /coordinator/health/workers", "POST /coordinator/infer",
-    "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/responses", "GET /v1/models",
+    "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/responses", "POST /v1/embeddings",
+    "GET /v1/models",
     "GET /v1/models/{model}",
     "GET /coordinator/status", "GET /metrics", "POST /coordinator/health/heartbeat",
     "DELETE /coordinator/sessions/{session_id}"]
-WORKER_OPERATIONS = ["POST /worker/generate", "GET /worker/health", "GET /worker/sessions",
+WORKER_OPERATIONS = ["POST /worker/generate", "POST /worker/embed", "GET /worker/health", "GET /worker/sessions",
                      "DELETE /worker/sessions/{session_id}", "GET /metrics"]
 # What this test found in routes whose OpenAPI metadata is not described yet, each with its fix:
 # these operations xfail on exactly these findings, fail on any other, and fail once one is gone

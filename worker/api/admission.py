@@ -1,4 +1,5 @@
-"""The edge of the worker: turns a validated `GenerateRequest` into an admitted `Job`, or refuses it.
+"""The edge of the worker: turns a validated `GenerateRequest` into an admitted `Job`, and an
+`EmbedRequest` into its vectors, or refuses them.
 
 Owns: the checks that decide the HTTP status before the first byte (`check`: draining, model name,
 session state) and those made after it, while the route pings (`prepare`: prompt length against the
@@ -7,7 +8,9 @@ session's KV limit, KV and sequence capacity: an `error` event before `admitted`
 with the model's chat template; or raw text) and the reuse of a session's cached tokens. A session
 id is looked up within the request's tenant only (see worker/sessions/table.py, Tenancy). A request
 with `n` > 1 choices reserves n sequences, each `min(session limit, prompt + max_tokens)` cells,
-all or none, and brings a grammar state per choice.
+all or none, and brings a grammar state per choice. An embedding request passes the same draining
+and model checks, then whether this worker embeds, and at that size, before it joins the embedder's
+bounded queue (worker/engine/embedder.py).
 Must not: run inference or free KV itself; it hands jobs and frees to the engine in FIFO order.
 """
 
@@ -19,10 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from protocol import reasons
-from protocol.worker import GenerateRequest
+from protocol.worker import EmbedRequest, GenerateRequest
 from worker.backends.base import EngineBackend, Message, ModelBackend
 from worker.backends.chat_template import TemplateRefusal
 from worker.engine.channel import TokenChannel
+from worker.engine.embedder import Embedded, Embedder
 from worker.engine.grammar import ConstraintError
 from worker.engine.jobs import ExtraChoice, Job, StreamItem
 from worker.engine.sampling import Constraint
@@ -50,6 +54,7 @@ class Gate:
     engine: EngineBackend
     stream_buffer: int  # items a request's channel holds
     clock: Callable[[], float]
+    embedder: Embedder | None = None  # None: this worker does not serve embeddings
     draining: bool = False
     # A request refused only for capacity that a cancelled stream still holds (its client left; the
     # engine releases it at its next step) waits for that release, this long at most, instead of
@@ -123,6 +128,19 @@ class Gate:
     def __post_init__(self) -> None:
         self._tokenizing = asyncio.Semaphore(self.tokenize_concurrency)
 
+    async def embed(self, request: EmbedRequest) -> Embedded:
+        """The vectors of an embedding request, or its refusal: draining, another model, no embeddings
+        here, another size than this model's; then the embedder's own (full, too long, deadline)."""
+        self._serving(request.model)
+        if self.embedder is None:
+            raise WorkerError(400, reasons.EMBEDDINGS_UNSUPPORTED, "this worker does not serve embeddings "
+                              "(started with --no-embeddings, or its engine has none)")
+        size = self.embedder.context.dimensions
+        if request.dimensions is not None and request.dimensions != size:
+            raise WorkerError(400, reasons.INVALID_REQUEST, f"dimensions: {self.names.name} embeds into {size} "
+                              f"dimensions, the only size served")
+        return await self.embedder.embed(request.inputs)
+
     def released(self) -> None:
         """Any thread (the engine's): a session was released; a request waiting on one tries again."""
         loop = self._loop
@@ -153,11 +171,7 @@ class Gate:
 
     def _known_session(self, request: GenerateRequest, session_expected: bool) -> Session | None:
         """The session this request continues, if any, after the refusals that need no tokenizing."""
-        if self.draining:
-            raise WorkerError(503, reasons.DRAINING, "worker is draining")
-        if request.model is not None and not self.names.serves(request.model):
-            raise WorkerError(404, reasons.UNKNOWN_MODEL,
-                              f"model {request.model!r} is not served here (this worker serves {self.names.name!r})")
+        self._serving(request.model)
         if not request.session_id:
             return None
         # Without the coordinator's claim that it continues here, an expired id starts afresh.
@@ -168,6 +182,14 @@ class Gate:
         if known is not None and known.busy:
             raise WorkerError(409, reasons.SESSION_BUSY, f"session {request.session_id!r} is generating")
         return known
+
+    def _serving(self, model: str | None) -> None:
+        """Refuses any request while draining, and one for another model than this worker's."""
+        if self.draining:
+            raise WorkerError(503, reasons.DRAINING, "worker is draining")
+        if model is not None and not self.names.serves(model):
+            raise WorkerError(404, reasons.UNKNOWN_MODEL,
+                              f"model {model!r} is not served here (this worker serves {self.names.name!r})")
 
     def _undo(self, session: Session, *, keep_kv: bool) -> None:
         seq_id = self.table.release(session, keep_kv=keep_kv)

@@ -1,4 +1,4 @@
-"""The worker's routes: generate (SSE), health, sessions, metrics, and what they document.
+"""The worker's routes: generate (SSE), embed (JSON), health, sessions, metrics, and what they document.
 
 Owns: each route's checks before admission (the worker token, the protocol version, the request's
 headers), turning engine stream items into SSE events, the per-request log line, and the OpenAPI
@@ -8,7 +8,7 @@ checks that need no tokenizing (`Gate.check`); the head goes then, before the pr
 a refusal found while preparing, and every failure after, is an `error` event.
 
 The worker token: when one is set, every route but `GET /worker/health` needs it (401 `unauthorized`):
-generate, the session listing and deletion (session ids and tenants are the coordinator's clients'
+generate, embed, the session listing and deletion (session ids and tenants are the coordinator's clients'
 business) and `/metrics` (a scraper sends it as a bearer token). Health stays open on purpose:
 Kubernetes probes and load balancers cannot send a secret, and it tells only load and status.
 """
@@ -30,6 +30,7 @@ from protocol import reasons
 from protocol.health import SessionList, WorkerHealth
 from protocol.sse import encode
 from protocol.worker import (
+    EMBED_PATH,
     EVENT_ADMITTED,
     EVENT_DONE,
     EVENT_ERROR,
@@ -49,6 +50,8 @@ from protocol.worker import (
     AdmittedEvent,
     ChoiceEnd,
     DoneEvent,
+    EmbedRequest,
+    EmbedResponse,
     ErrorBody,
     ErrorEvent,
     GenerateRequest,
@@ -150,10 +153,7 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     settings: WorkerSettings = request.app.state.settings
     request_id = request.state.request_id = request_id_of(request)
     authorize(request)
-    version = request.headers.get(PROTOCOL_HEADER, str(PROTOCOL_VERSION))
-    if version != str(PROTOCOL_VERSION):
-        raise WorkerError(400, reasons.PROTOCOL_MISMATCH,
-                          f"this worker speaks protocol {PROTOCOL_VERSION}, the request is version {version}")
+    _check_protocol(request)
     expected = request.headers.get(SESSION_EXPECTED_HEADER, "") == "1"
     stream_ref = _stream_ref(request)
     metrics: WorkerMetrics = request.app.state.metrics
@@ -169,6 +169,47 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     return EventStream(_events(runtime, ticket, request_id, stream_ref), headers=headers,
                        ping_interval=PING_INTERVAL, send_timeout=settings.slow_consumer_deadline)
 
+_EMBED_REFUSALS: dict[int | str, str] = {
+    400: "`invalid_request` (also `dimensions` other than the model's, or an input with no tokens), "
+         "`protocol_mismatch`, or `embeddings_unsupported`: this worker does not serve embeddings",
+    401: _UNAUTHORIZED_TEXT,
+    404: "`unknown_model`",
+    413: "`prompt_too_long`: an input longer than the embedding context (never cut), or `body_too_large`",
+    500: "`engine_failed`: the embedding context failed (its log says why)",
+    503: "`loading`, `draining`, or `embeddings_full` (its bounded queue), with Retry-After",
+    504: "`deadline_exceeded`: not embedded within --embedding-timeout",
+    "4XX": "any other refusal (`request_timeout`, `headers_too_large`, an unknown method)",
+}
+
+
+@router.post(EMBED_PATH, response_model=EmbedResponse, openapi_extra={"parameters": _generate_headers()[:2]},
+             responses={status: {"model": ErrorBody, "description": text}
+                        for status, text in _EMBED_REFUSALS.items()})
+async def embed(body: EmbedRequest, request: Request) -> JSONResponse:
+    """One vector per input, computed by the embedder's own thread and llama.cpp context: never in the
+    decode loop's batch, and never on the event loop."""
+    settings: WorkerSettings = request.app.state.settings
+    request_id = request.state.request_id = request_id_of(request)
+    authorize(request)
+    _check_protocol(request)
+    metrics: WorkerMetrics = request.app.state.metrics
+    try:
+        runtime = runtime_of(request)
+        embedded = await runtime.gate.embed(body)
+    except WorkerError as refused:
+        metrics.embedding_requests.labels(refused.reason).inc()  # counted, not logged, as generation's refusals
+        raise
+    metrics.embedding_requests.labels("ok").inc()
+    log.info(json.dumps({"event": "embedding", "request_id": request_id, "worker_id": settings.worker_id,
+                         "tenant": body.tenant, "inputs": len(body.inputs), "tokens": sum(embedded.tokens),
+                         "status": 200}))
+    answer = EmbedResponse(model=runtime.names.name, dimensions=embedded.dimensions,
+                           embeddings=embedded.vectors, prompt_tokens=embedded.tokens, request_id=request_id,
+                           worker_id=settings.worker_id)
+    return JSONResponse(answer.model_dump(), headers={REQUEST_ID_HEADER: request_id,
+                                                      WORKER_ID_HEADER: settings.worker_id})
+
+
 # Open even with a worker token: probes cannot send one (see the module docstring).
 @router.get(HEALTH_PATH)
 async def health(request: Request) -> JSONResponse:
@@ -180,7 +221,7 @@ async def health(request: Request) -> JSONResponse:
     status: Literal["ok", "draining"] = "draining" if runtime.gate.draining else "ok"
     body = WorkerHealth(status=status, worker_id=settings.worker_id, model=runtime.names.name,
                         aliases=list(runtime.names.aliases), load=runtime.load(),
-                        batch_steps=runtime.engine.steps)
+                        embeddings=runtime.embedding_service(), batch_steps=runtime.engine.steps)
     # Draining: not ready for new work (a readiness probe or load balancer moves away).
     return JSONResponse(body.model_dump(), status_code=503 if runtime.gate.draining else 200)
 
@@ -217,6 +258,13 @@ async def metrics(request: Request) -> Response:
     authorize(request)
     return Response(request.app.state.metrics.render(), media_type="text/plain; version=0.0.4")
 
+
+
+def _check_protocol(request: Request) -> None:
+    version = request.headers.get(PROTOCOL_HEADER, str(PROTOCOL_VERSION))
+    if version != str(PROTOCOL_VERSION):
+        raise WorkerError(400, reasons.PROTOCOL_MISMATCH,
+                          f"this worker speaks protocol {PROTOCOL_VERSION}, the request is version {version}")
 
 
 def _stream_ref(request: Request) -> int | None:

@@ -1,7 +1,8 @@
-"""Engine backends: what runs the jobs. `base` says what every backend offers (the `ModelBackend` and
-`EngineBackend` protocols, and the types they share, free of llama.cpp); `llama_model` and
-`llama_engine` are the real one (llama.cpp, CPU or GPU); `simulated` paces tokens without a model,
-for coordinator-scale benchmarks only. `build` picks one from the settings."""
+"""Engine backends: what runs the jobs. `base` says what every backend offers (the `ModelBackend`,
+`EngineBackend` and `EmbeddingContext` protocols, and the types they share, free of llama.cpp);
+`llama_model`, `llama_engine` and `llama_embedder` are the real one (llama.cpp, CPU or GPU);
+`simulated` paces tokens without a model, for coordinator-scale benchmarks only. The `load_model`
+and `build_*` functions pick one from the settings."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
-    from worker.backends.base import EngineBackend, ModelBackend
+    from worker.backends.base import EmbeddingContext, EngineBackend, ModelBackend
     from worker.engine.jobs import EngineConfig, EngineObserver
     from worker.settings import WorkerSettings
 
@@ -37,3 +38,19 @@ def build_engine(settings: WorkerSettings, model: ModelBackend, config: EngineCo
     from worker.backends.llama_model import Model
 
     return Engine(cast(Model, model), config, observer=observer, clock=clock)
+
+
+def build_embedding_context(settings: WorkerSettings, model: ModelBackend) -> EmbeddingContext | None:
+    """The embedding context of the same backend as `model`, sharing its weights; None when the
+    settings turn embeddings off."""
+    if not settings.embeddings:
+        return None
+    if settings.engine == "simulated":
+        from worker.backends.simulated import SimulatedEmbeddingContext
+
+        return SimulatedEmbeddingContext(max_tokens=settings.embedding_ctx, max_inputs=settings.embedding_batch_inputs)
+    from worker.backends.llama_embedder import LlamaEmbeddingContext
+    from worker.backends.llama_model import Model
+
+    return LlamaEmbeddingContext(cast(Model, model), ctx_tokens=settings.embedding_ctx,
+                                 max_inputs=settings.embedding_batch_inputs, threads=settings.embedding_threads)

@@ -1,8 +1,9 @@
 """What every engine backend offers, and the types they share: nothing here imports llama.cpp.
 
 Owns: `ModelBackend` (what the edge needs of a model: its name and KV size, tokenizing, the chat
-template) and `EngineBackend` (what the runtime and the edge need of an engine: submit a job, free
-and cancel sessions, its sizes and counts), and the model-neutral types `Message` and `ModelShape`.
+template), `EngineBackend` (what the runtime and the edge need of an engine: submit a job, free
+and cancel sessions, its sizes and counts), `EmbeddingContext` (what the embedder's thread needs:
+token sequences in, unit vectors out), and the model-neutral types `Message` and `ModelShape`.
 Must not: hold behaviour. The real backend is llama.cpp (`llama_model`, `llama_engine`); the
 simulated one (`simulated`) stands behind the same protocols for coordinator-scale benchmarks.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from worker.engine.jobs import Job
@@ -139,3 +140,23 @@ class EngineBackend(Protocol):
     def free(self, seq_ids: list[int] | tuple[int, ...]) -> None: ...
     def cancel_session(self, session: Session) -> None: ...
     def poke(self) -> None: ...
+
+
+Pooling = Literal["mean", "cls", "last"]
+
+
+class EmbeddingContext(Protocol):
+    """Turns token sequences into unit-length vectors. One thread uses it (worker/engine/embedder.py),
+    so an implementation may block: it never runs on the event loop."""
+
+    dimensions: int  # the length of every vector
+    max_tokens: int  # the most tokens one input, and one batch of inputs together, may have
+    max_inputs: int  # the most inputs one batch may have
+    pooling: Pooling  # how a sequence's token states become one vector
+
+    def embed(self, inputs: list[list[int]]) -> list[bytes]:
+        """One vector per input, in order: `dimensions` little-endian float32 values of unit length.
+        Within the bounds above, the inputs are computed together (one batch)."""
+        ...
+
+    def close(self) -> None: ...

@@ -6,10 +6,11 @@ accounting (bytes per token as configured) and bounded channels, so the coordina
 a real worker would show: the same events, the same 503/409/413 refusals, the same heartbeats.
 It runs on the event loop (no thread), so many simulated workers can share one process.
 
-Owns: a stand-in tokenizer (one token per 4 UTF-8 bytes), the pacing of tokens and prefill, and the
+Owns: a stand-in tokenizer (one token per 4 UTF-8 bytes), the pacing of tokens and prefill, the
 choices of a request with `n` > 1 (each a sequence of its own that starts once the prompt's
 simulated prefill is done, holding the prompt's tokens as the real engine's copy would; choice i
-starts its words i words further on, so choices differ). How a
+starts its words i words further on, so choices differ), and stand-in embeddings (the mean of a
+fixed random vector per token id, normalised). How a
 sequence ends (cancel, queued or running; deadline; slow consumer; stop strings; max_tokens; the KV
 reservation) is the real engine's own rules (worker/engine/endings.py), not a copy.
 Must not: pretend to be a model in any default path.
@@ -24,7 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from worker.backends.base import Message, ModelShape, plain_turns
+import numpy as np
+
+from worker.backends.base import Message, ModelShape, Pooling, plain_turns
 from worker.engine.channel import TokenChannel
 from worker.engine.endings import Endings, Progress, also_ending, cancel_session
 from worker.engine.grammar import ConstraintError
@@ -64,6 +67,28 @@ class SimulatedModel:
     def constraint(self, *, grammar: str | None, json_schema: dict[str, Any] | None, lazy: bool = False) -> None:
         if grammar is not None or json_schema is not None:
             raise ConstraintError("the simulated engine does not constrain its output (grammar, json_schema)")
+
+    def close(self) -> None:
+        pass
+
+
+class SimulatedEmbeddingContext:
+    """`worker.backends.base.EmbeddingContext` without a model: the same bounds and unit-length vectors,
+    so the embedding path (queue, deadlines, routing, wire formats) runs as with llama.cpp."""
+
+    pooling: Pooling = "mean"
+
+    def __init__(self, *, dimensions: int = 64, max_tokens: int = 512, max_inputs: int = 16) -> None:
+        self.dimensions, self.max_tokens, self.max_inputs = dimensions, max_tokens, max_inputs
+        # Its tokenizer's ids are 0..len(WORDS): one fixed vector each.
+        self._table = np.random.default_rng(0).standard_normal((len(WORDS) + 1, dimensions))
+
+    def embed(self, inputs: list[list[int]]) -> list[bytes]:
+        out = []
+        for tokens in inputs:
+            vector = self._table[tokens].mean(axis=0)
+            out.append((vector / np.linalg.norm(vector)).astype("<f4").tobytes())
+        return out
 
     def close(self) -> None:
         pass

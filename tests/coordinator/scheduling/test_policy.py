@@ -34,6 +34,8 @@ class W:
     ttft_ewma: float | None = None
     ttft_at: float = 0.0
     picked_at: float = 0.0
+    embedding_capacity: int = 0
+    embedding_requests: int = 0
 
 
 SMALL = Demand(prompt_bytes=10, max_tokens=26)  # 100 tokens = 1,000 bytes at 10 bytes/token
@@ -137,3 +139,41 @@ def test_a_prefix_wins_ties_of_load_but_balance_wins_past_the_threshold() -> Non
     assert [w.worker_id for w in decision.ranked] == ["a", "b"]
     assert decision.parts["b"]["prefix"] == 1.0
     assert [w.worker_id for w in POLICY.select(cached, near, now=NOW).ranked] == ["a", "b"]  # 60/40 alone
+
+
+EMBEDDINGS = Policy.build_embeddings(stale_after=STALE)
+EMBED = Request(Demand(0, 0, new_session=False), model="m")
+EMBEDDING_CASES = [
+    ("only workers that embed", [W("a"), W("b", embedding_capacity=2)], ["b"]),
+    ("none embeds", [W("a"), W("b")], reasons.EMBEDDINGS_UNSUPPORTED),
+    ("every slot taken", [W("a", embedding_capacity=2, embedding_requests=2)], reasons.EMBEDDINGS_FULL),
+    ("one slot left", [W("a", embedding_capacity=2, embedding_requests=1)], ["a"]),
+    # Sequences and KV are the generation context's: a worker full of them still embeds.
+    ("generation full does not matter", [W("a", embedding_capacity=1, sessions=10, kv_reserved_bytes=10_000)],
+     ["a"]),
+    ("the model still filters", [W("a", model="x", embedding_capacity=2)], reasons.MODEL_UNAVAILABLE),
+    ("draining", [W("a", embedding_capacity=2, draining=True)], reasons.DRAINING),
+    ("breaker open", [W("a", embedding_capacity=2, breaker_open_until=NOW + 1)], reasons.WORKER_UNAVAILABLE),
+    ("stale", [W("a", embedding_capacity=2, last_seen=NOW - 3.0)], reasons.NO_WORKERS),
+    ("the emptier embedding queue first", [W("a", embedding_capacity=4, embedding_requests=2),
+                                           W("b", embedding_capacity=4, embedding_requests=1)], ["b", "a"]),
+    ("and the idler decode loop", [W("a", embedding_capacity=4, sessions=8), W("b", embedding_capacity=4)],
+     ["b", "a"]),
+]
+
+
+@pytest.mark.parametrize(("name", "workers", "expected"), EMBEDDING_CASES, ids=[c[0] for c in EMBEDDING_CASES])
+def test_select_embeddings(name: str, workers: list[W], expected: object) -> None:
+    decision = EMBEDDINGS.select(EMBED, workers, now=NOW)
+    if isinstance(expected, str):
+        assert decision.reason == expected and decision.ranked == ()
+    else:
+        assert decision.reason is None and [w.worker_id for w in decision.ranked] == expected
+
+
+def test_the_embedding_policy_keeps_the_routing_policys_picker() -> None:
+    embeddings = Policy.build_embeddings(stale_after=STALE, routing="round-robin")
+    workers = [W("a", embedding_capacity=2), W("b", embedding_capacity=2)]
+    firsts = {embeddings.select(Request(EMBED.demand, turn=turn), workers, now=NOW).ranked[0].worker_id
+              for turn in range(2)}
+    assert firsts == {"a", "b"}

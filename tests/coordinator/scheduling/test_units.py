@@ -8,10 +8,13 @@ from coordinator.admission.demand import Demand
 from coordinator.scheduling import Request
 from coordinator.scheduling.filters.alive import Alive
 from coordinator.scheduling.filters.breaker_closed import BreakerClosed
+from coordinator.scheduling.filters.embedding_room import EmbeddingRoom
 from coordinator.scheduling.filters.kv_room import KvRoom
 from coordinator.scheduling.filters.not_draining import NotDraining
+from coordinator.scheduling.filters.serves_embeddings import ServesEmbeddings
 from coordinator.scheduling.filters.serves_model import ServesModel
 from coordinator.scheduling.filters.session_room import SessionRoom
+from coordinator.scheduling.scorers.embedding_load import EmbeddingLoad
 from coordinator.scheduling.scorers.kv_load import KvLoad
 from coordinator.scheduling.scorers.prefix import Prefix
 from coordinator.scheduling.scorers.session_load import SessionLoad
@@ -44,6 +47,11 @@ FILTERS = [
     (KvRoom(), Request(CHOICES), W("a", kv_reserved_bytes=7_001), False),
     (KvRoom(), Request(Demand(10_000, 26, choices=2)), W("a"), True),  # each capped at 500 tokens
     (KvRoom(), Request(Demand(10_000, 26, choices=2)), W("a", kv_reserved_bytes=1), False),
+    (ServesEmbeddings(), Request(SMALL), W("a", embedding_capacity=1), True),
+    (ServesEmbeddings(), Request(SMALL), W("a"), False),
+    (EmbeddingRoom(), Request(SMALL), W("a", embedding_capacity=2, embedding_requests=1), True),
+    (EmbeddingRoom(), Request(SMALL), W("a", embedding_capacity=2, embedding_requests=2), False),
+    (EmbeddingRoom(), Request(SMALL), W("a"), False),
 ]
 
 
@@ -57,6 +65,10 @@ SCORES = [
     (SessionLoad(), W("a"), 0.0), (SessionLoad(), W("a", sessions=5), 0.5), (SessionLoad(), W("a", sessions=30), 1.0),
     (KvLoad(), W("a"), 0.0), (KvLoad(), W("a", kv_reserved_bytes=2_500), 0.25),
     (KvLoad(), W("a", kv_reserved_bytes=50_000), 1.0),
+    (EmbeddingLoad(), W("a", embedding_capacity=4), 0.0),
+    (EmbeddingLoad(), W("a", embedding_capacity=4, embedding_requests=1), 0.25),
+    (EmbeddingLoad(), W("a", embedding_capacity=4, embedding_requests=9), 1.0),
+    (EmbeddingLoad(), W("a"), 1.0),  # serves none: the worst
 ]
 
 
