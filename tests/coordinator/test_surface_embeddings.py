@@ -20,6 +20,7 @@ from coordinator.auth import own_tenant
 from coordinator.clock import ManualClock
 from coordinator.settings import Settings
 from protocol.health import EmbeddingService
+from protocol.worker import PROTOCOL_VERSION
 from tests.coordinator.fakes import FakeWorkers, embedding_service, heartbeat, refusing, register
 
 pytestmark = pytest.mark.anyio
@@ -39,7 +40,7 @@ def embedding(worker_id: str = "w1", *, gate: asyncio.Event | None = None) -> Ca
     each input (so usage is checkable); `gate`, when given, holds the body until it is set."""
 
     def answer(request: httpx.Request) -> bytes:
-        assert request.url.path == "/worker/embed" and request.headers["x-llm-pool-protocol"] == "3"
+        assert request.url.path == "/worker/embed" and request.headers["x-llm-pool-protocol"] == str(PROTOCOL_VERSION)
         body = json.loads(request.content)
         return json.dumps({
             "model": "smol", "dimensions": DIMS, "request_id": request.headers["x-request-id"],
