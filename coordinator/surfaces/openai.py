@@ -30,7 +30,7 @@ from coordinator.relay.supervisor import client_left_of
 from coordinator.state import CoordinatorState
 from coordinator.surfaces.infer import event_stream, json_body, refusals
 from coordinator.surfaces.openai_format import ChunkEncoder, Options, assemble, fingerprint_of
-from coordinator.surfaces.tools import Tools, call_schema, call_text, result_text, system_text, tools_of
+from coordinator.surfaces.tools import Tools, call_schema, calls_text, result_text, system_text, tools_of
 from coordinator.validate import describe, first_field, read_body, request_id_of
 from protocol import openai as oa
 from protocol import reasons
@@ -299,7 +299,7 @@ def _messages(messages: list[oa.ChatMessageIn], tools: Tools | None) -> list[dic
         elif message.role == "assistant" and message.tool_calls:
             for call in message.tool_calls:
                 names[call.id] = call.function.name
-            out.append({"role": "assistant", "content": "\n".join(call_text(c) for c in message.tool_calls)})
+            out.append({"role": "assistant", "content": calls_text(message.tool_calls)})
         else:
             out.append(_message(message, i))
     if tools is not None:

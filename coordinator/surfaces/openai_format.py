@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
 from coordinator.errors import STATUS_BY_REASON
-from coordinator.surfaces.tools import Tools, read_call
+from coordinator.surfaces.tools import Tools, read_calls
 from protocol import openai as oa
 from protocol.sse import SseEvent
 from protocol.worker import EVENT_DONE, EVENT_ERROR, EVENT_TOKEN, DoneEvent, ErrorEvent
@@ -155,16 +155,18 @@ class ChunkEncoder:
         reason = json.dumps(finish_reason(ending))
         if self._held is not None and self._options.tools is not None:
             text = "".join(self._held[i])
-            call = read_call(text, self._options.tools, self._request_id, choice=i)
-            if call is None:
+            calls = read_calls(text, self._options.tools, self._request_id, choice=i)
+            if calls is None:
                 return self._opening(i) + self._frame(i, self._piece(i, text, 1.0)) + self._finish(i, reason)
-            head = {"index": 0, "id": call.id, "type": "function", "function": {"name": call.function.name,
-                                                                                 "arguments": ""}}
-            frames = self._opening(i) + self._frame(i, self._tool_delta(head))
-            arguments = call.function.arguments
-            for at in range(0, len(arguments), ARGUMENT_PIECE):  # the arguments in pieces, as OpenAI streams them
-                piece = {"index": 0, "function": {"arguments": arguments[at:at + ARGUMENT_PIECE]}}
-                frames += self._frame(i, self._tool_delta(piece))
+            frames = self._opening(i)
+            for k, call in enumerate(calls):  # each call: its id and name, then its arguments in pieces
+                head = {"index": k, "id": call.id, "type": "function",
+                        "function": {"name": call.function.name, "arguments": ""}}
+                frames += self._frame(i, self._tool_delta(head))
+                arguments = call.function.arguments
+                for at in range(0, len(arguments), ARGUMENT_PIECE):
+                    piece = {"index": k, "function": {"arguments": arguments[at:at + ARGUMENT_PIECE]}}
+                    frames += self._frame(i, self._tool_delta(piece))
             return frames + self._finish(i, '"tool_calls"')
         return self._finish(i, reason)
 
@@ -227,9 +229,9 @@ def _chat_choice(options: Options, i: int, pieces: list[tuple[str, float]], endi
                  request_id: str) -> oa.ChatChoice:
     """One choice of a chat answer: a tool call when it is one (with tools), else its text."""
     text = "".join(t for t, _ in pieces)
-    call = read_call(text, options.tools, request_id, choice=i) if options.tools and options.tools.calling else None
-    if call is not None:
-        return oa.ChatChoice(index=i, message=oa.AssistantMessage(content=None, tool_calls=[call]),
+    calls = read_calls(text, options.tools, request_id, choice=i) if options.tools and options.tools.calling else None
+    if calls is not None:
+        return oa.ChatChoice(index=i, message=oa.AssistantMessage(content=None, tool_calls=calls),
                              finish_reason="tool_calls")
     return oa.ChatChoice(index=i, message=oa.AssistantMessage(content=text), finish_reason=finish_reason(ending),
                          logprobs=_chat_logprobs(options, pieces))

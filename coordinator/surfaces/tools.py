@@ -12,7 +12,9 @@ else. With `tool_choice` `required` or a named function the answer is held to th
 schema (the arguments to the function's own `parameters`). With `auto` the answer is free until its
 first word: an answer that opens a JSON object is held to a call to one of the tools from there on
 (a lazy grammar, the worker's `grammar_lazy`), any other answer stays free text; it is a call when it
-is exactly such an object. With `none` the tools are listed and nothing is read as a call. One call per answer (`parallel_tool_calls` is accepted and not used).
+is exactly such an object. With `none` the tools are listed and nothing is read as a call. With
+`parallel_tool_calls` (OpenAI's default, true) the model may call several functions in one answer, as
+a JSON list of such objects (at most MAX_PARALLEL_CALLS); with false, one call an answer.
 This does not use a model template's own tool section (a template that has one is not asked for it
 yet); every model gets the same documented format.
 """
@@ -29,14 +31,17 @@ from protocol import openai as oa
 from protocol import reasons
 
 INSTRUCTIONS = ("You can call functions. To call one, answer with only a JSON object of the form "
-                '{"name": "<function name>", "arguments": {<arguments>}} and nothing else. '
-                "The functions, one per line:")
+                '{"name": "<function name>", "arguments": {<arguments>}} and nothing else. ')
+SEVERAL = "To call several at once, answer with only a JSON list of such objects. "
+LISTING = "The functions, one per line:"
+MAX_PARALLEL_CALLS = 8  # calls in one answer, with parallel_tool_calls
 
 
 @dataclass(frozen=True, slots=True)
 class Tools:
     functions: tuple[oa.FunctionDef, ...]
     choice: str  # "none", "auto", "required", or the name of the one function to call
+    parallel: bool = True  # several calls in one answer may be made (a JSON list of them)
 
     @property
     def names(self) -> frozenset[str]:
@@ -57,27 +62,32 @@ def tools_of(body: oa.ChatCompletionRequest) -> Tools | None:
     if len({f.name for f in functions}) != len(functions):
         raise _invalid("tools: two functions share a name", "tools")
     given = body.tool_choice or "auto"
+    parallel = body.parallel_tool_calls is not False
     if isinstance(given, oa.NamedToolChoice):
         name = given.function.get("name", "")
         if name not in {f.name for f in functions}:
             raise _invalid(f"tool_choice: no tool is named {name!r}", "tool_choice")
-        return Tools(functions, name)
-    return Tools(functions, given)
+        return Tools(functions, name, parallel)
+    return Tools(functions, given, parallel)
 
 
 def system_text(tools: Tools) -> str:
     lines = [json.dumps({"name": f.name, "description": f.description or "", "parameters": f.parameters},
                         ensure_ascii=False) for f in tools.functions]
-    return INSTRUCTIONS + "\n" + "\n".join(lines)
+    return INSTRUCTIONS + (SEVERAL if tools.parallel else "") + LISTING + "\n" + "\n".join(lines)
 
 
-def call_text(call: oa.ToolCall) -> str:
-    """An earlier call, written as the model writes one."""
+def calls_text(calls: list[oa.ToolCall]) -> str:
+    """An assistant's earlier calls, written as the model writes them: one object, or a list of them."""
+    written = [{"name": call.function.name, "arguments": _arguments(call.function.arguments)} for call in calls]
+    return json.dumps(written[0] if len(written) == 1 else written, ensure_ascii=False)
+
+
+def _arguments(text: str | None) -> Any:
     try:
-        arguments = json.loads(call.function.arguments or "{}")
+        return json.loads(text or "{}")
     except json.JSONDecodeError:
-        arguments = call.function.arguments
-    return json.dumps({"name": call.function.name, "arguments": arguments}, ensure_ascii=False)
+        return text
 
 
 def result_text(content: str, call_id: str | None, names: dict[str, str]) -> str:
@@ -95,22 +105,32 @@ def call_schema(tools: Tools) -> dict[str, Any] | None:
     chosen = [f for f in tools.functions if tools.choice in ("required", "auto", f.name)]
     shapes = [{"type": "object", "properties": {"name": {"const": f.name}, "arguments": f.parameters},
                "required": ["name", "arguments"]} for f in chosen]
-    return shapes[0] if len(shapes) == 1 else {"anyOf": shapes}
+    one = shapes[0] if len(shapes) == 1 else {"anyOf": shapes}
+    if not tools.parallel:
+        return one
+    return {"anyOf": [*shapes, {"type": "array", "items": one, "minItems": 1, "maxItems": MAX_PARALLEL_CALLS}]}
 
 
-def read_call(text: str, tools: Tools, request_id: str, *, choice: int = 0) -> oa.ToolCall | None:
-    """The call in an answer, when it is exactly one `{"name", "arguments"}` object naming a tool. Its id
-    is the same every time for that request and choice, and differs between a request's choices."""
+def read_calls(text: str, tools: Tools, request_id: str, *, choice: int = 0) -> list[oa.ToolCall] | None:
+    """The calls in an answer, when it is exactly one `{"name", "arguments"}` object naming a tool, or
+    (with `parallel`) a list of 1 to MAX_PARALLEL_CALLS of them; else None. A call's id is the same
+    every time for that request, choice and place in the answer, and differs between them."""
     try:
         found = json.loads(text)
     except json.JSONDecodeError:
         return None
-    if not (isinstance(found, dict) and found.keys() == {"name", "arguments"} and found["name"] in tools.names
-            and isinstance(found["arguments"], dict)):
+    listed = found if isinstance(found, list) and tools.parallel else [found]
+    if not (1 <= len(listed) <= MAX_PARALLEL_CALLS and all(_is_call(c, tools) for c in listed)):
         return None
-    ident = "call_" + uuid.uuid5(uuid.NAMESPACE_URL, request_id if choice == 0 else f"{request_id}#{choice}").hex[:24]
-    return oa.ToolCall(id=ident, function=oa.FunctionCall(name=found["name"],
-                                                          arguments=json.dumps(found["arguments"], ensure_ascii=False)))
+    base = request_id if choice == 0 else f"{request_id}#{choice}"
+    return [oa.ToolCall(id="call_" + uuid.uuid5(uuid.NAMESPACE_URL, base if k == 0 else f"{base}/{k}").hex[:24],
+                        function=oa.FunctionCall(name=c["name"], arguments=json.dumps(c["arguments"], ensure_ascii=False)))
+            for k, c in enumerate(listed)]
+
+
+def _is_call(found: Any, tools: Tools) -> bool:
+    return (isinstance(found, dict) and found.keys() == {"name", "arguments"} and found["name"] in tools.names
+            and isinstance(found["arguments"], dict))
 
 
 def _invalid(message: str, param: str) -> CoordinatorError:

@@ -39,9 +39,11 @@ async def test_a_required_call_is_held_to_the_functions_schemas_and_read_back() 
     (call,) = choice.message.tool_calls or []
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
     assert call.id.startswith("call_")
-    # The worker was held to a call of either function, and told about them in the system turn.
-    names = {shape["properties"]["name"]["const"] for shape in sent["json_schema"]["anyOf"]}
-    assert names == {"get_weather", "get_time"}
+    # The worker was held to a call of either function, or a list of such calls (parallel_tool_calls
+    # defaults to true), and told about them in the system turn.
+    *single, several = sent["json_schema"]["anyOf"]
+    assert {shape["properties"]["name"]["const"] for shape in single} == {"get_weather", "get_time"}
+    assert several["type"] == "array" and several["items"] == {"anyOf": single} and several["minItems"] == 1
     assert sent["messages"][0]["role"] == "system" and '"name": "get_weather"' in sent["messages"][0]["content"]
     # Streamed: the name first, the arguments in pieces, assembling into the same call.
     deltas = [c.choices[0].delta for c in chunks if c.choices and c.choices[0].delta.tool_calls]
@@ -57,7 +59,8 @@ async def test_a_named_function_is_the_only_shape_allowed() -> None:
     fakes = FakeWorkers({"w1": streaming(answer(CALL))})
     async with pool(fakes, ONE) as (_, sdk):
         await sdk.chat.completions.create(model="smol", messages=ASK, tools=[WEATHER, TIME],  # type: ignore[list-item]
-                                          tool_choice={"type": "function", "function": {"name": "get_weather"}})
+                                          tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                          parallel_tool_calls=False)
     schema = sent_body(fakes)["json_schema"]
     assert schema["properties"]["name"] == {"const": "get_weather"}
     assert schema["properties"]["arguments"] == WEATHER["function"]["parameters"]  # type: ignore[index]
@@ -76,7 +79,7 @@ async def test_with_auto_a_plain_answer_stays_text(stream: bool) -> None:
             text, reason = got.choices[0].message.content, got.choices[0].finish_reason
     assert (text, reason) == ("It is sunny.", "stop")
     sent = sent_body(fakes)  # auto: the call's schema, held lazily (only an answer that starts as a call)
-    assert sent["grammar_lazy"] is True and sent["json_schema"]["properties"]["name"] == {"const": "get_weather"}
+    assert sent["grammar_lazy"] is True and sent["json_schema"]["anyOf"][0]["properties"]["name"] == {"const": "get_weather"}
 
 
 async def test_with_auto_a_response_format_holds_the_answer_instead() -> None:
@@ -86,6 +89,46 @@ async def test_with_auto_a_response_format_holds_the_answer_instead() -> None:
         await sdk.chat.completions.create(model="smol", messages=ASK, tools=[WEATHER], response_format=fmt)  # type: ignore[arg-type, list-item]
     sent = sent_body(fakes)
     assert sent["json_schema"] == {"type": "object"} and not sent.get("grammar_lazy")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_several_calls_in_one_answer_come_back_as_several_tool_calls(stream: bool) -> None:
+    both = json.dumps([{"name": "get_weather", "arguments": {"city": "Paris"}},
+                       {"name": "get_time", "arguments": {}}])
+    fakes = FakeWorkers({"w1": streaming(answer(both))})
+    async with pool(fakes, ONE) as (_, sdk):
+        got = await sdk.chat.completions.create(model="smol", messages=ASK, tools=[WEATHER, TIME],  # type: ignore[call-overload, list-item]
+                                                tool_choice="required", stream=stream)
+        if stream:
+            chunks = [c async for c in got]
+            deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+            calls: dict[int, dict[str, str]] = {}
+            for d in deltas:  # OpenAI's way: the index says which call a delta adds to
+                call = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
+                call["id"] += d.id or ""
+                call["name"] += (d.function.name or "") if d.function else ""
+                call["arguments"] += (d.function.arguments or "") if d.function else ""
+            reason = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+            found = [(c["id"], c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())]
+        else:
+            reason = got.choices[0].finish_reason
+            found = [(c.id, c.function.name, json.loads(c.function.arguments))
+                     for c in got.choices[0].message.tool_calls or []]
+    assert reason == "tool_calls"
+    assert [(name, args) for _, name, args in found] == [("get_weather", {"city": "Paris"}), ("get_time", {})]
+    assert len({ident for ident, _, _ in found}) == 2 and all(i.startswith("call_") for i, _, _ in found)
+
+
+async def test_without_parallel_calls_one_call_is_held_and_a_list_is_not_read_as_calls() -> None:
+    listed = json.dumps([{"name": "get_weather", "arguments": {"city": "Paris"}}])
+    fakes = FakeWorkers({"w1": streaming(answer(listed))})
+    async with pool(fakes, ONE) as (_, sdk):
+        got = await sdk.chat.completions.create(model="smol", messages=ASK, tools=[WEATHER],  # type: ignore[list-item]
+                                                parallel_tool_calls=False)
+    sent = sent_body(fakes)
+    assert sent["json_schema"]["properties"]["name"] == {"const": "get_weather"}  # one object, no list
+    assert "JSON list" not in sent["messages"][0]["content"]
+    assert got.choices[0].message.tool_calls is None and got.choices[0].message.content == listed
 
 
 async def test_a_round_trip_reaches_the_worker_as_plain_turns() -> None:
@@ -101,6 +144,21 @@ async def test_a_round_trip_reaches_the_worker_as_plain_turns() -> None:
     assert [t["role"] for t in turns] == ["system", "user", "assistant", "user"]
     assert json.loads(turns[2]["content"]) == {"name": "get_weather", "arguments": {"city": "Paris"}}
     assert turns[3]["content"] == "Result of get_weather: 18 degrees, clear"
+
+
+async def test_an_answer_of_several_calls_goes_back_as_the_list_the_model_wrote() -> None:
+    fakes = FakeWorkers({"w1": streaming(answer("Sunny, at noon."))})
+    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": arguments}}
+             for i, (name, arguments) in enumerate((("get_weather", '{"city": "Paris"}'), ("get_time", "{}")))]
+    conversation = [*ASK, {"role": "assistant", "content": None, "tool_calls": calls},
+                    {"role": "tool", "tool_call_id": "call_0", "content": "sunny"},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "noon"}]
+    async with pool(fakes, ONE) as (_, sdk):
+        await sdk.chat.completions.create(model="smol", messages=conversation, tools=[WEATHER, TIME])  # type: ignore[arg-type, list-item]
+    turns = sent_body(fakes)["messages"]
+    assert json.loads(turns[2]["content"]) == [{"name": "get_weather", "arguments": {"city": "Paris"}},
+                                               {"name": "get_time", "arguments": {}}]
+    assert [t["content"] for t in turns[3:]] == ["Result of get_weather: sunny", "Result of get_time: noon"]
 
 
 @pytest.mark.parametrize(("extra", "param"), [
