@@ -9,7 +9,8 @@ to it.
     ./start.sh &
     .venv/bin/python -m bench.agents_check [--url http://127.0.0.1:1337] [--model-path modelFiles/...]
 
-Every answer is greedy (temperature 0), so a run repeats itself; the asks differ so the answers do.
+Every answer but `n`'s is greedy (temperature 0), so a run repeats itself; the asks differ so the
+answers do.
 For each count it says how many answers passed of how many were asked:
   json_schema (sdk|langchain)  the answer parses as JSON and validates against its schema (`jsonschema`)
   tool_choice required|named   exactly one call to the function, its arguments valid against its schema
@@ -18,6 +19,8 @@ For each count it says how many answers passed of how many were asked:
   logit_bias -100              the token held by the most of 20 greedy answers (by `logprobs`; its id
                                found by tokenizing its text) is banned: how many answers hold it then
   presence_penalty             of the greedy answers that repeat a token, how many a penalty changes
+  n 4                          four choices under sampling (temperature 1): indices, different texts,
+                               usage summed over the choices
 """
 
 from __future__ import annotations
@@ -172,6 +175,22 @@ def presence_counts(client: openai.OpenAI, model: str) -> dict[str, int]:
     return counts
 
 
+def choices_counts(client: openai.OpenAI, model: str) -> dict[str, int]:
+    """`n: 4` under sampling, ten asks: how many answers had 4 choices (indices 0..3), how many had 4
+    different texts, and how many counted every choice's tokens in `usage` (each choice forced to
+    `max_tokens` with `ignore_eos`, so the sum is known: 4 x 12)."""
+    counts = {"asked": 0, "4 choices": 0, "4 different": 0, "usage counts all": 0}
+    for city in CITIES[:10]:
+        answer = client.chat.completions.create(
+            model=model, n=4, temperature=1.0, max_tokens=12, extra_body={"ignore_eos": True},
+            messages=[{"role": "user", "content": f"Write one sentence about {city}."}])
+        counts["asked"] += 1
+        counts["4 choices"] += [c.index for c in answer.choices] == [0, 1, 2, 3]
+        counts["4 different"] += len({c.message.content for c in answer.choices}) == 4
+        counts["usage counts all"] += answer.usage is not None and answer.usage.completion_tokens == 4 * 12
+    return counts
+
+
 def _valid(text: str, schema: dict[str, Any]) -> bool:
     try:
         jsonschema.validate(json.loads(text), schema)
@@ -195,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                     for k, v in tool_counts(client, model).items()})
     results["logit_bias -100"] = logit_bias_counts(client, model, args.model_path)
     results["presence_penalty 1.5"] = presence_counts(client, model)
+    results["n 4"] = choices_counts(client, model)
     for name, value in results.items():
         shown = f"{value[0]} of {value[1]}" if isinstance(value, tuple) else value
         print(f"  {name:<36} {shown}")
