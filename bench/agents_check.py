@@ -19,6 +19,7 @@ For each count it says how many answers passed of how many were asked:
   logit_bias -100              the token held by the most of 20 greedy answers (by `logprobs`; its id
                                found by tokenizing its text) is banned: how many answers hold it then
   presence_penalty             of the greedy answers that repeat a token, how many a penalty changes
+  prompt tokens (--compare-template)  four chats' prompt tokens, the pool against llama-server --jinja
   n 4                          four choices under sampling (temperature 1): indices, different texts,
                                usage summed over the choices
 """
@@ -191,6 +192,28 @@ def choices_counts(client: openai.OpenAI, model: str) -> dict[str, int]:
     return counts
 
 
+def template_counts(client: openai.OpenAI, model: str, model_path: Path) -> dict[str, list[int]]:
+    """Prompt tokens of the same chats through the pool and through llama-server `--jinja` (the model's
+    own Jinja template, llama.cpp's way), same model: equal counts mean the same rendering, the
+    template's default system prompt included."""
+    from bench.llama_server import LlamaServer
+
+    chats = [[{"role": "user", "content": "Hello"}],
+             [{"role": "user", "content": "What is the capital of France?"}],
+             [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}],
+             [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"},
+              {"role": "user", "content": "Tell me a joke."}]]
+
+    def counts(target: openai.OpenAI, name: str) -> list[int]:
+        usages = [target.chat.completions.create(model=name, messages=chat, max_tokens=1,  # type: ignore[arg-type]
+                                                 temperature=0).usage for chat in chats]
+        return [usage.prompt_tokens if usage else -1 for usage in usages]
+
+    with LlamaServer(model_path, threads=1, extra_args=("--jinja",)) as peer:
+        theirs = counts(openai.OpenAI(base_url=peer.url + "/v1", api_key="unused", max_retries=0), "peer")
+    return {"pool": counts(client, model), "llama-server --jinja": theirs}
+
+
 def _valid(text: str, schema: dict[str, Any]) -> bool:
     try:
         jsonschema.validate(json.loads(text), schema)
@@ -204,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", default="http://127.0.0.1:1337")
     parser.add_argument("--model-path", type=Path, default=DEFAULT_MODEL, help="the pool's model, for the banned token")
     parser.add_argument("--out", type=Path, default=RESULTS / "agents_check.json")
+    parser.add_argument("--compare-template", action="store_true",
+                        help="also count 4 chats' prompt tokens through llama-server --jinja (built on first use, "
+                             "bench/llama_server.py)")
     args = parser.parse_args(argv)
     client = openai.OpenAI(base_url=args.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     model = client.models.list().data[0].id
@@ -215,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     results["logit_bias -100"] = logit_bias_counts(client, model, args.model_path)
     results["presence_penalty 1.5"] = presence_counts(client, model)
     results["n 4"] = choices_counts(client, model)
+    if args.compare_template:
+        results["prompt tokens of 4 chats"] = template_counts(client, model, args.model_path)
     for name, value in results.items():
         shown = f"{value[0]} of {value[1]}" if isinstance(value, tuple) else value
         print(f"  {name:<36} {shown}")
