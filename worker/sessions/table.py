@@ -139,16 +139,17 @@ class SessionTable:
                 del self._expired[key]
             return self._named.get(key)
 
-    def admit(self, session_id: str | None, need_tokens: int, prompt: list[int] | tuple[int, ...] = (), *,
-              tenant: str = "", stream_ref: int | None = None, choices: int = 1) -> Admission:
+    def admit(self, session_id: str | None, need_tokens: int, *, tenant: str = "", stream_ref: int | None = None,
+              choices: int = 1) -> Admission:
         """Reserves a sequence and `need_tokens` of KV for one request of `tenant`, or raises 409/503.
 
         `stream_ref`: the coordinator's reference of the request (`X-Stream-Ref`); heartbeats list it
         while the stream holds its session, so the coordinator knows which of its streams they count.
 
-        A new sequence is the free one that already holds most of `prompt` for this tenant (see
-        `_take_seq`); its `tokens` then say what its cells hold, and the engine keeps their common
-        prefix. Taken from another tenant's leftover, its `tokens` are empty: the engine clears it all.
+        A new sequence is the lowest free one (see `_take_seq`); when it holds a leftover of this
+        tenant, its `tokens` say what its cells hold, and the engine keeps their common prefix (or
+        copies a longer one from another sequence). Taken from another tenant's leftover, its `tokens`
+        are empty: the engine clears it all.
 
         `choices` > 1 (one-shot only): `choices` sequences and `choices` x `need_tokens` of KV, or
         nothing. Each choice holds its own copy of the prompt (with a split cache llama.cpp copies the
@@ -173,7 +174,7 @@ class SessionTable:
                 while len(self._free_seq_ids) < choices:
                     if not self._evict_one(keep=None, into=freed):
                         raise WorkerError(503, reasons.SESSIONS_FULL, "every sequence slot is in use")
-                seq_id = self._take_seq(prompt, tenant)  # first: choice 0 may find its prompt cached
+                seq_id = self._take_seq()
                 left = self._leftover.pop(seq_id, None)
                 session = Session(seq_id=seq_id, session_id=session_id, last_used=self._clock(), tenant=tenant,
                                   tokens=left.tokens if left is not None and left.tenant == tenant else [])
@@ -181,7 +182,7 @@ class SessionTable:
                 if session_id:
                     self._named[(tenant, session_id)] = session
                 for _ in range(choices - 1):
-                    extra.append(self._open(self._take_seq((), tenant), tenant, need_tokens, stream_ref))
+                    extra.append(self._open(self._take_seq(), tenant, need_tokens, stream_ref))
             else:
                 self._idle_lru.pop(session.seq_id, None)
             self._reserved_tokens += need_tokens - session.reserved_tokens
@@ -200,31 +201,16 @@ class SessionTable:
         self._reserved_tokens += need_tokens
         return session
 
-    def _take_seq(self, prompt: list[int] | tuple[int, ...], tenant: str) -> int:
-        """A free sequence id: the one whose leftover cells (of this tenant) share the longest prefix with
-        the prompt, if that is at least half the prompt (or 256 of its tokens); else the lowest empty
-        one, which keeps the running ids contiguous for llama.cpp without overwriting cells another
-        prompt may match; else (every free sequence holds a leftover) the one freed longest ago, of
-        any tenant (`admit` then reports it empty). Half, not all: a chat client's next turn resends
-        the whole conversation, and the previous turn's cells hold all of it but the new message."""
-        best, best_len = -1, max(1, min(256, (len(prompt) + 1) // 2))
-        wanted = list(prompt)
-        for seq_id, left in self._leftover.items():
-            if left.tenant != tenant:
-                continue
-            n = shared_prefix(left.tokens, wanted)
-            if n >= best_len:
-                best, best_len = seq_id, n
-        if best < 0:
-            # No match: an empty sequence (the lowest, for contiguous ids) rather than one whose cells a
-            # later prompt may still want; when every free one holds some, the one freed longest ago.
-            empty = [i for i in self._free_seq_ids if i not in self._leftover]
-            best = min(empty) if empty else next(iter(self._leftover))
-            if best == self._free_seq_ids[0]:
-                return heapq.heappop(self._free_seq_ids)
-        self._free_seq_ids.remove(best)
-        heapq.heapify(self._free_seq_ids)
-        return best
+    def _take_seq(self) -> int:
+        """The lowest free sequence id, always. llama.cpp's split KV cache puts only consecutive sequence
+        ids in one forward pass (`split_equal` with `sequential`): running sequences 0, 2, 5 and 9
+        cost four passes over the weights a step where 0 to 3 cost one. Measured on this machine: a
+        pool whose running ids had scattered (every sequence once used, leftovers reused where they
+        lay) decoded 16 streams 20% slower a step than a fresh one (docs/benchmarks.md, "Scattered
+        sequence ids"). A prompt whose prefix another free sequence's leftover holds is still served
+        from it: the engine copies those cells over (`prefix_source`, then llama.cpp's stream copy, a
+        few milliseconds once) instead of reusing the leftover where it lies."""
+        return heapq.heappop(self._free_seq_ids)
 
     def prefix_source(self, prompt: list[int], *, tenant: str, at_least: int,
                       skip: set[int]) -> tuple[int, int] | None:
