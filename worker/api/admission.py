@@ -107,7 +107,7 @@ class Gate:
                               f"prompt is {len(tokens)} tokens; a session holds at most {limit} tokens "
                               "including the output")
         need = min(limit, len(tokens) + request.max_tokens)
-        admission = await self._reserve(request, need, stream_ref)
+        admission = await self._reserve(request, need, tokens, stream_ref)
         session = admission.session
         if known is not None and (session is not known or len(session.messages) != ticket.turns):
             # Another turn ran or the session was deleted while we tokenized: our prompt is stale.
@@ -147,7 +147,7 @@ class Gate:
         if self._waiting and loop is not None:
             loop.call_soon_threadsafe(self._freed.set)
 
-    async def _reserve(self, request: GenerateRequest, need: int,
+    async def _reserve(self, request: GenerateRequest, need: int, tokens: list[int],
                        stream_ref: int | None) -> Admission:
         """The table's admission; while it refuses for capacity that cancelled streams still hold, it
         waits for their release (bounded by `ending_wait`) and tries again."""
@@ -158,7 +158,7 @@ class Gate:
             while True:
                 self._freed.clear()  # before the attempt: a release after it is not missed
                 try:
-                    return self.table.admit(request.session_id, need, tenant=request.tenant,
+                    return self.table.admit(request.session_id, need, tokens, tenant=request.tenant,
                                             stream_ref=stream_ref, choices=request.n)
                 except WorkerError as refused:
                     left = deadline - loop.time()

@@ -139,17 +139,16 @@ class SessionTable:
                 del self._expired[key]
             return self._named.get(key)
 
-    def admit(self, session_id: str | None, need_tokens: int, *, tenant: str = "", stream_ref: int | None = None,
-              choices: int = 1) -> Admission:
+    def admit(self, session_id: str | None, need_tokens: int, prompt: list[int] | tuple[int, ...] = (), *,
+              tenant: str = "", stream_ref: int | None = None, choices: int = 1) -> Admission:
         """Reserves a sequence and `need_tokens` of KV for one request of `tenant`, or raises 409/503.
 
         `stream_ref`: the coordinator's reference of the request (`X-Stream-Ref`); heartbeats list it
         while the stream holds its session, so the coordinator knows which of its streams they count.
 
-        A new sequence is the lowest free one (see `_take_seq`); when it holds a leftover of this
-        tenant, its `tokens` say what its cells hold, and the engine keeps their common prefix (or
-        copies a longer one from another sequence). Taken from another tenant's leftover, its `tokens`
-        are empty: the engine clears it all.
+        A new sequence is the free one that already holds most of `prompt` for this tenant (see
+        `_take_seq`); its `tokens` then say what its cells hold, and the engine keeps their common
+        prefix. Taken from another tenant's leftover, its `tokens` are empty: the engine clears it all.
 
         `choices` > 1 (one-shot only): `choices` sequences and `choices` x `need_tokens` of KV, or
         nothing. Each choice holds its own copy of the prompt (with a split cache llama.cpp copies the
@@ -174,7 +173,7 @@ class SessionTable:
                 while len(self._free_seq_ids) < choices:
                     if not self._evict_one(keep=None, into=freed):
                         raise WorkerError(503, reasons.SESSIONS_FULL, "every sequence slot is in use")
-                seq_id = self._take_seq()
+                seq_id = self._take_seq(prompt, tenant)  # first: choice 0 may find its prompt cached
                 left = self._leftover.pop(seq_id, None)
                 session = Session(seq_id=seq_id, session_id=session_id, last_used=self._clock(), tenant=tenant,
                                   tokens=left.tokens if left is not None and left.tenant == tenant else [])
@@ -182,7 +181,7 @@ class SessionTable:
                 if session_id:
                     self._named[(tenant, session_id)] = session
                 for _ in range(choices - 1):
-                    extra.append(self._open(self._take_seq(), tenant, need_tokens, stream_ref))
+                    extra.append(self._open(self._take_seq((), tenant, beside=seq_id), tenant, need_tokens, stream_ref))
             else:
                 self._idle_lru.pop(session.seq_id, None)
             self._reserved_tokens += need_tokens - session.reserved_tokens
@@ -201,16 +200,45 @@ class SessionTable:
         self._reserved_tokens += need_tokens
         return session
 
-    def _take_seq(self) -> int:
-        """The lowest free sequence id, always. llama.cpp's split KV cache puts only consecutive sequence
-        ids in one forward pass (`split_equal` with `sequential`): running sequences 0, 2, 5 and 9
-        cost four passes over the weights a step where 0 to 3 cost one. Measured on this machine: a
-        pool whose running ids had scattered (every sequence once used, leftovers reused where they
-        lay) decoded 16 streams 20% slower a step than a fresh one (docs/benchmarks.md, "Scattered
-        sequence ids"). A prompt whose prefix another free sequence's leftover holds is still served
-        from it: the engine copies those cells over (`prefix_source`, then llama.cpp's stream copy, a
-        few milliseconds once) instead of reusing the leftover where it lies."""
-        return heapq.heappop(self._free_seq_ids)
+    def _take_seq(self, prompt: list[int] | tuple[int, ...], tenant: str, beside: int | None = None) -> int:
+        """A free sequence id that keeps the running ids in as few runs of consecutive ids as it can,
+        and among those: the one whose leftover cells (of this tenant) share the longest prefix with the
+        prompt, if that is at least half the prompt (or 256 of its tokens); else the lowest empty one,
+        so no cells another prompt may match are overwritten; else the one freed longest ago, of any
+        tenant (`admit` then reports it empty). Half, not all: a chat client's next turn resends the
+        whole conversation, and the previous turn's cells hold all of it but the new message.
+
+        Why runs: llama.cpp's split KV cache puts only consecutive sequence ids in one forward pass
+        (`split_equal` with `sequential`), so running sequences 0, 3, 4 and 9 cost three passes over
+        the weights a step where 3 to 6 cost one. Taking leftovers wherever they lay scattered the
+        running ids once every sequence had been used, and 16 streams decoded 20% slower a step
+        (docs/benchmarks.md, "Scattered sequence ids"). A free id next to a running one adds no run
+        (or joins two); any other id adds one, and is taken only when none is next to one (an idle
+        worker's first request may take any). `beside`: a sequence to count as running (a request's
+        first choice, while its further ones are placed)."""
+        running = {s.seq_id for s in self._live if s.busy} | ({beside} if beside is not None else set())
+
+        def runs_added(seq_id: int) -> int:
+            return 1 - (seq_id - 1 in running) - (seq_id + 1 in running)
+
+        fewest = min(runs_added(i) for i in self._free_seq_ids)
+        fitting = {i for i in self._free_seq_ids if runs_added(i) == fewest}
+        best, best_len = -1, max(1, min(256, (len(prompt) + 1) // 2))
+        wanted = list(prompt)
+        for seq_id, left in self._leftover.items():
+            if seq_id not in fitting or left.tenant != tenant:
+                continue
+            n = shared_prefix(left.tokens, wanted)
+            if n >= best_len:
+                best, best_len = seq_id, n
+        if best < 0:
+            # No match: an empty sequence (the lowest) rather than one whose cells a later prompt may
+            # still want; when every fitting one holds some, the one freed longest ago.
+            empty = [i for i in fitting if i not in self._leftover]
+            best = min(empty) if empty else next(i for i in self._leftover if i in fitting)
+        self._free_seq_ids.remove(best)
+        heapq.heapify(self._free_seq_ids)
+        return best
 
     def prefix_source(self, prompt: list[int], *, tenant: str, at_least: int,
                       skip: set[int]) -> tuple[int, int] | None:

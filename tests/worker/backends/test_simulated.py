@@ -75,7 +75,7 @@ async def queued_then_cancelled() -> tuple[str, int]:
                                   bytes_per_token=1), clock=lambda: 0.0, ttl=60)
     engine.bind(table)
     loop = asyncio.get_running_loop()
-    session = table.admit("s", 64).session
+    session = table.admit("s", 64, [1, 2, 3]).session
     channel = TokenChannel[StreamItem](loop, 64)
     job = Job(request_id="r", request=GenerateRequest(prompt="go", max_tokens=50, session_id="s"), session=session,
               prompt_tokens=[1, 2, 3], cached_tokens=0, history=[], channel=channel, admitted_at=0.0)

@@ -116,35 +116,53 @@ def test_session_deleted_while_busy_is_freed_at_release() -> None:
     assert t.stats() == (0, 0, 0)
 
 
-def test_sequence_ids_are_handed_out_lowest_first_so_batches_stay_contiguous() -> None:
-    t, _ = table(sessions=4)
+def test_sequence_ids_are_handed_out_next_to_running_ones_so_batches_stay_contiguous() -> None:
+    """llama.cpp decodes only consecutive sequence ids in one forward pass: a new sequence goes next to a
+    running one (the lowest such), never into a gap that would split the running ids further."""
+    t, _ = table(sessions=8)
     a, b, c = (t.admit(None, 1).session for _ in range(3))
     assert [a.seq_id, b.seq_id, c.seq_id] == [0, 1, 2]
     t.release(b, keep_kv=False)
     t.release(a, keep_kv=False)
+    assert t.admit(None, 1).session.seq_id == 1  # next to 2 (1 and 3 both are: the lower)
     assert t.admit(None, 1).session.seq_id == 0
-    assert t.admit(None, 1).session.seq_id == 1
+    t2, _ = table(sessions=8)
+    held = [t2.admit(None, 1).session for _ in range(6)]  # 0..5
+    for session in held[1:5]:
+        t2.release(session, keep_kv=False)  # running: 0 and 5
+    assert t2.admit(None, 1).session.seq_id == 1  # beside 0, not 2 or 3, which would add a run
+    assert t2.admit(None, 1).session.seq_id == 2  # 0-2 and 5 now: 2 and 4 both keep two runs
+    # A leftover that matches the prompt but lies away from the running ids is not taken in place
+    # (that split the running ids once every sequence had been used): the engine copies it instead.
+    t3, _ = table(sessions=8)
+    held = [t3.admit(None, 10).session for _ in range(6)]  # 0..5
+    held[5].tokens.extend([9, 9, 9, 9, 9, 9])
+    for session in held[1:5]:
+        t3.release(session, keep_kv=False)
+    t3.release(held[5], keep_kv=False, retain_cells=True)  # running: 0; seq 5 holds [9] * 6
+    taken = t3.admit(None, 10, [9, 9, 9, 9, 9, 9, 1]).session
+    assert taken.seq_id == 1 and taken.tokens == []
+    assert t3.prefix_source([9, 9, 9, 9, 9, 9], tenant="", at_least=4, skip={1}) == (5, 6)
 
 
-def test_a_new_sequence_is_always_the_lowest_free_one_and_a_better_leftover_is_a_copy_source() -> None:
-    """llama.cpp decodes only consecutive sequence ids in one pass, so the table never hands out a
-    higher id for the sake of a leftover: the lowest free sequence is taken (its own leftover is what
-    its cells hold, for the engine to keep their common prefix), and a leftover elsewhere that holds
-    more of the prompt is offered to the engine as the sequence to copy from."""
-    t, _ = table(sessions=4)
+def test_a_fitting_free_sequence_holding_most_of_the_prompt_is_reused_else_an_empty_one() -> None:
+    t, _ = table(sessions=5)
     first, second = t.admit(None, 10).session, t.admit(None, 10).session
     first.tokens.extend([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
-    second.tokens.extend([20, 21, 22, 23, 24, 25, 26, 27, 28, 29])
+    second.tokens.extend([1, 2, 50, 60])
     assert t.release(first, keep_kv=False, retain_cells=True) is None  # nothing to free: cells kept
     assert t.release(second, keep_kv=False, retain_cells=True) is None
     assert t.stats() == (0, 0, 0)  # kept cells are free capacity, not use
-    prompt = [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]
-    taken = t.admit(None, 12).session
-    assert taken.seq_id == 0 and taken.tokens == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]  # seq 0's own cells
-    assert t.prefix_source(prompt, tenant="", at_least=8, skip={taken.seq_id}) == (1, 10)  # copy seq 1's
-    again = t.admit(None, 12).session
-    assert again.seq_id == 1 and again.tokens == second.tokens  # the lowest free, whatever it holds
-    assert t.admit(None, 1).session.seq_id == 2
+    # Nothing runs: any sequence fits, and seq 0's leftover holds most of this prompt.
+    reused = t.admit(None, 12, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]).session
+    assert reused.seq_id == first.seq_id and reused.tokens == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    # Seq 0 runs: only seq 1 fits (beside it); it holds too little of this prompt, but taking any other
+    # would split the running ids, so its leftover is what the engine trims.
+    other = t.admit(None, 12, [1, 2, 99, 98, 97]).session
+    assert other.seq_id == 1 and other.tokens == [1, 2, 50, 60]
+    t.release(reused, keep_kv=False, retain_cells=True)  # seq 0 holds a leftover again; seq 1 runs
+    # Seqs 0 and 2 fit beside 1: 0 holds a leftover this prompt does not match, 2 is empty: 2 it is.
+    assert t.admit(None, 1, [7]).session.seq_id == 2
 
 
 def test_released_without_retaining_the_cells_must_be_freed() -> None:
@@ -231,23 +249,23 @@ PROMPT = list(range(1, 11))
 @pytest.mark.parametrize(("taker", "reused"), [("A", True), ("B", False), ("", False)])
 def test_a_leftover_is_reused_only_by_its_tenant(taker: str, reused: bool) -> None:
     t, _ = table(sessions=3)
-    freed = t.admit(None, 12, tenant="A").session
+    freed = t.admit(None, 12, PROMPT, tenant="A").session
     freed.tokens.extend(PROMPT)
     t.release(freed, keep_kv=False, retain_cells=True)
-    taken = t.admit(None, 12, tenant=taker).session
-    # The lowest free sequence either way; to another tenant it comes empty (the engine clears A's cells).
-    assert (taken.seq_id, taken.tokens) == (freed.seq_id, PROMPT if reused else [])
+    taken = t.admit(None, 12, [*PROMPT, 11], tenant=taker).session
+    # Another tenant gets the lowest EMPTY sequence, and A's cells stay for A.
+    assert (taken.seq_id == freed.seq_id, taken.tokens) == ((True, PROMPT) if reused else (False, []))
 
 
 def test_taking_another_tenants_leftover_reports_it_empty_so_the_engine_clears_it() -> None:
     t, _ = table(sessions=1)
-    freed = t.admit(None, 12, tenant="A").session
+    freed = t.admit(None, 12, PROMPT, tenant="A").session
     freed.tokens.extend(PROMPT)
     t.release(freed, keep_kv=False, retain_cells=True)
-    taken = t.admit(None, 12, tenant="B").session  # the only free sequence holds A's cells
+    taken = t.admit(None, 12, PROMPT, tenant="B").session  # the only free sequence holds A's cells
     assert taken.seq_id == freed.seq_id and taken.tokens == []  # cached 0: llama_memory_seq_rm(seq, 0, -1)
     t.release(taken, keep_kv=False, retain_cells=True)  # now B's leftover (its cells: B's own tokens)
-    again = t.admit(None, 12, tenant="A").session
+    again = t.admit(None, 12, PROMPT, tenant="A").session
     assert again.tokens == []
 
 
@@ -321,7 +339,7 @@ def test_no_operation_sequence_lets_a_tenant_reach_another_tenants_session_or_ce
                 tombstones.discard(key)
                 crossings["same_id"] += other in named
             try:
-                admission = t.admit(sid if op == "keep" else None, len(prompt) + 4, tenant=tenant)
+                admission = t.admit(sid if op == "keep" else None, len(prompt) + 4, prompt, tenant=tenant)
             except WorkerError as refused:
                 assert refused.reason in ("kv_full", "sessions_full")
                 continue
@@ -387,7 +405,7 @@ def test_a_cancelled_session_counts_as_ending_until_released_and_the_release_is_
 
 def test_choices_take_a_sequence_and_a_reservation_each_and_give_all_back() -> None:
     t, _ = table(capacity=200, session_max=50, sessions=4)
-    admission = t.admit(None, 40, choices=3, stream_ref=77)
+    admission = t.admit(None, 40, [1, 2, 3], choices=3, stream_ref=77)
     sessions = [admission.session, *admission.extra]
     assert len({s.seq_id for s in sessions}) == 3 and all(s.busy and s.session_id is None for s in sessions)
     assert t.stats() == (3, 0, 120)  # n x (prompt + max_tokens): each choice holds its own copy of the prompt
@@ -409,10 +427,10 @@ def test_choices_are_admitted_all_or_none(sessions: int, capacity: int, reason: 
 
 def test_choice_zero_takes_the_cached_prompt_and_the_others_start_empty() -> None:
     t, _ = table(capacity=200, session_max=50, sessions=4)
-    first = t.admit(None, 20)
+    first = t.admit(None, 20, [5, 6, 7, 8])
     first.session.tokens.extend([5, 6, 7, 8])
     t.release(first.session, keep_kv=False, retain_cells=True)
-    again = t.admit(None, 20, choices=3)
+    again = t.admit(None, 20, [5, 6, 7, 8, 9], choices=3)
     assert again.session.seq_id == first.session.seq_id and again.session.tokens == [5, 6, 7, 8]
     assert all(s.tokens == [] and s.seq_id != first.session.seq_id for s in again.extra)
 
