@@ -41,7 +41,6 @@ def _absent(value: Any) -> bool:
 UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "functions": _absent,
     "function_call": lambda v: _absent(v) or v == "none",
-    "repeat_penalty": lambda v: _absent(v) or v == 1,
     "best_of": lambda v: _absent(v) or v == 1,
     "min_p": lambda v: _absent(v) or v == 0,
     "typical_p": lambda v: _absent(v) or v == 1,
@@ -161,6 +160,9 @@ class _Common(BaseModel):
     logit_bias: dict[str, float] | None = None
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    # llama.cpp's server's repetition penalty (its names and meaning).
+    repeat_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+    repeat_last_n: int | None = Field(default=None, ge=0, le=4_096)
 
 
 class ChatCompletionRequest(_Common):

@@ -114,6 +114,11 @@ class GenerationFields(BaseModel):
     logit_bias: dict[str, float] = Field(default_factory=dict, max_length=MAX_LOGIT_BIAS,
                                          description="token id (as a string, JSON's keys) -> -100..100 added to "
                                          "its logit before sampling; -100 keeps it out in effect")
+    repeat_penalty: float = Field(default=1.0, gt=0.0, le=10.0, description="llama.cpp's repetition penalty: "
+                                  "the logit of a token among the last `repeat_last_n` tokens (the prompt's "
+                                  "included) is divided by it when positive, multiplied when negative; 1 is off")
+    repeat_last_n: int = Field(default=64, ge=0, le=4_096, description="how many of the latest tokens "
+                               "`repeat_penalty` looks at; 0 turns it off")
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, description="taken off the logit of every "
                                     "token generated so far")
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, description="taken off once per time a "

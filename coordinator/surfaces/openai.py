@@ -236,7 +236,8 @@ def _common(body: oa.ChatCompletionRequest | oa.CompletionRequest, max_tokens: i
     if body.n > 1:
         fields["n"] = body.n
     for name in ("model", "temperature", "top_p", "seed", "stop", "session_id", "top_k", "ignore_eos",
-                 "grammar", "json_schema", "logit_bias", "presence_penalty", "frequency_penalty"):
+                 "grammar", "json_schema", "logit_bias", "presence_penalty", "frequency_penalty", "repeat_penalty",
+                 "repeat_last_n"):
         value = getattr(body, name)
         if value is not None:
             fields[name] = value

@@ -157,7 +157,7 @@ async def test_an_error_after_the_first_token_is_an_error_chunk_then_done() -> N
     # Meaning-changing fields the pool does not implement are refused, never dropped in silence.
     *[({"messages": [{"role": "user", "content": "x"}], field: value}, 400, field, "invalid_request")
       for field, value in [
-          ("tool_choice", "required"), ("repeat_penalty", 1.2), ("min_p", 0.1), ("modalities", ["audio"]),
+          ("tool_choice", "required"), ("typical_p", 0.5), ("min_p", 0.1), ("modalities", ["audio"]),
           ("top_logprobs", 5)]],
     ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}, 400,
      "response_format.type", "invalid_request"),

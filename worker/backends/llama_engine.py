@@ -235,15 +235,17 @@ class Engine:
                                 self.model.eog_tokens if request.ignore_eos else (), request.probabilities,
                                 logit_bias=tuple((int(t), b) for t, b in request.logit_bias.items()),
                                 presence_penalty=request.presence_penalty,
-                                frequency_penalty=request.frequency_penalty)
+                                frequency_penalty=request.frequency_penalty,
+                                repeat_penalty=request.repeat_penalty, repeat_last_n=request.repeat_last_n)
         now = self._clock()
         run = _Running(job=job, text=TextAssembler(request.stop), started_at=now,
-                       sampling=RequestSampling(params, job.constraint), todo=job.prompt_tokens[keep:])
+                       sampling=RequestSampling(params, job.constraint, job.prompt_tokens),
+                       todo=job.prompt_tokens[keep:])
         run.waiting = [
             _Running(job=job, choice=extra.index, text=TextAssembler(request.stop, choice=extra.index),
                      started_at=now, todo=[], copied=False,
                      sampling=RequestSampling(dataclasses.replace(params, seed=choice_seed(params.seed, extra.index)),
-                                              extra.constraint))
+                                              extra.constraint, job.prompt_tokens))
             for extra in job.extra_choices]
         for each in (run, *run.waiting):
             # Kept in sequence-id order so each step's decode rows reach llama.cpp ascending (one pass).

@@ -29,6 +29,7 @@ keeps the whole vocabulary, pays for full-row selection.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import logging
 import math
@@ -65,6 +66,8 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, added to its logit); -100 bans it in effect
     presence_penalty: float = 0.0  # taken off the logit of every token generated so far
     frequency_penalty: float = 0.0  # taken off once per time a token was generated so far
+    repeat_penalty: float = 1.0  # llama.cpp's: divides a positive logit (multiplies a negative) of a recent token
+    repeat_last_n: int = 64  # the recent tokens repeat_penalty looks at, the prompt's included
 
     @property
     def greedy(self) -> bool:
@@ -99,7 +102,8 @@ class RequestSampling:
     """One request's sampling parameters, its own random generator (the seed's, or fresh entropy), and
     its grammar when it has one."""
 
-    def __init__(self, params: SamplingParams, constraint: Constraint | None = None) -> None:
+    def __init__(self, params: SamplingParams, constraint: Constraint | None = None,
+                 prompt: Sequence[int] = ()) -> None:
         self.params = params
         self.banned = np.array(params.banned_tokens, dtype=np.intp)
         self.rng = np.random.default_rng(params.seed)
@@ -107,19 +111,29 @@ class RequestSampling:
         self.bias_ids = np.array([t for t, _ in params.logit_bias], dtype=np.intp)
         self.bias = np.array([b for _, b in params.logit_bias], dtype=np.float32)
         self.penalised = bool(params.presence_penalty or params.frequency_penalty)
-        self.adjusted = self.penalised or bool(params.logit_bias)
+        repeats = params.repeat_penalty != 1.0 and params.repeat_last_n > 0
+        # The latest tokens, the prompt's last ones first, kept only with a repetition penalty.
+        self.recent: collections.deque[int] | None = (
+            collections.deque(prompt[-params.repeat_last_n:], maxlen=params.repeat_last_n) if repeats else None)
+        self.adjusted = self.penalised or repeats or bool(params.logit_bias)
         self.generated: dict[int, int] = {}  # token -> times generated, kept only with a penalty
         self.plain = params.greedy and not (self.banned.size or self.adjusted or constraint is not None)
         self.top_k_only = not params.greedy and params.top_k > 0 and not (self.adjusted or constraint is not None)
 
     def adjust(self, row: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """`row` with the request's logit bias and penalties applied, written into `out` (OpenAI's
-        rule: logit - count x frequency_penalty - (count > 0) x presence_penalty, over the tokens
-        generated so far)."""
+        """`row` with the request's logit bias and penalties applied, written into `out`, in llama.cpp's
+        order: the bias; then the repetition penalty over the latest tokens (a positive logit divided
+        by it, a negative one multiplied); then OpenAI's rule, logit - count x frequency_penalty -
+        (count > 0) x presence_penalty, over the tokens generated so far."""
         adjusted = out[:row.size]
         np.copyto(adjusted, row)
         if self.bias_ids.size:
             adjusted[self.bias_ids] += self.bias
+        if self.recent:
+            ids = np.fromiter(set(self.recent), dtype=np.intp)
+            values = adjusted[ids]
+            penalty = np.float32(self.params.repeat_penalty)
+            adjusted[ids] = np.where(values > 0, values / penalty, values * penalty)
         if self.generated:
             ids = np.fromiter(self.generated, dtype=np.intp, count=len(self.generated))
             counts = np.fromiter(self.generated.values(), dtype=np.float32, count=len(self.generated))
@@ -129,6 +143,8 @@ class RequestSampling:
     def chose(self, token: int) -> None:
         if self.penalised:
             self.generated[token] = self.generated.get(token, 0) + 1
+        if self.recent is not None:
+            self.recent.append(token)
 
 
 def numpy_exp_sum(row: np.ndarray, top: float, scratch: np.ndarray) -> float:

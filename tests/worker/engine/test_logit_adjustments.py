@@ -70,3 +70,43 @@ def test_a_presence_penalty_changes_a_greedy_answer_that_repeats_itself(worker: 
     penalised = generate(worker.url, {**ask, "presence_penalty": 2.0}).text
     assert plain.lower().count("hello") >= 5, plain
     assert penalised != plain and penalised.lower().count("hello") < plain.lower().count("hello"), penalised
+    repeated = generate(worker.url, {**ask, "repeat_penalty": 1.5}).text  # llama.cpp's way, over the last 64
+    assert repeated != plain and repeated.lower().count("hello") < plain.lower().count("hello"), repeated
+
+
+def test_the_repetition_penalty_is_llama_cpps_over_the_latest_tokens_prompt_included() -> None:
+    """`repeat_penalty` against llama.cpp's own penalties sampler fed the same tokens: the prompt's,
+    then the generated ones; only the last `repeat_last_n` count, positive logits are divided by the
+    penalty and negative ones multiplied."""
+    import ctypes
+
+    import llama_cpp as ll
+
+    rng = np.random.default_rng(11)
+    row = (rng.standard_normal(VOCAB) * 3).astype(np.float32)
+    prompt = [int(t) for t in rng.integers(0, VOCAB, 40)]
+    generated = [int(t) for t in rng.integers(0, VOCAB, 30)]
+    params = SamplingParams(0.0, 1.0, 0, None, repeat_penalty=1.3, repeat_last_n=50)
+    ours = RequestSampling(params, prompt=prompt)
+    for token in generated:
+        ours.chose(token)
+    got = ours.adjust(row, np.empty(VOCAB, dtype=np.float32)).copy()
+
+    theirs = ll.llama_sampler_init_penalties(VOCAB, 50, 1.3, 0.0, 0.0)
+    try:
+        for token in prompt + generated:
+            ll.llama_sampler_accept(theirs, token)
+        data = np.zeros(VOCAB, dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")], align=True))
+        data["id"], data["logit"] = np.arange(VOCAB), row
+        array = ll.llama_token_data_array(data=data.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)),
+                                          size=VOCAB, selected=-1, sorted=False)
+        ll.llama_sampler_apply(theirs, ctypes.byref(array))
+    finally:
+        ll.llama_sampler_free(theirs)
+    expected = np.empty(VOCAB, dtype=np.float32)
+    expected[data["id"]] = data["logit"]
+    assert np.array_equal(got, expected)
+    changed = set(np.flatnonzero(got != row).tolist())
+    assert changed and changed <= set((prompt + generated)[-50:])  # only the latest 50 tokens count
+    off = RequestSampling(SamplingParams(0.0, 1.0, 0, None, repeat_penalty=1.3, repeat_last_n=0), prompt=prompt)
+    assert not off.adjusted and off.recent is None
