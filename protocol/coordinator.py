@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from protocol.health import EmbeddingService
+
 WorkerState = Literal["alive", "stale"]
 
 
@@ -65,6 +67,9 @@ class WorkerStatus(BaseModel):
     ttft_ewma_ms: float | None = Field(default=None, description="recent time to first token through it")
     picked_age_s: float | None = Field(default=None, description="seconds since the coordinator last reserved "
                                        "on it (score ties go to the oldest); null: never")
+    embeddings: EmbeddingService | None = Field(default=None, description="what it says it embeds (size, "
+                                                "longest input, pooling, requests at once); null: it does not")
+    embedding_requests: int = Field(default=0, ge=0, description="the coordinator's embedding requests on it now")
 
 
 class WorkerStatusList(BaseModel):

@@ -215,8 +215,12 @@ async def test_past_the_workers_embedding_slots_503_or_a_wait_in_the_queue() -> 
         while not fakes.calls:
             await asyncio.sleep(0.005)
         refused = await client.post("/v1/embeddings", json={"input": "b"})
+        (listed,) = (await client.get("/coordinator/health/workers")).json()["workers"]  # what an operator sees
+        assert listed["embeddings"]["capacity"] == 1 and listed["embedding_requests"] == 1
         gate.set()
         assert (await held).status_code == 200
+        (listed,) = (await client.get("/coordinator/health/workers")).json()["workers"]
+        assert listed["embedding_requests"] == 0
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "embeddings_full"
     assert refused.headers["retry-after"] == "3" and len(fakes.calls) == 1
     gate = asyncio.Event()
