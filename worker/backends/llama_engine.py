@@ -133,6 +133,8 @@ class Engine:
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                return  # a step still runs on it: freeing the context under it would crash the process
         ll.llama_batch_free(self._batch)
         ll.llama_free(self._ctx)
         self._ctx = None
