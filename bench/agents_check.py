@@ -16,6 +16,9 @@ For each count it says how many answers passed of how many were asked:
   tool_choice required|named   exactly one call to the function, its arguments valid against its schema
   streamed == whole            the streamed deltas assemble into the same call (name and arguments)
   round trip                   call, tool result, answer: the last answer is text, with no error
+  responses ...                the same asks through `client.responses.create`: json_schema as
+                               `text.format`, a required call (a `function_call` item), streamed ==
+                               whole, and the round trip with a `function_call_output` item
   logit_bias -100              the token held by the most of 20 greedy answers (by `logprobs`; its id
                                found by tokenizing its text) is banned: how many answers hold it then
   presence_penalty             of the greedy answers that repeat a token, how many a penalty changes
@@ -214,6 +217,41 @@ def template_counts(client: openai.OpenAI, model: str, model_path: Path) -> dict
     return {"pool": counts(client, model), "llama-server --jinja": theirs}
 
 
+def responses_counts(client: openai.OpenAI, model: str) -> dict[str, list[int]]:
+    """The schema and tool asks again, through the Responses API."""
+    counts = {"json_schema": [0, 0], "required": [0, 0], "streamed == whole": [0, 0], "round trip": [0, 0]}
+    for name, schema in SCHEMAS.items():
+        text: Any = {"format": {"type": "json_schema", "name": name, "strict": True, "schema": schema}}
+        for ask in SCHEMA_ASKS[name]:
+            got = client.responses.create(model=model, temperature=0, max_output_tokens=200, text=text,
+                                          input=f"Describe {ask} as JSON.")
+            counts["json_schema"][1] += 1
+            counts["json_schema"][0] += _valid(got.output_text, schema)
+    tool: Any = {"type": "function", **WEATHER["function"]}  # type: ignore[dict-item]
+    for city in CITIES:
+        ask = f"What is the weather in {city} today?"
+        whole = client.responses.create(model=model, input=ask, tools=[tool], tool_choice="required",
+                                        temperature=0, max_output_tokens=60)
+        calls = [item for item in whole.output if item.type == "function_call"]
+        counts["required"][1] += 1
+        ok = len(calls) == 1 and calls[0].name == "get_weather" and _valid(calls[0].arguments, tool["parameters"])
+        counts["required"][0] += ok
+        if not ok:
+            continue
+        stream = client.responses.create(model=model, input=ask, tools=[tool], tool_choice="required",
+                                         temperature=0, max_output_tokens=60, stream=True)
+        arguments = "".join(e.delta for e in stream if e.type == "response.function_call_arguments.delta")
+        counts["streamed == whole"][1] += 1
+        counts["streamed == whole"][0] += arguments == calls[0].arguments
+        history: Any = [{"role": "user", "content": ask}, calls[0].model_dump(exclude_none=True),
+                        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "18 degrees and clear"}]
+        final = client.responses.create(model=model, input=history, tools=[tool], tool_choice="none",
+                                        temperature=0, max_output_tokens=40)
+        counts["round trip"][1] += 1
+        counts["round trip"][0] += bool(final.output_text)
+    return counts
+
+
 def _valid(text: str, schema: dict[str, Any]) -> bool:
     try:
         jsonschema.validate(json.loads(text), schema)
@@ -238,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     results["json_schema (langchain)"] = langchain_schema_counts(args.url, model)
     results.update({f"tool_choice {k}" if k in ("required", "named") else k: tuple(v)
                     for k, v in tool_counts(client, model).items()})
+    results.update({f"responses {k}": tuple(v) for k, v in responses_counts(client, model).items()})
     results["logit_bias -100"] = logit_bias_counts(client, model, args.model_path)
     results["presence_penalty 1.5"] = presence_counts(client, model)
     results["n 4"] = choices_counts(client, model)

@@ -1,9 +1,11 @@
-"""Wire types of OpenAI's Responses API as this pool serves it: `POST /v1/responses`, text in, text out.
+"""Wire types of OpenAI's Responses API as this pool serves it: `POST /v1/responses`, text and function
+calls in, text (free, or held to a JSON schema) or function calls out.
 
 Owns: the request body (`ResponsesRequest`: unknown fields ignored, as on the other OpenAI routes,
 except the ones in `UNSUPPORTED`, which change what an answer means and are refused rather than
-dropped), the `response` object with its one output message and usage, the streamed events and
-their names, in the shapes the official `openai` package parses (`openai.types.responses`).
+dropped), the `response` object with its output (one message, or the function calls the answer
+makes) and usage, the streamed events and their names, in the shapes the official `openai` package
+parses (`openai.types.responses`).
 Must not: reach workers, or repeat the shapes `protocol.openai` already defines (the error body is
 the same on every OpenAI route). The coordinator's Responses surface maps these onto `protocol.worker`.
 
@@ -34,20 +36,30 @@ OUTPUT_TEXT_DELTA = "response.output_text.delta"
 OUTPUT_TEXT_DONE = "response.output_text.done"
 CONTENT_PART_DONE = "response.content_part.done"
 OUTPUT_ITEM_DONE = "response.output_item.done"
+ARGUMENTS_DELTA = "response.function_call_arguments.delta"  # a function call's arguments, in pieces
+ARGUMENTS_DONE = "response.function_call_arguments.done"
 COMPLETED = "response.completed"
 INCOMPLETE = "response.incomplete"
 FAILED = "response.failed"
 STREAM_EVENTS = (CREATED, IN_PROGRESS, OUTPUT_ITEM_ADDED, CONTENT_PART_ADDED, OUTPUT_TEXT_DELTA, OUTPUT_TEXT_DONE,
-                 CONTENT_PART_DONE, OUTPUT_ITEM_DONE, COMPLETED, INCOMPLETE, FAILED)
+                 CONTENT_PART_DONE, ARGUMENTS_DELTA, ARGUMENTS_DONE, OUTPUT_ITEM_DONE, COMPLETED, INCOMPLETE, FAILED)
 TERMINAL_EVENTS = frozenset({COMPLETED, INCOMPLETE, FAILED})
 
 # What the request may say, as this surface takes it (the parser refuses anything else, naming it).
 INPUT_ROLES = ("user", "system", "developer", "assistant")
 INPUT_PART_TYPES = ("input_text", "output_text")  # output_text: an assistant turn sent back as history
 INPUT_ITEM_TYPE = "message"
+CALL_ITEM_TYPE = "function_call"  # an earlier answer's call, sent back as history
+CALL_OUTPUT_ITEM_TYPE = "function_call_output"  # what the caller's function returned for it
+INPUT_ITEM_TYPES = (INPUT_ITEM_TYPE, CALL_ITEM_TYPE, CALL_OUTPUT_ITEM_TYPE)
+FUNCTION_CALL_ID_PREFIX = "fc_"
 TEXT_FORMAT = {"type": "text"}
-ToolChoice = Literal["auto", "none"]
-TOOL_CHOICES: tuple[ToolChoice, ...] = ("auto", "none")
+TEXT_FORMATS = ("text", "json_object", "json_schema")
+TOOL_TYPE = "function"  # the only kind of tool served (no hosted tools: search, files, computer, ...)
+ToolMode = Literal["auto", "none", "required"]
+TOOL_MODES: tuple[ToolMode, ...] = ("auto", "none", "required")
+# As a response echoes it: a mode, or {"type": "function", "name": ...}.
+ToolChoice = ToolMode | dict[str, str]
 
 
 def _absent(value: Any) -> bool:
@@ -60,16 +72,14 @@ def _no_settings(value: Any) -> bool:
 
 
 # Fields of the Responses API this pool does not implement, each with the test of a value that changes
-# nothing. Any other value is a 400 naming the field: a client that asks for tools, reasoning or a
-# stored conversation must not get an answer made without them. (`text.format` is checked by the
-# surface, since `text` itself is accepted.)
+# nothing. Any other value is a 400 naming the field: a client that asks for reasoning or a stored
+# conversation must not get an answer made without them. (Hosted tools and `text.format` types other
+# than the three above are refused by the surface, since `tools` and `text` themselves are served.)
 UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "previous_response_id": _absent,
     "conversation": _absent,
     "prompt": _absent,
     "background": lambda v: v is None or v is False,
-    "tools": _absent,
-    "tool_choice": lambda v: _absent(v) or v in TOOL_CHOICES,
     "reasoning": _no_settings,
     "include": _absent,
     "truncation": lambda v: _absent(v) or v == "disabled",
@@ -84,15 +94,21 @@ class InputPart(BaseModel):
 
 
 class InputItem(BaseModel):
-    """A message of the conversation (OpenAI's `EasyInputMessage`, or a `message` item; an output
-    message sent back as input parses too). Other item types parse as well, to be refused by name.
-    String content is one `input_text` part, as OpenAI defines it."""
+    """An item of the conversation: a message (OpenAI's `EasyInputMessage`, or a `message` item; an
+    output message sent back as input parses too), a `function_call` an earlier answer made (`call_id`,
+    `name`, `arguments`), or a `function_call_output` (`call_id`, `output`). Other item types parse as
+    well, to be refused by name. String content is one `input_text` part, as OpenAI defines it."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
     type: str = Field(default=INPUT_ITEM_TYPE, max_length=64)
     role: str | None = Field(default=None, max_length=32)
     content: list[InputPart] | None = Field(default=None, max_length=MAX_MESSAGES)
+    call_id: str | None = Field(default=None, max_length=128)
+    name: str | None = Field(default=None, max_length=64)
+    arguments: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
+    output: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] | Annotated[
+        list[InputPart], Field(max_length=MAX_MESSAGES)] | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -100,10 +116,36 @@ class InputItem(BaseModel):
         return [{"type": "input_text", "text": value}] if isinstance(value, str) else value
 
 
+class ToolIn(BaseModel):
+    """A tool of the request: a function (`name`, `description`, `parameters`, `strict`). Other types
+    (OpenAI's hosted tools) parse too, to be refused by name."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: str = Field(max_length=64)
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = Field(default=None, max_length=4096)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class TextFormatIn(BaseModel):
+    """`text.format`: `{"type": "text"}`, `{"type": "json_object"}`, or `{"type": "json_schema", "name",
+    "schema", "strict", "description"}` (flat, unlike chat's `response_format`)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: str = Field(max_length=64)
+    name: str | None = Field(default=None, max_length=64)
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+    description: str | None = Field(default=None, max_length=4096)
+
+
 class TextConfig(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    format: dict[str, Any] | None = None
+    format: TextFormatIn | None = None
 
 
 MetadataKey = Annotated[str, Field(max_length=64)]
@@ -129,6 +171,9 @@ class ResponsesRequest(BaseModel):
     user: str | None = Field(default=None, max_length=256)
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
+    tools: list[ToolIn] | None = Field(default=None, max_length=128)
+    tool_choice: str | dict[str, Any] | None = Field(
+        default=None, description='"auto", "none", "required", or {"type": "function", "name": ...}')
     # Extensions (not in OpenAI's API): the same meaning as on /coordinator/infer and chat.
     seed: int | None = Field(default=None, ge=0, le=2**32 - 2)
     top_k: int | None = Field(default=None, ge=0, le=100_000)
@@ -165,6 +210,21 @@ class OutputMessage(BaseModel):
     content: list[OutputText]
 
 
+class FunctionCallItem(BaseModel):
+    """A call the answer makes: the caller runs the function and sends its output back as a
+    `function_call_output` item with the same `call_id`."""
+
+    type: Literal["function_call"] = "function_call"
+    id: str
+    call_id: str
+    name: str
+    arguments: str = Field(description="the arguments as a JSON text")
+    status: MessageStatus
+
+
+OutputItem = Annotated[OutputMessage | FunctionCallItem, Field(discriminator="type")]
+
+
 class InputTokensDetails(BaseModel):
     cached_tokens: int = Field(description="prompt tokens reused from KV a worker already held")
     cache_write_tokens: int = Field(default=0, description="always 0: no prompt cache is billed for here")
@@ -191,12 +251,9 @@ class ResponseError(BaseModel):
     message: str
 
 
-class TextFormat(BaseModel):
-    type: Literal["text"] = "text"
-
-
 class TextSettings(BaseModel):
-    format: TextFormat = Field(default_factory=TextFormat)
+    format: dict[str, Any] = Field(default_factory=lambda: dict(TEXT_FORMAT),
+                                   description="the request's `text.format`, as given")
 
 
 Status = Literal["in_progress", "completed", "incomplete", "failed"]
@@ -215,13 +272,13 @@ class ResponseObject(BaseModel):
     instructions: str | None = None
     max_output_tokens: int | None = None
     model: str
-    output: list[OutputMessage] = Field(default_factory=list)
+    output: list[OutputItem] = Field(default_factory=list)
     parallel_tool_calls: bool = True
     previous_response_id: None = None
     temperature: float | None = None
     text: TextSettings = Field(default_factory=TextSettings)
     tool_choice: ToolChoice = "auto"
-    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tools: list[dict[str, Any]] = Field(default_factory=list, description="the request's function tools")
     top_p: float | None = None
     truncation: Literal["disabled"] = "disabled"
     background: bool = False
@@ -245,7 +302,7 @@ class OutputItemEvent(BaseModel):
     type: str
     sequence_number: int
     output_index: int
-    item: OutputMessage
+    item: OutputItem
 
 
 class ContentPartEvent(BaseModel):
@@ -281,3 +338,24 @@ class TextDoneEvent(BaseModel):
     content_index: int
     text: str
     logprobs: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ArgumentsDeltaEvent(BaseModel):
+    """`response.function_call_arguments.delta`: a piece of a function call's arguments."""
+
+    type: str = ARGUMENTS_DELTA
+    sequence_number: int
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class ArgumentsDoneEvent(BaseModel):
+    """`response.function_call_arguments.done`: a function call's whole arguments."""
+
+    type: str = ARGUMENTS_DONE
+    sequence_number: int
+    item_id: str
+    output_index: int
+    name: str
+    arguments: str

@@ -30,7 +30,7 @@ from coordinator.relay.supervisor import client_left_of
 from coordinator.state import CoordinatorState
 from coordinator.surfaces.infer import event_stream, json_body, refusals
 from coordinator.surfaces.openai_format import ChunkEncoder, Options, assemble, fingerprint_of
-from coordinator.surfaces.tools import Tools, call_schema, calls_text, result_text, system_text, tools_of
+from coordinator.surfaces.tools import Tools, calls_text, constrain, listed_in, result_text, tools_of
 from coordinator.validate import describe, first_field, read_body, request_id_of
 from protocol import openai as oa
 from protocol import reasons
@@ -275,15 +275,7 @@ def _parse_chat(raw: bytes, max_choices: int = 1) -> tuple[dict[str, Any], Optio
     if tools is not None:
         if body.logprobs or top:
             raise _invalid("logprobs: not given with tools (a call is read from the whole answer)", "logprobs")
-        schema = call_schema(tools)
-        if schema is not None:
-            formatted = "json_schema" in fields or "grammar" in fields
-            if formatted and tools.choice != "auto":
-                raise _invalid("tool_choice: a required call cannot also take response_format or a grammar",
-                               "tool_choice")
-            if not formatted:  # with `auto` and a response_format, the format holds the answer instead
-                fields["json_schema"] = schema
-                fields["grammar_lazy"] = tools.choice == "auto"
+        constrain(fields, tools, format_param="response_format or a grammar")
     options = Options("chat", body.stream, _usage(body), body.logprobs or top > 0, top, tools=tools, n=body.n)
     return _probabilities(fields, options), options
 
@@ -303,12 +295,7 @@ def _messages(messages: list[oa.ChatMessageIn], tools: Tools | None) -> list[dic
             out.append({"role": "assistant", "content": calls_text(message.tool_calls)})
         else:
             out.append(_message(message, i))
-    if tools is not None:
-        if out and out[0]["role"] == "system":
-            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + system_text(tools)}
-        else:
-            out.insert(0, {"role": "system", "content": system_text(tools)})
-    return out
+    return listed_in(out, tools)
 
 
 def _parse_completion(raw: bytes, max_choices: int = 1) -> tuple[dict[str, Any], Options]:

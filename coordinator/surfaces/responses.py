@@ -1,10 +1,12 @@
-"""OpenAI's Responses API: `POST /v1/responses`, text in and text out, streamed or not.
+"""OpenAI's Responses API: `POST /v1/responses`, text and function calls, streamed or not.
 
 Owns: parsing `protocol.openai_responses.ResponsesRequest` into the internal request (`instructions`
 and the input's messages become chat messages, which the worker renders with the model's own
-template), the refusals of what this pool does not implement (every field in `UNSUPPORTED` with a
-value that would change the answer, `text.format` other than text, items other than messages,
-parts other than text), choosing a streamed (`EventEncoder`) or collected (`assemble`) answer, and
+template; function tools, earlier calls and their outputs become turns in the generic format of
+coordinator/surfaces/tools.py, as on the chat route; `text.format` `json_object` or `json_schema`
+holds the answer to a schema), the refusals of what this pool does not implement (every field in
+`UNSUPPORTED` with a value that would change the answer, hosted tools, items other than messages and
+function calls, parts other than text), choosing a streamed (`EventEncoder`) or collected (`assemble`) answer, and
 the OpenAPI description of the route (the body narrowed to what the parser here accepts).
 Must not: admit, schedule or relay (the gateway does, exactly as for chat completions), or shape
 errors its own way: refusals are the OpenAI surface's (`openai.error_response`), as on every `/v1/` route.
@@ -26,12 +28,13 @@ from coordinator.state import CoordinatorState
 from coordinator.surfaces.infer import event_stream, json_body, refusals
 from coordinator.surfaces.openai import open_generation
 from coordinator.surfaces.responses_format import Echo, EventEncoder, Shape, assemble
+from coordinator.surfaces.tools import Tools, calls_text, choose, constrain, listed_in, result_text
 from coordinator.validate import describe, first_field
 from protocol import openai as oa
 from protocol import openai_responses as rs
 from protocol import reasons
 from protocol.openapi import inlined
-from protocol.worker import MAX_PROMPT_CHARS, REQUEST_ID_HEADER, WORKER_ID_HEADER
+from protocol.worker import MAX_MESSAGES, MAX_PROMPT_CHARS, REQUEST_ID_HEADER, WORKER_ID_HEADER
 
 PATH = "/v1/responses"
 SURFACE = "openai-responses"
@@ -69,18 +72,26 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Echo]:
     except ValidationError as exc:
         raise CoordinatorError(reasons.INVALID_REQUEST, describe(exc), param=first_field(exc)) from None
     _refuse_unsupported(body)
+    tools, tool_choice = _tools_of(body)
     messages = [{"role": "system", "content": body.instructions}] if body.instructions else []
-    messages += [_message(item, index) for index, item in enumerate(body.input)]
+    messages = listed_in(messages + _conversation(body.input), tools)
     fields: dict[str, Any] = {"messages": messages, "max_tokens": body.max_output_tokens or oa.MAX_COMPLETION_TOKENS,
                               "probabilities": False}
     for name in ("model", "temperature", "top_p", "seed", "session_id", "top_k", "ignore_eos"):
         value = getattr(body, name)
         if value is not None:
             fields[name] = value
-    tool_choice: rs.ToolChoice = "none" if (body.model_extra or {}).get("tool_choice") == "none" else "auto"
+    text_format = body.text.format if body.text is not None else None
+    schema = _schema_of(text_format)
+    if schema is not None:
+        fields["json_schema"] = schema
+    if tools is not None:
+        constrain(fields, tools, format_param="text.format")
     echo = Echo(stream=body.stream, instructions=body.instructions, max_output_tokens=body.max_output_tokens,
                 parallel_tool_calls=body.parallel_tool_calls is not False, tool_choice=tool_choice,
-                user=body.user, metadata=body.metadata or {})
+                user=body.user, metadata=body.metadata or {}, tools=tools,
+                listed_tools=[tool.model_dump(exclude_none=True) for tool in body.tools or ()],
+                text_format=text_format.model_dump(by_alias=True, exclude_none=True) if text_format else None)
     return fields, echo
 
 
@@ -94,14 +105,97 @@ def _refuse_unsupported(body: rs.ResponsesRequest) -> None:
                            "conversation as `input`", name)
         raise _invalid(f"{name}: not supported by this pool yet; an answer made without it would not be what "
                        "the request asks for, so leave it out", name)
-    if body.text is not None and body.text.format not in (None, rs.TEXT_FORMAT):
-        raise _invalid('text.format: only {"type": "text"} is supported (no JSON mode or schema yet)', "text.format")
+
+
+def _tools_of(body: rs.ResponsesRequest) -> tuple[Tools | None, rs.ToolChoice]:
+    """The request's function tools and its choice among them (as the response echoes it)."""
+    functions = []
+    for i, tool in enumerate(body.tools or ()):
+        if tool.type != rs.TOOL_TYPE:
+            raise _invalid(f"tools.{i}.type: only function tools are served, not {tool.type!r} (this pool "
+                           "runs no hosted tools)", f"tools.{i}.type")
+        if tool.name is None:
+            raise _invalid(f"tools.{i}.name: a function needs its name", f"tools.{i}.name")
+        functions.append(oa.FunctionDef(name=tool.name, description=tool.description,
+                                        parameters=tool.parameters or {"type": "object", "properties": {}}))
+    given = body.tool_choice
+    parallel = body.parallel_tool_calls is not False
+    if not functions and given in (None, "auto", "none"):  # "auto" is the Responses API's default
+        return None, given or "auto"  # type: ignore[return-value]  # a mode, as just checked
+    if isinstance(given, dict):
+        name = given.get("name")
+        if given.get("type") != rs.TOOL_TYPE or not isinstance(name, str):
+            raise _invalid('tool_choice: give "auto", "none", "required" or {"type": "function", "name": ...}',
+                           "tool_choice")
+        return choose(tuple(functions), None, name, parallel=parallel), {"type": rs.TOOL_TYPE, "name": name}
+    if given is not None and given not in rs.TOOL_MODES:
+        raise _invalid(f"tool_choice: {given!r} is not one of {', '.join(rs.TOOL_MODES)}", "tool_choice")
+    mode: rs.ToolMode = given or "auto"  # type: ignore[assignment]  # checked just above
+    return choose(tuple(functions), given, None, parallel=parallel), mode
+
+
+def _schema_of(text_format: rs.TextFormatIn | None) -> dict[str, Any] | None:
+    """The JSON schema `text.format` holds the answer to (any object for `json_object`); None for text."""
+    if text_format is None or text_format.type == "text":
+        return None
+    if text_format.type == "json_object":
+        return {"type": "object"}
+    if text_format.type != "json_schema":
+        raise _invalid(f"text.format.type: {text_format.type!r} is not one of {', '.join(rs.TEXT_FORMATS)}",
+                       "text.format.type")
+    if text_format.schema_ is None:
+        raise _invalid("text.format.schema: required with type json_schema", "text.format.schema")
+    return text_format.schema_
+
+
+def _conversation(items: list[rs.InputItem]) -> list[dict[str, str]]:
+    """The input as plain turns: messages as they are, a run of function calls as one assistant turn
+    (the JSON the model writes), each call's output as a user turn naming its function."""
+    names: dict[str, str] = {}
+    out: list[dict[str, str]] = []
+    calls: list[oa.ToolCall] = []
+    for index, item in enumerate(items):
+        if item.type == rs.CALL_ITEM_TYPE:
+            calls.append(_call(item, index))
+            names[calls[-1].id] = calls[-1].function.name
+            continue
+        if calls:
+            out.append({"role": "assistant", "content": calls_text(calls)})
+            calls = []
+        if item.type == rs.CALL_OUTPUT_ITEM_TYPE:
+            out.append({"role": "user", "content": result_text(_output(item, index), item.call_id, names)})
+        else:
+            out.append(_message(item, index))
+    if calls:
+        out.append({"role": "assistant", "content": calls_text(calls)})
+    return out
+
+
+def _call(item: rs.InputItem, index: int) -> oa.ToolCall:
+    where = f"input.{index}"
+    for name in ("call_id", "name", "arguments"):
+        if getattr(item, name) is None:
+            raise _invalid(f"{where}.{name}: a function_call item needs its {name}", f"{where}.{name}")
+    assert item.call_id is not None and item.name is not None and item.arguments is not None
+    return oa.ToolCall(id=item.call_id, function=oa.FunctionCall(name=item.name, arguments=item.arguments))
+
+
+def _output(item: rs.InputItem, index: int) -> str:
+    where = f"input.{index}"
+    if item.call_id is None:
+        raise _invalid(f"{where}.call_id: a function_call_output item needs the call_id it answers",
+                       f"{where}.call_id")
+    if item.output is None:
+        raise _invalid(f"{where}.output: a function_call_output item needs its output", f"{where}.output")
+    if isinstance(item.output, str):
+        return item.output
+    return _texts(item.output, f"{where}.output")
 
 
 def _message(item: rs.InputItem, index: int) -> dict[str, str]:
     where = f"input.{index}"
     if item.type != rs.INPUT_ITEM_TYPE:
-        raise _invalid(f"{where}.type: only message items are supported, not {item.type!r} (no tool calls, "
+        raise _invalid(f"{where}.type: {item.type!r} is not served (use one of {', '.join(rs.INPUT_ITEM_TYPES)}; "
                        "no references to stored items)", f"{where}.type")
     role = ROLES.get(item.role or "")
     if role is None:
@@ -109,14 +203,17 @@ def _message(item: rs.InputItem, index: int) -> dict[str, str]:
                        f"{where}.role")
     if item.content is None:
         raise _invalid(f"{where}.content: a message needs its content", f"{where}.content")
-    texts = []
-    for part in item.content:
-        if part.type not in rs.INPUT_PART_TYPES or part.text is None:
-            raise _invalid(f"{where}.content: only text parts are supported ({', '.join(rs.INPUT_PART_TYPES)}), "
-                           f"not {part.type!r}", f"{where}.content")
-        texts.append(part.text)
-    return {"role": role, "content": "".join(texts)}
+    return {"role": role, "content": _texts(item.content, f"{where}.content")}
 
+
+def _texts(parts: list[rs.InputPart], where: str) -> str:
+    texts = []
+    for part in parts:
+        if part.type not in rs.INPUT_PART_TYPES or part.text is None:
+            raise _invalid(f"{where}: only text parts are supported ({', '.join(rs.INPUT_PART_TYPES)}), "
+                           f"not {part.type!r}", where)
+        texts.append(part.text)
+    return "".join(texts)
 
 
 def _invalid(message: str, param: str) -> CoordinatorError:
@@ -124,30 +221,47 @@ def _invalid(message: str, param: str) -> CoordinatorError:
 
 
 def _body() -> dict[str, Any]:
-    """`ResponsesRequest` as `parse` takes it: `input` a string or message items with text parts, and
-    the refused fields only with their harmless values."""
+    """`ResponsesRequest` as `parse` takes it: `input` a string or items (messages with text parts,
+    function calls, their outputs), function tools only, the three text formats, and the refused
+    fields only with their harmless values."""
     schema = inlined(rs.ResponsesRequest)
     properties = schema["properties"]
     text = {"type": "string", "maxLength": MAX_PROMPT_CHARS}
-    items = properties["input"]
-    item = items["items"]
-    part = item["properties"]["content"]["anyOf"][0]["items"]
-    part["properties"]["type"]["enum"] = list(rs.INPUT_PART_TYPES)
-    part["properties"]["text"] = text
-    part["required"] = ["type", "text"]
-    item["properties"]["type"]["enum"] = [rs.INPUT_ITEM_TYPE]
-    item["properties"]["role"] = {"type": "string", "enum": list(ROLES)}
-    item["properties"]["content"] = {"anyOf": [text, item["properties"]["content"]["anyOf"][0]]}
-    item["required"] = ["role", "content"]
-    properties["input"] = {"anyOf": [text, items], "description": items.pop("description", "")}
-    properties["text"] = {"anyOf": [{"type": "object", "properties": {"format": {
-        "type": "object", "required": ["type"], "properties": {"type": {"type": "string", "enum": ["text"]}}}}},
-        {"type": "null"}]}
+    call_id = {"type": "string", "maxLength": 128}
+    parts = {"type": "array", "maxItems": MAX_MESSAGES, "items": {
+        "type": "object", "required": ["type", "text"],
+        "properties": {"type": {"type": "string", "enum": list(rs.INPUT_PART_TYPES)}, "text": text}}}
+    message = _object({"type": _one_of(rs.INPUT_ITEM_TYPE), "role": {"type": "string", "enum": list(ROLES)},
+                       "content": {"anyOf": [text, parts]}}, "role", "content")
+    call = _object({"type": _one_of(rs.CALL_ITEM_TYPE), "call_id": call_id,
+                    "name": {"type": "string", "maxLength": 64}, "arguments": text},
+                   "type", "call_id", "name", "arguments")
+    output = _object({"type": _one_of(rs.CALL_OUTPUT_ITEM_TYPE), "call_id": call_id,
+                      "output": {"anyOf": [text, parts]}}, "type", "call_id", "output")
+    items = {"type": "array", "minItems": 1, "maxItems": MAX_MESSAGES - 1, "items": {"anyOf": [message, call, output]}}
+    properties["input"] = {"anyOf": [text, items], "description": properties["input"].get("description", "")}
+    function = _object({"type": _one_of(rs.TOOL_TYPE), "name": {"type": "string", "pattern": r"^[A-Za-z0-9_-]{1,64}$"},
+                        "description": {"type": "string", "maxLength": 4096}, "parameters": {"type": "object"},
+                        "strict": {"type": "boolean"}}, "type", "name")
+    named = _object({"type": _one_of(rs.TOOL_TYPE), "name": {"type": "string", "maxLength": 64}}, "type", "name")
+    plain = _object({"type": {"type": "string", "enum": ["text", "json_object"]}}, "type")
+    shaped = _object({"type": _one_of("json_schema"), "name": {"type": "string", "maxLength": 64},
+                      "schema": {"type": "object"}, "strict": {"type": "boolean"}}, "type", "schema")
     properties.update(
-        tool_choice={"type": "string", "enum": list(rs.TOOL_CHOICES), "description": "no tools"},
-        tools={"type": "array", "maxItems": 0, "items": {}, "description": "not supported"},
+        tools={"anyOf": [{"type": "array", "maxItems": 128, "items": function}, {"type": "null"}],
+               "description": "function tools (no hosted tools)"},
+        tool_choice={"anyOf": [{"type": "string", "enum": list(rs.TOOL_MODES)}, named, {"type": "null"}]},
+        text={"anyOf": [_object({"format": {"anyOf": [plain, shaped]}}), {"type": "null"}]},
         truncation={"type": "string", "enum": ["disabled"], "description": "only `disabled`"})
     return schema
+
+
+def _object(properties: dict[str, Any], *required: str) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": list(required)}
+
+
+def _one_of(value: str) -> dict[str, Any]:
+    return {"type": "string", "enum": [value]}
 
 
 # Registered so the OpenAPI schema lists it and other methods get 405; app.py's fast path serves every

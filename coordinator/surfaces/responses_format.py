@@ -1,9 +1,12 @@
 """Internal events -> OpenAI's Responses wire format: a stream of typed `response.*` events, or one
 whole `response` object.
 
-Owns: the `response` object built from a generation (its status from the finish reason, its one
-output message, usage, and the request fields it repeats), the order and sequence numbers of the
-streamed events, and the `response.failed` event that ends a stream that has started.
+Owns: the `response` object built from a generation (its status from the finish reason, its output:
+one message, or with function tools the calls the answer makes, usage, and the request fields it
+repeats), the order and sequence numbers of the streamed events, and the `response.failed` event
+that ends a stream that has started. With function tools an answer is held until it ends (only then
+is it known to be calls or text), then sent as a message's events or, per call, its item, its
+arguments in pieces and their end, as chat streams a held answer (openai_format.py).
 Must not: parse requests or touch the relay; `EventEncoder` is a `response.Encoder`, and `assemble`
 turns a collected stream into a response.
 
@@ -17,13 +20,16 @@ official `openai` client.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
 from coordinator.errors import STATUS_BY_REASON
+from coordinator.surfaces.openai_format import ARGUMENT_PIECE
+from coordinator.surfaces.tools import Tools, read_calls
 from protocol import openai as oa
 from protocol import openai_responses as rs
 from protocol.sse import SseEvent
@@ -44,6 +50,9 @@ class Echo:
     tool_choice: rs.ToolChoice = "auto"
     user: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    tools: Tools | None = None  # the answer is read for calls when `tools.calling`
+    listed_tools: list[dict[str, Any]] = field(default_factory=list)  # the request's tools, as given
+    text_format: dict[str, Any] | None = None  # the request's `text.format`, as given
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +75,20 @@ class Shape:
     def message(self, text: str, status: rs.MessageStatus) -> rs.OutputMessage:
         return rs.OutputMessage(id=self.message_id, status=status, content=[rs.OutputText(text=text)])
 
-    def response(self, status: rs.Status, output: list[rs.OutputMessage], *, done: DoneEvent | None = None,
+    def calls(self, text: str) -> list[rs.FunctionCallItem] | None:
+        """The function calls a whole answer makes (with tools that are called, and an answer that is
+        exactly calls: coordinator/surfaces/tools.py's format); None when it is text."""
+        tools = self.echo.tools
+        found = read_calls(text, tools, self.request_id) if tools is not None and tools.calling else None
+        if found is None:
+            return None
+        base = rs.FUNCTION_CALL_ID_PREFIX + self.request_id
+        return [rs.FunctionCallItem(id=base if k == 0 else f"{base}_{k}", call_id=call.id, name=call.function.name,
+                                    arguments=call.function.arguments, status="completed")
+                for k, call in enumerate(found)]
+
+    def response(self, status: rs.Status, output: Sequence[rs.OutputMessage | rs.FunctionCallItem], *,
+                 done: DoneEvent | None = None,
                   error: ErrorEvent | None = None, completed_at: int | None = None) -> rs.ResponseObject:
         echo = self.echo
         return rs.ResponseObject(
@@ -74,13 +96,18 @@ class Shape:
             error=rs.ResponseError(code=error.reason, message=error.error) if error is not None else None,
             incomplete_details=rs.IncompleteDetails() if status == "incomplete" else None,
             instructions=echo.instructions, max_output_tokens=echo.max_output_tokens, model=self.model,
-            output=output, parallel_tool_calls=echo.parallel_tool_calls, temperature=echo.temperature,
-            tool_choice=echo.tool_choice, top_p=echo.top_p, user=echo.user, metadata=echo.metadata,
+            output=list(output), parallel_tool_calls=echo.parallel_tool_calls, temperature=echo.temperature,
+            tool_choice=echo.tool_choice, tools=echo.listed_tools, top_p=echo.top_p, user=echo.user,
+            metadata=echo.metadata, text=rs.TextSettings(format=echo.text_format or dict(rs.TEXT_FORMAT)),
             usage=usage_of(done) if done is not None else None)
 
     def finished(self, text: str, done: DoneEvent, now: float) -> rs.ResponseObject:
-        """The response of a generation that ended with `done`: incomplete when it ran out of tokens
-        (`max_output_tokens`, or the session's KV limit), completed otherwise."""
+        """The response of a generation that ended with `done`: its calls when the answer is calls
+        (completed), else its message: incomplete when it ran out of tokens (`max_output_tokens`, or
+        the session's KV limit), completed otherwise."""
+        calls = self.calls(text)
+        if calls is not None:
+            return self.response("completed", calls, done=done, completed_at=int(now))
         if done.finish_reason == "length":
             return self.response("incomplete", [self.message(text, "incomplete")], done=done)
         return self.response("completed", [self.message(text, "completed")], done=done, completed_at=int(now))
@@ -104,9 +131,10 @@ def error_status(error: ErrorEvent) -> int:
 class EventEncoder:
     """One stream's events. The opening events (`created`, `in_progress`, the message item and its
     text part) go out with the first token; `done` closes the part, the item and the response, and an
-    `error` at any point ends it with `response.failed`."""
+    `error` at any point ends it with `response.failed`. With tools that are called, the first token
+    sends only `created` and `in_progress`; the answer is held and goes out whole with `done`."""
 
-    __slots__ = ("_delta", "_now", "_opened", "_pieces", "_sequence", "_shape", "_started")
+    __slots__ = ("_delta", "_held", "_now", "_opened", "_pieces", "_sequence", "_shape", "_started")
 
     def __init__(self, shape: Shape, *, now: Callable[[], float]) -> None:
         self._shape = shape
@@ -117,6 +145,7 @@ class EventEncoder:
         self._pieces: list[str] = []
         self._delta = (f',"item_id":{json.dumps(shape.message_id)},"output_index":0,"content_index":0,'
                        '"delta":')
+        self._held = shape.echo.tools is not None and shape.echo.tools.calling
 
     def __call__(self, event: SseEvent) -> bytes:
         # One call may build several events; if it raises, none of them reaches the client, so the
@@ -132,15 +161,24 @@ class EventEncoder:
 
     def _encode(self, event: SseEvent) -> bytes:
         if event.event == EVENT_TOKEN:
+            if self._held:
+                self._pieces.append(json.loads(event.data)["token"])
+                return self._start()
             return self._open() + self._text(json.loads(event.data)["token"])
         if event.event == EVENT_DONE:
-            return self._open() + self._close(DoneEvent.model_validate_json(event.data))
+            done = DoneEvent.model_validate_json(event.data)
+            if self._held:
+                return self._release(done)
+            return self._open() + self._close(done)
         if event.event == EVENT_ERROR:
             return self._start() + self._fail(ErrorEvent.model_validate_json(event.data))
         return b""
 
     def _text(self, text: str) -> bytes:
         self._pieces.append(text)
+        return self._delta_frame(text)
+
+    def _delta_frame(self, text: str) -> bytes:
         sequence = self._next()
         return (f'event: {rs.OUTPUT_TEXT_DELTA}\ndata: {{"type":"{rs.OUTPUT_TEXT_DELTA}","sequence_number":{sequence}'
                 f'{self._delta}{json.dumps(text)},"logprobs":[]}}\n\n').encode()
@@ -176,6 +214,28 @@ class EventEncoder:
         return frames + self._response_event(rs.INCOMPLETE if response.status == "incomplete" else rs.COMPLETED,
                                              response)
 
+    def _release(self, done: DoneEvent) -> bytes:
+        """A held answer, whole: each call's item, its arguments in pieces and their end; or, when the
+        answer is text, the message's events as if it had streamed as one piece."""
+        text = "".join(self._pieces)
+        calls = self._shape.calls(text)
+        if calls is None:
+            return self._open() + (self._delta_frame(text) if text else b"") + self._close(done)
+        frames = self._start()
+        for index, call in enumerate(calls):
+            item = call.model_copy(update={"arguments": "", "status": "in_progress"})
+            frames += self._frame(rs.OutputItemEvent(type=rs.OUTPUT_ITEM_ADDED, sequence_number=self._next(),
+                                                     output_index=index, item=item))
+            for at in range(0, len(call.arguments), ARGUMENT_PIECE):
+                frames += self._frame(rs.ArgumentsDeltaEvent(sequence_number=self._next(), item_id=call.id,
+                                                             output_index=index,
+                                                             delta=call.arguments[at:at + ARGUMENT_PIECE]))
+            frames += self._frame(rs.ArgumentsDoneEvent(sequence_number=self._next(), item_id=call.id,
+                                                        output_index=index, name=call.name, arguments=call.arguments))
+            frames += self._frame(rs.OutputItemEvent(type=rs.OUTPUT_ITEM_DONE, sequence_number=self._next(),
+                                                     output_index=index, item=call))
+        return frames + self._response_event(rs.COMPLETED, self._shape.finished(text, done, self._now()))
+
     def _fail(self, error: ErrorEvent) -> bytes:
         text = "".join(self._pieces) if self._opened else None
         return self._response_event(rs.FAILED, self._shape.failed(text, error))
@@ -188,7 +248,8 @@ class EventEncoder:
         return self._frame(rs.ResponseEvent(type=kind, sequence_number=self._next(), response=response))
 
     @staticmethod
-    def _frame(event: rs.ResponseEvent | rs.OutputItemEvent | rs.ContentPartEvent | rs.TextDoneEvent) -> bytes:
+    def _frame(event: rs.ResponseEvent | rs.OutputItemEvent | rs.ContentPartEvent | rs.TextDoneEvent
+               | rs.ArgumentsDeltaEvent | rs.ArgumentsDoneEvent) -> bytes:
         return f"event: {event.type}\ndata: {event.model_dump_json()}\n\n".encode()
 
     def _next(self) -> int:

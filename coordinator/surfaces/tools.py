@@ -1,6 +1,7 @@
-"""Tool calls on the chat route, in a generic format any chat model can follow.
+"""Tool calls on the chat and Responses routes, in a generic format any chat model can follow.
 
-Owns: reading `tools` and `tool_choice`, writing the tools and the conversation's calls and results as
+Owns: reading `tools` and `tool_choice` (each route reads its own shapes into `Tools` with `choose`),
+writing the tools and the conversation's calls and results as
 plain chat turns (a system section listing the functions; an assistant's call as the JSON object it
 would write; a tool's result as a user turn), the JSON schema that constrains a `required` or named
 call, and reading a call back out of the model's answer (out of each choice's, when a request asks
@@ -54,21 +55,53 @@ class Tools:
 
 
 def tools_of(body: oa.ChatCompletionRequest) -> Tools | None:
-    if not body.tools:
-        if body.tool_choice not in (None, "none"):
-            raise _invalid("tool_choice: there are no tools to choose from", "tool_choice")
-        return None
-    functions = tuple(tool.function for tool in body.tools)
-    if len({f.name for f in functions}) != len(functions):
-        raise _invalid("tools: two functions share a name", "tools")
-    given = body.tool_choice or "auto"
+    given = body.tool_choice
+    functions = tuple(tool.function for tool in body.tools or ())
     parallel = body.parallel_tool_calls is not False
     if isinstance(given, oa.NamedToolChoice):
-        name = given.function.get("name", "")
-        if name not in {f.name for f in functions}:
-            raise _invalid(f"tool_choice: no tool is named {name!r}", "tool_choice")
-        return Tools(functions, name, parallel)
-    return Tools(functions, given, parallel)
+        return choose(functions, None, given.function.get("name", ""), parallel=parallel)
+    return choose(functions, given, None, parallel=parallel)
+
+
+def choose(functions: tuple[oa.FunctionDef, ...], mode: str | None, named: str | None, *,
+           parallel: bool) -> Tools | None:
+    """The request's tools: its functions, and `mode` (`none`, `auto`, `required`; None: auto) or the
+    function `named` to call; None without functions (a `tool_choice` other than `none` is then refused)."""
+    if not functions:
+        if named is not None or mode not in (None, "none"):
+            raise _invalid("tool_choice: there are no tools to choose from", "tool_choice")
+        return None
+    if len({f.name for f in functions}) != len(functions):
+        raise _invalid("tools: two functions share a name", "tools")
+    if named is not None:
+        if named not in {f.name for f in functions}:
+            raise _invalid(f"tool_choice: no tool is named {named!r}", "tool_choice")
+        return Tools(functions, named, parallel)
+    return Tools(functions, mode or "auto", parallel)
+
+
+def listed_in(messages: list[dict[str, str]], tools: Tools | None) -> list[dict[str, str]]:
+    """The conversation with the tools listed in its system turn (one is put first if it has none)."""
+    if tools is None:
+        return messages
+    if messages and messages[0]["role"] == "system":
+        return [{"role": "system", "content": messages[0]["content"] + "\n\n" + system_text(tools)}, *messages[1:]]
+    return [{"role": "system", "content": system_text(tools)}, *messages]
+
+
+def constrain(fields: dict[str, Any], tools: Tools, *, format_param: str) -> None:
+    """Hold the answer to a call (`json_schema`, lazily with `auto`) in the internal request's `fields`.
+    With `auto`, a format the request already gives (`format_param`: its field) holds the answer
+    instead; with a required or named call, such a format is refused."""
+    schema = call_schema(tools)
+    if schema is None:
+        return
+    if "json_schema" in fields or "grammar" in fields:
+        if tools.choice != "auto":
+            raise _invalid(f"tool_choice: a required call cannot also take {format_param}", "tool_choice")
+        return
+    fields["json_schema"] = schema
+    fields["grammar_lazy"] = tools.choice == "auto"
 
 
 def system_text(tools: Tools) -> str:
