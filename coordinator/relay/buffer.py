@@ -61,6 +61,14 @@ class EventBuffer(Generic[T]):
             self._putter = None
         return self.put_nowait(item)
 
+    def take(self, limit: int) -> list[T]:
+        """Up to `limit` items already here, without waiting (an empty list when there are none)."""
+        items = self._items
+        taken = [items.popleft() for _ in range(min(limit, len(items)))]
+        if taken:
+            _wake(self._putter)
+        return taken
+
     async def get(self) -> T:
         while not self._items:
             self._getter = asyncio.get_running_loop().create_future()

@@ -102,6 +102,35 @@ async def test_complete_stream_is_relayed_in_order_and_finished() -> None:
     assert relay.outcome.first_token_at is not None
 
 
+@dataclass
+class SlowSocket(FakeClient):
+    """A client whose every send takes `pause` seconds, as a busy socket or a busy core makes it."""
+
+    pause: float = 0.02
+
+    async def send(self, message: MutableMapping[str, Any]) -> None:
+        await asyncio.sleep(self.pause)
+        await super().send(message)
+
+
+async def test_events_waiting_in_the_buffer_go_out_in_one_send_in_order() -> None:
+    stream, client = FakeStream(tokens(40), delay=0.001), SlowSocket()
+    ending, relay = await run(stream, client, buffer=64)
+    assert ending is Ending.COMPLETE and client.complete and relay.outcome.tokens == 40
+    text = b"".join(client.bodies).decode()
+    events = [e for e in text.split("\r\n\r\n") if e.strip()]
+    assert [f'"t{i}"' in events[i] for i in range(40)] == [True] * 40 and events[40].startswith("event: done")
+    # Events were coalesced while a send was under way, so far fewer sends than events.
+    sent = [b for b in client.bodies if b]
+    assert len(sent) < 20 and max(body.count(b"event: token") for body in sent) > 1
+
+
+async def test_a_writer_that_keeps_up_sends_each_event_as_it_comes() -> None:
+    stream, client = FakeStream(tokens(5), delay=0.02), FakeClient()
+    await run(stream, client)
+    assert [b.count(b"event: ") for b in client.bodies if b] == [1] * 6
+
+
 async def test_slow_client_is_cut_at_the_deadline_without_losing_order() -> None:
     stream, client = FakeStream(tokens(200)), FakeClient(reads=10)
     started = time.monotonic()
@@ -129,7 +158,7 @@ async def test_broken_worker_stream_ends_with_an_error_event(caplog: pytest.LogC
     stream, client = FakeStream(tokens(3)[:3], fail=True), FakeClient()
     ending, relay = await run(stream, client)
     assert ending is Ending.COMPLETE and client.complete
-    last = [b for b in client.bodies if b][-1].decode()
+    last = last_event(client)
     assert last.startswith("event: error") and '"worker_failed"' in last and '"r1"' in last
     check_error_event(json.loads(last.split("data: ", 1)[1]))
     assert relay.outcome.error_reason == "worker_failed"
@@ -205,7 +234,7 @@ async def test_an_aborted_stream_ends_with_an_error_event_and_closes_the_worker_
     relay.abort("draining", "shutting down")
     await asyncio.wait_for(serving, timeout=5)
     assert endings == [Ending.COMPLETE] and client.complete and stream.closed
-    last = [b for b in client.bodies if b][-1].decode()
+    last = last_event(client)
     assert last.startswith("event: error") and '"draining"' in last
     assert relay.outcome.error_reason == "draining" and relay.outcome.tokens < 100
 
@@ -215,6 +244,11 @@ async def test_abort_after_the_final_event_changes_nothing() -> None:
     ending, relay = await run(stream, client)
     relay.abort("draining", "late")
     assert ending is Ending.COMPLETE and relay.outcome.done is not None and relay.outcome.error_reason is None
+
+
+def last_event(client: FakeClient) -> str:
+    """The last event the client got (events waiting together go out in one body)."""
+    return [e for e in b"".join(client.bodies).decode().split("\r\n\r\n") if e.strip()][-1]
 
 
 class Exploding(FakeStream):
@@ -233,7 +267,7 @@ async def test_a_fault_in_the_reader_ends_the_stream_with_an_internal_error(capl
     response = RelayResponse(relay, headers={}, ping_interval=0.05, clock=SystemClock(), on_end=endings.append)
     await asyncio.wait_for(response({"type": "http"}, client.receive, client.send), timeout=5)
     assert endings == [Ending.COMPLETE] and client.complete and stream.closed
-    last = [b for b in client.bodies if b][-1].decode()
+    last = last_event(client)
     assert last.startswith("event: error") and '"internal"' in last and '"r9"' in last
     assert "a bug in the reader" in caplog.text and "r9" in caplog.text
     assert metrics.internal_errors.labels(task="relay_reader")._value.get() == 1
