@@ -53,8 +53,12 @@ def tokenizer_fields(source: Path) -> list[tuple[str, object, gguf.GGUFValueType
     return out
 
 
-def write_tiny_model(source: Path, out: Path, shape: TinyShape = TinyShape(), seed: int = 0) -> Path:
+def write_tiny_model(source: Path, out: Path, shape: TinyShape = TinyShape(), seed: int = 0, *,
+                     chat_template: str | None = None) -> Path:
+    """`chat_template`: the model's template in place of the source's (tests give one of their own)."""
     fields = tokenizer_fields(source)
+    if chat_template is not None:
+        fields = [(k, chat_template if k == "tokenizer.chat_template" else v, t, sub) for k, v, t, sub in fields]
     n_vocab = next(len(v) for k, v, _, _ in fields if k == "tokenizer.ggml.tokens" and isinstance(v, list))
     head_dim = shape.n_embd // shape.n_head
     rng = np.random.default_rng(seed)

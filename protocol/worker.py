@@ -18,17 +18,21 @@ header), and a refusal found while preparing is an `error` event before it (see 
 Version 4 added several choices per request: `GenerateRequest.n`, `TokenEvent.choice` and
 `DoneEvent.choices` (a version 3 worker refuses the unknown `n`; a request with `n` = 1 is as before
 on the wire, event for event).
+Version 5 moved tool calls' rendering to the worker, which knows its model's template: a chat message
+may be a `tool` result or an assistant's `tool_calls`, and `GenerateRequest.tools` carries the
+functions and the choice among them (a version 4 worker refuses both as unknown fields).
 Embeddings need no version of their own: a worker that does not serve them never says so in its
 heartbeat (`protocol.health.Heartbeat.embeddings`), so no coordinator sends it an `EmbedRequest`.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 GENERATE_PATH = "/worker/generate"
 # Open even with a worker token (probes cannot send one); the coordinator reads it before it registers
 # a new worker (coordinator/pool/probe.py).
@@ -62,7 +66,7 @@ EVENT_ERROR = "error"
 PING_INTERVAL = 1.0
 
 FinishReason = Literal["stop", "length", "cancelled"]
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
 
 MAX_STOP_STRINGS = 8
 MAX_STOP_LENGTH = 64
@@ -72,6 +76,10 @@ MAX_GRAMMAR_CHARS = 65_536
 MAX_LOGIT_BIAS = 300  # OpenAI's bound on logit_bias entries
 MAX_EMBED_INPUTS = 2_048  # OpenAI's bound on the inputs of one embedding request
 MAX_EMBED_DIMENSIONS = 1 << 16
+MAX_TOOLS = 128  # functions offered to one request
+MAX_PARALLEL_CALLS = 8  # calls in one answer, with `ToolUse.parallel`
+TOOL_MODES = ("none", "auto", "required")  # `ToolUse.choice`, or the name of the one function to call
+FUNCTION_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 SESSION_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/\-]{0,127}$"
 TENANT_PATTERN = r"^[A-Za-z0-9._:-]{0,64}$"
@@ -80,11 +88,78 @@ TENANT_PATTERN = r"^[A-Za-z0-9._:-]{0,64}$"
 MAX_CHOICES = 128
 
 
+class CalledFunction(BaseModel):
+    """A function an assistant's turn called, as the conversation hands it back."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(max_length=64)
+    arguments: str = Field(max_length=MAX_PROMPT_CHARS, description="the arguments as the client sent them: "
+                           "a JSON text, normally an object")
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     role: Role
     content: str = Field(max_length=MAX_PROMPT_CHARS)
+    tool_calls: tuple[CalledFunction, ...] = Field(default=(), max_length=64,
+                                                   description="an assistant's turn: the functions it called")
+    name: str | None = Field(default=None, max_length=64,
+                             description="a `tool` turn: the function whose result `content` is")
+
+    @model_validator(mode="after")
+    def _calls_are_the_assistants(self) -> Self:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("tool_calls: only an assistant's turn makes calls")
+        return self
+
+    def said(self) -> str:
+        """Everything the turn says as one text (a tool turn's function, the content, the calls), for
+        fingerprints and sizes."""
+        named = f"{self.name}\0" if self.name else ""
+        return named + self.content + "".join(f"\0{c.name}\0{c.arguments}" for c in self.tool_calls)
+
+
+class ToolFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=FUNCTION_NAME_PATTERN)
+    description: str = Field(default="", max_length=4096)
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}},
+                                       description="the JSON schema of the arguments")
+
+
+class ToolUse(BaseModel):
+    """The functions a chat may call and how: the worker lists them the way its model's template does
+    (or in the generic format, worker/backends/tool_format.py) and holds a call to their schemas."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    functions: tuple[ToolFunction, ...] = Field(min_length=1, max_length=MAX_TOOLS)
+    choice: str = Field(default="auto", max_length=64, description="none (listed, never held to a call), auto "
+                        "(held to a call once the answer starts one), required (a call to any), or the name of "
+                        "the one function to call")
+    parallel: bool = Field(default=True, description=f"an answer may make up to {MAX_PARALLEL_CALLS} calls")
+
+    @model_validator(mode="after")
+    def _choice_names_a_function(self) -> Self:
+        names = [f.name for f in self.functions]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: two functions share a name")
+        if self.choice not in TOOL_MODES and self.choice not in names:
+            raise ValueError(f"tools.choice: {self.choice!r} is neither one of {', '.join(TOOL_MODES)} nor a "
+                             "function's name")
+        return self
+
+    @property
+    def forced(self) -> bool:
+        """The answer must be a call (required, or a named function)."""
+        return self.choice not in ("none", "auto")
+
+    def text_bytes(self) -> int:
+        return sum(len(f.name) + len(f.description.encode()) + len(json.dumps(f.parameters).encode())
+                   for f in self.functions)
 
 
 class GenerationFields(BaseModel):
@@ -180,6 +255,10 @@ class GenerateRequest(GenerationFields):
                    description="choices generated from the one prompt: it is prefilled once and its cells copied "
                                "to n sequences; each choice samples on its own (with `seed`, choice i > 0 draws "
                                "from a seed derived from (seed, i)) and ends on its own. Not with `session_id`")
+    # Internal only: the OpenAI surfaces' `tools` and `tool_choice`, for a chat (`messages`).
+    tools: ToolUse | None = Field(default=None, description="functions the answer may call; the worker tells "
+                                  "the model about them and holds a call to their schemas (unless `grammar` "
+                                  "or `json_schema` holds the answer, which a forced call does not allow)")
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> GenerateRequest:
@@ -190,13 +269,19 @@ class GenerateRequest(GenerationFields):
         if self.n > 1 and self.session_id is not None:
             raise ValueError("n: several choices cannot continue a session (which one would the next turn "
                              "continue?); leave out session_id or ask for one choice")
+        if self.tools is not None:
+            if self.messages is None:
+                raise ValueError("tools: apply to a chat (messages), not to a prompt")
+            if self.tools.forced and (self.grammar is not None or self.json_schema is not None):
+                raise ValueError("tools: a required call cannot also be held to a grammar or json_schema")
         return self
 
     def prompt_bytes(self) -> int:
         """UTF-8 bytes of the text the worker will template and tokenize (an upper bound on tokens)."""
         if self.prompt is not None:
             return len(self.prompt.encode())
-        return sum(len(m.content.encode()) for m in self.messages or ())
+        listed = self.tools.text_bytes() if self.tools is not None else 0
+        return listed + sum(len(m.said().encode()) for m in self.messages or ())
 
 
 class TokenEvent(BaseModel):

@@ -54,3 +54,25 @@ def test_one_choice_is_sent_as_before() -> None:
     assert json.loads(several.model_dump_json())["choices"][1] == {"finish_reason": "length", "completion_tokens": 1}
     assert DoneEvent.model_validate_json(several.model_dump_json()) == several
     assert json.loads(TokenEvent(token="a", index=0, probability=None, choice=3).model_dump_json())["choice"] == 3
+
+
+def test_tools_are_checked_where_the_worker_would_misread_them() -> None:
+    from protocol.worker import ChatMessage, GenerateRequest, ToolUse
+
+    f = {"name": "f"}
+    asked = [{"role": "user", "content": "hi"}]
+    ok = GenerateRequest.model_validate({"messages": asked, "tools": {"functions": [f], "choice": "f"}})
+    assert ok.tools is not None and ok.tools.forced and ok.prompt_bytes() > len("hi")
+    for wrong in ({"functions": [f], "choice": "g"}, {"functions": [f, f]}, {"functions": []},
+                  {"functions": [{"name": "bad name"}]}):
+        with pytest.raises(ValidationError):
+            ToolUse.model_validate(wrong)
+    with pytest.raises(ValidationError, match="apply to a chat"):
+        GenerateRequest.model_validate({"prompt": "hi", "tools": {"functions": [f]}})
+    with pytest.raises(ValidationError, match="required call"):
+        GenerateRequest.model_validate({"messages": asked, "tools": {"functions": [f], "choice": "required"},
+                                        "json_schema": {"type": "object"}})
+    # `auto` lets a request's own format hold the answer instead.
+    GenerateRequest.model_validate({"messages": asked, "tools": {"functions": [f]}, "json_schema": {"type": "object"}})
+    with pytest.raises(ValidationError, match="only an assistant"):
+        ChatMessage.model_validate({"role": "user", "content": "", "tool_calls": [{"name": "f", "arguments": "{}"}]})

@@ -3,7 +3,8 @@
 Owns: a bounded map from a conversation's fingerprint to the worker that served it, and the two
 fingerprints: `conversation_key` of everything a request sent, and `continuation_key` of a next
 turn, which is the previous request's key when the conversation went on as usual (the previous
-messages, then the assistant's reply, then a new user message).
+messages, then the assistant's reply, then new user messages or the results of the reply's tool
+calls).
 Must not: force a worker. Unlike a `session_id`, a fingerprint is only a preference: the scheduler
 puts that worker first when it passes every filter, because its freed sequence most likely still
 holds the conversation's prefix in its KV cache, so the worker prefills only the new turn.
@@ -23,7 +24,7 @@ def conversation_key(tenant: str, model: str | None, messages: Sequence[ChatMess
     digest = hashlib.blake2b(digest_size=16)
     digest.update(f"{tenant}\0{model or ''}\0".encode())
     for m in messages:
-        content = m.content.encode()
+        content = m.said().encode()
         digest.update(f"{m.role}:{len(content)}:".encode())
         digest.update(content)
     return digest.digest()
@@ -31,9 +32,10 @@ def conversation_key(tenant: str, model: str | None, messages: Sequence[ChatMess
 
 def continuation_key(tenant: str, model: str | None, messages: Sequence[ChatMessage]) -> bytes | None:
     """The key the previous turn was remembered under, if this request continues one."""
-    if len(messages) < 3 or messages[-1].role != "user" or messages[-2].role != "assistant":
+    reply = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "assistant"), 0)
+    if reply == 0 or reply == len(messages) - 1 or any(m.role not in ("user", "tool") for m in messages[reply + 1:]):
         return None
-    return conversation_key(tenant, model, messages[:-2])
+    return conversation_key(tenant, model, messages[:reply])
 
 
 class ConversationTable:

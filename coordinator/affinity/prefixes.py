@@ -8,8 +8,8 @@ what was sent where, which is what llm-d's approximate prefix scorer and SGLang'
 go by too. A worker that dropped a prefix only costs the scorer a wrong guess; the worker's own
 prompt cache decides what is really reused.
 
-The text of a request is its prompt, or its messages as `role\\0content\\0...`, so conversations and
-shared system prompts share prefixes the same way the workers' rendered prompts do.
+The text of a request is its prompt, or its tools and messages as `tools\\0role\\0content\\0...`, so
+conversations and shared system prompts share prefixes the same way the workers' rendered prompts do.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from protocol.worker import GenerateRequest
 def request_text(request: GenerateRequest) -> str:
     if request.prompt is not None:
         return request.prompt
-    return "".join(f"{m.role}\0{m.content}\0" for m in request.messages or ())
+    tools = request.tools.model_dump_json() + "\0" if request.tools is not None else ""
+    return tools + "".join(f"{m.role}\0{m.said()}\0" for m in request.messages or ())
 
 
 def block_hashes(model: str | None, text: str, block_chars: int, limit: int, *, tenant: str = "") -> list[bytes]:

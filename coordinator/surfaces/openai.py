@@ -3,8 +3,7 @@
 Owns: parsing OpenAI's request bodies into the internal request (chat messages go to the worker as
 messages, rendered there with the model's own template; completions are raw prompts; `n` choices
 become the internal request's `n`, up to the coordinator's `max_choices`, never with a
-`session_id`), the refusals OpenAI clients expect (`n` past that bound, non-text content parts, tool
-roles, and every field in `protocol.openai.UNSUPPORTED` with a value that would change the answer), OpenAI's
+`session_id`), the refusals OpenAI clients expect (`n` past that bound, non-text content parts, and every field in `protocol.openai.UNSUPPORTED` with a value that would change the answer), OpenAI's
 error shape, choosing a streamed (`ChunkEncoder`) or collected (`assemble`) answer, and the OpenAPI
 description of these routes (the bodies narrowed to what the parsers here accept).
 Must not: admit, schedule or relay; the gateway does, exactly as for `/coordinator/infer`.
@@ -30,7 +29,7 @@ from coordinator.relay.supervisor import client_left_of
 from coordinator.state import CoordinatorState
 from coordinator.surfaces.infer import event_stream, json_body, refusals
 from coordinator.surfaces.openai_format import ChunkEncoder, Options, assemble, fingerprint_of
-from coordinator.surfaces.tools import Tools, calls_text, constrain, listed_in, result_text, tools_of
+from coordinator.surfaces.tools import called, offer, tools_of
 from coordinator.validate import describe, first_field, read_body, request_id_of
 from protocol import openai as oa
 from protocol import reasons
@@ -270,32 +269,36 @@ def _parse_chat(raw: bytes, max_choices: int = 1) -> tuple[dict[str, Any], Optio
                        "top_logprobs")
     fields = _common(body, body.max_completion_tokens or body.max_tokens, max_choices)
     tools = tools_of(body)
-    fields["messages"] = _messages(body.messages, tools)
+    fields["messages"] = _messages(body.messages)
     top = body.top_logprobs or 0
     if tools is not None:
         if body.logprobs or top:
             raise _invalid("logprobs: not given with tools (a call is read from the whole answer)", "logprobs")
-        constrain(fields, tools, format_param="response_format or a grammar")
+        offer(fields, tools, format_param="response_format or a grammar")
     options = Options("chat", body.stream, _usage(body), body.logprobs or top > 0, top, tools=tools, n=body.n)
     return _probabilities(fields, options), options
 
 
-def _messages(messages: list[oa.ChatMessageIn], tools: Tools | None) -> list[dict[str, str]]:
-    """The conversation as plain turns: the tools listed in the system turn, earlier calls as the JSON
-    the model writes, tool results as user turns (coordinator/surfaces/tools.py's format)."""
+def _messages(messages: list[oa.ChatMessageIn]) -> list[dict[str, Any]]:
+    """The conversation as internal chat messages: an assistant's calls as it made them, a tool's
+    result naming the function whose call it answers; the worker writes both in its model's tool
+    format."""
     names: dict[str, str] = {}
-    out = []
+    out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         if message.role == "tool":
-            text = _message(message.model_copy(update={"role": "user"}), i)["content"]
-            out.append({"role": "user", "content": result_text(text, message.tool_call_id, names)})
+            turn: dict[str, Any] = {"role": "tool",
+                                    "content": _message(message.model_copy(update={"role": "user"}), i)["content"]}
+            if message.tool_call_id in names:
+                turn["name"] = names[message.tool_call_id]
+            out.append(turn)
         elif message.role == "assistant" and message.tool_calls:
             for call in message.tool_calls:
                 names[call.id] = call.function.name
-            out.append({"role": "assistant", "content": calls_text(message.tool_calls)})
+            out.append({**_message(message, i), "tool_calls": called(message.tool_calls)})
         else:
             out.append(_message(message, i))
-    return listed_in(out, tools)
+    return out
 
 
 def _parse_completion(raw: bytes, max_choices: int = 1) -> tuple[dict[str, Any], Options]:

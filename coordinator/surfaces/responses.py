@@ -2,8 +2,9 @@
 
 Owns: parsing `protocol.openai_responses.ResponsesRequest` into the internal request (`instructions`
 and the input's messages become chat messages, which the worker renders with the model's own
-template; function tools, earlier calls and their outputs become turns in the generic format of
-coordinator/surfaces/tools.py, as on the chat route; `text.format` `json_object` or `json_schema`
+template; function tools go to the worker with the request, earlier calls and their outputs as an
+assistant's calls and `tool` turns, which the worker writes in its model's tool format, as on the
+chat route; `text.format` `json_object` or `json_schema`
 holds the answer to a schema), the refusals of what this pool does not implement (every field in
 `UNSUPPORTED` with a value that would change the answer, hosted tools, items other than messages and
 function calls, parts other than text), choosing a streamed (`EventEncoder`) or collected (`assemble`) answer, and
@@ -28,7 +29,7 @@ from coordinator.state import CoordinatorState
 from coordinator.surfaces.infer import event_stream, json_body, refusals
 from coordinator.surfaces.openai import open_generation
 from coordinator.surfaces.responses_format import Echo, EventEncoder, Shape, assemble
-from coordinator.surfaces.tools import Tools, calls_text, choose, constrain, listed_in, result_text
+from coordinator.surfaces.tools import Tools, called, choose, offer
 from coordinator.validate import describe, first_field
 from protocol import openai as oa
 from protocol import openai_responses as rs
@@ -74,7 +75,7 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Echo]:
     _refuse_unsupported(body)
     tools, tool_choice = _tools_of(body)
     messages = [{"role": "system", "content": body.instructions}] if body.instructions else []
-    messages = listed_in(messages + _conversation(body.input), tools)
+    messages = messages + _conversation(body.input)
     fields: dict[str, Any] = {"messages": messages, "max_tokens": body.max_output_tokens or oa.MAX_COMPLETION_TOKENS,
                               "probabilities": False}
     for name in ("model", "temperature", "top_p", "seed", "session_id", "top_k", "ignore_eos"):
@@ -86,7 +87,7 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Echo]:
     if schema is not None:
         fields["json_schema"] = schema
     if tools is not None:
-        constrain(fields, tools, format_param="text.format")
+        offer(fields, tools, format_param="text.format")
     echo = Echo(stream=body.stream, instructions=body.instructions, max_output_tokens=body.max_output_tokens,
                 parallel_tool_calls=body.parallel_tool_calls is not False, tool_choice=tool_choice,
                 user=body.user, metadata=body.metadata or {}, tools=tools,
@@ -148,11 +149,11 @@ def _schema_of(text_format: rs.TextFormatIn | None) -> dict[str, Any] | None:
     return text_format.schema_
 
 
-def _conversation(items: list[rs.InputItem]) -> list[dict[str, str]]:
-    """The input as plain turns: messages as they are, a run of function calls as one assistant turn
-    (the JSON the model writes), each call's output as a user turn naming its function."""
+def _conversation(items: list[rs.InputItem]) -> list[dict[str, Any]]:
+    """The input as internal chat messages: messages as they are, a run of function calls as one
+    assistant turn making them, each call's output as a `tool` turn naming its function."""
     names: dict[str, str] = {}
-    out: list[dict[str, str]] = []
+    out: list[dict[str, Any]] = []
     calls: list[oa.ToolCall] = []
     for index, item in enumerate(items):
         if item.type == rs.CALL_ITEM_TYPE:
@@ -160,14 +161,17 @@ def _conversation(items: list[rs.InputItem]) -> list[dict[str, str]]:
             names[calls[-1].id] = calls[-1].function.name
             continue
         if calls:
-            out.append({"role": "assistant", "content": calls_text(calls)})
+            out.append({"role": "assistant", "content": "", "tool_calls": called(calls)})
             calls = []
         if item.type == rs.CALL_OUTPUT_ITEM_TYPE:
-            out.append({"role": "user", "content": result_text(_output(item, index), item.call_id, names)})
+            turn: dict[str, Any] = {"role": "tool", "content": _output(item, index)}
+            if item.call_id in names:
+                turn["name"] = names[item.call_id]
+            out.append(turn)
         else:
             out.append(_message(item, index))
     if calls:
-        out.append({"role": "assistant", "content": calls_text(calls)})
+        out.append({"role": "assistant", "content": "", "tool_calls": called(calls)})
     return out
 
 

@@ -1,23 +1,19 @@
-"""Tool calls on the chat and Responses routes, in a generic format any chat model can follow.
+"""Tool calls on the chat and Responses routes: what a request offers, and the calls an answer makes.
 
 Owns: reading `tools` and `tool_choice` (each route reads its own shapes into `Tools` with `choose`),
-writing the tools and the conversation's calls and results as
-plain chat turns (a system section listing the functions; an assistant's call as the JSON object it
-would write; a tool's result as a user turn), the JSON schema that constrains a `required` or named
-call, and reading a call back out of the model's answer (out of each choice's, when a request asks
-for several: each is constrained by the same schema and read on its own).
-Must not: sample or relay; the worker constrains the answer with the schema like any `json_schema`.
+handing them to the worker in the internal request (`offer`: the functions, the choice, `parallel`),
+an assistant's earlier calls as internal messages carry them (`called`), and reading calls back out
+of the model's answer (out of each choice's, when a request asks for several: each is held and read
+on its own).
+Must not: write the tools or the conversation's calls into the prompt, or hold the answer to a call:
+the worker does both, in its model's tool format (worker/backends/tool_format.py: the model
+template's own tool section when it writes `<tool_call>` blocks, else a generic JSON format).
 
-The format: the model answers a call as one JSON object `{"name": ..., "arguments": {...}}` and nothing
-else. With `tool_choice` `required` or a named function the answer is held to that shape by the
-schema (the arguments to the function's own `parameters`). With `auto` the answer is free until its
-first word: an answer that opens a JSON object is held to a call to one of the tools from there on
-(a lazy grammar, the worker's `grammar_lazy`), any other answer stays free text; it is a call when it
-is exactly such an object. With `none` the tools are listed and nothing is read as a call. With
-`parallel_tool_calls` (OpenAI's default, true) the model may call several functions in one answer, as
-a JSON list of such objects (at most MAX_PARALLEL_CALLS); with false, one call an answer.
-This does not use a model template's own tool section (a template that has one is not asked for it
-yet); every model gets the same documented format.
+An answer is read as calls in either format, so the reader need not know which model answered: one
+JSON object `{"name": ..., "arguments": {...}}` naming one of the tools (with `parallel_tool_calls`,
+OpenAI's default, also a JSON list of 1 to MAX_PARALLEL_CALLS of them), or `<tool_call>` blocks each
+holding such an object (one block without `parallel_tool_calls`). With `tool_choice` `none` nothing
+is read as a call. With `auto` an answer that is anything else is text.
 """
 
 from __future__ import annotations
@@ -30,12 +26,9 @@ from typing import Any
 from coordinator.errors import CoordinatorError
 from protocol import openai as oa
 from protocol import reasons
+from protocol.worker import MAX_PARALLEL_CALLS
 
-INSTRUCTIONS = ("You can call functions. To call one, answer with only a JSON object of the form "
-                '{"name": "<function name>", "arguments": {<arguments>}} and nothing else. ')
-SEVERAL = "To call several at once, answer with only a JSON list of such objects. "
-LISTING = "The functions, one per line:"
-MAX_PARALLEL_CALLS = 8  # calls in one answer, with parallel_tool_calls
+OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"  # the tagged format's call block
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,85 +73,61 @@ def choose(functions: tuple[oa.FunctionDef, ...], mode: str | None, named: str |
     return Tools(functions, mode or "auto", parallel)
 
 
-def listed_in(messages: list[dict[str, str]], tools: Tools | None) -> list[dict[str, str]]:
-    """The conversation with the tools listed in its system turn (one is put first if it has none)."""
-    if tools is None:
-        return messages
-    if messages and messages[0]["role"] == "system":
-        return [{"role": "system", "content": messages[0]["content"] + "\n\n" + system_text(tools)}, *messages[1:]]
-    return [{"role": "system", "content": system_text(tools)}, *messages]
+def offer(fields: dict[str, Any], tools: Tools, *, format_param: str) -> None:
+    """Give the worker the request's tools in the internal request's `fields` (it tells the model about
+    them in the model's tool format and holds a call to their schemas). With `auto`, a format the
+    request already gives (`format_param`: its field) holds the answer instead of a call; with a
+    required or named call, such a format is refused."""
+    if ("json_schema" in fields or "grammar" in fields) and tools.choice not in ("auto", "none"):
+        raise _invalid(f"tool_choice: a required call cannot also take {format_param}", "tool_choice")
+    fields["tools"] = {"functions": [{"name": f.name, "description": f.description or "", "parameters": f.parameters}
+                                     for f in tools.functions],
+                       "choice": tools.choice, "parallel": tools.parallel}
 
 
-def constrain(fields: dict[str, Any], tools: Tools, *, format_param: str) -> None:
-    """Hold the answer to a call (`json_schema`, lazily with `auto`) in the internal request's `fields`.
-    With `auto`, a format the request already gives (`format_param`: its field) holds the answer
-    instead; with a required or named call, such a format is refused."""
-    schema = call_schema(tools)
-    if schema is None:
-        return
-    if "json_schema" in fields or "grammar" in fields:
-        if tools.choice != "auto":
-            raise _invalid(f"tool_choice: a required call cannot also take {format_param}", "tool_choice")
-        return
-    fields["json_schema"] = schema
-    fields["grammar_lazy"] = tools.choice == "auto"
-
-
-def system_text(tools: Tools) -> str:
-    lines = [json.dumps({"name": f.name, "description": f.description or "", "parameters": f.parameters},
-                        ensure_ascii=False) for f in tools.functions]
-    return INSTRUCTIONS + (SEVERAL if tools.parallel else "") + LISTING + "\n" + "\n".join(lines)
-
-
-def calls_text(calls: list[oa.ToolCall]) -> str:
-    """An assistant's earlier calls, written as the model writes them: one object, or a list of them."""
-    written = [{"name": call.function.name, "arguments": _arguments(call.function.arguments)} for call in calls]
-    return json.dumps(written[0] if len(written) == 1 else written, ensure_ascii=False)
-
-
-def _arguments(text: str | None) -> Any:
-    try:
-        return json.loads(text or "{}")
-    except json.JSONDecodeError:
-        return text
-
-
-def result_text(content: str, call_id: str | None, names: dict[str, str]) -> str:
-    """A tool's result, as the user turn that hands it back."""
-    name = names.get(call_id or "", "the function")
-    return f"Result of {name}: {content}"
-
-
-def call_schema(tools: Tools) -> dict[str, Any] | None:
-    """The schema a call must match: to the named function, or to any of them (`required`, `auto`);
-    None with `none`. With `auto` it holds only an answer that starts as a call does (the worker's
-    `grammar_lazy`)."""
-    if tools.choice == "none":
-        return None
-    chosen = [f for f in tools.functions if tools.choice in ("required", "auto", f.name)]
-    shapes = [{"type": "object", "properties": {"name": {"const": f.name}, "arguments": f.parameters},
-               "required": ["name", "arguments"]} for f in chosen]
-    one = shapes[0] if len(shapes) == 1 else {"anyOf": shapes}
-    if not tools.parallel:
-        return one
-    return {"anyOf": [*shapes, {"type": "array", "items": one, "minItems": 1, "maxItems": MAX_PARALLEL_CALLS}]}
+def called(calls: list[oa.ToolCall]) -> list[dict[str, str]]:
+    """An assistant's earlier calls as the internal chat message carries them."""
+    return [{"name": call.function.name, "arguments": call.function.arguments} for call in calls]
 
 
 def read_calls(text: str, tools: Tools, request_id: str, *, choice: int = 0) -> list[oa.ToolCall] | None:
-    """The calls in an answer, when it is exactly one `{"name", "arguments"}` object naming a tool, or
-    (with `parallel`) a list of 1 to MAX_PARALLEL_CALLS of them; else None. A call's id is the same
-    every time for that request, choice and place in the answer, and differs between them."""
-    try:
-        found = json.loads(text)
-    except json.JSONDecodeError:
+    """The calls in an answer, in either of the workers' tool formats: exactly one `{"name", "arguments"}`
+    object naming a tool, or (with `parallel`) a JSON list of 1 to MAX_PARALLEL_CALLS of them; or one
+    `<tool_call>` block holding such an object, or (with `parallel`) up to MAX_PARALLEL_CALLS blocks
+    with only whitespace between them. Else None. A call's id is the same every time for that
+    request, choice and place in the answer, and differs between them."""
+    listed = _tagged(text) if text.lstrip().startswith(OPEN_TAG) else _plain(text, tools)
+    if listed is None or not (1 <= len(listed) <= (MAX_PARALLEL_CALLS if tools.parallel else 1)):
         return None
-    listed = found if isinstance(found, list) and tools.parallel else [found]
-    if not (1 <= len(listed) <= MAX_PARALLEL_CALLS and all(_is_call(c, tools) for c in listed)):
+    if not all(_is_call(c, tools) for c in listed):
         return None
     base = request_id if choice == 0 else f"{request_id}#{choice}"
     return [oa.ToolCall(id="call_" + uuid.uuid5(uuid.NAMESPACE_URL, base if k == 0 else f"{base}/{k}").hex[:24],
                         function=oa.FunctionCall(name=c["name"], arguments=json.dumps(c["arguments"], ensure_ascii=False)))
             for k, c in enumerate(listed)]
+
+
+def _plain(text: str, tools: Tools) -> list[Any] | None:
+    try:
+        found = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return found if isinstance(found, list) and tools.parallel else [found]
+
+
+def _tagged(text: str) -> list[Any] | None:
+    """The objects in a run of `<tool_call>...</tool_call>` blocks that is the whole text; None otherwise."""
+    found, rest = [], text.strip()
+    while rest:
+        if not (rest.startswith(OPEN_TAG) and CLOSE_TAG in rest):
+            return None
+        inside, _, rest = rest[len(OPEN_TAG):].partition(CLOSE_TAG)
+        try:
+            found.append(json.loads(inside))
+        except json.JSONDecodeError:
+            return None
+        rest = rest.lstrip()
+    return found
 
 
 def _is_call(found: Any, tools: Tools) -> bool:

@@ -34,11 +34,10 @@ async def test_a_required_call_comes_back_as_a_function_call_item() -> None:
     assert call.call_id.startswith("call_") and got.status == "completed" and got.output_text == ""
     # The request's tools and choice are echoed as given.
     assert [t.name for t in got.tools] == ["get_weather", "get_time"] and got.tool_choice == "required"
-    # The worker got chat's generic format: the tools in a system turn, the answer held to a call.
-    assert sent["messages"][0]["role"] == "system" and '"name": "get_time"' in sent["messages"][0]["content"]
-    *single, several = sent["json_schema"]["anyOf"]
-    assert {shape["properties"]["name"]["const"] for shape in single} == {"get_weather", "get_time"}
-    assert several["type"] == "array" and "grammar_lazy" in sent and sent["grammar_lazy"] is False
+    # The worker got the tools and the choice, as on the chat route; it holds the answer to a call.
+    assert [f["name"] for f in sent["tools"]["functions"]] == ["get_weather", "get_time"]
+    assert (sent["tools"]["choice"], sent["tools"]["parallel"]) == ("required", True)
+    assert sent["messages"] == [{"role": "user", "content": "Weather in Paris?"}] and "json_schema" not in sent
 
 
 async def test_a_named_function_holds_the_answer_to_its_own_parameters() -> None:
@@ -47,9 +46,9 @@ async def test_a_named_function_holds_the_answer_to_its_own_parameters() -> None
         got = await sdk.responses.create(model="smol", input="Weather?", tools=[WEATHER, TIME],  # type: ignore[list-item]
                                          tool_choice={"type": "function", "name": "get_weather"},
                                          parallel_tool_calls=False)
-    schema = sent_body(fakes)["json_schema"]
-    assert schema["properties"]["name"] == {"const": "get_weather"}
-    assert schema["properties"]["arguments"] == WEATHER["parameters"]
+    tools = sent_body(fakes)["tools"]
+    assert (tools["choice"], tools["parallel"]) == ("get_weather", False)
+    assert tools["functions"][0]["parameters"] == WEATHER["parameters"]
     assert got.tool_choice.type == "function" and got.tool_choice.name == "get_weather"  # type: ignore[union-attr]
     assert got.parallel_tool_calls is False
 
@@ -87,7 +86,7 @@ async def test_with_auto_a_plain_answer_stays_a_message(stream: bool) -> None:
     async with pool(fakes) as (client, _, _):
         raw = await client.post("/v1/responses", json={"input": "Weather?", "tools": [WEATHER], "stream": stream})
     sent = sent_body(fakes)
-    assert sent["grammar_lazy"] is True and sent["json_schema"]
+    assert sent["tools"]["choice"] == "auto" and "json_schema" not in sent
     if not stream:
         assert raw.json()["output"][0]["content"][0]["text"] == "It is sunny in Paris today."
         return
@@ -98,7 +97,7 @@ async def test_with_auto_a_plain_answer_stays_a_message(stream: bool) -> None:
     assert events[-1]["response"]["output"][0]["type"] == "message"
 
 
-async def test_a_round_trip_with_the_calls_output_reaches_the_worker_as_plain_turns() -> None:
+async def test_a_round_trip_with_the_calls_output_reaches_the_worker_as_a_call_and_a_tool_turn() -> None:
     fakes = FakeWorkers({"w1": streaming(answer(CALL))})
     async with pool(fakes) as (_, sdk, _):
         first = await sdk.responses.create(model="smol", input="Weather in Paris?", tools=[WEATHER, TIME],  # type: ignore[list-item]
@@ -113,10 +112,11 @@ async def test_a_round_trip_with_the_calls_output_reaches_the_worker_as_plain_tu
                                             instructions="Be brief.")
     assert second.output_text == "It is 18 degrees in Paris."
     turns = sent_body(fakes)["messages"]
-    assert [t["role"] for t in turns] == ["system", "user", "assistant", "user"]
-    assert turns[0]["content"].startswith("Be brief.\n\n")
-    assert json.loads(turns[2]["content"]) == {"name": "get_weather", "arguments": {"city": "Paris"}}
-    assert turns[3]["content"] == "Result of get_weather: 18 degrees, clear"
+    assert [t["role"] for t in turns] == ["system", "user", "assistant", "tool"]
+    assert turns[0]["content"] == "Be brief."
+    ((name, arguments),) = [(c["name"], c["arguments"]) for c in turns[2]["tool_calls"]]
+    assert name == "get_weather" and json.loads(arguments) == {"city": "Paris"}
+    assert (turns[3]["name"], turns[3]["content"]) == ("get_weather", "18 degrees, clear")
 
 
 async def test_several_calls_go_back_as_one_assistant_turn() -> None:
@@ -130,10 +130,10 @@ async def test_several_calls_go_back_as_one_assistant_turn() -> None:
         response = await client.post("/v1/responses", json={"input": history, "tools": [WEATHER, TIME]})
     assert response.status_code == 200, response.text
     turns = sent_body(fakes)["messages"]
-    assert [t["role"] for t in turns] == ["system", "user", "assistant", "user", "user"]
-    assert json.loads(turns[2]["content"]) == [{"name": "get_weather", "arguments": {"city": "Paris"}},
-                                               {"name": "get_time", "arguments": {}}]
-    assert [t["content"] for t in turns[3:]] == ["Result of get_weather: sunny", "Result of get_time: noon"]
+    assert [t["role"] for t in turns] == ["user", "assistant", "tool", "tool"]
+    assert turns[1]["tool_calls"] == [{"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                                      {"name": "get_time", "arguments": "{}"}]
+    assert [(t["name"], t["content"]) for t in turns[2:]] == [("get_weather", "sunny"), ("get_time", "noon")]
 
 
 @pytest.mark.parametrize(("text_format", "schema"), [
@@ -147,7 +147,7 @@ async def test_a_text_format_holds_the_answer_to_its_schema_and_is_echoed(text_f
     fakes = FakeWorkers({"w1": streaming(answer('{"name": "Paris"}'))})
     async with pool(fakes) as (_, sdk, _):
         got = await sdk.responses.create(model="smol", input="A city?", text={"format": text_format})  # type: ignore[typeddict-item]
-    assert sent_body(fakes)["json_schema"] == schema and "grammar_lazy" not in sent_body(fakes)
+    assert sent_body(fakes)["json_schema"] == schema and "tools" not in sent_body(fakes)
     assert json.loads(got.output_text) == {"name": "Paris"}
     assert got.text is not None and got.text.format is not None and got.text.format.type == text_format["type"]
 
@@ -159,5 +159,5 @@ async def test_with_auto_a_text_format_holds_the_answer_instead_of_a_call() -> N
             "input": "A city?", "tools": [WEATHER], "text": {"format": {"type": "json_object"}}})
     assert response.status_code == 200, response.text
     sent = sent_body(fakes)
-    assert sent["json_schema"] == {"type": "object"} and "grammar_lazy" not in sent
+    assert sent["json_schema"] == {"type": "object"} and sent["tools"]["choice"] == "auto"
     assert response.json()["output"][0]["type"] == "message"

@@ -1,5 +1,7 @@
 """Tool calls on the chat route (coordinator/surfaces/tools.py), through the official `openai` client:
-the format the worker is sent, the schema a required call is held to, and the calls read back."""
+what the worker is sent (the tools and the choice; the conversation's calls and results as they were
+made), and the calls read back in either of the workers' formats. How a worker writes them into its
+model's prompt, and holds a call to a schema, is tests/worker/backends/test_tool_format.py's."""
 
 from __future__ import annotations
 
@@ -39,12 +41,14 @@ async def test_a_required_call_is_held_to_the_functions_schemas_and_read_back() 
     (call,) = choice.message.tool_calls or []
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
     assert call.id.startswith("call_")
-    # The worker was held to a call of either function, or a list of such calls (parallel_tool_calls
-    # defaults to true), and told about them in the system turn.
-    *single, several = sent["json_schema"]["anyOf"]
-    assert {shape["properties"]["name"]["const"] for shape in single} == {"get_weather", "get_time"}
-    assert several["type"] == "array" and several["items"] == {"anyOf": single} and several["minItems"] == 1
-    assert sent["messages"][0]["role"] == "system" and '"name": "get_weather"' in sent["messages"][0]["content"]
+    # The worker gets both functions and the choice (parallel_tool_calls defaults to true); it holds the
+    # answer to a call itself, so no schema of the coordinator's goes along.
+    assert sent["tools"] == {"functions": [{"name": "get_weather", "description": "The weather in a city.",
+                                            "parameters": WEATHER["function"]["parameters"]},  # type: ignore[index]
+                                           {"name": "get_time", "description": "",
+                                            "parameters": {"type": "object", "properties": {}}}],
+                             "choice": "required", "parallel": True}
+    assert "json_schema" not in sent and sent["messages"] == ASK
     # Streamed: the name first, the arguments in pieces, assembling into the same call.
     deltas = [c.choices[0].delta for c in chunks if c.choices and c.choices[0].delta.tool_calls]
     first = (deltas[0].tool_calls or [])[0]
@@ -61,9 +65,8 @@ async def test_a_named_function_is_the_only_shape_allowed() -> None:
         await sdk.chat.completions.create(model="smol", messages=ASK, tools=[WEATHER, TIME],  # type: ignore[list-item]
                                           tool_choice={"type": "function", "function": {"name": "get_weather"}},
                                           parallel_tool_calls=False)
-    schema = sent_body(fakes)["json_schema"]
-    assert schema["properties"]["name"] == {"const": "get_weather"}
-    assert schema["properties"]["arguments"] == WEATHER["function"]["parameters"]  # type: ignore[index]
+    tools = sent_body(fakes)["tools"]
+    assert (tools["choice"], tools["parallel"]) == ("get_weather", False)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -78,8 +81,8 @@ async def test_with_auto_a_plain_answer_stays_text(stream: bool) -> None:
         else:
             text, reason = got.choices[0].message.content, got.choices[0].finish_reason
     assert (text, reason) == ("It is sunny.", "stop")
-    sent = sent_body(fakes)  # auto: the call's schema, held lazily (only an answer that starts as a call)
-    assert sent["grammar_lazy"] is True and sent["json_schema"]["anyOf"][0]["properties"]["name"] == {"const": "get_weather"}
+    sent = sent_body(fakes)  # auto (the default): the worker holds only an answer that starts as a call
+    assert sent["tools"]["choice"] == "auto" and "json_schema" not in sent
 
 
 async def test_with_auto_a_response_format_holds_the_answer_instead() -> None:
@@ -87,8 +90,8 @@ async def test_with_auto_a_response_format_holds_the_answer_instead() -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
     async with pool(fakes, ONE) as (_, sdk):
         await sdk.chat.completions.create(model="smol", messages=ASK, tools=[WEATHER], response_format=fmt)  # type: ignore[arg-type, list-item]
-    sent = sent_body(fakes)
-    assert sent["json_schema"] == {"type": "object"} and not sent.get("grammar_lazy")
+    sent = sent_body(fakes)  # the worker lets a request's own format win over an `auto` call
+    assert sent["json_schema"] == {"type": "object"} and sent["tools"]["choice"] == "auto"
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -125,13 +128,11 @@ async def test_without_parallel_calls_one_call_is_held_and_a_list_is_not_read_as
     async with pool(fakes, ONE) as (_, sdk):
         got = await sdk.chat.completions.create(model="smol", messages=ASK, tools=[WEATHER],  # type: ignore[list-item]
                                                 parallel_tool_calls=False)
-    sent = sent_body(fakes)
-    assert sent["json_schema"]["properties"]["name"] == {"const": "get_weather"}  # one object, no list
-    assert "JSON list" not in sent["messages"][0]["content"]
+    assert sent_body(fakes)["tools"]["parallel"] is False
     assert got.choices[0].message.tool_calls is None and got.choices[0].message.content == listed
 
 
-async def test_a_round_trip_reaches_the_worker_as_plain_turns() -> None:
+async def test_a_round_trip_reaches_the_worker_as_calls_and_tool_turns() -> None:
     """Call, result, answer: langchain's tool loop sends the assistant's call and the tool's result back."""
     fakes = FakeWorkers({"w1": streaming(answer("It is 18 degrees in Paris."))})
     conversation = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
@@ -141,12 +142,12 @@ async def test_a_round_trip_reaches_the_worker_as_plain_turns() -> None:
         got = await sdk.chat.completions.create(model="smol", messages=conversation, tools=[WEATHER])  # type: ignore[arg-type, list-item]
     assert got.choices[0].message.content == "It is 18 degrees in Paris."
     turns = sent_body(fakes)["messages"]
-    assert [t["role"] for t in turns] == ["system", "user", "assistant", "user"]
-    assert json.loads(turns[2]["content"]) == {"name": "get_weather", "arguments": {"city": "Paris"}}
-    assert turns[3]["content"] == "Result of get_weather: 18 degrees, clear"
+    assert turns[1:] == [{"role": "assistant", "content": "",
+                          "tool_calls": [{"name": "get_weather", "arguments": '{"city": "Paris"}'}]},
+                         {"role": "tool", "content": "18 degrees, clear", "name": "get_weather"}]
 
 
-async def test_an_answer_of_several_calls_goes_back_as_the_list_the_model_wrote() -> None:
+async def test_an_answer_of_several_calls_goes_back_as_one_turn_and_each_result_names_its_call() -> None:
     fakes = FakeWorkers({"w1": streaming(answer("Sunny, at noon."))})
     calls = [{"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": arguments}}
              for i, (name, arguments) in enumerate((("get_weather", '{"city": "Paris"}'), ("get_time", "{}")))]
@@ -156,9 +157,36 @@ async def test_an_answer_of_several_calls_goes_back_as_the_list_the_model_wrote(
     async with pool(fakes, ONE) as (_, sdk):
         await sdk.chat.completions.create(model="smol", messages=conversation, tools=[WEATHER, TIME])  # type: ignore[arg-type, list-item]
     turns = sent_body(fakes)["messages"]
-    assert json.loads(turns[2]["content"]) == [{"name": "get_weather", "arguments": {"city": "Paris"}},
-                                               {"name": "get_time", "arguments": {}}]
-    assert [t["content"] for t in turns[3:]] == ["Result of get_weather: sunny", "Result of get_time: noon"]
+    assert turns[1]["tool_calls"] == [{"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                                      {"name": "get_time", "arguments": "{}"}]
+    assert [(t["name"], t["content"]) for t in turns[2:]] == [("get_weather", "sunny"), ("get_time", "noon")]
+
+
+TAGGED = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize(("text", "parallel", "expected"), [
+    (TAGGED, True, [("get_weather", {"city": "Paris"})]),
+    (TAGGED + "\n" + TAGGED.replace("Paris", "Oslo"), True, [("get_weather", {"city": "Paris"}),
+                                                             ("get_weather", {"city": "Oslo"})]),
+    (TAGGED + "\n" + TAGGED, False, None),  # one call an answer without parallel_tool_calls
+    (TAGGED + " and more", True, None),  # the blocks must be the whole answer
+    ("Sure. " + TAGGED, True, None),
+    (TAGGED.replace("get_weather", "get_mood"), True, None),  # not one of the tools
+    ("<tool_call>\n{\"name\": \"get_weather\"", True, None),  # cut off
+    (CALL, True, [("get_weather", {"city": "Paris"})]),  # the generic format, read the same
+])
+async def test_calls_are_read_in_the_tagged_format_too(text: str, parallel: bool, expected: list | None) -> None:  # type: ignore[type-arg]
+    fakes = FakeWorkers({"w1": streaming(answer(text))})
+    async with pool(fakes, ONE) as (_, sdk):
+        got = await sdk.chat.completions.create(model="smol", messages=ASK, tools=[WEATHER],  # type: ignore[list-item]
+                                                parallel_tool_calls=parallel)
+    calls = got.choices[0].message.tool_calls
+    if expected is None:
+        assert calls is None and got.choices[0].message.content == text
+    else:
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls or []] == expected
+        assert got.choices[0].finish_reason == "tool_calls"
 
 
 @pytest.mark.parametrize(("extra", "param"), [

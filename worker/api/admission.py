@@ -204,6 +204,9 @@ class Gate:
         if request.grammar is not None or request.json_schema is not None:
             constraints = [self.model.constraint(grammar=request.grammar, json_schema=request.json_schema,
                                                  lazy=request.grammar_lazy) for _ in range(request.n)]
+        elif request.tools is not None and (call := self.model.tool_format.constraint(request.tools)) is not None:
+            constraints = [self.model.constraint(grammar=call.grammar, json_schema=call.json_schema, lazy=call.lazy)
+                           for _ in range(request.n)]
         return self._prompt_tokens(request, history, cached), constraints
 
     def _prompt_tokens(self, request: GenerateRequest, history: list[Message], cached: list[int]) -> list[int]:
@@ -211,7 +214,7 @@ class Gate:
             if cached:  # a raw session continues exactly where its KV ends
                 return cached + self.model.tokenize(request.prompt, add_special=False)
             return self.model.tokenize(request.prompt, add_special=True)
-        return self.model.tokenize(self.model.render_chat(history), add_special=True)
+        return self.model.tokenize(self.model.render_chat(history, request.tools), add_special=True)
 
 
 def _history(request: GenerateRequest, known: Session | None) -> list[Message]:
@@ -219,6 +222,6 @@ def _history(request: GenerateRequest, known: Session | None) -> list[Message]:
     the whole conversation; the cached prefix is found by comparing tokens), or the session's
     history plus the prompt as this turn's user message."""
     if request.messages is not None:
-        return [Message(m.role, m.content) for m in request.messages]
+        return [Message(m.role, m.content, m.tool_calls, m.name) for m in request.messages]
     prompt = request.prompt or ""
     return [*known.messages, Message("user", prompt)] if known else [Message("user", prompt)]

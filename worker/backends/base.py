@@ -11,11 +11,15 @@ simulated one (`simulated`) stands behind the same protocols for coordinator-sca
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from protocol.worker import CalledFunction, ToolUse
+
 if TYPE_CHECKING:
+    from worker.backends.tool_format import ToolFormat
     from worker.engine.jobs import Job
     from worker.engine.sampling import Constraint
     from worker.sessions.table import Session, SessionTable
@@ -25,6 +29,8 @@ if TYPE_CHECKING:
 class Message:
     role: str
     content: str
+    tool_calls: tuple[CalledFunction, ...] = ()  # an assistant's turn: the functions it called
+    name: str | None = None  # a `tool` turn: the function whose result it is
 
 
 # No chat template in the GGUF (a base model): plain `role: text` turns, so chat requests still work,
@@ -32,8 +38,8 @@ class Message:
 PLAIN_TURN_STOP = "\nuser:"
 
 
-def plain_turns(messages: list[Message]) -> str:
-    return "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant:"
+def plain_turns(turns: Sequence[Mapping[str, Any]]) -> str:
+    return "".join(f"{t['role']}: {t['content']}\n" for t in turns) + "assistant:"
 
 
 @dataclass(frozen=True)
@@ -105,8 +111,15 @@ class ModelBackend(Protocol):
 
     @property
     def turn_stop(self) -> str | None: ...
+    @property
+    def tool_format(self) -> ToolFormat:
+        """How this model is told about tools, and what holds its calls (worker/backends/tool_format.py)."""
+        ...
     def tokenize(self, text: str, *, add_special: bool) -> list[int]: ...
-    def render_chat(self, messages: list[Message]) -> str: ...
+    def render_chat(self, messages: list[Message], tools: ToolUse | None = None) -> str:
+        """The conversation (with the request's tools, in this model's tool format), the assistant's
+        turn opened."""
+        ...
     def constraint(self, *, grammar: str | None, json_schema: dict[str, Any] | None,
                    lazy: bool = False) -> Constraint | None:
         """The request's grammar compiled for this model (`ConstraintError` when it cannot be); `lazy`:

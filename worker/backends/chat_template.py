@@ -65,7 +65,7 @@ class ChatTemplate:
         self._program = environment.from_string(source)  # jinja2.TemplateError when it does not compile
         self._bos, self._eos, self._strip_bos = bos, eos, strip_bos
 
-    def render(self, messages: Sequence[dict[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None) -> str:
+    def render(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> str:
         try:
             text = self._program.render(messages=list(messages), tools=list(tools) if tools else None,
                                         add_generation_prompt=True, bos_token=self._bos, eos_token=self._eos)

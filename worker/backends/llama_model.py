@@ -19,8 +19,10 @@ from typing import Any
 import jinja2
 import llama_cpp as ll
 
+from protocol.worker import ToolUse
 from worker.backends.base import PLAIN_TURN_STOP, Message, ModelShape, file_identity, plain_turns
 from worker.backends.chat_template import ChatTemplate
+from worker.backends.tool_format import ToolFormat, format_of
 from worker.engine.grammar import Grammar, LazyGrammar, compile_constraint
 
 _log = logging.getLogger("worker.llama")
@@ -76,6 +78,9 @@ class Model:
         template = ll.llama_model_chat_template(self._handle, None)
         self._chat_template: bytes | None = template or None
         self._jinja = self._compile(self._chat_template)
+        # A template's own tool section is used only through Jinja (llama.cpp's matcher writes no tools).
+        self.tool_format: ToolFormat = format_of(self._chat_template.decode("utf-8", errors="replace")
+                                                 if self._jinja is not None and self._chat_template else None)
         # Every token's bytes, read once: the engine turns each generated token into text, and a table
         # lookup costs a fraction of a llama_token_to_piece call through ctypes (about 0.1 s at load for
         # a 49,152-token vocabulary).
@@ -183,15 +188,17 @@ class Model:
         text = ll.llama_vocab_get_text(self.vocab, token)
         return text.decode("utf-8", errors="replace") if text else ""
 
-    def render_chat(self, messages: list[Message]) -> str:
+    def render_chat(self, messages: list[Message], tools: ToolUse | None = None) -> str:
         """The conversation as the model expects it, ending with the assistant's turn opened: by the
         model's own Jinja template (`TemplateRefusal` when the template refuses it), else llama.cpp's
-        built-in matcher, else plain `role: text` turns."""
+        built-in matcher, else plain `role: text` turns; tools, calls and their results as the model's
+        tool format writes them (`tool_format`)."""
+        turns, listed = self.tool_format.turns(messages, tools)
         if self._jinja is not None:
-            return self._jinja.render([{"role": m.role, "content": m.content} for m in messages])
+            return self._jinja.render(turns, tools=listed)
         if self._chat_template is None:
-            return plain_turns(messages)
-        keep = [(m.role.encode(), m.content.encode()) for m in messages]
+            return plain_turns(turns)
+        keep = [(t["role"].encode(), t["content"].encode()) for t in turns]
         chat = (ll.llama_chat_message * len(keep))(*(ll.llama_chat_message(r, c) for r, c in keep))
         size = sum(len(r) + len(c) for r, c in keep) * 2 + 256
         for _ in range(2):

@@ -27,7 +27,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from protocol.worker import ToolUse
 from worker.backends.base import Message, ModelShape, Pooling, plain_turns
+from worker.backends.tool_format import GENERIC
 from worker.engine.channel import TokenChannel
 from worker.engine.endings import Endings, Progress, also_ending, cancel_session
 from worker.engine.grammar import ConstraintError
@@ -61,8 +63,10 @@ class SimulatedModel:
 
     turn_stop = None  # its words never spell a turn marker
 
-    def render_chat(self, messages: list[Message]) -> str:
-        return plain_turns(messages)
+    tool_format = GENERIC
+
+    def render_chat(self, messages: list[Message], tools: ToolUse | None = None) -> str:
+        return plain_turns(GENERIC.turns(messages, tools)[0])
 
     def constraint(self, *, grammar: str | None, json_schema: dict[str, Any] | None, lazy: bool = False) -> None:
         if grammar is not None or json_schema is not None:

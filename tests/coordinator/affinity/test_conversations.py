@@ -1,5 +1,5 @@
 from coordinator.affinity.conversations import ConversationTable, continuation_key, conversation_key
-from protocol.worker import ChatMessage
+from protocol.worker import CalledFunction, ChatMessage
 
 
 def msgs(*pairs: tuple[str, str]) -> list[ChatMessage]:
@@ -16,6 +16,19 @@ def test_a_next_turn_finds_the_key_its_previous_turn_was_remembered_under() -> N
     assert continuation_key("", "other", TURN2) != conversation_key("", "m", TURN1)  # per model
     assert continuation_key("k:b", "m", TURN2) != conversation_key("k:a", "m", TURN1)  # per tenant
     assert continuation_key("k:a", "m", TURN2) == conversation_key("k:a", "m", TURN1)
+
+
+def test_the_results_of_a_turns_tool_calls_continue_it_as_a_user_turn_does() -> None:
+    calls = ChatMessage(role="assistant", content="", tool_calls=(CalledFunction(name="f", arguments='{"a": 1}'),
+                                                                  CalledFunction(name="g", arguments="{}")))
+    results = [ChatMessage(role="tool", content="1", name="f"), ChatMessage(role="tool", content="2", name="g")]
+    assert continuation_key("", "m", [*TURN1, calls, *results]) == conversation_key("", "m", TURN1)
+    # Which calls were made is part of the conversation: the next turn after them is another key.
+    other = calls.model_copy(update={"tool_calls": (CalledFunction(name="f", arguments='{"a": 2}'),)})
+    assert conversation_key("", "m", [*TURN1, calls]) != conversation_key("", "m", [*TURN1, other])
+    # The assistant's reply must be followed by what the client adds, and only that.
+    assert continuation_key("", "m", [*TURN1, calls]) is None
+    assert continuation_key("", "m", [*TURN1, calls, ChatMessage(role="system", content="x")]) is None
 
 
 def test_keys_cannot_be_confused_by_moving_text_between_fields() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from protocol.worker import GenerateRequest
+from protocol.worker import GenerateRequest, ToolUse
 from tests.worker.backends.test_simulated import simulated_gate
 from worker.backends.base import Message
 from worker.backends.chat_template import ChatTemplate, TemplateRefusal
@@ -74,7 +74,7 @@ def test_the_default_model_renders_its_own_template_as_llama_cpp_python_jinja_do
 
 
 class _RefusingTemplate(SimulatedModel):
-    def render_chat(self, messages: list[Message]) -> str:
+    def render_chat(self, messages: list[Message], tools: ToolUse | None = None) -> str:
         raise TemplateRefusal("Conversation roles must alternate user/assistant/user/assistant")
 
 

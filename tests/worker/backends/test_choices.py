@@ -9,6 +9,7 @@ ends, every sequence and reservation comes back.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,14 @@ def test_every_choice_is_accounted_exactly_and_a_client_that_leaves_frees_them_a
         def counts(ctx: Any) -> list[tuple[int, int]]:  # between two steps: the table and llama.cpp agree
             return [(len(s.tokens) * bpt, state_seq_size(s.seq_id)(ctx)) for s in job.sessions]
 
-        pairs = worker.runtime.engine.call(counts).result(timeout=10)
+        # A choice's first token is sampled from the prompt's last step and enters the KV with the next
+        # one: wait until every choice holds a generated token too.
+        deadline = time.monotonic() + 10
+        while True:
+            pairs = worker.runtime.engine.call(counts).result(timeout=10)
+            if all(ours > len(job.prompt_tokens) * bpt for ours, _ in pairs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
         assert len(pairs) == 3 and len({s.seq_id for s in job.sessions}) == 3
         for ours, theirs in pairs:
             assert ours > len(job.prompt_tokens) * bpt and abs(ours - theirs) / theirs < 0.05, (ours, theirs)
