@@ -20,8 +20,10 @@ HEADERS_TOO_LARGE = "headers_too_large"
 UNKNOWN_MODEL = "unknown_model"
 UNKNOWN_SESSION = "unknown_session"
 SESSION_EXPIRED = "session_expired"
+KV_REFUSED = "kv_refused"  # a KV blob this worker cannot take in (another model, cut short, damaged)
 # 409
 SESSION_BUSY = "session_busy"
+SESSION_EXISTS = "session_exists"  # an imported session's id is already held here
 WORKER_CONFLICT = "worker_conflict"  # a heartbeat claims a live worker's id from another URL
 # 413
 PROMPT_TOO_LONG = "prompt_too_long"
@@ -36,6 +38,7 @@ LOADING = "loading"
 DRAINING = "draining"
 STREAMS_FULL = "streams_full"  # the coordinator relays as many streams as it is set to: it protects itself
 EMBEDDINGS_FULL = "embeddings_full"  # every embedding slot (a worker's bounded embedding queue) is taken
+TRANSFERS_FULL = "transfers_full"  # a worker moves that many sessions' KV at once (WORKER_KV_TRANSFERS)
 # 502 / stream errors
 WORKER_UNAVAILABLE = "worker_unavailable"
 WORKER_FAILED = "worker_failed"

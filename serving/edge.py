@@ -47,6 +47,7 @@ class EdgeLimits:
     header_timeout: float = 10.0  # connection open (or last response sent) to the end of the headers
     body_timeout: float = 30.0  # end of the headers to the end of the body
     path_body_limits: Mapping[str, int] = field(default_factory=dict)  # tighter bounds for some paths
+    prefix_body_limits: Mapping[str, int] = field(default_factory=dict)  # other bounds for paths under a prefix
     render: ErrorRender = plain_error
 
 
@@ -117,7 +118,9 @@ def guarded_protocol(limits: EdgeLimits, base: type[HttpToolsProtocol] = HttpToo
             self._disarm()
             self._in_headers = False
             path = self.url.split(b"?", 1)[0].decode("latin-1")
-            self._body_limit = limits.path_body_limits.get(path, limits.max_body_bytes)
+            self._body_limit = limits.path_body_limits.get(path, next(
+                (bound for prefix, bound in limits.prefix_body_limits.items() if path.startswith(prefix)),
+                limits.max_body_bytes))
             length = next((v for k, v in self.headers if k == b"content-length"), None)
             if length is not None and length.strip().isdigit() and int(length) > self._body_limit:
                 self._refuse(413, reasons.BODY_TOO_LARGE,

@@ -11,6 +11,7 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import ValidationError
 
+from protocol.worker import SESSIONS_PATH
 from serving.edge import EdgeLimits, guarded_protocol
 from serving.server import DrainingServer
 from worker.api.app import create_app
@@ -30,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     # parsed headers of every open stream for as long as the stream lasts.
     limits = EdgeLimits(max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes,
                         max_headers=settings.max_headers, header_timeout=settings.header_timeout,
-                        body_timeout=settings.body_timeout)
+                        body_timeout=settings.body_timeout,
+                        prefix_body_limits={SESSIONS_PATH + "/": settings.kv_transfer_max_bytes})
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             access_log=False, timeout_graceful_shutdown=5, date_header=False, server_header=False,
                             http=guarded_protocol(limits), limit_concurrency=settings.max_connections)

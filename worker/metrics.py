@@ -62,6 +62,10 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
         self.sessions_evicted = Gauge("worker_sessions_evicted_total", "Idle sessions evicted for room",
                                       registry=r)
         self._embeddings(r)
+        self.kv_transfers = Counter("worker_kv_transfers", "Sessions' KV exported or imported, by direction and "
+                                    "outcome (ok, refused)", ["direction", "outcome"], registry=r)
+        self.kv_transfer_bytes = Counter("worker_kv_transfer_bytes", "Bytes of KV blobs exported or imported "
+                                         "(refused ones included)", ["direction"], registry=r)
 
     def _embeddings(self, r: CollectorRegistry) -> None:
         self.embedding_requests = Counter("worker_embedding_requests", "Embedding requests answered (ok) or "
@@ -124,6 +128,10 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
         self.embedding_tokens.inc(tokens)
         self.embedding_batch_size.observe(inputs)
         self.embedding_step_seconds.observe(seconds)
+
+    def kv_moved(self, direction: str, outcome: str, size: int) -> None:
+        self.kv_transfers.labels(direction=direction, outcome=outcome).inc()
+        self.kv_transfer_bytes.labels(direction=direction).inc(size)
 
     def internal_error(self, task: str) -> None:
         self.internal_errors.labels(task=task).inc()

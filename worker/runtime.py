@@ -66,6 +66,7 @@ class WorkerRuntime:
         self.gate = Gate(model, self.names, self.table, self.engine, stream_buffer=settings.stream_buffer,
                          clock=clock, embedder=self.embedder)
         self.table.on_release = self.gate.released
+        self.transfer_slots = asyncio.Semaphore(settings.kv_transfers)  # sessions' KV moving at once
         self._tasks: list[asyncio.Task[None]] = []
         self.jobs: set[Job] = set()  # the jobs whose stream is open (app.py keeps it), for the drain
         self.heartbeats: HeartbeatSender | None = None

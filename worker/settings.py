@@ -52,6 +52,8 @@ ENV_NAMES = {
     "embedding_batch_inputs": "WORKER_EMBEDDING_BATCH_INPUTS",
     "embedding_queue": "WORKER_EMBEDDING_QUEUE",
     "embedding_timeout": "WORKER_EMBEDDING_TIMEOUT",
+    "kv_transfers": "WORKER_KV_TRANSFERS",
+    "kv_transfer_max_bytes": "WORKER_KV_TRANSFER_MAX_BYTES",
     "drain_timeout": "WORKER_DRAIN_TIMEOUT",
     "max_body_bytes": "WORKER_MAX_BODY_BYTES",
     "max_header_bytes": "WORKER_MAX_HEADER_BYTES",
@@ -111,6 +113,10 @@ class WorkerSettings(BaseModel):
                                  description="embedding requests held at once, running or waiting; past them 503")
     embedding_timeout: float = Field(default=30.0, gt=0, description="seconds an embedding request may wait and "
                                      "run on the worker; past them 504 deadline_exceeded")
+    kv_transfers: int = Field(default=2, ge=1, le=64, description="sessions' KV exported or imported at once "
+                              "(worker/api/transfer.py); past them 503 transfers_full")
+    kv_transfer_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024,
+                                       description="largest KV blob a worker takes in, bytes (413 before it is read)")
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024,
                                 description="largest request body, bytes (413 before it is read)")
     max_header_bytes: int = Field(default=16_384, ge=1024, le=1 << 20,

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from protocol import reasons
-from worker.api import routes
+from worker.api import routes, transfer
 from worker.api.routes import request_id_of
 from worker.backends import load_model
 from worker.errors import WorkerError
@@ -75,6 +75,7 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.include_router(routes.router)
+    app.include_router(transfer.router)
     return app
 
 

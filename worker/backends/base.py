@@ -19,10 +19,13 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from protocol.worker import CalledFunction, ToolUse
 
 if TYPE_CHECKING:
+    import concurrent.futures
+
     from worker.backends.tool_format import ToolFormat
     from worker.engine.jobs import Job
     from worker.engine.sampling import Constraint
     from worker.sessions.table import Session, SessionTable
+    from worker.sessions.transfer import Origin
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,15 @@ class EngineBackend(Protocol):
     def free(self, seq_ids: list[int] | tuple[int, ...]) -> None: ...
     def cancel_session(self, session: Session) -> None: ...
     def poke(self) -> None: ...
+    def cells_origin(self) -> Origin:
+        """What this engine's cells are (model, KV type, llama.cpp build): KV blobs move only between equals."""
+        ...
+    def export_cells(self, seq_id: int) -> concurrent.futures.Future[bytes]:
+        """One sequence's cells, as bytes another engine of the same origin can take in."""
+        ...
+    def import_cells(self, seq_id: int, cells: bytes | memoryview) -> concurrent.futures.Future[int]:
+        """Writes exported cells into `seq_id`: the positions it then holds, 0 when refused (left empty)."""
+        ...
 
 
 Pooling = Literal["mean", "cls", "last"]

@@ -38,6 +38,7 @@ from worker.engine.jobs import EngineConfig, EngineObserver, Failed, Finished, J
 from worker.engine.sampling import RequestSampling, SamplingParams, StepSampler, choice_seed
 from worker.engine.textstream import TextAssembler
 from worker.sessions.table import Session, SessionTable
+from worker.sessions.transfer import Origin
 
 log = logging.getLogger("worker.backends.llama_engine")
 T = TypeVar("T")
@@ -162,6 +163,32 @@ class Engine:
         """A consumer cancelled or drained its channel: look again now rather than at the next poll."""
         with self._cond:
             self._cond.notify()
+
+    def cells_origin(self) -> Origin:
+        return Origin(self.model.identity, self.model.kv_type, ll.__version__)
+
+    def export_cells(self, seq_id: int) -> concurrent.futures.Future[bytes]:
+        """A sequence's cells as llama.cpp saves them, read between two steps."""
+        def read(ctx: Any) -> bytes:
+            size = int(ll.llama_state_seq_get_size(ctx, ctypes.c_int32(seq_id)))
+            buffer = (ctypes.c_uint8 * size)()
+            written = int(ll.llama_state_seq_get_data(ctx, buffer, size, ctypes.c_int32(seq_id)))
+            if written != size:
+                raise RuntimeError(f"llama.cpp saved {written} of the sequence's {size} bytes")
+            return ctypes.string_at(buffer, size)
+        return self.call(read)
+
+    def import_cells(self, seq_id: int, cells: bytes | memoryview) -> concurrent.futures.Future[int]:
+        """Writes saved cells into `seq_id` (emptied first), between two steps: how many positions the
+        sequence then holds, or 0 when llama.cpp refused them (the sequence is left empty)."""
+        def write(ctx: Any) -> int:
+            ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+            buffer = (ctypes.c_uint8 * len(cells)).from_buffer_copy(cells)
+            if int(ll.llama_state_seq_set_data(ctx, buffer, len(cells), ctypes.c_int32(seq_id))) != len(cells):
+                ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+                return 0
+            return int(ll.llama_memory_seq_pos_max(self._mem, seq_id)) + 1
+        return self.call(write)
 
     def call(self, fn: Callable[[Any], T]) -> concurrent.futures.Future[T]:
         """Runs `fn(ctx)` on the engine thread between two steps (for reads of llama.cpp state)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from protocol import reasons
 from protocol.worker import ToolUse
 from worker.backends.base import Message, ModelShape, Pooling, plain_turns
 from worker.backends.tool_format import GENERIC
@@ -35,7 +37,9 @@ from worker.engine.endings import Endings, Progress, also_ending, cancel_session
 from worker.engine.grammar import ConstraintError
 from worker.engine.jobs import EngineConfig, EngineObserver, Failed, Finished, Job, StreamItem
 from worker.engine.textstream import TextAssembler
+from worker.errors import WorkerError
 from worker.sessions.table import Session, SessionTable
+from worker.sessions.transfer import Origin
 
 T = TypeVar("T")
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "runs", "away")
@@ -144,6 +148,15 @@ class SimulatedEngine:
     def submit(self, job: Job, free_first: tuple[int, ...] = ()) -> None:
         self._inbox.append(job)
         self._wake.set()
+
+    def cells_origin(self) -> Origin:
+        return Origin(f"simulated:{self.model.name}", 0, "simulated")
+
+    def export_cells(self, seq_id: int) -> concurrent.futures.Future[bytes]:
+        raise WorkerError(400, reasons.INVALID_REQUEST, "the simulated engine holds no KV cells to move")
+
+    def import_cells(self, seq_id: int, cells: bytes | memoryview) -> concurrent.futures.Future[int]:
+        raise WorkerError(400, reasons.INVALID_REQUEST, "the simulated engine holds no KV cells to move")
 
     def free(self, seq_ids: list[int] | tuple[int, ...]) -> None:
         pass  # no KV cells to clear; the session table already counts them free

@@ -356,6 +356,37 @@ class SessionTable:
                 self._drop(session, tombstone=False)
             return session
 
+    # -- moving a session's cells (worker/api/transfer.py) ------------------------------------------
+
+    def claim(self, session_id: str, *, tenant: str = "") -> Session:
+        """`tenant`'s idle kept session of that id, marked busy so that no request runs on it and no
+        admission evicts it while its cells are read; `release(session, keep_kv=True)` gives it back.
+        404 `unknown_session` (another tenant's id too), 409 `session_busy`."""
+        with self._lock:
+            session = self._named.get((tenant, session_id))
+            if session is None:
+                raise WorkerError(404, reasons.UNKNOWN_SESSION, f"no session {session_id!r}")
+            if session.busy:
+                raise WorkerError(409, reasons.SESSION_BUSY, f"session {session_id!r} is generating")
+            self._idle_lru.pop(session.seq_id, None)
+            session.busy = True
+            return session
+
+    def abandon(self, session: Session) -> int:
+        """A session admitted for cells that never came (an import that failed): forgotten as if it had
+        never been opened, with no tombstone, its reservation returned. Its seq id, to free."""
+        try:
+            with self._lock:
+                self._ending.discard(session)
+                session.busy = False
+                session.stream_ref = None
+                if session in self._live:
+                    self._drop(session, tombstone=False)
+                session.tokens = []
+                return session.seq_id
+        finally:
+            self.on_release()
+
     # -- reading -----------------------------------------------------------------------------------
 
     def stats(self) -> tuple[int, int, int]:

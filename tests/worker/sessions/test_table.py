@@ -439,3 +439,35 @@ def test_choices_never_keep_a_session() -> None:
     t, _ = table()
     with pytest.raises(ValueError, match="one-shot"):
         t.admit("chat", 10, choices=2)
+
+
+def test_a_claimed_session_is_neither_used_nor_evicted_and_comes_back_as_it_was() -> None:
+    t, _ = table(capacity=100, session_max=50, sessions=2)
+    kept = t.admit("a", 30, tenant="k").session
+    kept.tokens = list(range(30))
+    t.release(kept, keep_kv=True)
+    with pytest.raises(WorkerError) as other:  # another tenant's id names nothing
+        t.claim("a", tenant="j")
+    assert other.value.status == 404
+    claimed = t.claim("a", tenant="k")
+    assert claimed is kept and claimed.busy
+    with pytest.raises(WorkerError) as busy:
+        t.claim("a", tenant="k")
+    assert busy.value.status == 409
+    # An admission that needs its room cannot evict it while claimed (it could an idle one).
+    with pytest.raises(WorkerError) as full:
+        t.admit(None, 50, tenant="k")
+        t.admit(None, 50, tenant="k")
+    assert full.value.status == 503
+    t.release(claimed, keep_kv=True)
+    assert not kept.busy and t.lookup("a", tenant="k") is kept and len(kept.tokens) == 30
+
+
+def test_an_abandoned_import_leaves_no_trace() -> None:
+    t, _ = table()
+    before = t.stats()
+    admission = t.admit("moved", 40, tenant="k")
+    seq_id = t.abandon(admission.session)
+    assert seq_id == admission.session.seq_id and t.stats() == before
+    assert t.lookup("moved", tenant="k") is None  # no tombstone: the id is free, not expired
+    assert t.admit("moved", 10, tenant="k").session.session_id == "moved"

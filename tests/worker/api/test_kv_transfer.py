@@ -1,0 +1,93 @@
+"""A kept session's KV moved between two real workers of the same model (worker/api/transfer.py):
+the next turn on the new worker is what it would have been on the old one, with the history's
+tokens reused; every blob that would not land is refused and leaves no trace."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.sse import generate
+from tests.worker.server import RunningWorker, running_worker
+from worker.sessions.transfer import Origin, pack, split
+
+pytestmark = pytest.mark.model
+GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 12}
+
+
+@pytest.fixture(scope="module")
+def pair(model_path: Path) -> Iterator[tuple[RunningWorker, RunningWorker]]:
+    with running_worker(model_path, threads=1) as a, running_worker(model_path, threads=1) as b:
+        yield a, b
+
+
+def kv_url(worker: RunningWorker, session_id: str, tenant: str = "") -> str:
+    return f"{worker.url}/worker/sessions/{session_id}/kv" + (f"?tenant={tenant}" if tenant else "")
+
+
+def turn(worker: RunningWorker, session_id: str, prompt: str, tenant: str = "") -> tuple[str, dict[str, Any]]:
+    stream = generate(worker.url, {"prompt": prompt, "session_id": session_id, "tenant": tenant, **GREEDY})
+    kind, done = stream.last
+    assert stream.status == 200 and kind == "done", stream
+    return stream.text, done["usage"]
+
+
+def test_a_moved_session_continues_as_it_would_have_where_it_was(pair: tuple[RunningWorker, RunningWorker]) -> None:
+    a, b = pair
+    for i, (first, second) in enumerate([("Name a river in France.", "And one in Spain?"),
+                                         ("Count to five.", "Now backwards."),
+                                         ("Write a word that rhymes with cat.", "Another one.")]):
+        sid, tenant = f"moved-{i}", "team" if i == 1 else ""
+        turn(a, sid, first, tenant)
+        exported = httpx.get(kv_url(a, sid, tenant), timeout=30)
+        assert exported.status_code == 200, exported.text
+        held = int(exported.headers["x-kv-tokens"])
+        imported = httpx.put(kv_url(b, sid, tenant), content=exported.content, timeout=30)
+        assert imported.status_code == 201, imported.text
+        assert imported.json() == {"session_id": sid, "tokens": held, "bytes": len(exported.content)}
+        there, there_usage = turn(b, sid, second, tenant)
+        here, here_usage = turn(a, sid, second, tenant)
+        assert there == here  # greedy: the same cells give the same continuation
+        # The new worker prefilled only the new turn: the whole moved history was reused.
+        assert there_usage["cached_tokens"] == here_usage["cached_tokens"] >= held - 1
+        assert there_usage["prompt_tokens"] == here_usage["prompt_tokens"]
+    # The exporting worker still holds its sessions; both count what they hold.
+    assert a.load()["sessions"] == b.load()["sessions"] == 3
+    assert b.metric('worker_kv_transfers_total{direction="import",outcome="ok"}') == 3
+
+
+def test_every_blob_that_would_not_land_is_refused_and_leaves_nothing(pair: tuple[RunningWorker, RunningWorker]) -> None:
+    a, b = pair
+    turn(a, "source", "Tell me about the moon.")
+    blob = httpx.get(kv_url(a, "source"), timeout=30).content
+    header, cells = split(blob)
+    origin = Origin(header.model_identity, header.kv_type, header.llama_cpp)
+
+    def held(worker: RunningWorker) -> tuple[int, int]:
+        load = worker.load()
+        return load["sessions"], load["kv_reserved_bytes"]
+
+    before = held(b)
+    damaged = {
+        "a flipped byte": blob[:-1] + bytes([blob[-1] ^ 0x40]),
+        "cut short": blob[:-100],
+        "another model": pack(Origin("gguf:another-model", origin.kv_type, origin.llama_cpp), header.tokens, [],
+                              bytes(cells)),
+        # Consistent with its own digest, but not cells llama.cpp can read: refused by llama.cpp itself.
+        "cells llama.cpp refuses": pack(origin, header.tokens, [], bytes(cells)[:len(cells) // 2]),
+        "not a blob": b"hello",
+    }
+    for what, body in damaged.items():
+        refused = httpx.put(kv_url(b, "victim"), content=body, timeout=30)
+        assert refused.status_code == 400 and refused.json()["reason"] == "kv_refused", (what, refused.text)
+        assert held(b) == before, what
+        assert httpx.get(kv_url(b, "victim"), timeout=10).status_code == 404, what  # nothing kept, no tombstone
+    # An id the importer already holds, and an id the exporter does not.
+    assert httpx.put(kv_url(b, "moved-0"), content=blob, timeout=30).status_code == 409
+    assert httpx.get(kv_url(a, "nobody"), timeout=10).status_code == 404
+    assert httpx.get(kv_url(a, "source", "another-tenant"), timeout=10).status_code == 404
+

@@ -1,0 +1,119 @@
+"""Moving a kept session's KV between workers of the same model: `GET .../kv` exports it as a blob,
+`PUT .../kv` imports one as a kept session of this worker.
+
+Owns: the two routes (worker token required, as on every route but health), their bounds (at most
+`kv_transfers` moves at once, 503 `transfers_full` past them; a blob at most `kv_transfer_max_bytes`,
+413 at the edge; each move's wait on the engine bounded by `request_timeout`), and the table's side of
+a move: an exported session is claimed (busy) while its cells are read and given back as it was; an
+imported one is admitted like a new kept session (its KV reserved, 503 `kv_full` / `sessions_full`
+when there is no room), filled on the engine thread between two steps, and abandoned without a trace
+when its cells do not land (400 `kv_refused`, 409 `session_exists`).
+Must not: read or write cells itself (the engine does, `EngineBackend.export_cells` / `import_cells`),
+or decide where a session should go (the coordinator will).
+
+Why through a blob and not cell by cell: llama.cpp saves and restores a sequence in one call
+(`llama_state_seq_get_data` / `_set_data`), so a move is one read between two decode steps on one
+side and one write on the other; the blob carries what the other side must check before it writes
+(worker/sessions/transfer.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, Response
+
+from protocol import reasons
+from protocol.worker import SESSIONS_PATH, TENANT_PATTERN, ChatMessage, ErrorBody
+from worker.api.routes import authorize, runtime_of
+from worker.backends.base import Message
+from worker.errors import WorkerError
+from worker.runtime import WorkerRuntime
+from worker.sessions.transfer import TransferRefused, pack, unpack
+
+KV_PATH = SESSIONS_PATH + "/{session_id}/kv"
+BLOB_TYPE = "application/vnd.llm-pool.kv"
+
+router = APIRouter()
+_TENANT = Query("", pattern=TENANT_PATTERN, description="the tenant whose session it is (\"\" without API keys)")
+_REFUSALS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "`unauthorized`"},
+    503: {"model": ErrorBody, "description": "`loading`, `transfers_full` (WORKER_KV_TRANSFERS moves run), "
+                                             "`kv_full` / `sessions_full` (an import with no room)"}}
+
+
+@asynccontextmanager
+async def _moving(runtime: WorkerRuntime) -> AsyncIterator[None]:
+    """One of the worker's `kv_transfers` slots, or 503 at once: a move never queues behind others."""
+    slots: asyncio.Semaphore = runtime.transfer_slots
+    if slots.locked():
+        raise WorkerError(503, reasons.TRANSFERS_FULL,
+                          f"this worker moves {runtime.settings.kv_transfers} sessions' KV at once; try again")
+    async with slots:
+        yield
+
+
+@router.get(KV_PATH, response_class=Response, responses={
+    200: {"content": {BLOB_TYPE: {}}, "description": "the session's KV blob (worker/sessions/transfer.py)"},
+    404: {"model": ErrorBody, "description": "`unknown_session`"},
+    409: {"model": ErrorBody, "description": "`session_busy`: it is generating"}, **_REFUSALS})
+async def export_kv(session_id: str, request: Request, tenant: str = _TENANT) -> Response:
+    authorize(request)
+    runtime = runtime_of(request)
+    async with _moving(runtime):
+        session = runtime.table.claim(session_id, tenant=tenant)
+        try:
+            async with asyncio.timeout(runtime.settings.request_timeout):
+                cells = await asyncio.wrap_future(runtime.engine.export_cells(session.seq_id))
+            tokens = list(session.tokens)
+            messages = [ChatMessage(role=m.role, content=m.content, tool_calls=m.tool_calls, name=m.name)  # type: ignore[arg-type]
+                        for m in session.messages]
+        finally:
+            runtime.table.release(session, keep_kv=True)
+    blob = pack(runtime.engine.cells_origin(), tokens, messages, cells)
+    runtime.metrics.kv_moved("export", "ok", len(blob))
+    return Response(blob, media_type=BLOB_TYPE, headers={"x-kv-tokens": str(len(tokens))})
+
+
+@router.put(KV_PATH, status_code=201, openapi_extra={"requestBody": {"required": True, "content": {BLOB_TYPE: {}}}},
+            responses={400: {"model": ErrorBody, "description": "`kv_refused`: another model, KV type or llama.cpp "
+                                                                 "build, or a blob cut short or damaged"},
+                       409: {"model": ErrorBody, "description": "`session_exists`: this tenant holds that id here"},
+                       413: {"model": ErrorBody, "description": "`body_too_large` (WORKER_KV_TRANSFER_MAX_BYTES)"},
+                       **_REFUSALS})
+async def import_kv(session_id: str, request: Request, tenant: str = _TENANT) -> JSONResponse:
+    authorize(request)
+    runtime = runtime_of(request)
+    async with _moving(runtime):
+        blob = await request.body()
+        try:
+            header, cells = unpack(blob, runtime.engine.cells_origin(),
+                                   max_tokens=runtime.table.limits.session_max_tokens)
+        except TransferRefused as exc:
+            runtime.metrics.kv_moved("import", "refused", len(blob))
+            raise WorkerError(400, reasons.KV_REFUSED, str(exc)) from None
+        if runtime.table.lookup(session_id, tenant=tenant, continuation=False) is not None:
+            raise WorkerError(409, reasons.SESSION_EXISTS, f"session {session_id!r} is already held here")
+        admission = runtime.table.admit(session_id, len(header.tokens), tenant=tenant)
+        runtime.engine.free(admission.freed_seq_ids)
+        session = admission.session
+        held = 0
+        try:
+            async with asyncio.timeout(runtime.settings.request_timeout):
+                held = await asyncio.wrap_future(runtime.engine.import_cells(session.seq_id, cells))
+        finally:
+            if held != len(header.tokens):
+                runtime.engine.free([runtime.table.abandon(session)])
+        if held != len(header.tokens):
+            runtime.metrics.kv_moved("import", "refused", len(blob))
+            raise WorkerError(400, reasons.KV_REFUSED, f"llama.cpp did not take the cells ({held} of "
+                              f"{len(header.tokens)} positions); nothing was kept")
+        session.tokens = list(header.tokens)
+        session.messages = [Message(m.role, m.content, m.tool_calls, m.name) for m in header.messages]
+        runtime.table.release(session, keep_kv=True)
+    runtime.metrics.kv_moved("import", "ok", len(blob))
+    return JSONResponse({"session_id": session_id, "tokens": held, "bytes": len(blob)}, status_code=201)
