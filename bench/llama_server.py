@@ -91,18 +91,29 @@ def cache_root(environ: Mapping[str, str], override: Path | None = None) -> Path
     return Path.home() / ".cache" / "llm-pool" / "llama-server"
 
 
+def cpu_flags() -> str:
+    """The C flags this processor needs beyond -march=native (scripts/cpu-flags.sh: AMX listed but not
+    runnable), the same the bootstrap gives the worker's llama.cpp; "" for none."""
+    done = subprocess.run([str(ROOT / "scripts" / "cpu-flags.sh")], capture_output=True, text=True, check=False,
+                          timeout=60)
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
 @dataclass(frozen=True)
 class Build:
     """One version's cache folder and everything in it."""
 
     version: str
     folder: Path
+    cflags: str = ""  # beyond -march=native; a build with them has a folder of its own
 
     @classmethod
     def default(cls, *, version: str | None = None, cache: Path | None = None,
                 environ: Mapping[str, str] | None = None) -> Build:
         v = version or llama_cpp_version()
-        return cls(v, cache_root(os.environ if environ is None else environ, cache) / v)
+        flags = cpu_flags()
+        name = v if not flags else f"{v}-no-amx"
+        return cls(v, cache_root(os.environ if environ is None else environ, cache) / name, flags)
 
     @property
     def sdist(self) -> Path:
@@ -186,7 +197,8 @@ def configure_argv(build: Build) -> list[str]:
             "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
             "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF",
             "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
-            "-DGGML_CUDA=OFF", "-DGGML_METAL=OFF", "-DGGML_VULKAN=OFF"]
+            "-DGGML_CUDA=OFF", "-DGGML_METAL=OFF", "-DGGML_VULKAN=OFF",
+            *([f"-DCMAKE_C_FLAGS={build.cflags}", f"-DCMAKE_CXX_FLAGS={build.cflags}"] if build.cflags else [])]
 
 
 def build_argv(build: Build, jobs: int = BUILD_JOBS) -> list[str]:

@@ -83,38 +83,6 @@ run_with_progress() {
     [ "$ticks" -eq 0 ] || echo "bootstrap: $label done in $elapsed"
 }
 
-# Whether this processor lists AMX but cannot run it: some virtual machines pass the CPUID bits through
-# without enabling the tile state, and llama.cpp built with -march=native then dies of an illegal
-# instruction in its first batch large enough for its AMX kernels. Asks the processor itself: a
-# ten-line probe that configures a tile and zeroes it.
-_amx_unusable() {
-    grep -qw amx_tile /proc/cpuinfo 2>/dev/null || return 1
-    command -v cc > /dev/null || return 1
-    local dir rc=0
-    dir="$(mktemp -d)"
-    cat > "$dir/probe.c" <<'C'
-#include <immintrin.h>
-#include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-int main(void) {
-    unsigned char config[64] __attribute__((aligned(64)));
-    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */)) return 1;
-    memset(config, 0, sizeof config);
-    config[0] = 1; config[16] = 64; config[48] = 16;  /* palette 1; tile 0: 16 rows of 64 bytes */
-    _tile_loadconfig(config);
-    _tile_zero(0);
-    _tile_release();
-    return 0;
-}
-C
-    if cc -O1 -mamx-tile "$dir/probe.c" -o "$dir/probe" 2> /dev/null; then
-        { "$dir/probe"; } > /dev/null 2>&1 || rc=$?
-    fi
-    rm -rf "$dir"
-    [ "$rc" != 0 ]
-}
-
 main() {
     local root python want have logs
     root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -123,16 +91,15 @@ main() {
     python="${PYTHON:-python3}"
     # LLAMA_CUDA=1: llama.cpp built with CUDA, in a venv (and pip wheel cache) of its own, so the CPU
     # build is never reused for it nor replaced by it. start.sh and test.sh pick the same venv.
-    local venv="${VENV:-.venv}" stamp=.bootstrap-stamp cuda="${LLAMA_CUDA:-0}" flavour=""
+    local venv="${VENV:-.venv}" stamp=.bootstrap-stamp cuda="${LLAMA_CUDA:-0}" flavour="" cpu_flags=""
     if [ "$cuda" = 1 ]; then
         venv="${VENV:-.venv-cuda}"
         stamp=.bootstrap-stamp-cuda
         export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_CUDA=on}" PIP_CACHE_DIR="$root/$venv/pip-cache"
-    elif _amx_unusable; then
-        # -march=native without AMX (GCC lets an explicit -mno- win over -march), and a wheel cache of
-        # its own, so that a wheel built with AMX is never reused here.
-        export CFLAGS="${CFLAGS:-} -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-        export CXXFLAGS="${CXXFLAGS:-} -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    elif cpu_flags="$(scripts/cpu-flags.sh)" && [ -n "$cpu_flags" ]; then
+        # A processor that lists AMX but cannot run it (scripts/cpu-flags.sh): llama.cpp without AMX,
+        # and a wheel cache of its own, so that a wheel built with AMX is never reused here.
+        export CFLAGS="${CFLAGS:-} $cpu_flags" CXXFLAGS="${CXXFLAGS:-} $cpu_flags"
         export PIP_CACHE_DIR="${PIP_CACHE_DIR:-$HOME/.cache/pip-no-amx}"
         flavour=" no-amx"
     fi

@@ -72,6 +72,19 @@ def test_cache_root_flag_then_env_then_home(tmp_path: Path, monkeypatch: pytest.
     assert cache_root({CACHE_ENV: str(tmp_path / "env")}, tmp_path / "flag") == tmp_path / "flag"
 
 
+@pytest.fixture(autouse=True)
+def _native_processor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests describe a processor that needs no flags beyond -march=native (whatever this one is)."""
+    monkeypatch.setattr(llama_server, "cpu_flags", lambda: "")
+
+
+def test_a_processor_that_needs_other_flags_gets_a_build_folder_of_its_own(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(llama_server, "cpu_flags", lambda: "-mno-amx-tile")
+    build = Build.default(version="1.2.3", cache=tmp_path)
+    assert build.folder == tmp_path / "1.2.3-no-amx" and build.cflags == "-mno-amx-tile"
+
+
 def test_build_layout_is_one_folder_per_version(tmp_path: Path) -> None:
     build = Build.default(version="1.2.3", environ={CACHE_ENV: str(tmp_path)})
     assert build.folder == tmp_path / "1.2.3"
@@ -98,6 +111,10 @@ def test_the_build_is_cpu_release_one_target_and_fetches_nothing(tmp_path: Path)
                    "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_UI=OFF", "-DGGML_CUDA=OFF"):
         assert option in configure
     assert llama_server.build_argv(build, 2)[-4:] == ["--target", "llama-server", "-j", "2"]
+    assert not any(option.startswith("-DCMAKE_C_FLAGS") for option in configure)
+    # A processor that lists AMX but cannot run it: the same flags as the worker's llama.cpp.
+    amx = llama_server.configure_argv(Build("1.2.3", tmp_path, "-mno-amx-tile"))
+    assert "-DCMAKE_C_FLAGS=-mno-amx-tile" in amx and "-DCMAKE_CXX_FLAGS=-mno-amx-tile" in amx
 
 
 def test_version_is_the_installed_package_else_the_pin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
