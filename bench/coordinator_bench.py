@@ -78,6 +78,10 @@ class _ProbedOnly:
     async def delete(self, url: str, headers: Mapping[str, str]) -> int:
         raise AssertionError("no session is deleted")
 
+    async def exchange(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None = None, *,
+                       limit: int, timeout: float) -> tuple[int, bytes]:
+        raise AssertionError("no worker drains, so no session is moved")
+
     async def close(self) -> None:
         pass
 

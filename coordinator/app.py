@@ -53,6 +53,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
         try:
             yield
         finally:
+            await state.mover.close()
             await state.client.close()
             state.cache.close()
 

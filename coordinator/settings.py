@@ -68,6 +68,14 @@ class Settings(BaseModel):
     worker_probe_timeout: float = Field(
         default=3.0, gt=0, description="seconds a new worker's health (or a known one's at a new URL) has to "
         "answer before the coordinator registers it; its heartbeat is refused with the reason until it does")
+    session_move_timeout: float = Field(
+        default=30.0, gt=0, description="seconds one kept session's move from a draining worker may take (its KV "
+        "fetched and put to another worker); past them it stays and is lost with its worker")
+    session_move_deadline: float = Field(
+        default=120.0, gt=0, description="seconds a draining worker's sessions are moved for, in all")
+    session_move_max_bytes: int = Field(
+        default=256 * 1024 * 1024, ge=1024 * 1024, description="largest session KV blob moved (a worker's "
+        "WORKER_KV_TRANSFER_MAX_BYTES bounds what it takes in)")
     worker_max_connections: int = Field(default=1_000, ge=1)
     worker_keepalive_expiry: float = Field(
         default=2.0, ge=0, description="seconds an idle connection to a worker is kept; below the worker's "

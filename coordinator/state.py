@@ -26,6 +26,7 @@ from coordinator.clock import Clock
 from coordinator.ops.metrics import CoordinatorMetrics
 from coordinator.ops.requests import RequestLog
 from coordinator.pool.breaker import Breakers
+from coordinator.pool.moves import SessionMover
 from coordinator.pool.probe import PROBES_AT_ONCE, Probe
 from coordinator.pool.registry import Registry
 from coordinator.relay.dispatch import Dispatcher
@@ -65,6 +66,7 @@ class CoordinatorState:
     embedding_queue: AdmissionQueue
     embedding_policy: Policy
     embedder: EmbeddingDispatcher
+    mover: SessionMover  # draining workers' kept sessions, moved to the others
     api_keys: ApiKeys | None = None  # None: no client key is needed
     # The relays of the streams open now (drain ends them at its deadline), and whether it is draining.
     streams: set[Relay] = field(default_factory=set)
@@ -129,4 +131,7 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
         embedder=EmbeddingDispatcher(client, embedding_admission, metrics, breakers,
                                      max_attempts=settings.max_failover_attempts, timeout=settings.embedding_timeout,
                                      now=clock.monotonic, retry_after=settings.retry_after,
-                                     worker_token=settings.worker_token))
+                                     worker_token=settings.worker_token),
+        mover=SessionMover(registry, sessions, client, metrics, worker_token=settings.worker_token,
+                           timeout=settings.session_move_timeout, max_bytes=settings.session_move_max_bytes,
+                           deadline=settings.session_move_deadline, now=clock.monotonic))

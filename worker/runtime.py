@@ -32,7 +32,10 @@ from worker.settings import WorkerSettings
 log = logging.getLogger("worker.runtime")
 DRAIN_POLL = 0.05
 SUPERVISOR_PAUSE, SUPERVISOR_MAX_PAUSE = 0.5, 30.0
-DRAIN_FLUSH = 2.0  # for the `error` events of the streams ended at the drain deadline to be sent
+DRAIN_FLUSH = 2.0
+# A drain waits for the coordinator to move kept sessions only while it does: this long since it last
+# listed, exported or ended one (it polls a draining worker every 0.2 s).
+HANDOVER_GRACE = 2.0  # for the `error` events of the streams ended at the drain deadline to be sent
 
 
 class WorkerRuntime:
@@ -67,6 +70,7 @@ class WorkerRuntime:
                          clock=clock, embedder=self.embedder)
         self.table.on_release = self.gate.released
         self.transfer_slots = asyncio.Semaphore(settings.kv_transfers)  # sessions' KV moving at once
+        self.handover_seen = 0.0  # loop time the coordinator last moved kept sessions away (`handed_over`)
         self._tasks: list[asyncio.Task[None]] = []
         self.jobs: set[Job] = set()  # the jobs whose stream is open (app.py keeps it), for the drain
         self.heartbeats: HeartbeatSender | None = None
@@ -164,7 +168,27 @@ class WorkerRuntime:
         flush_deadline = loop.time() + DRAIN_FLUSH
         while self.jobs and loop.time() < flush_deadline:
             await asyncio.sleep(DRAIN_POLL)
-        log.warning(json.dumps({"event": "drained", "streams_finished": running - ended, "streams_ended": ended}))
+        kept = await self._hand_over(deadline)
+        log.warning(json.dumps({"event": "drained", "streams_finished": running - ended, "streams_ended": ended,
+                                "sessions_left": kept}))
+
+    async def _hand_over(self, deadline: float) -> int:
+        """With a coordinator, the kept sessions are its to move elsewhere (coordinator/pool/moves.py: it
+        sees `draining` in the heartbeats, exports each one and ends it here): wait for them to go, up
+        to the drain deadline. Returns how many are left (lost as they always were: 404 later)."""
+        loop = asyncio.get_running_loop()
+        if self.heartbeats is None:
+            return len(self.table.describe())
+        started = loop.time()
+        while self.table.describe() and loop.time() < deadline:
+            if loop.time() - max(started, self.handover_seen) > HANDOVER_GRACE:
+                break  # nobody is moving them (no coordinator answering, no worker with room): stop waiting
+            await asyncio.sleep(DRAIN_POLL)
+        return len(self.table.describe())
+
+    def handed_over(self) -> None:
+        """The coordinator listed, exported or ended kept sessions: a drain waits on while it does."""
+        self.handover_seen = asyncio.get_running_loop().time()
 
     async def stop(self) -> None:
         self.gate.draining = True

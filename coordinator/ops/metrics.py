@@ -58,6 +58,12 @@ class CoordinatorMetrics:
         self.queue_outcomes = Counter("coordinator_queue_outcomes", "How waits in the admission queue ended",
                                       ["outcome"], registry=r)
         self._embeddings(r)
+        self.session_moves = Counter("coordinator_session_moves", "Draining workers' kept sessions moved to "
+                                     "another worker (moved) or not, and why", ["outcome"], registry=r)
+        self.session_move_bytes = Counter("coordinator_session_move_bytes", "KV bytes of the sessions moved",
+                                          registry=r)
+        self.session_move_seconds = Histogram("coordinator_session_move_seconds", "One session's move: its KV "
+                                              "fetched, put and taken in", buckets=LATENCY_BUCKETS, registry=r)
 
     def _embeddings(self, r: CollectorRegistry) -> None:
         self.embedding_requests = Counter("coordinator_embedding_requests", "Embedding requests answered",

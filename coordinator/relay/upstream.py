@@ -14,6 +14,7 @@ walks every pooled connection on each request and each release, which showed up 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
@@ -61,6 +62,12 @@ class WorkerClient(Protocol):
 
     async def get(self, url: str) -> tuple[int, bytes]:
         """The status and body of a GET (a worker's health: small); `WorkerUnreachable` when there is none."""
+        ...
+
+    async def exchange(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None = None, *,
+                       limit: int, timeout: float) -> tuple[int, bytes]:
+        """One whole request and answer within `timeout` seconds (a session's KV, moved: megabytes), the
+        answer's body at most `limit` bytes; `WorkerUnreachable` when it cannot be had whole."""
         ...
 
     async def close(self) -> None: ...
@@ -145,6 +152,21 @@ class AiohttpWorkerClient:
                 while len(body) < _MAX_GET_BYTES and (chunk := await response.content.readany()):
                     body += chunk
                 return response.status, body[:_MAX_GET_BYTES]
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise WorkerUnreachable(f"{type(exc).__name__}: {exc}") from exc
+
+    async def exchange(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None = None, *,
+                       limit: int, timeout: float) -> tuple[int, bytes]:
+        try:
+            async with asyncio.timeout(timeout), self._session.request(
+                    method, url, data=body, headers=dict(headers), allow_redirects=False) as response:
+                chunks, size = [], 0
+                while chunk := await response.content.readany():
+                    size += len(chunk)
+                    if size > limit:
+                        raise WorkerUnreachable(f"the answer is over {limit} bytes")
+                    chunks.append(chunk)
+                return response.status, b"".join(chunks)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise WorkerUnreachable(f"{type(exc).__name__}: {exc}") from exc
 

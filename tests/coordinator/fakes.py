@@ -116,6 +116,16 @@ class FakeWorkerClient:
         except httpx.HTTPError as exc:
             raise WorkerUnreachable(str(exc)) from exc
 
+    async def exchange(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None = None, *,
+                       limit: int, timeout: float) -> tuple[int, bytes]:
+        try:
+            response = await self._client.request(method, url, content=body, headers=dict(headers))
+        except httpx.HTTPError as exc:
+            raise WorkerUnreachable(str(exc)) from exc
+        if len(response.content) > limit:
+            raise WorkerUnreachable(f"the answer is over {limit} bytes")
+        return response.status_code, response.content
+
     async def close(self) -> None:
         await self._client.aclose()
 

@@ -230,6 +230,7 @@ async def health(request: Request) -> JSONResponse:
 async def sessions(request: Request) -> SessionList:
     authorize(request)
     runtime = runtime_of(request)
+    runtime.handed_over()
     return SessionList(ttl_seconds=runtime.table.ttl, sessions=runtime.table.describe())
 
 @router.delete(SESSIONS_PATH + "/{session_id}", status_code=204, responses={
@@ -244,6 +245,7 @@ async def delete_session(session_id: str, request: Request,
                                                          "tenant`); \"\" when the pool has no keys")) -> Response:
     authorize(request)
     runtime = runtime_of(request)
+    runtime.handed_over()
     session = runtime.table.delete(session_id, tenant=tenant)
     if session.busy:
         # Its stream is cancelled now; the engine frees the sequence at its next step.

@@ -64,6 +64,7 @@ async def _moving(runtime: WorkerRuntime) -> AsyncIterator[None]:
 async def export_kv(session_id: str, request: Request, tenant: str = _TENANT) -> Response:
     authorize(request)
     runtime = runtime_of(request)
+    runtime.handed_over()
     async with _moving(runtime):
         session = runtime.table.claim(session_id, tenant=tenant)
         try:

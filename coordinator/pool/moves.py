@@ -1,0 +1,163 @@
+"""A draining worker's kept sessions moved to the other workers of its model, so that a rolling restart
+loses no conversation.
+
+Owns: one move task per draining worker (started by its heartbeat saying `draining`; supervised: an
+unexpected exception is logged and counted, and the task ends), choosing each session's new worker,
+the move itself (the session's KV blob fetched from the draining worker and put to the chosen one:
+`GET` / `PUT /worker/sessions/{id}/kv`), re-pointing the session's affinity there, and ending it on
+the draining worker. A session that cannot move (no worker with room, refused, the worker gone) stays
+where it is and is lost with it, as before: its next turn hears 404 `session_expired`; it is never
+restarted anywhere in silence.
+Must not: pick workers for requests (the scheduler does) or decide when a worker drains (it does).
+
+Why through the coordinator, not worker to worker: the coordinator already knows every worker of the
+model, their room, and holds the worker token and a connection pool to each; a worker would need a
+peer list and outbound access to its peers. A blob crosses two loopback or LAN hops instead of one:
+SmolLM2's 23,040 bytes a token make a 500-token session 11.5 MB, tens of milliseconds either way,
+against seconds to prefill it again. A session busy with a stream when the drain starts moves once
+that stream has ended (the worker lets its streams finish first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+
+from coordinator.affinity.sessions import SessionTable
+from coordinator.ops.metrics import CoordinatorMetrics
+from coordinator.pool.registry import Registry, WorkerRecord
+from coordinator.relay.upstream import WorkerClient, WorkerUnreachable
+from protocol.health import SessionInfo, SessionList
+from protocol.worker import SESSIONS_PATH
+
+log = logging.getLogger("coordinator.moves")
+LIST_LIMIT = 16 << 20  # a worker's session list: a few hundred bytes a session
+POLL = 0.2  # seconds between looks at a draining worker whose sessions are still busy
+
+
+class SessionMover:
+    def __init__(self, registry: Registry, sessions: SessionTable, client: WorkerClient, metrics: CoordinatorMetrics,
+                 *, worker_token: str | None, timeout: float, max_bytes: int, deadline: float,
+                 now: Callable[[], float]) -> None:
+        """`timeout`: one session's move, fetch and put; `deadline`: a draining worker's moves in all."""
+        self._registry = registry
+        self._sessions = sessions
+        self._client = client
+        self._metrics = metrics
+        self._auth = {"authorization": f"Bearer {worker_token}"} if worker_token else {}
+        self._timeout = timeout
+        self._max_bytes = max_bytes
+        self._deadline = deadline
+        self._now = now
+        self._moving: dict[str, asyncio.Task[None]] = {}  # by worker id: one task a draining worker
+
+    def draining(self, record: WorkerRecord) -> None:
+        """`record` said it drains: move its kept sessions, once."""
+        if record.worker_id in self._moving:
+            return
+        task = asyncio.create_task(self._supervised(record.worker_id, record.url, record.model))
+        self._moving[record.worker_id] = task
+
+    async def close(self) -> None:
+        for task in self._moving.values():
+            task.cancel()
+        await asyncio.gather(*self._moving.values(), return_exceptions=True)
+
+    async def _supervised(self, worker_id: str, url: str, model: str) -> None:
+        try:
+            await self._move_all(worker_id, url, model)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug must not leave the task's exception unread: logged, counted
+            log.exception(json.dumps({"event": "session_moves_failed", "worker_id": worker_id}))
+            self._metrics.internal_errors.labels(task="session_mover").inc()
+        finally:
+            self._moving.pop(worker_id, None)
+
+    async def _move_all(self, worker_id: str, url: str, model: str) -> None:
+        """Until the worker holds no kept session this can move, or the deadline."""
+        deadline = self._now() + self._deadline
+        given_up: set[tuple[str, str]] = set()
+        moved = 0
+        while self._now() < deadline:
+            listed = await self._listed(url)
+            if listed is None:
+                break  # gone: what it held is lost with it
+            waiting = [s for s in listed if (s.tenant, s.session_id) not in given_up]
+            if not waiting:
+                break
+            idle = [s for s in waiting if not s.busy]
+            if not idle:
+                await asyncio.sleep(POLL)  # a stream still runs on each: they end before the worker does
+                continue
+            for session in idle:
+                if await self._move_one(worker_id, url, model, session):
+                    moved += 1
+                else:
+                    given_up.add((session.tenant, session.session_id))
+        log.info(json.dumps({"event": "session_moves_done", "worker_id": worker_id, "moved": moved,
+                             "not_moved": len(given_up)}))
+
+    async def _listed(self, url: str) -> list[SessionInfo] | None:
+        try:
+            status, body = await self._client.exchange("GET", url.rstrip("/") + SESSIONS_PATH, self._auth,
+                                                       limit=LIST_LIMIT, timeout=self._timeout)
+        except WorkerUnreachable:
+            return None
+        return SessionList.model_validate_json(body).sessions if status == 200 else None
+
+    async def _move_one(self, worker_id: str, url: str, model: str, session: SessionInfo) -> bool:
+        query = f"/{session.session_id}/kv?tenant={session.tenant}"
+        started = self._now()
+        try:
+            status, blob = await self._client.exchange("GET", url.rstrip("/") + SESSIONS_PATH + query, self._auth,
+                                                       limit=self._max_bytes, timeout=self._timeout)
+        except WorkerUnreachable:
+            return self._counted("source_failed", session, worker_id)
+        if status != 200:  # busy again, ended meanwhile, or the worker cannot export
+            return self._counted("source_refused", session, worker_id)
+        for target in self._targets(worker_id, model, session):
+            try:
+                status, _ = await self._client.exchange(
+                    "PUT", target.url.rstrip("/") + SESSIONS_PATH + query, {**self._auth, "content-type":
+                                                                           "application/vnd.llm-pool.kv"},
+                    blob, limit=LIST_LIMIT, timeout=self._timeout)
+            except WorkerUnreachable:
+                continue
+            if status == 201:
+                self._sessions.remember((session.tenant, session.session_id), target.worker_id)
+                try:  # the draining worker's copy: it would go with the worker anyway
+                    ended = f"/{session.session_id}?tenant={session.tenant}"
+                    await self._client.exchange("DELETE", url.rstrip("/") + SESSIONS_PATH + ended, self._auth,
+                                                limit=LIST_LIMIT, timeout=self._timeout)
+                except WorkerUnreachable:
+                    pass
+                self._metrics.session_moves.labels(outcome="moved").inc()
+                self._metrics.session_move_bytes.inc(len(blob))
+                self._metrics.session_move_seconds.observe(self._now() - started)
+                log.info(json.dumps({"event": "session_moved", "session_id": session.session_id, "from": worker_id,
+                                     "to": target.worker_id, "tokens": session.tokens, "bytes": len(blob),
+                                     "ms": round((self._now() - started) * 1e3, 1)}))
+                return True
+            if status == 400:  # this blob lands nowhere (another build, damaged): no next worker
+                return self._counted("refused", session, worker_id)
+        return self._counted("no_room", session, worker_id)
+
+    def _targets(self, worker_id: str, model: str, session: SessionInfo) -> list[WorkerRecord]:
+        """The model's other alive workers that say they have room for it, most free KV first; their
+        own admission decides (a 503 sends the move to the next)."""
+        def free_kv(record: WorkerRecord) -> int:
+            return record.kv_capacity_bytes - record.kv_reserved_bytes + record.idle_kv_bytes
+
+        fits = [r for r in self._registry.alive(model) if r.worker_id != worker_id and not r.draining
+                and session.tokens <= r.session_max_tokens and r.sessions - r.idle_sessions < r.max_sessions
+                and free_kv(r) >= session.tokens * r.bytes_per_token]
+        return sorted(fits, key=free_kv, reverse=True)
+
+    def _counted(self, outcome: str, session: SessionInfo, worker_id: str) -> bool:
+        self._metrics.session_moves.labels(outcome=outcome).inc()
+        log.warning(json.dumps({"event": "session_not_moved", "session_id": session.session_id,
+                                "worker_id": worker_id, "outcome": outcome}))
+        return False

@@ -1,0 +1,94 @@
+"""A draining worker's kept sessions moved to the model's other workers (coordinator/pool/moves.py),
+over fake workers: each goes to one with room (a 503 sends it to the next), its affinity follows it,
+the draining worker's copy is ended, and one that cannot move stays where it was."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from coordinator.clock import ManualClock
+from coordinator.settings import Settings
+from tests.coordinator.fakes import FakeWorkers, done, heartbeat, register, running_app, streaming, token
+
+pytestmark = pytest.mark.anyio
+SETTINGS = Settings(heartbeat_interval=1.0, queue_size=0, worker_token="s3cret")
+SESSIONS = [{"session_id": "a", "tenant": "", "tokens": 40, "kv_bytes": 4_000, "idle_seconds": 1.0, "busy": False},
+            {"session_id": "b", "tenant": "k", "tokens": 30, "kv_bytes": 3_000, "idle_seconds": 1.0, "busy": False},
+            {"session_id": "c", "tenant": "", "tokens": 20, "kv_bytes": 2_000, "idle_seconds": 1.0, "busy": False}]
+
+
+def source(held: list[dict]) -> object:  # type: ignore[type-arg]
+    """The draining worker: lists what it still holds, exports a and b (c it cannot), ends what is moved."""
+    def behaviour(request: httpx.Request) -> httpx.Response:
+        assert request.headers["authorization"] == "Bearer s3cret"
+        path = request.url.path
+        if path == "/worker/sessions":
+            return httpx.Response(200, json={"ttl_seconds": 600, "sessions": held})
+        sid = path.split("/")[3]
+        if request.method == "GET":
+            return httpx.Response(404) if sid == "c" else httpx.Response(200, content=f"blob-{sid}".encode())
+        assert request.method == "DELETE"
+        held[:] = [s for s in held if s["session_id"] != sid]
+        return httpx.Response(204)
+    return behaviour
+
+
+def target(accepts: set[str], taken: list[tuple[str, str, bytes]], worker_id: str) -> object:  # type: ignore[type-arg]
+    def behaviour(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/worker/generate":
+            return streaming([token(0, worker_id), done(worker_id=worker_id)], worker_id=worker_id)(request)
+        sid = request.url.path.split("/")[3]
+        if sid not in accepts:
+            return httpx.Response(503, json={"error": "no room", "reason": "kv_full", "request_id": "x"})
+        taken.append((sid, request.url.params.get("tenant", ""), request.content))
+        return httpx.Response(201, json={"session_id": sid, "tokens": 1, "bytes": len(request.content)})
+    return behaviour
+
+
+async def test_a_draining_workers_sessions_go_where_there_is_room_and_their_affinity_follows() -> None:
+    held = [dict(s) for s in SESSIONS]
+    taken2: list[tuple[str, str, bytes]] = []
+    taken3: list[tuple[str, str, bytes]] = []
+    clock = ManualClock()
+    fakes = FakeWorkers({"w1": source(held), "w2": target({"a"}, taken2, "w2"),  # type: ignore[dict-item]
+                         "w3": target({"a", "b"}, taken3, "w3")})  # type: ignore[dict-item]
+    async with running_app(SETTINGS, fakes, clock) as client:
+        # w2 has the most free KV, so it is asked first; it refuses b (503), which goes to w3.
+        for worker_id, reserved in (("w1", 0), ("w2", 0), ("w3", 500_000)):
+            beat = heartbeat(worker_id, timestamp=clock.time(), kv_reserved_bytes=reserved)
+            assert (await register(client, beat, "s3cret")).status_code == 200
+        draining = heartbeat("w1", timestamp=clock.time(), sessions=3, draining=True)
+        assert (await register(client, draining, "s3cret")).status_code == 200
+        for _ in range(200):
+            if not [s for s in held if s["session_id"] != "c"]:
+                break
+            await asyncio.sleep(0.01)
+        assert taken2 == [("a", "", b"blob-a")] and taken3 == [("b", "k", b"blob-b")]
+        assert [s["session_id"] for s in held] == ["c"]  # not exported: it stays, and goes with its worker
+        # The next turn of a moved session goes to its new worker.
+        turn = await client.post("/coordinator/infer", json={"prompt": "next", "session_id": "a"})
+        assert turn.status_code == 200 and turn.headers["x-worker-id"] == "w2", turn.text
+        metrics = (await client.get("/metrics")).text
+        assert 'coordinator_session_moves_total{outcome="moved"} 2.0' in metrics
+        assert 'coordinator_session_moves_total{outcome="source_refused"} 1.0' in metrics
+    deletes = [r.url.path for host, r in fakes.calls if host == "w1" and r.method == "DELETE"]
+    assert deletes == ["/worker/sessions/a", "/worker/sessions/b"]
+
+
+async def test_a_session_no_worker_has_room_for_stays_and_is_counted() -> None:
+    held = [dict(SESSIONS[0])]
+    clock = ManualClock()
+    fakes = FakeWorkers({"w1": source(held), "w2": target(set(), [], "w2")})  # type: ignore[dict-item]
+    async with running_app(SETTINGS, fakes, clock) as client:
+        for worker_id in ("w1", "w2"):
+            assert (await register(client, heartbeat(worker_id, timestamp=clock.time()), "s3cret")).status_code == 200
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=1, draining=True), "s3cret")
+        for _ in range(200):
+            if 'outcome="no_room"' in (await client.get("/metrics")).text:
+                break
+            await asyncio.sleep(0.01)
+        assert 'coordinator_session_moves_total{outcome="no_room"} 1.0' in (await client.get("/metrics")).text
+    assert held == [SESSIONS[0]]  # still on its worker, not ended there
