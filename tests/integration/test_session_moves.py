@@ -40,11 +40,12 @@ class Pool:
                                 "--model-path", str(self.model_path), *LIMITS], self.log_dir / f"{worker_id}.log")
         proc.start()
         self.workers[worker_id] = proc
-        wait_until(lambda: self.state(worker_id) == "alive", 60, f"{worker_id} alive", interval=0.2)
+        # Alive and not draining: the new process's heartbeat, not the drained one's.
+        wait_until(lambda: self.state(worker_id) == ("alive", False), 60, f"{worker_id} alive", interval=0.2)
 
-    def state(self, worker_id: str) -> str | None:
+    def state(self, worker_id: str) -> tuple[str, bool] | None:
         listing = httpx.get(self.url + "/coordinator/health/workers", timeout=2).json()["workers"]
-        return next((w["state"] for w in listing if w["worker_id"] == worker_id), None)
+        return next(((w["state"], w["draining"]) for w in listing if w["worker_id"] == worker_id), None)
 
     def turn(self, session_id: str, prompt: str) -> tuple[str, dict[str, Any]]:
         """(the worker that served it, its `done` event)."""
