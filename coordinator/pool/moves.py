@@ -6,8 +6,9 @@ unexpected exception is logged and counted, and the task ends), choosing each se
 the move itself (the session's KV blob fetched from the draining worker and put to the chosen one:
 `GET` / `PUT /worker/sessions/{id}/kv`), re-pointing the session's affinity there, and ending it on
 the draining worker. A session that cannot move (no worker with room, refused, the worker gone) stays
-where it is and is lost with it, as before: its next turn hears 404 `session_expired`; it is never
-restarted anywhere in silence.
+where it is and is lost with it, as before: its next turn is refused (502 while the coordinator still
+lists the stopped worker, 404 once the worker restarted without it); it is never restarted anywhere
+in silence.
 Must not: pick workers for requests (the scheduler does) or decide when a worker drains (it does).
 
 Why through the coordinator, not worker to worker: the coordinator already knows every worker of the
