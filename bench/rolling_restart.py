@@ -130,7 +130,7 @@ def run(sessions: int, history: int, log_dir: Path) -> dict[str, Any]:
     drains: dict[str, float] = {}
     try:
         names = [f"conv-{i}" for i in range(sessions)]
-        words = max(8, history // 3)  # about three tokens a word here
+        words = max(8, history * 4 // 9)  # about 2.25 tokens a word here
         for i, name in enumerate(names):
             first = turn(pool.url, name, long_prompt(i, words), "first", 0)
             turns.append(first)

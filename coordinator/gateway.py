@@ -21,12 +21,14 @@ from typing import TYPE_CHECKING
 
 from coordinator.admission.demand import Demand
 from coordinator.admission.turn import in_turn
+from coordinator.affinity.placement import Leaning
 from coordinator.cache import Replay, cache_key
 from coordinator.embedding import Embedding
 from coordinator.errors import CoordinatorError
 from coordinator.generation import Generation
 from coordinator.pool.models import resolve_model
-from coordinator.relay.dispatch import OpenStream
+from coordinator.pool.registry import ALIVE
+from coordinator.relay.dispatch import OpenStream, PrefixPeer
 from coordinator.relay.embeddings import EmbedAnswer
 from coordinator.relay.stream import Outcome, Relay
 from coordinator.relay.supervisor import Ending
@@ -203,13 +205,25 @@ class Gateway:
                                    retry_after=state.settings.retry_after)
         ranked = [state.registry.get(w.worker_id) for w in decision.ranked]
         try:
-            stream = await state.dispatcher.open(gen, [w for w in ranked if w is not None], reserved=placed)
+            stream = await state.dispatcher.open(gen, [w for w in ranked if w is not None], reserved=placed,
+                                                 prefix_peer=self._prefix_peer(leaning))
         except CoordinatorError as exc:
             if exc.reason in (reasons.SESSION_EXPIRED, reasons.UNKNOWN_SESSION):
                 affinity.lost(gen.session_key)
             raise
         affinity.placed(gen, model, stream.worker.worker_id, leaning)
         return gen, stream
+
+    def _prefix_peer(self, leaning: Leaning) -> PrefixPeer | None:
+        """The alive worker that was sent most of this prompt's prefix, if any was: another worker the
+        request goes to may fetch those cells from it instead of prefilling them (issue 19)."""
+        if not leaning.match:
+            return None
+        worker_id, share = max(leaning.match.items(), key=lambda item: item[1])
+        record = self._state.registry.get(worker_id)
+        if record is None or record.state != ALIVE or record.draining:
+            return None
+        return PrefixPeer(worker_id, record.url, share, leaning.match)
 
     def _opened(self, gen: Generation, model: str | None, stream: OpenStream, cached: tuple[bytes, str] | None,
                 started: float) -> Opened:

@@ -20,6 +20,7 @@ HEADERS_TOO_LARGE = "headers_too_large"
 UNKNOWN_MODEL = "unknown_model"
 UNKNOWN_SESSION = "unknown_session"
 SESSION_EXPIRED = "session_expired"
+NO_PREFIX = "no_prefix"  # a peer worker holds no long enough prefix of the prompt asked about
 KV_REFUSED = "kv_refused"  # a KV blob this worker cannot take in (another model, cut short, damaged)
 # 409
 SESSION_BUSY = "session_busy"

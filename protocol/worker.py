@@ -40,6 +40,8 @@ HEALTH_PATH = "/worker/health"
 # `DELETE {SESSIONS_PATH}/{session_id}?tenant=...`: end a kept session (204, or 404 when that tenant has none).
 SESSIONS_PATH = "/worker/sessions"
 EMBED_PATH = "/worker/embed"
+# A peer worker asks for the cells of the longest prefix of a prompt held here (worker/api/transfer.py).
+PREFIX_PATH = "/worker/prefix"
 
 # Headers (lower case: both HTTP stacks compare them case-insensitively).
 PROTOCOL_HEADER = "x-llm-pool-protocol"
@@ -255,6 +257,12 @@ class GenerateRequest(GenerationFields):
                    description="choices generated from the one prompt: it is prefilled once and its cells copied "
                                "to n sequences; each choice samples on its own (with `seed`, choice i > 0 draws "
                                "from a seed derived from (seed, i)) and ends on its own. Not with `session_id`")
+    # Internal only: the coordinator's hint that another worker holds more of this prompt's prefix.
+    prefix_peer: str | None = Field(default=None, max_length=2048, pattern=r"^https?://",
+                                    description="the URL of a worker of the same model that was sent more of this "
+                                    "prompt's prefix: this worker may fetch those cells from it (`POST "
+                                    "/worker/prefix`) instead of prefilling them, when that saves at least "
+                                    "WORKER_PEER_PREFIX_MIN_TOKENS")
     # Internal only: the OpenAI surfaces' `tools` and `tool_choice`, for a chat (`messages`).
     tools: ToolUse | None = Field(default=None, description="functions the answer may call; the worker tells "
                                   "the model about them and holds a call to their schemas (unless `grammar` "
@@ -282,6 +290,16 @@ class GenerateRequest(GenerationFields):
             return len(self.prompt.encode())
         listed = self.tools.text_bytes() if self.tools is not None else 0
         return listed + sum(len(m.said().encode()) for m in self.messages or ())
+
+
+class PrefixRequest(BaseModel):
+    """A worker asks a peer for the cells of the longest prefix of `tokens` it holds for `tenant`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: list[int] = Field(min_length=1, max_length=1 << 20)
+    tenant: str = Field(default="", pattern=TENANT_PATTERN)
+    at_least: int = Field(default=1, ge=1, description="a shorter prefix is not worth sending: 404 `no_prefix`")
 
 
 class TokenEvent(BaseModel):

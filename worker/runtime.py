@@ -26,6 +26,7 @@ from worker.engine.jobs import EngineConfig, Failed, Job
 from worker.heartbeat import HeartbeatSender
 from worker.metrics import WorkerMetrics
 from worker.naming import ModelNames
+from worker.peers import HttpPeers
 from worker.sessions.table import KvLimits, SessionTable
 from worker.settings import WorkerSettings
 
@@ -66,8 +67,11 @@ class WorkerRuntime:
         self.embedder = None if context is None else Embedder(
             context, lambda text: model.tokenize(text, add_special=True), capacity=settings.embedding_queue,
             timeout=settings.embedding_timeout, observer=metrics, clock=clock)
+        self.peers = HttpPeers(token=settings.worker_token, min_tokens=settings.peer_prefix_min_tokens,
+                               timeout=settings.peer_prefix_timeout, max_bytes=settings.kv_transfer_max_bytes,
+                               metrics=metrics)
         self.gate = Gate(model, self.names, self.table, self.engine, stream_buffer=settings.stream_buffer,
-                         clock=clock, embedder=self.embedder)
+                         clock=clock, embedder=self.embedder, peers=self.peers)
         self.table.on_release = self.gate.released
         self.transfer_slots = asyncio.Semaphore(settings.kv_transfers)  # sessions' KV moving at once
         self.handover_seen = 0.0  # loop time the coordinator last moved kept sessions away (`handed_over`)
@@ -107,6 +111,7 @@ class WorkerRuntime:
 
     async def start(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.engine.start(asyncio.get_running_loop())
+        self.peers.open(transport)
         if self.embedder is not None:
             self.embedder.start()
         self._tasks.append(asyncio.create_task(self._supervised("session_sweeper", self._sweep)))
@@ -199,6 +204,7 @@ class WorkerRuntime:
                 await task
         if self.heartbeats is not None:
             await self.heartbeats.aclose()
+        await self.peers.aclose()
         await asyncio.to_thread(self.engine.stop)
         if self.embedder is not None:
             await asyncio.to_thread(self.embedder.stop)

@@ -54,6 +54,8 @@ ENV_NAMES = {
     "embedding_timeout": "WORKER_EMBEDDING_TIMEOUT",
     "kv_transfers": "WORKER_KV_TRANSFERS",
     "kv_transfer_max_bytes": "WORKER_KV_TRANSFER_MAX_BYTES",
+    "peer_prefix_min_tokens": "WORKER_PEER_PREFIX_MIN_TOKENS",
+    "peer_prefix_timeout": "WORKER_PEER_PREFIX_TIMEOUT",
     "drain_timeout": "WORKER_DRAIN_TIMEOUT",
     "max_body_bytes": "WORKER_MAX_BODY_BYTES",
     "max_header_bytes": "WORKER_MAX_HEADER_BYTES",
@@ -117,6 +119,10 @@ class WorkerSettings(BaseModel):
                               "(worker/api/transfer.py); past them 503 transfers_full")
     kv_transfer_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024,
                                        description="largest KV blob a worker takes in, bytes (413 before it is read)")
+    peer_prefix_min_tokens: int = Field(default=128, ge=1, description="prompt tokens a prefix fetched from a peer "
+                                        "worker must save before it is asked for (below: prefilled here)")
+    peer_prefix_timeout: float = Field(default=5.0, gt=0, description="seconds a peer has to answer with a "
+                                       "prefix's cells; past them the prompt is prefilled here")
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024,
                                 description="largest request body, bytes (413 before it is read)")
     max_header_bytes: int = Field(default=16_384, ge=1024, le=1 << 20,

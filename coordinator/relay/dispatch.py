@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -89,6 +89,23 @@ async def worker_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[SseEvent]
         raise WorkerStreamError(f"{type(exc).__name__}: {exc}") from exc
 
 
+@dataclass(frozen=True, slots=True)
+class PrefixPeer:
+    """The worker that was sent most of a prompt's prefix (the prefix index's guess), and how much."""
+
+    worker_id: str
+    url: str
+    share: float  # of the prompt's indexed blocks
+    shares: Mapping[str, float]  # every worker's share
+
+    def payload_for(self, worker_id: str, valid: Generation) -> bytes:
+        """The request as `worker_id` gets it: with the hint when the peer was sent more of the prefix."""
+        if worker_id == self.worker_id or self.shares.get(worker_id, 0.0) >= self.share:
+            return valid.payload
+        # The payload is one JSON object of the fields the client set: the hint goes in as one more.
+        return valid.payload[:-1] + b',"prefix_peer":' + json.dumps(self.url).encode() + b"}"
+
+
 class Dispatcher:
     def __init__(self, client: WorkerClient, admission: Admission, metrics: CoordinatorMetrics, breakers: Breakers,
                  *, max_attempts: int, first_event_timeout: float, retry_after: int,
@@ -103,8 +120,10 @@ class Dispatcher:
         self._auth = {"authorization": f"Bearer {worker_token}"} if worker_token else {}
 
     async def open(self, valid: Generation, ranked: Sequence[WorkerRecord], *,
-                   reserved: Callable[[], None] | None = None) -> OpenStream:
-        """`reserved` runs once, when the first attempt's reservation is made (before any await)."""
+                   reserved: Callable[[], None] | None = None, prefix_peer: PrefixPeer | None = None) -> OpenStream:
+        """`reserved` runs once, when the first attempt's reservation is made (before any await).
+        `prefix_peer`: the worker that was sent most of this prompt's prefix; any other worker tried is
+        told it may fetch those cells from there (`GenerateRequest.prefix_peer`)."""
         last: Failover | None = None
         refused_only = True
         for attempt, worker in enumerate(ranked[: self._max_attempts], start=1):
@@ -114,7 +133,7 @@ class Dispatcher:
                 reserved = None
             self._breakers.attempt(worker)
             try:
-                stream = await self._attempt(worker, valid, reservation)
+                stream = await self._attempt(worker, valid, reservation, prefix_peer)
             except Failover as failover:
                 self._admission.release(reservation)
                 if failover.refused:
@@ -139,13 +158,15 @@ class Dispatcher:
         raise CoordinatorError(reasons.WORKER_UNAVAILABLE,
                                f"no worker could start the request ({last.reason if last else 'none tried'})")
 
-    async def _attempt(self, worker: WorkerRecord, valid: Generation, res: Reservation) -> OpenStream:
+    async def _attempt(self, worker: WorkerRecord, valid: Generation, res: Reservation,
+                       prefix_peer: PrefixPeer | None = None) -> OpenStream:
         url = worker.url.rstrip("/") + GENERATE_PATH
         response: WorkerResponse | None = None
         admitted = False
         try:
             async with asyncio.timeout(self._first_event_timeout):
-                response = await self._client.post(url, valid.payload, _worker_headers(valid, res) | self._auth)
+                body = valid.payload if prefix_peer is None else prefix_peer.payload_for(worker.worker_id, valid)
+                response = await self._client.post(url, body, _worker_headers(valid, res) | self._auth)
                 if response.status != 200:
                     raise await worker_refusal(response)
                 events = worker_events(response.chunks())

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from protocol import reasons
 from protocol.worker import EmbedRequest, GenerateRequest
@@ -33,9 +34,20 @@ from worker.engine.sampling import Constraint
 from worker.errors import WorkerError
 from worker.naming import ModelNames
 from worker.sessions.table import Admission, Session, SessionTable, shared_prefix
+from worker.sessions.transfer import TransferRefused, unpack
 
 # Refusals that capacity coming back can lift.
 WAITABLE = frozenset({reasons.SESSIONS_FULL, reasons.KV_FULL})
+
+
+class PeerPrefixes(Protocol):
+    """How a worker asks a peer for a prompt prefix's cells (worker/runtime.py: over HTTP, with the
+    worker token, bounded in time and size)."""
+
+    min_tokens: int  # a prefix that saves fewer prompt tokens is prefilled here
+
+    async def fetch(self, url: str, tokens: list[int], tenant: str, at_least: int) -> bytes | None:
+        """The peer's blob, or None (it holds no such prefix, it failed, it was too slow)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +67,7 @@ class Gate:
     stream_buffer: int  # items a request's channel holds
     clock: Callable[[], float]
     embedder: Embedder | None = None  # None: this worker does not serve embeddings
+    peers: PeerPrefixes | None = None  # None: a prompt's prefix is never fetched from a peer
     draining: bool = False
     # A request refused only for capacity that a cancelled stream still holds (its client left; the
     # engine releases it at its next step) waits for that release, this long at most, instead of
@@ -115,6 +128,13 @@ class Gate:
             self._undo(session, keep_kv=session is known)
             raise WorkerError(409, reasons.SESSION_BUSY, f"session {request.session_id!r} changed meanwhile")
         cached = min(shared_prefix(session.tokens, tokens), len(tokens) - 1)
+        if request.prefix_peer and known is None and self.peers is not None:
+            try:
+                cached = await self._from_peer(request.prefix_peer, request.tenant, session, tokens, cached)
+            except BaseException:  # cancelled (the client left) or a bug: nothing stays reserved
+                self.engine.free(admission.freed_seq_ids)
+                self._undo(session, keep_kv=False)
+                raise
         loop = asyncio.get_running_loop()
         job = Job(request_id=request_id, request=request, session=session, prompt_tokens=tokens,
                   cached_tokens=cached, history=history if not request.raw else [],
@@ -124,6 +144,29 @@ class Gate:
                                       for i, extra in enumerate(admission.extra, start=1)))
         self.engine.submit(job, admission.freed_seq_ids)
         return job
+
+    async def _from_peer(self, url: str, tenant: str, session: Session, tokens: list[int], cached: int) -> int:
+        """The prompt's prefix from the peer that holds more of it, when that saves at least
+        `peers.min_tokens` of prefill: its cells written into this request's new sequence (a refusal,
+        a slow peer or a blob that does not land leaves the prefill to this worker). The cached tokens
+        then."""
+        assert self.peers is not None
+        wanted = tokens[:-1]  # one prompt token is always decoded here, for the first logits
+        if len(wanted) - cached < self.peers.min_tokens:
+            return cached
+        blob = await self.peers.fetch(url, wanted, tenant, cached + self.peers.min_tokens)
+        if blob is None:
+            return cached
+        try:
+            header, cells = unpack(blob, self.engine.cells_origin(), max_tokens=self.table.limits.session_max_tokens)
+        except TransferRefused:
+            return cached
+        n = shared_prefix(header.tokens, wanted)
+        if n < cached + self.peers.min_tokens:
+            return cached
+        held = await asyncio.wrap_future(self.engine.import_cells(session.seq_id, cells, keep=n))
+        session.tokens[:] = tokens[:held] if held == n else []  # a refused import leaves the sequence empty
+        return held if held == n else 0
 
     def __post_init__(self) -> None:
         self._tokenizing = asyncio.Semaphore(self.tokenize_concurrency)

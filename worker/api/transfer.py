@@ -1,5 +1,6 @@
 """Moving a kept session's KV between workers of the same model: `GET .../kv` exports it as a blob,
-`PUT .../kv` imports one as a kept session of this worker.
+`PUT .../kv` imports one as a kept session of this worker; `POST /worker/prefix` gives a peer the
+cells of the longest prefix of its prompt held here (worker/api/admission.py fetches them).
 
 Owns: the two routes (worker token required, as on every route but health), their bounds (at most
 `kv_transfers` moves at once, 503 `transfers_full` past them; a blob at most `kv_transfer_max_bytes`,
@@ -28,7 +29,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from protocol import reasons
-from protocol.worker import SESSIONS_PATH, TENANT_PATTERN, ChatMessage, ErrorBody
+from protocol.worker import PREFIX_PATH, SESSIONS_PATH, TENANT_PATTERN, ChatMessage, ErrorBody, PrefixRequest
 from worker.api.routes import authorize, runtime_of
 from worker.backends.base import Message
 from worker.errors import WorkerError
@@ -118,3 +119,23 @@ async def import_kv(session_id: str, request: Request, tenant: str = _TENANT) ->
         runtime.table.release(session, keep_kv=True)
     runtime.metrics.kv_moved("import", "ok", len(blob))
     return JSONResponse({"session_id": session_id, "tokens": held, "bytes": len(blob)}, status_code=201)
+
+
+@router.post(PREFIX_PATH, response_class=Response, responses={
+    200: {"content": {BLOB_TYPE: {}}, "description": "the blob of the sequence holding the longest prefix; its "
+                                                     "header's `tokens` say what the cells hold"},
+    404: {"model": ErrorBody, "description": "`no_prefix`: none as long as `at_least`"}, **_REFUSALS})
+async def export_prefix(body: PrefixRequest, request: Request) -> Response:
+    """A peer worker's request for the cells of a prompt's prefix (`GenerateRequest.prefix_peer`): the
+    sequence here that holds the longest prefix of it for that tenant, read between two decode steps."""
+    authorize(request)
+    runtime = runtime_of(request)
+    async with _moving(runtime):
+        async with asyncio.timeout(runtime.settings.request_timeout):
+            found = await asyncio.wrap_future(runtime.engine.export_prefix(body.tokens, body.tenant, body.at_least))
+    if found is None:
+        raise WorkerError(404, reasons.NO_PREFIX, f"no sequence here holds {body.at_least} tokens of that prefix")
+    tokens, cells = found
+    blob = pack(runtime.engine.cells_origin(), tokens, [], cells)
+    runtime.metrics.kv_moved("prefix", "ok", len(blob))
+    return Response(blob, media_type=BLOB_TYPE, headers={"x-kv-tokens": str(len(tokens))})

@@ -162,8 +162,15 @@ class EngineBackend(Protocol):
     def export_cells(self, seq_id: int) -> concurrent.futures.Future[bytes]:
         """One sequence's cells, as bytes another engine of the same origin can take in."""
         ...
-    def import_cells(self, seq_id: int, cells: bytes | memoryview) -> concurrent.futures.Future[int]:
-        """Writes exported cells into `seq_id`: the positions it then holds, 0 when refused (left empty)."""
+    def import_cells(self, seq_id: int, cells: bytes | memoryview, keep: int | None = None
+                     ) -> concurrent.futures.Future[int]:
+        """Writes exported cells into `seq_id` (its first `keep` positions only, when given): the
+        positions it then holds, 0 when refused (left empty)."""
+        ...
+    def export_prefix(self, prompt: list[int], tenant: str, at_least: int
+                      ) -> concurrent.futures.Future[tuple[list[int], bytes] | None]:
+        """The cells of the sequence holding the longest prefix of `tenant`'s `prompt` (at least
+        `at_least` tokens), with what they hold; None when no sequence does."""
         ...
 
 

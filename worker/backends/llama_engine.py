@@ -169,24 +169,36 @@ class Engine:
 
     def export_cells(self, seq_id: int) -> concurrent.futures.Future[bytes]:
         """A sequence's cells as llama.cpp saves them, read between two steps."""
-        def read(ctx: Any) -> bytes:
-            size = int(ll.llama_state_seq_get_size(ctx, ctypes.c_int32(seq_id)))
-            buffer = (ctypes.c_uint8 * size)()
-            written = int(ll.llama_state_seq_get_data(ctx, buffer, size, ctypes.c_int32(seq_id)))
-            if written != size:
-                raise RuntimeError(f"llama.cpp saved {written} of the sequence's {size} bytes")
-            return ctypes.string_at(buffer, size)
+        return self.call(lambda ctx: _read_cells(ctx, seq_id))
+
+    def export_prefix(self, prompt: list[int], tenant: str, at_least: int
+                      ) -> concurrent.futures.Future[tuple[list[int], bytes] | None]:
+        """The sequence here whose cells hold the longest prefix of `tenant`'s `prompt` (at least
+        `at_least` tokens; running, kept or a leftover): what its cells hold and their bytes, read
+        between two steps (where the table's tokens are exactly the cells); None when none does."""
+        def read(ctx: Any) -> tuple[list[int], bytes] | None:
+            if self.table is None or self.config.kv_unified:
+                return None
+            found = self.table.prefix_source(prompt, tenant=tenant, at_least=at_least, skip=set(self._copied))
+            if found is None:
+                return None
+            held = self.table.tokens_of(found[0])
+            return (held, _read_cells(ctx, found[0])) if held is not None else None
         return self.call(read)
 
-    def import_cells(self, seq_id: int, cells: bytes | memoryview) -> concurrent.futures.Future[int]:
-        """Writes saved cells into `seq_id` (emptied first), between two steps: how many positions the
-        sequence then holds, or 0 when llama.cpp refused them (the sequence is left empty)."""
+    def import_cells(self, seq_id: int, cells: bytes | memoryview, keep: int | None = None
+                     ) -> concurrent.futures.Future[int]:
+        """Writes saved cells into `seq_id` (emptied first), between two steps, keeping its first `keep`
+        positions only when given: how many it then holds, or 0 when llama.cpp refused them (the
+        sequence is left empty)."""
         def write(ctx: Any) -> int:
             ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
             buffer = (ctypes.c_uint8 * len(cells)).from_buffer_copy(cells)
             if int(ll.llama_state_seq_set_data(ctx, buffer, len(cells), ctypes.c_int32(seq_id))) != len(cells):
                 ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
                 return 0
+            if keep is not None:
+                ll.llama_memory_seq_rm(self._mem, seq_id, keep, -1)
             return int(ll.llama_memory_seq_pos_max(self._mem, seq_id)) + 1
         return self.call(write)
 
@@ -456,6 +468,15 @@ class Engine:
 def _wake_all(channels: list[TokenChannel[StreamItem]]) -> None:
     for channel in channels:
         channel.wake()
+
+
+def _read_cells(ctx: Any, seq_id: int) -> bytes:
+    size = int(ll.llama_state_seq_get_size(ctx, ctypes.c_int32(seq_id)))
+    buffer = (ctypes.c_uint8 * size)()
+    written = int(ll.llama_state_seq_get_data(ctx, buffer, size, ctypes.c_int32(seq_id)))
+    if written != size:
+        raise RuntimeError(f"llama.cpp saved {written} of the sequence's {size} bytes")
+    return ctypes.string_at(buffer, size)
 
 
 def state_seq_size(seq_id: int) -> Callable[[Any], int]:

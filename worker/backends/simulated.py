@@ -155,8 +155,15 @@ class SimulatedEngine:
     def export_cells(self, seq_id: int) -> concurrent.futures.Future[bytes]:
         raise WorkerError(400, reasons.INVALID_REQUEST, "the simulated engine holds no KV cells to move")
 
-    def import_cells(self, seq_id: int, cells: bytes | memoryview) -> concurrent.futures.Future[int]:
+    def import_cells(self, seq_id: int, cells: bytes | memoryview, keep: int | None = None
+                     ) -> concurrent.futures.Future[int]:
         raise WorkerError(400, reasons.INVALID_REQUEST, "the simulated engine holds no KV cells to move")
+
+    def export_prefix(self, prompt: list[int], tenant: str, at_least: int
+                      ) -> concurrent.futures.Future[tuple[list[int], bytes] | None]:
+        done: concurrent.futures.Future[tuple[list[int], bytes] | None] = concurrent.futures.Future()
+        done.set_result(None)  # it holds no cells: never a peer's source
+        return done
 
     def free(self, seq_ids: list[int] | tuple[int, ...]) -> None:
         pass  # no KV cells to clear; the session table already counts them free

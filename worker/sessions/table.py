@@ -372,6 +372,16 @@ class SessionTable:
             session.busy = True
             return session
 
+    def tokens_of(self, seq_id: int) -> list[int] | None:
+        """What sequence `seq_id`'s cells hold (a live session's, or a freed one's leftover), copied;
+        None when the table knows nothing of them. Engine thread: the cells hold exactly this."""
+        with self._lock:
+            live = next((s for s in self._live if s.seq_id == seq_id), None)
+            if live is not None:
+                return list(live.tokens)
+            left = self._leftover.get(seq_id)
+            return list(left.tokens) if left is not None else None
+
     def abandon(self, session: Session) -> int:
         """A session admitted for cells that never came (an import that failed): forgotten as if it had
         never been opened, with no tombstone, its reservation returned. Its seq id, to free."""

@@ -91,3 +91,34 @@ def test_every_blob_that_would_not_land_is_refused_and_leaves_nothing(pair: tupl
     assert httpx.get(kv_url(a, "nobody"), timeout=10).status_code == 404
     assert httpx.get(kv_url(a, "source", "another-tenant"), timeout=10).status_code == 404
 
+
+
+LONG = " ".join(f"Rule {i}: every {w} in the archive is filed by colour, then by date." for i, w in
+                enumerate(["map", "letter", "ledger", "photo", "deed", "diary", "chart", "receipt"] * 3))
+
+
+def test_a_prompts_prefix_comes_from_the_peer_that_holds_it(pair: tuple[RunningWorker, RunningWorker]) -> None:
+    a, b = pair
+    there = generate(a.url, {"prompt": LONG, **GREEDY})  # one-shot: its cells stay behind as a prompt cache
+    assert there.status == 200
+    before = count(b, "ok")
+    here = generate(b.url, {"prompt": LONG, "prefix_peer": a.url, **GREEDY})
+    usage = here.last[1]["usage"]
+    assert usage["prompt_tokens"] > 200 and usage["cached_tokens"] == usage["prompt_tokens"] - 1  # all but one
+    assert here.text == there.text  # the same cells, the same greedy answer
+    assert count(b, "ok") == before + 1
+    # A peer that holds none of the prompt: prefilled here, as without the hint.
+    other = generate(b.url, {"prompt": LONG.replace("archive", "museum"), "prefix_peer": a.url, **GREEDY})
+    assert other.status == 200 and other.last[1]["usage"]["cached_tokens"] < 50
+    assert count(b, "none") >= 1
+    # A peer that does not answer at all: the same.
+    gone = generate(b.url, {"prompt": LONG + " Again.", "prefix_peer": "http://127.0.0.1:9", **GREEDY})
+    assert gone.status == 200 and gone.last[0] == "done"
+
+
+def count(worker: RunningWorker, outcome: str) -> float:
+    """Prefixes this worker asked a peer for, by outcome (a series not yet written counts 0)."""
+    try:
+        return worker.metric(f'worker_kv_transfers_total{{direction="peer_prefix",outcome="{outcome}"}}')
+    except KeyError:
+        return 0.0

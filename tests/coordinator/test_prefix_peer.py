@@ -1,0 +1,56 @@
+"""The prefix peer hint (coordinator/gateway.py `_prefix_peer`, coordinator/relay/dispatch.py
+`PrefixPeer`): a worker the request goes to that was sent less of its prompt's prefix than another is
+told where those cells are; the worker that holds them, or one that was sent as much, is not."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from coordinator.clock import ManualClock
+from coordinator.settings import Settings
+from tests.coordinator.fakes import FakeWorkers, done, heartbeat, refusing, register, running_app, streaming, token
+
+pytestmark = pytest.mark.anyio
+SETTINGS = Settings(heartbeat_interval=1.0, queue_size=0, scorers="session_load:0.3,kv_load:0.2,prefix:0.5")
+PROMPT = "The same long system prompt, block after block. " * 40  # about 8 of the index's 256-char blocks
+
+
+def first_then_full() -> object:
+    """Serves its first request; then its KV is full."""
+    calls = []
+
+    def behaviour(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        if len(calls) == 1:
+            return streaming([token(0, "a"), done(worker_id="w1")], worker_id="w1")(request)
+        return refusing(503, "kv_full")(request)
+    return behaviour
+
+
+async def test_a_worker_that_lacks_the_prefix_is_told_which_worker_holds_it() -> None:
+    clock = ManualClock()
+    fakes = FakeWorkers({"w1": first_then_full(), "w2": streaming([token(0, "b"), done(worker_id="w2")],  # type: ignore[dict-item]
+                                                                   worker_id="w2")})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        assert (await register(client, heartbeat("w1", timestamp=clock.time()))).status_code == 200
+        assert (await register(client, heartbeat("w2", timestamp=clock.time(), sessions=2))).status_code == 200
+        first = await client.post("/coordinator/infer", json={"prompt": PROMPT, "max_tokens": 4})
+        assert first.status_code == 200 and first.headers["x-worker-id"] == "w1"
+        second = await client.post("/coordinator/infer", json={"prompt": PROMPT, "max_tokens": 4})
+        assert second.status_code == 200 and second.headers["x-worker-id"] == "w2"
+    bodies = [(host, json.loads(r.content)) for host, r in fakes.calls if r.url.path == "/worker/generate"]
+    assert [host for host, _ in bodies] == ["w1", "w1", "w2"]  # w1 first (it holds the prefix), then full
+    assert "prefix_peer" not in bodies[0][1] and "prefix_peer" not in bodies[1][1]
+    assert bodies[2][1]["prefix_peer"] == "http://w1.test" and bodies[2][1]["prompt"] == PROMPT
+
+
+async def test_no_hint_for_a_prompt_no_worker_was_sent_before() -> None:
+    clock = ManualClock()
+    fakes = FakeWorkers({"w1": streaming([token(0, "a"), done()])})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+        assert (await client.post("/coordinator/infer", json={"prompt": PROMPT, "max_tokens": 4})).status_code == 200
+    assert all("prefix_peer" not in json.loads(r.content) for _, r in fakes.calls)
