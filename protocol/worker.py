@@ -1,4 +1,4 @@
-"""The internal coordinator <-> worker contract, version 4: what a coordinator posts to a worker's
+"""The internal coordinator <-> worker contract, version 5: what a coordinator posts to a worker's
 `POST /worker/generate` and the SSE events the worker streams back, and the embedding request a
 coordinator posts to `POST /worker/embed` with its one JSON answer.
 
@@ -20,7 +20,8 @@ Version 4 added several choices per request: `GenerateRequest.n`, `TokenEvent.ch
 on the wire, event for event).
 Version 5 moved tool calls' rendering to the worker, which knows its model's template: a chat message
 may be a `tool` result or an assistant's `tool_calls`, and `GenerateRequest.tools` carries the
-functions and the choice among them (a version 4 worker refuses both as unknown fields).
+functions and the choice among them (a version 4 worker refuses both as unknown fields); it also
+added `GenerateRequest.prefix_peer` (a worker that may hold the prompt's prefix, `PREFIX_PATH`).
 Embeddings need no version of their own: a worker that does not serve them never says so in its
 heartbeat (`protocol.health.Heartbeat.embeddings`), so no coordinator sends it an `EmbedRequest`.
 """
