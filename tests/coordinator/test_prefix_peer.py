@@ -11,7 +11,16 @@ import pytest
 
 from coordinator.clock import ManualClock
 from coordinator.settings import Settings
-from tests.coordinator.fakes import FakeWorkers, done, heartbeat, refusing, register, running_app, streaming, token
+from tests.coordinator.fakes import (
+    FakeWorkers,
+    done,
+    heartbeat,
+    refusing,
+    register,
+    running_app,
+    streaming,
+    token,
+)
 
 pytestmark = pytest.mark.anyio
 SETTINGS = Settings(heartbeat_interval=1.0, queue_size=0, scorers="session_load:0.3,kv_load:0.2,prefix:0.5")
