@@ -43,6 +43,9 @@ SESSIONS_PATH = "/worker/sessions"
 EMBED_PATH = "/worker/embed"
 # A peer worker asks for the cells of the longest prefix of a prompt held here (worker/api/transfer.py).
 PREFIX_PATH = "/worker/prefix"
+# A session's KV blob, as `GET`/`PUT {SESSIONS_PATH}/{id}/kv` and PREFIX_PATH carry it (its own format:
+# worker/sessions/transfer.py).
+KV_MEDIA_TYPE = "application/octet-stream"
 
 # Headers (lower case: both HTTP stacks compare them case-insensitively).
 PROTOCOL_HEADER = "x-llm-pool-protocol"

@@ -31,7 +31,7 @@ from coordinator.ops.metrics import CoordinatorMetrics
 from coordinator.pool.registry import Registry, WorkerRecord
 from coordinator.relay.upstream import WorkerClient, WorkerUnreachable
 from protocol.health import SessionInfo, SessionList
-from protocol.worker import SESSIONS_PATH
+from protocol.worker import KV_MEDIA_TYPE, SESSIONS_PATH
 
 log = logging.getLogger("coordinator.moves")
 LIST_LIMIT = 16 << 20  # a worker's session list: a few hundred bytes a session
@@ -122,8 +122,7 @@ class SessionMover:
         for target in self._targets(worker_id, model, session):
             try:
                 status, _ = await self._client.exchange(
-                    "PUT", target.url.rstrip("/") + SESSIONS_PATH + query, {**self._auth, "content-type":
-                                                                           "application/vnd.llm-pool.kv"},
+                    "PUT", target.url.rstrip("/") + SESSIONS_PATH + query, {**self._auth, "content-type": KV_MEDIA_TYPE},
                     blob, limit=LIST_LIMIT, timeout=self._timeout)
             except WorkerUnreachable:
                 continue

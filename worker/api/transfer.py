@@ -29,7 +29,15 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from protocol import reasons
-from protocol.worker import PREFIX_PATH, SESSIONS_PATH, TENANT_PATTERN, ChatMessage, ErrorBody, PrefixRequest
+from protocol.worker import (
+    KV_MEDIA_TYPE,
+    PREFIX_PATH,
+    SESSIONS_PATH,
+    TENANT_PATTERN,
+    ChatMessage,
+    ErrorBody,
+    PrefixRequest,
+)
 from worker.api.routes import authorize, runtime_of
 from worker.backends.base import Message
 from worker.errors import WorkerError
@@ -37,11 +45,12 @@ from worker.runtime import WorkerRuntime
 from worker.sessions.transfer import TransferRefused, pack, unpack
 
 KV_PATH = SESSIONS_PATH + "/{session_id}/kv"
-BLOB_TYPE = "application/vnd.llm-pool.kv"
+BLOB_TYPE = KV_MEDIA_TYPE
 
 router = APIRouter()
 _TENANT = Query("", pattern=TENANT_PATTERN, description="the tenant whose session it is (\"\" without API keys)")
 _REFUSALS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "`invalid_request`: a malformed tenant or body"},
     401: {"model": ErrorBody, "description": "`unauthorized`"},
     503: {"model": ErrorBody, "description": "`loading`, `transfers_full` (WORKER_KV_TRANSFERS moves run), "
                                              "`kv_full` / `sessions_full` (an import with no room)"}}
@@ -81,12 +90,14 @@ async def export_kv(session_id: str, request: Request, tenant: str = _TENANT) ->
     return Response(blob, media_type=BLOB_TYPE, headers={"x-kv-tokens": str(len(tokens))})
 
 
-@router.put(KV_PATH, status_code=201, openapi_extra={"requestBody": {"required": True, "content": {BLOB_TYPE: {}}}},
-            responses={400: {"model": ErrorBody, "description": "`kv_refused`: another model, KV type or llama.cpp "
-                                                                 "build, or a blob cut short or damaged"},
+@router.put(KV_PATH, status_code=201, openapi_extra={"requestBody": {"required": True, "content": {BLOB_TYPE: {
+                "schema": {"type": "string", "format": "binary"}}}}},
+            responses={**_REFUSALS,
+                       400: {"model": ErrorBody, "description": "`kv_refused`: another model, KV type or llama.cpp "
+                                                                 "build, or a blob cut short or damaged; "
+                                                                 "`invalid_request`: a malformed tenant"},
                        409: {"model": ErrorBody, "description": "`session_exists`: this tenant holds that id here"},
-                       413: {"model": ErrorBody, "description": "`body_too_large` (WORKER_KV_TRANSFER_MAX_BYTES)"},
-                       **_REFUSALS})
+                       413: {"model": ErrorBody, "description": "`body_too_large` (WORKER_KV_TRANSFER_MAX_BYTES)"}})
 async def import_kv(session_id: str, request: Request, tenant: str = _TENANT) -> JSONResponse:
     authorize(request)
     runtime = runtime_of(request)
