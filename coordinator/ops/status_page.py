@@ -49,6 +49,8 @@ class Counters(BaseModel):
     queue_length: int = Field(ge=0, description="requests waiting in the admission queue now")
     finished: dict[str, int] = Field(description="admitted streams ended, by finish reason")
     failovers: int = Field(ge=0, description="workers given up on before a first token")
+    session_moves: dict[str, int] = Field(default_factory=dict, description="draining workers' kept sessions "
+                                          "moved to another worker (`moved`) or not, by outcome")
     generation_tokens: int = Field(ge=0, description="token events relayed (counted when a stream ends)")
     ttft_count: int = Field(ge=0, description="streams that sent a first token")
     ttft_sum_s: float = Field(ge=0.0, description="their times to first token, summed")
@@ -112,6 +114,7 @@ def counters(state: CoordinatorState) -> Counters:
         queue_length=state.queue.length,
         finished={k: int(v) for k, v in _by_label(m.finished, "finish_reason").items()},
         failovers=int(sum(_by_label(m.failovers, "reason").values())),
+        session_moves={k: int(v) for k, v in _by_label(m.session_moves, "outcome").items()},
         generation_tokens=int(_total(m.generation_tokens)),
         ttft_count=ttft_count, ttft_sum_s=ttft_sum, e2e_count=e2e_count, e2e_sum_s=e2e_sum)
 

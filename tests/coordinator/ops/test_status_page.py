@@ -99,7 +99,7 @@ async def test_the_snapshot_holds_the_listings_and_counters_of_requests_served()
         assert counters["finished"] == {"stop": 1}
         assert counters["generation_tokens"] == 3
         assert (counters["ttft_count"], counters["e2e_count"]) == (1, 1)
-        assert (counters["queue_length"], counters["failovers"]) == (0, 0)
+        assert (counters["queue_length"], counters["failovers"], counters["session_moves"]) == (0, 0, {})
         clock.advance(1.0)
         later = (await client.get("/coordinator/status")).json()
         assert {w["worker_id"]: w["state"] for w in later["workers"]["workers"]} == {"w1": "stale", "w2": "stale"}

@@ -74,6 +74,9 @@ async def test_a_draining_workers_sessions_go_where_there_is_room_and_their_affi
         metrics = (await client.get("/metrics")).text
         assert 'coordinator_session_moves_total{outcome="moved"} 2.0' in metrics
         assert 'coordinator_session_moves_total{outcome="source_refused"} 1.0' in metrics
+        # The status page's snapshot counts them too.
+        moves = (await client.get("/coordinator/status")).json()["counters"]["session_moves"]
+        assert moves == {"moved": 2, "source_refused": 1}
     deletes = [r.url.path for host, r in fakes.calls if host == "w1" and r.method == "DELETE"]
     assert deletes == ["/worker/sessions/a", "/worker/sessions/b"]
 
