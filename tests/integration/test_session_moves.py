@@ -4,6 +4,7 @@ served where its KV went, with its history reused, never as a 404 or a full pref
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 from collections.abc import Iterator
@@ -54,8 +55,6 @@ class Pool:
             assert response.status_code == 200, response.read()
             lines = [line for line in response.iter_lines() if line.startswith("data: ")]
             worker = response.headers["x-worker-id"]
-        import json
-
         done = json.loads(lines[-1][6:])
         assert done.get("finished") and "usage" in done, done
         return worker, done
