@@ -17,11 +17,18 @@ from worker.sessions.transfer import Origin, pack, split
 
 pytestmark = pytest.mark.model
 GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 12}
+# Ten sessions (issue 19's integrity check), one of them under a tenant.
+CONVERSATIONS = [("Name a river in France.", "And one in Spain?"), ("Count to five.", "Now backwards."),
+                 ("Write a word that rhymes with cat.", "Another one."), ("What is 7 times 8?", "And 9 times 9?"),
+                 ("Name a planet.", "A bigger one?"), ("Give me a colour.", "Its opposite?"),
+                 ("Say hello in French.", "In German?"), ("Name a fruit.", "A red one?"),
+                 ("What do bees make?", "Where do they live?"), ("Name an ocean.", "The smallest one?")]
 
 
 @pytest.fixture(scope="module")
 def pair(model_path: Path) -> Iterator[tuple[RunningWorker, RunningWorker]]:
-    with running_worker(model_path, threads=1) as a, running_worker(model_path, threads=1) as b:
+    with (running_worker(model_path, threads=1, max_sessions=16) as a,
+          running_worker(model_path, threads=1, max_sessions=16) as b):
         yield a, b
 
 
@@ -38,9 +45,7 @@ def turn(worker: RunningWorker, session_id: str, prompt: str, tenant: str = "") 
 
 def test_a_moved_session_continues_as_it_would_have_where_it_was(pair: tuple[RunningWorker, RunningWorker]) -> None:
     a, b = pair
-    for i, (first, second) in enumerate([("Name a river in France.", "And one in Spain?"),
-                                         ("Count to five.", "Now backwards."),
-                                         ("Write a word that rhymes with cat.", "Another one.")]):
+    for i, (first, second) in enumerate(CONVERSATIONS):
         sid, tenant = f"moved-{i}", "team" if i == 1 else ""
         turn(a, sid, first, tenant)
         exported = httpx.get(kv_url(a, sid, tenant), timeout=30)
@@ -56,8 +61,8 @@ def test_a_moved_session_continues_as_it_would_have_where_it_was(pair: tuple[Run
         assert there_usage["cached_tokens"] == here_usage["cached_tokens"] >= held - 1
         assert there_usage["prompt_tokens"] == here_usage["prompt_tokens"]
     # The exporting worker still holds its sessions; both count what they hold.
-    assert a.load()["sessions"] == b.load()["sessions"] == 3
-    assert b.metric('worker_kv_transfers_total{direction="import",outcome="ok"}') == 3
+    assert a.load()["sessions"] == b.load()["sessions"] == len(CONVERSATIONS)
+    assert b.metric('worker_kv_transfers_total{direction="import",outcome="ok"}') == len(CONVERSATIONS)
 
 
 def test_every_blob_that_would_not_land_is_refused_and_leaves_nothing(pair: tuple[RunningWorker, RunningWorker]) -> None:
