@@ -21,14 +21,14 @@ class HttpPeers:
                  metrics: WorkerMetrics) -> None:
         self.min_tokens = min_tokens
         self._headers = {"authorization": f"Bearer {token}"} if token else {}
-        self._timeout = timeout
+        self.timeout = timeout
         self._max_bytes = max_bytes
         self._metrics = metrics
         self._client: httpx.AsyncClient | None = None
 
     def open(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
         """Inside the running loop (the client's pool belongs to it)."""
-        self._client = httpx.AsyncClient(transport=transport, timeout=self._timeout, headers=self._headers,
+        self._client = httpx.AsyncClient(transport=transport, timeout=self.timeout, headers=self._headers,
                                          follow_redirects=False, trust_env=False)
 
     async def fetch(self, url: str, tokens: list[int], tenant: str, at_least: int) -> bytes | None:
@@ -37,7 +37,7 @@ class HttpPeers:
         body = PrefixRequest(tokens=tokens, tenant=tenant, at_least=at_least).model_dump_json()
         outcome, blob = "failed", None
         try:
-            async with asyncio.timeout(self._timeout), self._client.stream(
+            async with asyncio.timeout(self.timeout), self._client.stream(
                     "POST", url.rstrip("/") + PREFIX_PATH, content=body,
                     headers={"content-type": "application/json"}) as response:
                 if response.status_code != 200:

@@ -74,8 +74,10 @@ async def heartbeat(request: Request) -> HeartbeatAck:
     state.registry.sweep(now)
     state.queue.wake(record.model)  # it may have room now (and catches any wake-up missed before)
     state.embedding_queue.wake(record.model)
-    if record.draining and record.load.sessions:
-        state.mover.draining(record)  # its kept sessions go to the model's other workers
+    if not record.draining:
+        state.mover.serving(record.worker_id)
+    elif record.load.sessions:
+        state.mover.draining(record)  # its kept sessions go to the model's other workers, once
     state.metrics.heartbeats.labels(outcome="accepted").inc()
     return HeartbeatAck(worker_id=record.worker_id, state="alive",
                         heartbeat_interval=settings.heartbeat_interval)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 
 from coordinator.affinity.sessions import SessionTable
@@ -36,6 +37,7 @@ from protocol.worker import KV_MEDIA_TYPE, SESSIONS_PATH
 log = logging.getLogger("coordinator.moves")
 LIST_LIMIT = 16 << 20  # a worker's session list: a few hundred bytes a session
 POLL = 0.2  # seconds between looks at a draining worker whose sessions are still busy
+DONE_REMEMBERED = 4096  # drained workers remembered as dealt with (older ones could be moved again)
 
 
 class SessionMover:
@@ -53,13 +55,20 @@ class SessionMover:
         self._deadline = deadline
         self._now = now
         self._moving: dict[str, asyncio.Task[None]] = {}  # by worker id: one task a draining worker
+        # Workers whose drain was dealt with: every heartbeat of theirs says `draining` until they stop,
+        # and their sessions are moved once a drain (a session given up on stays given up on).
+        self._done: OrderedDict[str, None] = OrderedDict()
 
     def draining(self, record: WorkerRecord) -> None:
-        """`record` said it drains: move its kept sessions, once."""
-        if record.worker_id in self._moving:
+        """`record` said it drains: move its kept sessions, once a drain."""
+        if record.worker_id in self._moving or record.worker_id in self._done:
             return
         task = asyncio.create_task(self._supervised(record.worker_id, record.url, record.model))
         self._moving[record.worker_id] = task
+
+    def serving(self, worker_id: str) -> None:
+        """`worker_id` heartbeats as not draining (a restart under the same id): its next drain moves again."""
+        self._done.pop(worker_id, None)
 
     async def close(self) -> None:
         for task in self._moving.values():
@@ -76,6 +85,9 @@ class SessionMover:
             self._metrics.internal_errors.labels(task="session_mover").inc()
         finally:
             self._moving.pop(worker_id, None)
+            self._done[worker_id] = None
+            while len(self._done) > DONE_REMEMBERED:
+                self._done.popitem(last=False)
 
     async def _move_all(self, worker_id: str, url: str, model: str) -> None:
         """Until the worker holds no kept session this can move, or the deadline."""

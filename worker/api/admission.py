@@ -45,6 +45,7 @@ class PeerPrefixes(Protocol):
     worker token, bounded in time and size)."""
 
     min_tokens: int  # a prefix that saves fewer prompt tokens is prefilled here
+    timeout: float  # seconds for the peer's answer, and again for writing its cells here
 
     async def fetch(self, url: str, tokens: list[int], tenant: str, at_least: int) -> bytes | None:
         """The peer's blob, or None (it holds no such prefix, it failed, it was too slow)."""
@@ -164,7 +165,8 @@ class Gate:
         n = shared_prefix(header.tokens, wanted)
         if n < cached + self.peers.min_tokens:
             return cached
-        held = await asyncio.wrap_future(self.engine.import_cells(session.seq_id, cells, keep=n))
+        async with asyncio.timeout(self.peers.timeout):  # past it: undone by prepare, as a client's leaving is
+            held = await asyncio.wrap_future(self.engine.import_cells(session.seq_id, cells, keep=n))
         session.tokens[:] = tokens[:held] if held == n else []  # a refused import leaves the sequence empty
         return held if held == n else 0
 

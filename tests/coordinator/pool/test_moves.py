@@ -94,4 +94,17 @@ async def test_a_session_no_worker_has_room_for_stays_and_is_counted() -> None:
                 break
             await asyncio.sleep(0.01)
         assert 'coordinator_session_moves_total{outcome="no_room"} 1.0' in (await client.get("/metrics")).text
+        # Its next heartbeats still say draining: the drain was dealt with, nothing is tried again.
+        for _ in range(3):
+            await register(client, heartbeat("w1", timestamp=clock.time(), sessions=1, draining=True), "s3cret")
+            await asyncio.sleep(0.05)
+        assert 'coordinator_session_moves_total{outcome="no_room"} 1.0' in (await client.get("/metrics")).text
+        # Restarted under the same id and drained again: moved again.
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=1), "s3cret")
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=1, draining=True), "s3cret")
+        for _ in range(200):
+            if 'outcome="no_room"} 2.0' in (await client.get("/metrics")).text:
+                break
+            await asyncio.sleep(0.01)
+        assert 'coordinator_session_moves_total{outcome="no_room"} 2.0' in (await client.get("/metrics")).text
     assert held == [SESSIONS[0]]  # still on its worker, not ended there
