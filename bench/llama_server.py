@@ -218,6 +218,18 @@ def locked(folder: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def sources(build: Build | None = None) -> Path:
+    """The llama.cpp source folder the sdist vendors, fetched and unpacked first when missing (no build)."""
+    build = build or Build.default()
+    with locked(build.folder):
+        if not (build.llama_cpp / "CMakeLists.txt").is_file():
+            with build.log_path.open("a") as log:
+                if not build.sdist.is_file():
+                    fetch_sdist(build, log)
+                extract(build)
+    return build.llama_cpp
+
+
 def provision(build: Build | None = None, *, jobs: int = BUILD_JOBS, quiet: bool = False) -> Path:
     """The path of a built `llama-server`: at once when the cache has it, else fetched and built (minutes)."""
     build = build or Build.default()
@@ -316,6 +328,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "Build llama.cpp's llama-server from the llama-cpp-python sdist (the installed version, else "
         "pyproject.toml's pin) into a cache folder, once; print the binary's path."))
     parser.add_argument("--build", action="store_true", help="build it if the cache does not have it yet")
+    parser.add_argument("--sources", action="store_true",
+                        help="only fetch and unpack the sources; print their folder (bench/gpu_check.sh builds them "
+                             "for a GPU elsewhere)")
     parser.add_argument("--cache", type=Path,
                         help=f"cache root (default ${CACHE_ENV}, else ~/.cache/llm-pool/llama-server); "
                              "a folder per version in it")
@@ -324,6 +339,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=BUILD_JOBS, help="parallel compile jobs")
     args = parser.parse_args(argv)
     build = Build.default(version=args.llama_version, cache=args.cache)
+    if args.sources:
+        try:
+            print(sources(build))
+        except (RuntimeError, OSError, httpx.HTTPError, tarfile.TarError) as exc:
+            print(f"fetching the sources failed: {exc}", file=sys.stderr)
+            return 1
+        return 0
     if args.build:
         try:
             print(provision(build, jobs=args.jobs))

@@ -208,3 +208,29 @@ def test_bench_load_writes_the_cache_flag_into_its_json(tmp_path: Path) -> None:
     finish(options, {"ours": [], "llama-server": []})
     config = json.loads(out.read_text())["config"]
     assert config["llama_server_cache"] == str(tmp_path / "cache") and config["compare_llama_server"] is True
+
+
+def test_sources_already_unpacked_are_returned_without_a_download(tmp_path: Path) -> None:
+    build = Build("1.2.3", tmp_path / "1.2.3")
+    build.llama_cpp.mkdir(parents=True)
+    (build.llama_cpp / "CMakeLists.txt").write_text("project(x)\n")
+    assert llama_server.sources(build) == build.llama_cpp
+    assert not build.sdist.exists()
+
+
+def test_worker_bench_on_a_gpu_gives_every_peer_the_sequences_and_the_layers() -> None:
+    args = worker_bench.parse_args(["--peers", "worker,ceiling,llama-server", "--sessions", "64",
+                                    "--streams", "1,16,64", "--gpu-layers", "999",
+                                    "--llama-server-bin", "/opt/llama-server"])
+    assert args.streams == [1, 16, 64] and args.sessions == 64
+    assert args.llama_server_bin == Path("/opt/llama-server")
+    assert worker_bench.llama_server_args(args) == ("--cache-ram", "0", "-ngl", "999")
+    # Without the flag every peer keeps its own default, and the server is not told a layer count.
+    assert worker_bench.llama_server_args(worker_bench.parse_args([])) == ("--cache-ram", "0")
+
+
+def test_worker_bench_streams_are_bounded_by_the_sequences() -> None:
+    with pytest.raises(SystemExit):
+        worker_bench.parse_args(["--streams", "32"])  # the default 16 sequences
+    with pytest.raises(SystemExit):
+        worker_bench.parse_args(["--sessions", "0"])

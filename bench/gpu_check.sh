@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The worker on a GPU against llama.cpp's own batched decode and llama-server: issue 18's GPU check.
+#
+# Owns: what a GPU machine with no registry access needs to run it (.gpu/, made here by `prepare`: the
+# worker's Python packages as cp312 wheels, llama-cpp-python's Python code, the llama.cpp sources that
+# its pinned sdist vendors, pruned of other backends, docs and model files, and the tiny model as the
+# tokenizer's source), the CUDA build of those sources there (libllama for the worker, llama-server and
+# llama-batched-bench from the same tree), the TinyLlama-shaped random-weight model written there, and
+# the runs whose output goes to $OUT.
+# Must not: download anything on the GPU machine, or need one to pass the project's tests.
+#
+#   bench/gpu_check.sh prepare        # here, with the package registry: writes .gpu/ (about 12 MB)
+#   bench/gpu_check.sh run            # on the GPU machine, from the repository root, .gpu/ beside it
+#
+# `run` prints llama-batched-bench's table (-npp 32 -ntg 64 -npl 1,16,64: one process, no HTTP, the
+# device's ceiling for this shape) and bench.worker_bench's (worker, in-process ceiling and llama-server,
+# 64 sequences each, all layers on the GPU, 64 greedy tokens a stream) for the TinyLlama-shaped model,
+# then, time allowing, the same for the tiny 2-layer model, whose decode is nearly free, so that its
+# table is the per-token cost outside the GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+G=.gpu
+OUT=${OUT:-/tmp/gpu-check}
+BUILD=${GPU_CHECK_BUILD:-.gpu-build}  # not under .gpu/: carried paths replace theirs on each call
+THREADS=${GPU_CHECK_THREADS:-8}
+PY=${GPU_CHECK_PYTHON:-python3}  # the GPU machine's Python 3.12; a rehearsal here gives .venv's and no wheels
+SHAPE=${GPU_CHECK_SHAPE:-tinyllama}  # a rehearsal on a CPU: tiny
+STREAMS=${GPU_CHECK_STREAMS:-1,16,64}
+WHEELS=(fastapi starlette pydantic pydantic_core annotated-types typing-inspection uvicorn httptools diskcache
+        gguf typing_extensions)
+
+prepare() {
+  local py=.venv/bin/python
+  rm -rf "$G" && mkdir -p "$G/wheels"
+  local pins=()
+  for name in "${WHEELS[@]}"; do pins+=("$name==$($py -c "import importlib.metadata as m; print(m.version('$name'))")"); done
+  $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux1_x86_64 -d "$G/wheels" "${pins[@]}"
+  local pkg src
+  pkg=$($py -c "import llama_cpp, os; print(os.path.dirname(llama_cpp.__file__))")
+  cp -r "$pkg" "$G/llama_cpp" && rm -rf "$G/llama_cpp/lib" "$G"/llama_cpp/{,*/}__pycache__
+  src=$($py -m bench.llama_server --sources)
+  local prune=(docs models tests gguf-py conversion benches media tools/ui/tests)
+  for b in cann et hexagon hip metal musa opencl openvino sycl virtgpu vulkan webgpu zdnn zendnn; do
+    prune+=("ggml/src/ggml-$b")
+  done
+  tar czf "$G/llama.cpp.tar.gz" -C "$(dirname "$src")" --exclude=.git \
+    "${prune[@]/#/--exclude=llama.cpp/}" llama.cpp
+  $py -m bench.tiny_model --out "$G/tiny.gguf"
+  git rev-parse HEAD >"$G/commit"
+  du -sh "$G"
+}
+
+build() {
+  # Everything that llama-cpp-python loads, and the two peers, from one tree with the same flags.
+  if [[ -x $BUILD/bin/llama-server && -x $BUILD/bin/llama-batched-bench ]]; then return; fi
+  rm -rf "$BUILD/src" && mkdir -p "$BUILD/src" && tar xzf "$G/llama.cpp.tar.gz" -C "$BUILD/src"
+  local cuda=${GPU_CHECK_CUDA:-ON} flags
+  flags=$(scripts/cpu-flags.sh 2>/dev/null || true)  # a VM that lists AMX but cannot run it (bootstrap.sh)
+  cmake -S "$BUILD/src/llama.cpp" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+    -DGGML_CUDA="$cuda" -DCMAKE_CUDA_ARCHITECTURES=native -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF ${flags:+"-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CXX_FLAGS=$flags"} \
+    >"$OUT/build.log" 2>&1
+  cmake --build "$BUILD" --target llama llama-server llama-batched-bench -j "$(nproc)" >>"$OUT/build.log" 2>&1
+}
+
+run() {
+  mkdir -p "$OUT"
+  local started=$SECONDS
+  for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do [[ -d $d ]] && PATH=$PATH:$d; done
+  nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
+  if [[ ${GPU_CHECK_WHEELS:-1} == 1 ]]; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      "$G"/wheels/*.whl
+  fi
+  rm -rf /tmp/site/llama_cpp && mkdir -p /tmp/site && cp -r "$G/llama_cpp" /tmp/site/llama_cpp
+  export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 BENCH_COMMIT
+  BENCH_COMMIT=$(cat "$G/commit")
+  local model=/tmp/$SHAPE-shaped.gguf
+  # The model's 1.1 billion random weights are drawn on one core while the build takes the others.
+  $PY -m bench.tiny_model --shape "$SHAPE" --source "$G/tiny.gguf" --out "$model" >"$OUT/model.log" 2>&1 &
+  local writer=$!
+  echo "build: started at +$((SECONDS - started)) s"
+  if ! build; then tail -40 "$OUT/build.log"; return 1; fi
+  echo "build: done at +$((SECONDS - started)) s"
+  ln -sfn "$(realpath "$BUILD")/bin" /tmp/site/llama_cpp/lib
+  wait "$writer" || { cat "$OUT/model.log"; return 1; }
+  echo "model: $(cat "$OUT/model.log") at +$((SECONDS - started)) s"
+  $PY -c "import llama_cpp; print('llama.cpp GPU offload:', bool(llama_cpp.llama_supports_gpu_offload()))"
+  "$BUILD/bin/llama-batched-bench" -m "$model" -ngl 999 -t "$THREADS" -c 8192 -b 2048 -ub 512 \
+    -npp 32 -ntg 64 -npl "$STREAMS" 2>"$OUT/batched-bench.err" | tee "$OUT/batched-bench.txt" \
+    || tail -20 "$OUT/batched-bench.err"
+  local quiet=(--quiet-cores 64 --quiet-wait 1 --max-other-cores 64 --settle 0.3)
+  timeout 240 $PY -m bench.worker_bench --model "$model" --sessions 64 --streams "$STREAMS" --reps 2 \
+    --threads "$THREADS" --gpu-layers 999 --peers worker,ceiling,llama-server \
+    --llama-server-bin "$BUILD/bin/llama-server" "${quiet[@]}" --out "$OUT/worker_bench_$SHAPE.json" \
+    2>&1 | tee "$OUT/worker_bench_$SHAPE.txt" || echo "worker_bench (the $SHAPE model) failed: $?"
+  cp bench/results/worker.log "$OUT/worker_$SHAPE.log" 2>/dev/null || true
+  if (( SECONDS - started < ${GPU_CHECK_TINY_BEFORE:-420} )); then
+    "$BUILD/bin/llama-batched-bench" -m "$G/tiny.gguf" -ngl 999 -t "$THREADS" -c 8192 -b 2048 -ub 512 \
+      -npp 32 -ntg 64 -npl 64 2>/dev/null | tee "$OUT/batched-bench-tiny.txt" || true
+    timeout 120 $PY -m bench.worker_bench --model "$G/tiny.gguf" --sessions 64 --streams 64 --reps 2 \
+      --threads "$THREADS" --gpu-layers 999 --peers worker,ceiling,llama-server \
+      --llama-server-bin "$BUILD/bin/llama-server" "${quiet[@]}" --out "$OUT/worker_bench_tiny.json" \
+      2>&1 | tee "$OUT/worker_bench_tiny.txt" || echo "worker_bench (the tiny model) failed: $?"
+  fi
+  echo "all done at +$((SECONDS - started)) s"
+}
+
+case ${1:-} in
+  prepare) prepare ;;
+  run) run ;;
+  *) echo "usage: bench/gpu_check.sh prepare|run" >&2; exit 2 ;;
+esac
