@@ -27,7 +27,7 @@ PY=${GPU_CHECK_PYTHON:-python3}  # the GPU machine's Python 3.12; a rehearsal he
 SHAPE=${GPU_CHECK_SHAPE:-tinyllama}  # a rehearsal on a CPU: tiny
 STREAMS=${GPU_CHECK_STREAMS:-1,16,64}
 WHEELS=(fastapi starlette pydantic pydantic_core annotated-types typing-inspection uvicorn httptools diskcache
-        gguf typing_extensions)
+        gguf typing_extensions opentelemetry-api)  # fastapi needs opentelemetry-api
 
 prepare() {
   local py=.venv/bin/python
