@@ -82,10 +82,15 @@ class Client:
     def get(self, path: str) -> Any:
         return self.call(_get_json, self.base_url + path)
 
-    def metric(self, prefix: str) -> float:
-        """The sum of the coordinator's Prometheus samples whose line starts with `prefix`."""
-        text = self.call(_get_text, self.base_url + "/metrics")
+    def metric(self, prefix: str, base_url: str | None = None, token: str | None = None) -> float:
+        """The sum of the coordinator's (or the service at `base_url`'s, with its `token`) Prometheus
+        samples whose line starts with `prefix`."""
+        text = self.call(_get_text, (base_url or self.base_url) + "/metrics", token)
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+    def delete(self, path: str) -> int:
+        """DELETE on the coordinator; its status."""
+        return self.call(_delete, self.base_url + path)
 
     def start(self, body: dict[str, Any]) -> Streamed:
         """Starts one stream; its `Streamed` fills in as events arrive, `.future` resolves at the end."""
@@ -114,11 +119,16 @@ def _get_json(url: str) -> Any:
         return response.json()
 
 
-def _get_text(url: str) -> str:
+def _get_text(url: str, token: str | None = None) -> str:
     with httpx.Client(timeout=5, trust_env=False) as http:
-        response = http.get(url)
+        response = http.get(url, headers={"authorization": f"Bearer {token}"} if token else {})
         response.raise_for_status()
         return response.text
+
+
+def _delete(url: str) -> int:
+    with httpx.Client(timeout=10.0, trust_env=False) as http:
+        return http.delete(url).status_code
 
 
 def _stream(base_url: str, into: Streamed) -> Streamed:

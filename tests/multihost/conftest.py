@@ -44,6 +44,9 @@ COORDINATOR_FLAGS = [
     # Round-robin: every host gets its share of the latency test's samples however loaded the machine
     # is (the load-based default sent 5 of 400 to one host during a full, busy test run).
     "--routing-policy", "round-robin",
+    # A drained worker's sessions are moved through the coordinator; a move whose source or target
+    # falls silent gives up after this long (the default 30 s would only make the partition test slow).
+    "--session-move-timeout", "5",
 ]
 WORKER_FLAGS = ["--threads", "1", "--max-sessions", "2", "--session-max-tokens", "512",
                 "--heartbeat-interval", "0.5", "--worker-token", TOKEN]
@@ -56,6 +59,8 @@ class Pool:
     client: Client
     coordinator: Proc
     workers: dict[str, Proc]
+    worker_argv: dict[str, list[str]] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
     figures: dict[str, Any] = field(default_factory=dict)
 
     def host(self, worker_id: str) -> Host:
@@ -69,6 +74,15 @@ class Pool:
         procs = [self.coordinator, *self.workers.values()]
         return "\n".join(f"--- {p.name} ({'running' if p.running else f'exit {p.popen.returncode}'}):\n"
                          f"{p.log_tail(8)}" for p in procs)
+
+    def restart(self, worker_id: str, timeout: float = 60.0) -> None:
+        """Starts `worker_id` again on its host once its process has ended (a drain), then waits for the
+        whole pool to be ready."""
+        old = self.workers[worker_id]
+        old.popen.wait(timeout=timeout)
+        self.workers[worker_id] = self.network.spawn(self.host(worker_id).namespace, worker_id,
+                                                     self.worker_argv[worker_id], self.env)
+        self.ensure()
 
     def ensure(self, timeout: float = START_TIMEOUT) -> None:
         """Every worker alive in the coordinator's eyes and idle, and nothing in flight."""
@@ -111,13 +125,13 @@ def pool(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         coordinator = network.spawn(coordinator_host.namespace, "coordinator", [
             sys.executable, "-m", "coordinator", "--host", coordinator_host.address,
             "--port", str(COORDINATOR_PORT), *COORDINATOR_FLAGS], env)
-        procs = {w: network.spawn(host.namespace, w, [
-            sys.executable, "-m", "worker", "--host", host.address, "--port", str(WORKER_PORT),
-            "--worker-id", w, "--worker-url", f"http://{host.address}:{WORKER_PORT}",
-            "--coordinator-url", coordinator_url, "--model-path", str(model_path), *WORKER_FLAGS], env)
-            for w, host in workers.items()}
+        argv = {w: [sys.executable, "-m", "worker", "--host", host.address, "--port", str(WORKER_PORT),
+                    "--worker-id", w, "--worker-url", f"http://{host.address}:{WORKER_PORT}",
+                    "--coordinator-url", coordinator_url, "--model-path", str(model_path), *WORKER_FLAGS]
+                for w, host in workers.items()}
+        procs = {w: network.spawn(host.namespace, w, argv[w], env) for w, host in workers.items()}
         client = Client(client_host.namespace, coordinator_url)
-        pool = Pool(network, client, coordinator, procs)
+        pool = Pool(network, client, coordinator, procs, argv, dict(env))
         started = time.monotonic()
         pool.ensure()
         pool.figures["pool_ready_s"] = round(time.monotonic() - started, 1)

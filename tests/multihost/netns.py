@@ -146,6 +146,15 @@ class Network:
     def heal(self, host: Host) -> None:
         ip("-n", self.bridge, "link", "set", host.port, "up")
 
+    def isolate(self, host: Host) -> None:
+        """Takes the host's own interface down: nothing reaches it or leaves it, with or without a delay
+        line spliced in at its switch port (which `partition` would pull from under the line)."""
+        ip("-n", host.namespace, "link", "set", "eth0", "down")
+
+    def rejoin(self, host: Host) -> None:
+        """Undoes `isolate`: the interface keeps its address while down, and its route comes back up."""
+        ip("-n", host.namespace, "link", "set", "eth0", "up")
+
     @contextlib.contextmanager
     def delay(self, host: Host, seconds: float) -> Iterator[Delay]:
         """Holds every frame the host sends for `seconds` (one way, like netem on its eth0). Uses

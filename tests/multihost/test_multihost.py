@@ -3,17 +3,20 @@
 Checks what only a network shows: requests spread over hosts that registered by heartbeat across
 it; a host unplugged mid-stream ends its streams with an `error` event within the coordinator's read
 deadline, new requests go elsewhere, nothing admitted is lost without an explicit error, and the host
-rejoins once plugged back; latency added to one host shows in its TTFT only.
+rejoins once plugged back; latency added to one host shows in its TTFT only; a drained host's kept session moves across the bridge
+to another host, and one cut off mid-move ends the move on both sides and is said to be lost.
 The figures are printed at the end (`-s`) and written to `<pytest tmp>/multihost*/multihost-figures.json`.
 """
 
 from __future__ import annotations
 
+import signal
 import statistics
 import time
 from collections import Counter, defaultdict
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.multihost.client import Streamed, wait
@@ -22,6 +25,7 @@ from tests.multihost.conftest import (
     FIRST_EVENT_TIMEOUT,
     HEARTBEAT_INTERVAL,
     READ_TIMEOUT,
+    TOKEN,
     WORKER_PORT,
     WORKERS,
     Pool,
@@ -147,6 +151,98 @@ def test_partition_ends_its_streams_sends_new_requests_elsewhere_and_heals(pool:
     # New requests are served elsewhere, both before and after the coordinator marks the host stale.
     for s in [*right_after, *once_stale]:
         assert s.ended == "done" and s.worker_id != victim, (s.worker_id, s.status, s.error_body, s.events[-1:])
+
+
+# About 420 tokens of history (a 9.6 MB blob), within the pool's 512-token sessions.
+HISTORY = ("Here are some notes on the water cycle. " + "Water evaporates from the sea, rises as vapour, cools "
+           "into clouds and falls again as rain on hills and fields. " * 16)
+MOVED = 'coordinator_session_moves_total{outcome="moved"}'
+SOURCE_FAILED = 'coordinator_session_moves_total{outcome="source_failed"}'
+EXPORTED = 'worker_kv_transfers_total{direction="export",outcome="ok"}'
+# The draining host's frames are held this long, so its blob takes several round trips (TCP's slow
+# start: about ten for 9.6 MB, 2.5 s), while its heartbeats, on a kept-alive connection, still arrive
+# within their 0.5 s deadline.
+LINE_DELAY = 0.25
+
+
+def _turn(pool: Pool, session_id: str, prompt: str) -> Streamed:
+    return pool.client.run([{"prompt": prompt, "session_id": session_id, "max_tokens": 8, "temperature": 0}])[0]
+
+
+def _held(turn: Streamed) -> int:
+    assert turn.ended == "done" and turn.terminal is not None, (turn.status, turn.error_body, turn.failure)
+    usage = turn.terminal[1]["usage"]
+    return int(usage["prompt_tokens"]) + int(usage["completion_tokens"])
+
+
+def test_a_drained_hosts_session_moves_to_another_host(pool: Pool) -> None:
+    pool.ensure()
+    sid = "mh-moved"
+    first = _turn(pool, sid, HISTORY + "Question: where does rain come from?")
+    held, source = _held(first), str(first.worker_id)
+    moved = pool.client.metric(MOVED)
+    drained_at = time.monotonic()
+    pool.workers[source].popen.send_signal(signal.SIGTERM)  # `ip netns exec` ran the worker in its place
+    assert pool.workers[source].popen.wait(timeout=60) == 0, pool.logs()
+    figures: dict[str, Any] = {"from": source, "history_tokens": held,
+                               "sigterm_to_exit_s": round(time.monotonic() - drained_at, 2)}
+    pool.figures["session_move"] = figures
+    after = _turn(pool, sid, "And where does it go then?")
+    assert after.ended == "done" and after.terminal is not None, (after.status, after.error_body, after.failure)
+    figures.update(to=after.worker_id, cached_tokens=after.terminal[1]["usage"]["cached_tokens"],
+                   moves=pool.client.metric(MOVED) - moved)
+    # Its KV crossed the bridge from one host to another: the next turn is served elsewhere with its
+    # history already there (at most the last generated token prefilled again).
+    assert after.worker_id != source, figures
+    assert figures["cached_tokens"] >= 0.9 * held, figures
+    assert figures["moves"] == 1, figures
+    assert pool.client.delete(f"/coordinator/sessions/{sid}") == 204
+    pool.restart(source)
+
+
+def test_a_partition_during_a_move_ends_it_on_both_sides(pool: Pool) -> None:
+    pool.ensure()
+    sid = "mh-cut"
+    first = _turn(pool, sid, HISTORY + "Question: what makes clouds?")
+    held, source = _held(first), str(first.worker_id)
+    host = pool.host(source)
+    worker_url = f"http://{host.address}:{WORKER_PORT}"
+    exported = pool.client.metric(EXPORTED, worker_url, TOKEN)
+    failed, moved = pool.client.metric(SOURCE_FAILED), pool.client.metric(MOVED)
+    figures: dict[str, Any] = {"from": source, "history_tokens": held, "line_delay_s": LINE_DELAY}
+    pool.figures["partition_during_move"] = figures
+    with pool.network.delay(host, LINE_DELAY):
+        pool.workers[source].popen.send_signal(signal.SIGTERM)
+        # The coordinator sees the drain, lists the sessions and fetches this one's blob; the worker
+        # counts an export once the blob is made, and its bytes then crawl out through the delay line.
+        def exported_yet() -> bool:
+            assert pool.workers[source].running, f"{source} ended before it exported anything:\n{pool.logs()}"
+            try:
+                return pool.client.metric(EXPORTED, worker_url, TOKEN) > exported
+            except httpx.HTTPError:
+                return False
+
+        _wait_for(exported_yet, 30, "the draining worker to export the session", [first])
+        cut_at = time.monotonic()
+        pool.network.isolate(host)
+        # The coordinator's side: its fetch ends at the move's deadline, counted, with nothing put anywhere.
+        failed_at = _wait_for(lambda: pool.client.metric(SOURCE_FAILED) > failed, 30,
+                              "the coordinator to give the move up", [first])
+        figures["cut_to_given_up_s"] = round(failed_at - cut_at, 2)
+        # The worker's side: its drain ends and it exits, the cut connection notwithstanding.
+        assert pool.workers[source].popen.wait(timeout=60) == 0, pool.logs()
+        figures["cut_to_exit_s"] = round(time.monotonic() - cut_at, 2)
+    pool.network.rejoin(host)
+    figures["moved"] = pool.client.metric(MOVED) - moved
+    assert figures["moved"] == 0, figures  # the cut came mid-fetch, not after a finished move
+    assert figures["cut_to_given_up_s"] < 5 + 5, figures  # the coordinator's --session-move-timeout, and slack
+    # The session is said to be lost, as one that could not move is: never silently started afresh.
+    after = _turn(pool, sid, "And then?")
+    figures["next_turn"] = [after.status, after.error_body]
+    assert after.ended == "refused" and after.status == 404, (after.status, after.error_body, after.events[-1:])
+    assert after.error_body is not None and after.error_body["reason"] in ("unknown_session", "session_expired")
+    # Nothing half-imported anywhere: once the host is back, every worker holds no session (ensure()).
+    pool.restart(source)
 
 
 def _ttft_by_worker(pool: Pool, per_host: int = 10, max_waves: int = 80) -> dict[str, list[dict[str, float]]]:
