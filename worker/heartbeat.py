@@ -1,43 +1,62 @@
-"""Tells the coordinator, every interval, that this worker is alive and how loaded it is.
+"""Tells every coordinator, every interval, that this worker is alive and how loaded it is.
 
-Owns: the heartbeat loop and its HTTP calls. Must not: fail the worker. A coordinator that is down
-or refuses the heartbeat is logged (once per change of state, not every interval) and tried again.
+Owns: the heartbeat loop and its HTTP calls, to each coordinator URL at once (several coordinators
+serve one pool, each with the whole registry), and, with `resolve_all`, to every address that a URL's
+name resolves to at that moment (a Kubernetes headless Service lists one per coordinator pod).
+Must not: fail the worker. A coordinator that is down or refuses the heartbeat is logged (once per
+change of its state, not every interval) and tried again; the others are not held up by it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from protocol.health import EmbeddingService, Heartbeat, WorkerLoad
 from worker.naming import ModelNames
+from worker.settings import MAX_COORDINATORS
 
 log = logging.getLogger("worker.heartbeat")
 HEARTBEAT_PATH = "/coordinator/health/heartbeat"
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+
+async def resolve(host: str, port: int) -> list[str]:
+    """Every address `host` has now (IPv4 and IPv6), each once, in a stable order."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return sorted({str(info[4][0]) for info in infos})
 
 
 class HeartbeatSender:
-    def __init__(self, *, coordinator_url: str, worker_id: str, worker_url: str, names: ModelNames,
+    def __init__(self, *, coordinator_urls: Sequence[str], worker_id: str, worker_url: str, names: ModelNames,
                  token: str, interval: float, load: Callable[[], WorkerLoad], model_identity: str = "",
                  embeddings: EmbeddingService | None = None, transport: httpx.AsyncBaseTransport | None = None,
+                 resolve_all: bool = False, resolver: Resolver = resolve,
                  wall_clock: Callable[[], float] = time.time) -> None:
-        self._url = coordinator_url.rstrip("/") + HEARTBEAT_PATH
+        self._bases = [u.rstrip("/") for u in coordinator_urls][:MAX_COORDINATORS]
+        self._resolve_all = resolve_all
+        self._resolver = resolver
         self._worker_id = worker_id
         self._worker_url = worker_url
         self._names = names
         self._identity = model_identity
         self._embeddings = embeddings
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"} if token else {
+            "Content-Type": "application/json"}
         self._interval = interval
         self._load = load
         self._wall_clock = wall_clock
         # Every call has a deadline shorter than the interval, so beats never pile up.
-        self._client = httpx.AsyncClient(transport=transport, timeout=min(5.0, interval))
-        self._healthy: bool | None = None
+        self._deadline = min(5.0, interval)
+        self._client = httpx.AsyncClient(transport=transport, timeout=self._deadline)
+        self._healthy: dict[str, bool] = {}  # by heartbeat URL: its last outcome, for logging changes only
         self.sent = 0
 
     def heartbeat(self) -> Heartbeat:
@@ -45,24 +64,56 @@ class HeartbeatSender:
                          aliases=list(self._names.aliases), model_identity=self._identity,
                          embeddings=self._embeddings, load=self._load(), timestamp=self._wall_clock())
 
+    async def targets(self) -> list[str]:
+        """The heartbeat URLs of this interval: each coordinator URL, or each address of its name."""
+        urls: list[str] = []
+        for base in self._bases:
+            if not self._resolve_all:
+                urls.append(base + HEARTBEAT_PATH)
+                continue
+            parts = urlsplit(base)
+            host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+            try:
+                async with asyncio.timeout(self._deadline):
+                    addresses = await self._resolver(host, port)
+            except (OSError, TimeoutError) as exc:
+                self._changed(base, False, f"resolving {host!r}: {type(exc).__name__}: {exc}")
+                continue
+            for address in addresses:
+                shown = f"[{address}]" if ipaddress.ip_address(address).version == 6 else address
+                urls.append(urlunsplit(parts._replace(netloc=f"{shown}:{port}")) + HEARTBEAT_PATH)
+        return list(dict.fromkeys(urls))[:MAX_COORDINATORS]
+
     async def send_once(self) -> bool:
+        """One beat to every coordinator at once; True when every one took it."""
+        urls = await self.targets()
+        body = self.heartbeat().model_dump_json()
+        results = await asyncio.gather(*(self._send(url, body) for url in urls))
+        for gone in set(self._healthy) - set(urls) - set(self._bases):
+            del self._healthy[gone]  # an address the name no longer has: bounded by what it resolves to
+        return bool(results) and all(results)
+
+    async def _send(self, url: str, body: str) -> bool:
         try:
-            response = await self._client.post(self._url, content=self.heartbeat().model_dump_json(),
-                                               headers={**self._headers, "Content-Type": "application/json"})
+            response = await self._client.post(url, content=body, headers=self._headers)
             ok = response.is_success
             problem = f"status {response.status_code}: {response.text[:200]}"
         except httpx.HTTPError as exc:
             ok, problem = False, f"{type(exc).__name__}: {exc}"
         if ok:
             self.sent += 1
-        if ok != self._healthy:
-            if ok:
-                log.info('{"event": "heartbeat_ok", "coordinator": "%s"}', self._url)
-            else:
-                log.warning('{"event": "heartbeat_failed", "coordinator": "%s", "problem": "%s"}',
-                            self._url, problem.replace('"', "'"))
-            self._healthy = ok
+        self._changed(url, ok, problem)
         return ok
+
+    def _changed(self, url: str, ok: bool, problem: str) -> None:
+        if ok == self._healthy.get(url):
+            return
+        if ok:
+            log.info('{"event": "heartbeat_ok", "coordinator": "%s"}', url)
+        else:
+            log.warning('{"event": "heartbeat_failed", "coordinator": "%s", "problem": "%s"}',
+                        url, problem.replace('"', "'"))
+        self._healthy[url] = ok
 
     async def run(self) -> None:
         while True:

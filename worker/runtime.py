@@ -116,12 +116,12 @@ class WorkerRuntime:
             self.embedder.start()
         self._tasks.append(asyncio.create_task(self._supervised("session_sweeper", self._sweep)))
         s = self.settings
-        if s.coordinator_url:
+        if s.coordinator_urls:
             self.heartbeats = HeartbeatSender(
-                coordinator_url=s.coordinator_url, worker_id=s.worker_id, worker_url=s.worker_url,
+                coordinator_urls=s.coordinator_urls, worker_id=s.worker_id, worker_url=s.worker_url,
                 names=self.names, token=s.worker_token, interval=s.heartbeat_interval,
                 load=self.load, model_identity=self.model.identity, embeddings=self.embedding_service(),
-                transport=transport)
+                transport=transport, resolve_all=s.coordinator_resolve_all)
             self._tasks.append(asyncio.create_task(self._supervised("heartbeats", self.heartbeats.run)))
 
     async def _supervised(self, task: str, run: Callable[[], Awaitable[None]]) -> None:

@@ -20,6 +20,8 @@ from protocol.health import MAX_SESSIONS
 from protocol.worker import MAX_EMBED_INPUTS, MODEL_NAME_PATTERN
 from worker.provision import DEFAULT_MODEL_PATH
 
+MAX_COORDINATORS = 64  # URLs in COORDINATOR_URL, and addresses heartbeaten in all (worker/heartbeat.py)
+
 # field name -> environment variable (design.md keeps the original system's names where it has them)
 ENV_NAMES = {
     "model_path": "MODEL_PATH",
@@ -28,6 +30,7 @@ ENV_NAMES = {
     "worker_id": "WORKER_ID",
     "worker_url": "WORKER_URL",
     "coordinator_url": "COORDINATOR_URL",
+    "coordinator_resolve_all": "COORDINATOR_RESOLVE_ALL",
     "worker_token": "WORKER_TOKEN",
     "host": "WORKER_HOST",
     "port": "WORKER_PORT",
@@ -81,7 +84,10 @@ class WorkerSettings(BaseModel):
                                            description="comma-separated other names requests may use")
     worker_id: str = Field(default="", max_length=128, description="default: worker-<port>")
     worker_url: str = Field(default="", description="URL the coordinator uses; default http://host:port")
-    coordinator_url: str = Field(default="http://127.0.0.1:1337", description="empty: no heartbeats")
+    coordinator_url: str = Field(default="http://127.0.0.1:1337", max_length=4096,
+                                 description="comma-separated: heartbeats go to every one; empty: none")
+    coordinator_resolve_all: bool = Field(default=False, description="heartbeat every address a coordinator "
+                                          "URL's name resolves to (a Kubernetes headless Service), each interval")
     worker_token: str = Field(default="", description="shared secret sent with heartbeats")
     host: str = "127.0.0.1"
     port: int = Field(default=3001, ge=0, le=65535)
@@ -155,6 +161,21 @@ class WorkerSettings(BaseModel):
             if not re.match(MODEL_NAME_PATTERN, alias):
                 raise ValueError(f"alias {alias!r} is not a valid model name")
         return value
+
+    @field_validator("coordinator_url")
+    @classmethod
+    def _coordinator_urls_are_http(cls, value: str) -> str:
+        urls = [u.strip() for u in value.split(",") if u.strip()]
+        if len(urls) > MAX_COORDINATORS:
+            raise ValueError(f"at most {MAX_COORDINATORS} coordinator URLs")
+        for url in urls:
+            if not re.match(r"^https?://[^/\s]+", url):
+                raise ValueError(f"coordinator URL {url!r} is not an http(s) URL")
+        return value
+
+    @property
+    def coordinator_urls(self) -> tuple[str, ...]:
+        return tuple(u.strip() for u in self.coordinator_url.split(",") if u.strip())
 
     @model_validator(mode="after")
     def _derive(self) -> WorkerSettings:

@@ -1,0 +1,109 @@
+"""Heartbeats to several coordinators: every one gets each beat, one that is down holds up none of
+the others, and a name is expanded to every address it has (a headless Service) when asked."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import httpx
+import pytest
+
+from protocol.health import Heartbeat, WorkerLoad
+from worker.heartbeat import HEARTBEAT_PATH, HeartbeatSender
+from worker.naming import ModelNames
+from worker.settings import MAX_COORDINATORS, WorkerSettings
+
+
+def load() -> WorkerLoad:
+    return WorkerLoad(sessions=0, max_sessions=4, active_streams=0, queue_depth=0, kv_used_bytes=0,
+                      kv_reserved_bytes=0, kv_capacity_bytes=1 << 20, bytes_per_token=1024, session_max_tokens=512)
+
+
+def sender(urls: list[str], handler: object, **kwargs: object) -> HeartbeatSender:
+    return HeartbeatSender(coordinator_urls=urls, worker_id="w1", worker_url="http://10.0.0.9:3001",
+                           names=ModelNames("m", ()), token="t0ken", interval=0.5, load=load,
+                           transport=httpx.MockTransport(handler), **kwargs)  # type: ignore[arg-type]
+
+
+def test_every_coordinator_gets_every_beat() -> None:
+    got: list[tuple[str, str, Heartbeat]] = []
+
+    def coordinators(request: httpx.Request) -> httpx.Response:
+        got.append((request.url.host, request.headers["authorization"], Heartbeat(**json.loads(request.content))))
+        return httpx.Response(200, json={})
+
+    beats = sender(["http://c1:1337", "http://c2:1337/"], coordinators)
+    assert asyncio.run(beats.send_once()) is True
+    assert sorted(host for host, _, _ in got) == ["c1", "c2"]
+    assert {auth for _, auth, _ in got} == {"Bearer t0ken"}
+    assert {beat.worker_id for _, _, beat in got} == {"w1"}
+    assert beats.sent == 2
+
+
+def test_a_coordinator_that_is_down_holds_up_none_of_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    reached: list[str] = []
+
+    def coordinators(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "down":
+            raise httpx.ConnectError("refused", request=request)
+        reached.append(request.url.host)
+        return httpx.Response(200, json={})
+
+    beats = sender(["http://down:1337", "http://up:1337"], coordinators)
+
+    async def three() -> list[bool]:
+        return [await beats.send_once() for _ in range(3)]
+
+    with caplog.at_level(logging.INFO, logger="worker.heartbeat"):
+        assert asyncio.run(three()) == [False, False, False]  # not every coordinator took it
+    assert reached == ["up"] * 3 and beats.sent == 3
+    # Logged once per change of each coordinator's state, not every interval.
+    failed = [r for r in caplog.records if "heartbeat_failed" in r.getMessage()]
+    assert len(failed) == 1 and "down" in failed[0].getMessage()
+    assert sum("heartbeat_ok" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_resolve_all_beats_every_address_of_the_name_each_interval() -> None:
+    hosts: list[str] = []
+    answers = [["10.1.0.5", "10.1.0.7"], ["10.1.0.7", "fd00::3"]]  # a pod replaced between two beats
+
+    async def resolver(host: str, port: int) -> list[str]:
+        assert (host, port) == ("llm-coordinator-peers", 1337)
+        return answers.pop(0)
+
+    def coordinators(request: httpx.Request) -> httpx.Response:
+        assert request.url.path == HEARTBEAT_PATH
+        hosts.append(f"{request.url.host}:{request.url.port}")
+        return httpx.Response(200, json={})
+
+    beats = sender(["http://llm-coordinator-peers:1337"], coordinators, resolve_all=True, resolver=resolver)
+
+    async def two() -> None:
+        await beats.send_once()
+        await beats.send_once()
+
+    asyncio.run(two())
+    assert sorted(hosts[:2]) == ["10.1.0.5:1337", "10.1.0.7:1337"]
+    assert sorted(hosts[2:]) == ["10.1.0.7:1337", "fd00::3:1337"]
+
+
+def test_a_name_that_does_not_resolve_is_a_failed_beat_not_a_crash() -> None:
+    async def resolver(host: str, port: int) -> list[str]:
+        raise OSError("Name or service not known")
+
+    beats = sender(["http://nowhere:1337"], lambda request: httpx.Response(200), resolve_all=True,
+                   resolver=resolver)
+    assert asyncio.run(beats.send_once()) is False and beats.sent == 0
+
+
+def test_settings_take_a_comma_separated_list_and_refuse_what_is_not_a_url() -> None:
+    s = WorkerSettings(engine="simulated", coordinator_url=" http://c1:1337, http://c2:1337 ,")
+    assert s.coordinator_urls == ("http://c1:1337", "http://c2:1337")
+    assert WorkerSettings(engine="simulated", coordinator_url="").coordinator_urls == ()
+    with pytest.raises(ValueError, match="not an http"):
+        WorkerSettings(engine="simulated", coordinator_url="http://c1:1337,c2:1337")
+    with pytest.raises(ValueError, match="at most"):
+        WorkerSettings(engine="simulated",
+                       coordinator_url=",".join(f"http://c{i}:1" for i in range(MAX_COORDINATORS + 1)))
