@@ -1,0 +1,63 @@
+"""One worker, two real coordinators: it heartbeats to both (COORDINATOR_URL lists them), so each
+holds it in its registry and serves through it; one coordinator killed does not keep the worker from
+the other. Issue 20's first step: the registries, not yet capacity shared between coordinators."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.conftest import Proc, start_coordinator, start_worker
+from tests.polling import wait_until
+
+pytestmark = pytest.mark.model
+INTERVAL = 0.5  # the coordinators': a worker is stale after 3 intervals without a beat
+
+
+def state(url: str, worker_id: str) -> str | None:
+    listing = httpx.get(url + "/coordinator/health/workers", timeout=2).json()["workers"]
+    return next((w["state"] for w in listing if w["worker_id"] == worker_id), None)
+
+
+def served_by(url: str) -> str:
+    with httpx.stream("POST", url + "/coordinator/infer", timeout=60,
+                      json={"prompt": "Say hello.", "max_tokens": 4, "temperature": 0}) as response:
+        assert response.status_code == 200, response.read()
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    done = json.loads(lines[-1][6:])
+    assert done.get("finished"), done
+    return str(done["worker_id"])
+
+
+@pytest.fixture
+def pool(model_path: Path, tmp_path: Path) -> Iterator[tuple[Proc, str, Proc, str]]:
+    procs: list[Proc] = []
+    try:
+        c1, url1 = start_coordinator(tmp_path, "c1", "--heartbeat-interval", str(INTERVAL))
+        procs.append(c1)
+        c2, url2 = start_coordinator(tmp_path, "c2", "--heartbeat-interval", str(INTERVAL))
+        procs.append(c2)
+        worker, _ = start_worker(tmp_path, "w1", f"{url1},{url2}", model_path, "--threads", "1",
+                                 "--max-sessions", "2", "--heartbeat-interval", str(INTERVAL / 2))
+        procs.append(worker)
+        yield c1, url1, c2, url2
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+def test_a_worker_heartbeats_to_every_coordinator_and_outlives_one(pool: tuple[Proc, str, Proc, str]) -> None:
+    c1, url1, _, url2 = pool
+    for url in (url1, url2):
+        wait_until(lambda url=url: state(url, "w1") == "alive", 60, f"w1 alive at {url}")
+    assert served_by(url1) == "w1" and served_by(url2) == "w1"
+    c1.signal(signal.SIGKILL)
+    time.sleep(4 * INTERVAL)  # longer than the other coordinator waits before calling a worker stale
+    assert state(url2, "w1") == "alive"
+    assert served_by(url2) == "w1"
