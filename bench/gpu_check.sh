@@ -9,14 +9,24 @@
 # the runs whose output goes to $OUT.
 # Must not: download anything on the GPU machine, or need one to pass the project's tests.
 #
-#   bench/gpu_check.sh prepare        # here, with the package registry: writes .gpu/ (about 12 MB)
+#   bench/gpu_check.sh prepare        # here, with the package registry: writes .gpu/ (about 30 MB)
 #   bench/gpu_check.sh run            # on the GPU machine, from the repository root, .gpu/ beside it
+#   bench/gpu_check.sh prepare-baseline fd01397   # here: that commit's worker in .gpu-baseline/
+#   bench/gpu_check.sh baseline       # there: bench.tiny_bench, this worker against that one
 #
 # `run` prints llama-batched-bench's table (-npp 32 -ntg 64 -npl 1,16,64: one process, no HTTP, the
 # device's ceiling for this shape) and bench.worker_bench's (worker, in-process ceiling and llama-server,
 # 64 sequences each, all layers on the GPU, 64 greedy tokens a stream) for the TinyLlama-shaped model,
 # then, time allowing, the same for the tiny 2-layer model, whose decode is nearly free, so that its
 # table is the per-token cost outside the GPU.
+#
+# `baseline` is issue 18's comparison where it was meant to be made, on a decode that is nearly free:
+# bench.tiny_bench (64 streams of 128 tokens, the tiny model on the GPU, llama.cpp on 1 thread), this
+# worker with default sampling and greedy, and the prepared commit's worker with default sampling,
+# interleaved over two rounds. That commit's worker fixed `n_gpu_layers = 0`; its copy is changed to
+# offload every layer, as this worker does, and in nothing else. It builds only libllama, without
+# the flash-attention kernels (GGML_CUDA_FA=OFF), so that it fits a short lease: both workers run on
+# that same build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 G=.gpu
@@ -52,23 +62,20 @@ prepare() {
   du -sh "$G"
 }
 
-build() {
-  # Everything that llama-cpp-python loads, and the two peers, from one tree with the same flags.
-  if [[ -x $BUILD/bin/llama-server && -x $BUILD/bin/llama-batched-bench ]]; then return; fi
-  rm -rf "$BUILD/src" && mkdir -p "$BUILD/src" && tar xzf "$G/llama.cpp.tar.gz" -C "$BUILD/src"
-  local cuda=${GPU_CHECK_CUDA:-ON} flags
-  flags=$(scripts/cpu-flags.sh 2>/dev/null || true)  # a VM that lists AMX but cannot run it (bootstrap.sh)
-  cmake -S "$BUILD/src/llama.cpp" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
-    -DGGML_CUDA="$cuda" -DCMAKE_CUDA_ARCHITECTURES=native -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-    -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF ${flags:+"-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CXX_FLAGS=$flags"} \
-    >"$OUT/build.log" 2>&1
-  cmake --build "$BUILD" --target llama llama-server llama-batched-bench -j "$(nproc)" >>"$OUT/build.log" 2>&1
+prepare_baseline() {
+  local commit=${1:?usage: bench/gpu_check.sh prepare-baseline COMMIT}
+  local dest=.gpu-baseline
+  rm -rf "$dest" && mkdir -p "$dest"
+  git archive "$commit" worker protocol | tar x -C "$dest"
+  local model=$dest/worker/model.py
+  grep -q "params.n_gpu_layers = 0" "$model" || { echo "$model does not fix n_gpu_layers = 0" >&2; exit 1; }
+  sed -i 's/params.n_gpu_layers = 0/params.n_gpu_layers = 999  # bench\/gpu_check.sh: every layer/' "$model"
+  git rev-parse "$commit" >"$dest/commit"
+  du -sh "$dest"
 }
 
-run() {
+setup() {
   mkdir -p "$OUT"
-  local started=$SECONDS
   for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do [[ -d $d ]] && PATH=$PATH:$d; done
   nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1 || true
   if [[ ${GPU_CHECK_WHEELS:-1} == 1 ]]; then
@@ -78,6 +85,48 @@ run() {
   rm -rf /tmp/site/llama_cpp && mkdir -p /tmp/site && cp -r "$G/llama_cpp" /tmp/site/llama_cpp
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 BENCH_COMMIT
   BENCH_COMMIT=$(cat "$G/commit")
+}
+
+baseline() {
+  local started=$SECONDS
+  setup
+  echo "build: started at +$((SECONDS - started)) s"
+  if ! TARGETS=llama FA=OFF build; then tail -40 "$OUT/build.log"; return 1; fi
+  echo "build: done at +$((SECONDS - started)) s"
+  ln -sfn "$(realpath "$BUILD")/bin" /tmp/site/llama_cpp/lib
+  local common=(--model "$PWD/$G/tiny.gguf" --streams "${GPU_CHECK_STREAMS:-64}" --tokens 128 --reps 2)
+  for round in 1 2; do
+    for run in ours-default baseline-default ours-greedy; do
+      local tree=() sampling=${run#*-}
+      [[ $run == baseline-* ]] && tree=(--worker-tree .gpu-baseline)
+      echo "round $round: $run at +$((SECONDS - started)) s"
+      timeout 60 $PY -m bench.tiny_bench "${common[@]}" --sampling "$sampling" "${tree[@]}" \
+        --out "$OUT/tiny_bench_${run}_$round.json" 2>&1 | grep -v "^$" || echo "tiny_bench $run failed"
+    done
+  done
+  echo "all done at +$((SECONDS - started)) s"
+}
+
+build() {
+  # Everything that llama-cpp-python loads, and the two peers, from one tree with the same flags.
+  local targets=${TARGETS:-llama llama-server llama-batched-bench}
+  if [[ -f $BUILD/.targets && $(cat "$BUILD/.targets") == "$targets ${FA:-ON}" ]]; then return; fi
+  rm -rf "$BUILD/src" && mkdir -p "$BUILD/src" && tar xzf "$G/llama.cpp.tar.gz" -C "$BUILD/src"
+  local cuda=${GPU_CHECK_CUDA:-ON} flags
+  flags=$(scripts/cpu-flags.sh 2>/dev/null || true)  # a VM that lists AMX but cannot run it (bootstrap.sh)
+  cmake -S "$BUILD/src/llama.cpp" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+    -DGGML_CUDA="$cuda" -DGGML_CUDA_FA="${FA:-ON}" -DCMAKE_CUDA_ARCHITECTURES=native -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF ${flags:+"-DCMAKE_C_FLAGS=$flags" "-DCMAKE_CXX_FLAGS=$flags"} \
+    >"$OUT/build.log" 2>&1
+  # shellcheck disable=SC2086 # the targets are words
+  cmake --build "$BUILD" --target $targets -j "$(nproc)" >>"$OUT/build.log" 2>&1
+  echo "$targets ${FA:-ON}" >"$BUILD/.targets"
+}
+
+run() {
+  local started=$SECONDS
+  setup
   local model=/tmp/$SHAPE-shaped.gguf
   # The model's 1.1 billion random weights are drawn on one core while the build takes the others.
   $PY -m bench.tiny_model --shape "$SHAPE" --source "$G/tiny.gguf" --out "$model" >"$OUT/model.log" 2>&1 &
@@ -112,5 +161,7 @@ run() {
 case ${1:-} in
   prepare) prepare ;;
   run) run ;;
-  *) echo "usage: bench/gpu_check.sh prepare|run" >&2; exit 2 ;;
+  prepare-baseline) prepare_baseline "${2:-}" ;;
+  baseline) baseline ;;
+  *) echo "usage: bench/gpu_check.sh prepare|run|prepare-baseline COMMIT|baseline" >&2; exit 2 ;;
 esac

@@ -393,7 +393,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def code_version() -> dict[str, str]:
     def git(*a: str) -> str:
-        return subprocess.run(["git", *a], check=False, cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        try:
+            return subprocess.run(["git", *a], check=False, cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        except OSError:  # no git (a copy of the tree on another machine): the commit it came from, if known
+            return os.environ.get("BENCH_COMMIT", "unknown") if a[0] == "rev-parse" else ""
     return {"commit": git("rev-parse", "HEAD"), "uncommitted": git("status", "--porcelain", "--untracked-files=no")}
 
 
