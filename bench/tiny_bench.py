@@ -355,7 +355,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     RESULTS.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     for n in args.streams:
-        ceilings = [run_ceiling(args.model, n, args.tokens, args.threads) for _ in range(args.reps)]
+        ceilings = [run_ceiling(args.model, n, args.tokens, args.threads) for _ in range(args.reps)] \
+            if args.ceiling else []
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         with serving("worker", worker_argv(args.model, port, n, args.threads), f"{url}/worker/health",
@@ -364,7 +365,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             run_worker_cell(url, port, proc.pid, min(n, 4), 8, 1, args.probabilities, args.sampling)  # warm-up
             cells = [run_worker_cell(url, port, proc.pid, n, args.tokens, args.clients, args.probabilities,
                                      args.sampling) for _ in range(args.reps)]
-        ceiling_tps = statistics.median(c.tokens_per_s for c in ceilings)
+        ceiling_tps = statistics.median(c.tokens_per_s for c in ceilings) if ceilings else float("nan")
 
         def med(name: str, cells: list[Cell] = cells) -> float:
             return statistics.median(getattr(c, name) for c in cells)
@@ -411,6 +412,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", type=Path, default=DEFAULT_OUT, help="written by bench.tiny_model if absent")
     parser.add_argument("--out", type=Path, default=RESULTS / "tiny_bench.json")
     parser.add_argument("--ceiling-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-ceiling", dest="ceiling", action="store_false",
+                        help="skip the in-process loop (it crashed with SIGSEGV on the CUDA build of "
+                             "bench/gpu_check.sh, not yet understood): no ceiling column")
     parser.add_argument("--no-probabilities", dest="probabilities", action="store_false",
                         help="requests say probabilities: false (no per-token softmax), as an OpenAI client "
                              "that asks for no logprobs")
