@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Starts one coordinator and N workers on localhost; Ctrl+C (or SIGTERM) drains and stops them all.
+# Starts a coordinator (or several on one port) and N workers on localhost; Ctrl+C (or SIGTERM) drains
+# and stops them all.
 #
 #   ./start.sh                      # coordinator on 1337, workers on 3001 and 3002
 #   ./start.sh --workers 3 --threads 2 --model modelFiles/other.gguf
@@ -8,6 +9,9 @@
 # Flags (environment variable in brackets):
 #   --workers N        workers to start [WORKERS, default 2]
 #   --port P           coordinator port [PORT, default 1337]
+#   --coordinators N   coordinator processes sharing that port (SO_REUSEPORT), so the relay uses N
+#                      cores; each also listens on a port of its own, P+1 .. P+N, where every worker
+#                      heartbeats and its metrics are [COORDINATORS, default 1]
 #   --worker-port P    first worker port; the others follow [WORKER_BASE_PORT, default 3001]
 #   --threads T        llama.cpp threads per worker [WORKER_THREADS, default 1: one per core on a
 #                      2-core machine leaves the other for the coordinator and the second worker]
@@ -31,6 +35,7 @@ cd "$root"
 venv="${VENV:-$(if [ "${LLAMA_CUDA:-0}" = 1 ]; then echo .venv-cuda; else echo .venv; fi)}"
 
 workers="${WORKERS:-2}"
+coordinators="${COORDINATORS:-1}"
 port="${PORT:-1337}"
 worker_port="${WORKER_BASE_PORT:-3001}"
 threads="${WORKER_THREADS:-1}"
@@ -43,6 +48,7 @@ no_token=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --workers) workers="$2"; shift 2 ;;
+        --coordinators) coordinators="$2"; shift 2 ;;
         --port) port="$2"; shift 2 ;;
         --worker-port) worker_port="$2"; shift 2 ;;
         --threads) threads="$2"; shift 2 ;;
@@ -52,10 +58,12 @@ while [ $# -gt 0 ]; do
         --drain-timeout) drain="$2"; shift 2 ;;
         --max-restarts) max_restarts="$2"; shift 2 ;;
         --no-worker-token) no_token=1; shift ;;
-        -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "start.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
     esac
 done
+
+[[ "$coordinators" =~ ^[1-9][0-9]*$ ]] || { echo "start.sh: --coordinators must be a number from 1" >&2; exit 2; }
 
 scripts/bootstrap.sh
 
@@ -101,10 +109,11 @@ fi
 [ -n "${WORKER_TOKEN:-}" ] && export WORKER_TOKEN
 export DRAIN_TIMEOUT="$drain" WORKER_DRAIN_TIMEOUT="$drain"
 
-coordinator_pid=""
+coordinator_pids=()
+coordinator_restarts=()
 worker_pids=()
 restarts=()
-all_pids() { echo "$coordinator_pid" "${worker_pids[@]}"; }
+all_pids() { echo "${coordinator_pids[@]}" "${worker_pids[@]}"; }
 
 stop_all() {
     trap - INT TERM EXIT
@@ -131,7 +140,7 @@ trap 'stop_all' EXIT
 start_worker() {  # $1: worker number, from 1
     local i="$1" p=$((worker_port + $1 - 1))
     local args=(--host "$host" --port "$p" --worker-id "worker-$i" --worker-url "http://$host:$p"
-                --coordinator-url "$coordinator_url" --threads "$threads")
+                --coordinator-url "$heartbeat_urls" --threads "$threads")
     local wm="${worker_models[$((i - 1))]}"
     if [ -n "$wm" ]; then args+=(--model-path "$wm"); fi
     "$venv"/bin/python -m worker "${args[@]}" >> "$log_dir/worker-$i.log" 2>&1 &
@@ -139,20 +148,43 @@ start_worker() {  # $1: worker number, from 1
     return 0
 }
 
+start_coordinator() {  # $1: coordinator number, from 1
+    local i="$1" log="$log_dir/coordinator.log"
+    if [ "$coordinators" = 1 ]; then
+        HOST="$host" PORT="$port" "$venv"/bin/python -m coordinator >> "$log" 2>&1 &
+    else
+        log="$log_dir/coordinator-$i.log"
+        HOST="$host" PORT="$port" REUSE_PORT=true OWN_PORT=$((port + i)) "$venv"/bin/python -m coordinator \
+            >> "$log" 2>&1 &
+    fi
+    coordinator_pids[$((i - 1))]=$!
+    return 0
+}
+
 coordinator_url="http://$host:$port"
+# Where workers heartbeat, and what must see them all alive: the shared port for one coordinator,
+# else each coordinator's own port.
+own_urls=("$coordinator_url")
+if [ "$coordinators" -gt 1 ]; then
+    own_urls=()
+    for i in $(seq 1 "$coordinators"); do own_urls+=("http://$host:$((port + i))"); done
+fi
+heartbeat_urls="$(IFS=,; echo "${own_urls[*]}")"
 echo "start.sh: logs in $log_dir"
-HOST="$host" PORT="$port" "$venv"/bin/python -m coordinator > "$log_dir/coordinator.log" 2>&1 &
-coordinator_pid=$!
+for i in $(seq 1 "$coordinators"); do
+    start_coordinator "$i"
+    coordinator_restarts[$((i - 1))]=0
+done
 for i in $(seq 1 "$workers"); do
     start_worker "$i"
     restarts[$((i - 1))]=0
 done
 
-# Healthy = the coordinator answers and counts every worker alive (each heartbeats once loaded). A
+# Healthy = every coordinator answers and counts every worker alive (each heartbeats once loaded). A
 # process that exits meanwhile (a model that fails to load, a port in use) stops the start, with its log.
-if ! "$venv"/bin/python - "$coordinator_url" "$workers" $(all_pids) <<'PY'
+if ! "$venv"/bin/python - "$heartbeat_urls" "$workers" $(all_pids) <<'PY'
 import json, os, sys, time, urllib.request
-url, want, pids = sys.argv[1], int(sys.argv[2]), [int(p) for p in sys.argv[3:]]
+urls, want, pids = sys.argv[1].split(","), int(sys.argv[2]), [int(p) for p in sys.argv[3:]]
 deadline = time.monotonic() + 180
 while time.monotonic() < deadline:
     for n, pid in enumerate(pids):
@@ -162,14 +194,17 @@ while time.monotonic() < deadline:
         except OSError:
             done = True
         if done:
-            print("coordinator" if n == 0 else f"worker-{n}")
+            print("coordinator" if n < len(urls) else f"worker-{n - len(urls) + 1}")
             sys.exit(2)
-    try:
-        with urllib.request.urlopen(url + "/coordinator/health", timeout=2) as r:
-            if json.load(r)["workers"]["alive"] >= want:
-                sys.exit(0)
-    except OSError:
-        pass
+    seen = 0
+    for url in urls:
+        try:
+            with urllib.request.urlopen(url + "/coordinator/health", timeout=2) as r:
+                seen += json.load(r)["workers"]["alive"] >= want
+        except OSError:
+            pass
+    if seen == len(urls):
+        sys.exit(0)
     time.sleep(0.5)
 sys.exit(1)
 PY
@@ -186,6 +221,9 @@ fi
 
 echo
 echo "Coordinator: $coordinator_url   (health: $coordinator_url/coordinator/health, workers: $coordinator_url/coordinator/health/workers, metrics: $coordinator_url/metrics)"
+if [ "$coordinators" -gt 1 ]; then
+    echo "             $coordinators processes share it; each on its own port too (metrics, status): ${own_urls[*]}"
+fi
 for i in $(seq 1 "$workers"); do
     p=$((worker_port + i - 1))
     echo "Worker $i:    http://$host:$p   (health: http://$host:$p/worker/health)  ${worker_models[$((i - 1))]:-default model}"
@@ -203,18 +241,36 @@ Try it:
 Press Ctrl+C to stop everything.
 EOM
 # Watch the children; a trap (Ctrl+C, SIGTERM) runs as soon as the short `wait` returns. A worker that
-# dies is restarted (at most --max-restarts times each) while the others keep serving; the
-# coordinator dying stops everything.
+# dies is restarted (at most --max-restarts times each) while the others keep serving. With one
+# coordinator, its dying stops everything; with several, one that dies is restarted the same way while
+# the others serve, and everything stops once none is left.
 while true; do
-    if ! kill -0 "$coordinator_pid" 2>/dev/null; then
-        code=0; wait "$coordinator_pid" 2>/dev/null || code=$?
-        if [ "$code" = 0 ]; then  # it was asked to stop (a Ctrl+C reaches the whole group) and drained
-            echo "start.sh: the coordinator shut down; stopping the workers"
-            exit 0
+    for i in $(seq 1 "$coordinators"); do
+        pid="${coordinator_pids[$((i - 1))]}"
+        [ -n "$pid" ] || continue
+        kill -0 "$pid" 2>/dev/null && continue
+        code=0; wait "$pid" 2>/dev/null || code=$?
+        if [ "$coordinators" = 1 ]; then
+            if [ "$code" = 0 ]; then  # it was asked to stop (a Ctrl+C reaches the whole group) and drained
+                echo "start.sh: the coordinator shut down; stopping the workers"
+                exit 0
+            fi
+            echo "start.sh: the coordinator exited ($code); stopping the workers. Logs: $log_dir" >&2
+            exit 1
         fi
-        echo "start.sh: the coordinator exited ($code); stopping the workers. Logs: $log_dir" >&2
-        exit 1
-    fi
+        if [ "$code" != 0 ] && [ "${coordinator_restarts[$((i - 1))]}" -lt "$max_restarts" ]; then
+            coordinator_restarts[$((i - 1))]=$(( ${coordinator_restarts[$((i - 1))]} + 1 ))
+            echo "start.sh: coordinator-$i exited ($code); restarting it (${coordinator_restarts[$((i - 1))]} of $max_restarts) while the others serve. Log: $log_dir/coordinator-$i.log" >&2
+            start_coordinator "$i"
+            continue
+        fi
+        echo "start.sh: coordinator-$i exited ($code); the others keep serving" >&2
+        coordinator_pids[$((i - 1))]=""
+        if [ -z "$(echo "${coordinator_pids[@]}" | tr -d ' ')" ]; then
+            echo "start.sh: no coordinator left; stopping the workers. Logs: $log_dir" >&2
+            exit "$([ "$code" = 0 ] && echo 0 || echo 1)"
+        fi
+    done
     for i in $(seq 1 "$workers"); do
         pid="${worker_pids[$((i - 1))]}"
         [ -n "$pid" ] || continue

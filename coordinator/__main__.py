@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 
 import uvicorn
@@ -37,7 +38,29 @@ def main(argv: list[str] | None = None) -> None:
         timeout_keep_alive=settings.keep_alive_timeout)  # nothing here reads the client's address
     # After Config: it applies uvicorn's logging config, which would not keep a filter added before.
     logging.getLogger("uvicorn.error").addFilter(DropAbandonedResponse())
-    DrainingServer(config, lambda: drain.run(app.state.coordinator, settings.drain_timeout)).run()
+    server = DrainingServer(config, lambda: drain.run(app.state.coordinator, settings.drain_timeout))
+    server.run(sockets=listening(settings))
+
+
+def listening(settings: Settings) -> list[socket.socket] | None:
+    """The sockets to serve: None (uvicorn binds `port` itself) unless `port` is shared with other
+    coordinator processes (SO_REUSEPORT) or this process has a port of its own besides."""
+    if not settings.reuse_port and not settings.own_port:
+        return None
+    shared = bind(settings.host, settings.port, reuse_port=settings.reuse_port)
+    return [shared, bind(settings.host, settings.own_port)] if settings.own_port else [shared]
+
+
+def bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
 
 
 if __name__ == "__main__":

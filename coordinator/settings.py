@@ -26,6 +26,11 @@ class Settings(BaseModel):
 
     host: str = Field(default="127.0.0.1", description="address to listen on")
     port: int = Field(default=1337, ge=0, le=65535)
+    reuse_port: bool = Field(default=False, description="share `port` with other coordinator processes "
+                             "(SO_REUSEPORT): the kernel spreads new connections over them")
+    own_port: int = Field(default=0, ge=0, le=65535, description="a port of this process alone, besides "
+                          "`port`: where workers heartbeat and Prometheus scrapes when several processes share "
+                          "`port`; 0: none")
     worker_token: str | None = Field(
         default=None, repr=False, description="shared secret workers must send as `Authorization: Bearer ...` (heartbeats); "
         "also sent to workers with each request. Without it the coordinator warns at start")

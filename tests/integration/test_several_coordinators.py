@@ -1,6 +1,8 @@
 """One worker, two real coordinators: it heartbeats to both (COORDINATOR_URL lists them), so each
 holds it in its registry and serves through it; one coordinator killed does not keep the worker from
-the other. Issue 20's first step: the registries, not yet capacity shared between coordinators."""
+the other. And two coordinator processes on one port (REUSE_PORT, each with a port of its own for
+heartbeats and metrics): the kernel spreads connections over both, and one killed leaves the port
+served by the other."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import free_port
 from tests.integration.conftest import Proc, start_coordinator, start_worker
 from tests.polling import wait_until
 
@@ -61,3 +64,37 @@ def test_a_worker_heartbeats_to_every_coordinator_and_outlives_one(pool: tuple[P
     time.sleep(4 * INTERVAL)  # longer than the other coordinator waits before calling a worker stale
     assert state(url2, "w1") == "alive"
     assert served_by(url2) == "w1"
+
+
+def finished(own_url: str) -> float:
+    text = httpx.get(own_url + "/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("coordinator_request_finished_total"))
+
+
+def test_two_coordinator_processes_share_one_port_and_outlive_each_other(model_path: Path, tmp_path: Path) -> None:
+    shared, own = free_port(), [free_port(), free_port()]
+    procs: list[Proc] = []
+    try:
+        for i, port in enumerate(own, start=1):
+            proc, _ = start_coordinator(tmp_path, f"c{i}", "--reuse-port", "true", "--own-port", str(port),
+                                        "--heartbeat-interval", str(INTERVAL), port=shared)
+            procs.append(proc)
+        own_urls = [f"http://127.0.0.1:{port}" for port in own]
+        worker, _ = start_worker(tmp_path, "w1", ",".join(own_urls), model_path, "--threads", "1",
+                                 "--max-sessions", "2", "--heartbeat-interval", str(INTERVAL / 2))
+        procs.append(worker)
+        for url in own_urls:
+            wait_until(lambda url=url: state(url, "w1") == "alive", 60, f"w1 alive at {url}")
+        url = f"http://127.0.0.1:{shared}"
+        # Each request on a connection of its own: the kernel picks a process per connection.
+        assert [served_by(url) for _ in range(16)] == ["w1"] * 16
+        counts = [finished(u) for u in own_urls]
+        assert sum(counts) == 16 and min(counts) >= 1, counts  # both processes served
+        procs[0].signal(signal.SIGKILL)
+        assert procs[0].popen is not None and procs[0].popen.wait(timeout=10) == -signal.SIGKILL
+        assert [served_by(url) for _ in range(8)] == ["w1"] * 8  # the port is the survivor's alone now
+        assert finished(own_urls[1]) == counts[1] + 8
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
