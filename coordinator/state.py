@@ -75,11 +75,11 @@ class CoordinatorState:
 
 def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -> CoordinatorState:
     """Runs inside the event loop (the app's lifespan): the worker client's pool belongs to it."""
-    sessions = SessionTable(settings.session_table_size)
     prefixes = PrefixIndex(block_chars=settings.prefix_block_chars, capacity=settings.prefix_index_blocks)
     registry = Registry(stale_after=settings.stale_after, dead_after=settings.dead_after,
                         on_removed=lambda record: prefixes.forget_worker(record.worker_id),
                         on_identity_gone=lambda identity: cache.forget_identity(identity))
+    sessions = SessionTable(settings.session_table_size, held_by=registry.holder)
     queue = AdmissionQueue(size=settings.queue_size, timeout=settings.queue_timeout,
                            retry_after=settings.retry_after)
     admission = Admission(registry, clock, retry_after=settings.retry_after, on_release=queue.wake)

@@ -6,6 +6,7 @@ Must not: compute load (the worker does) or judge it (the coordinator's registry
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
@@ -27,6 +28,13 @@ WORKER_URL_PATTERN = r"^https?://[A-Za-z0-9._~%:\[\]-]+(/[A-Za-z0-9._~%/-]*)?$"
 MAX_SESSIONS = 256
 MAX_BYTES = 1 << 50  # a pebibyte of KV cache: far past any device, far below a 400-digit number
 MAX_TOKENS = 1 << 24
+SESSION_DIGEST_PATTERN = r"^[0-9a-f]{16}$"
+
+
+def session_digest(tenant: str, session_id: str) -> str:
+    """What a heartbeat says of a session it holds: 8 bytes of BLAKE2b over its tenant and id, so
+    every coordinator can find a session's worker without the ids crossing in the clear."""
+    return hashlib.blake2b(f"{tenant}\0{session_id}".encode(), digest_size=8).hexdigest()
 
 
 class WorkerLoad(BaseModel):
@@ -62,6 +70,10 @@ class WorkerLoad(BaseModel):
         default_factory=list, max_length=MAX_SESSIONS,
         description="the coordinators' references (`X-Stream-Ref`) of the streams holding a session now; "
                     "`sessions` counts each of them")
+    held: list[Annotated[str, StringConstraints(pattern=SESSION_DIGEST_PATTERN)]] = Field(
+        default_factory=list, max_length=MAX_SESSIONS,
+        description="`session_digest` of every named session it holds (streaming or kept), so that every "
+                    "coordinator knows where a session is, whichever one served its last turn")
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkerLoad:
@@ -69,6 +81,8 @@ class WorkerLoad(BaseModel):
             raise ValueError(f"sessions {self.sessions} > max_sessions {self.max_sessions}")
         if len(self.streams) > self.sessions:
             raise ValueError(f"{len(self.streams)} streams listed > sessions {self.sessions}")
+        if len(self.held) > self.sessions:
+            raise ValueError(f"{len(self.held)} sessions held > sessions {self.sessions}")
         if self.idle_sessions > self.sessions:
             raise ValueError(f"idle_sessions {self.idle_sessions} > sessions {self.sessions}")
         # What the context allows: one session cannot hold more than the whole context's cells.

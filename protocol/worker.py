@@ -1,4 +1,4 @@
-"""The internal coordinator <-> worker contract, version 5: what a coordinator posts to a worker's
+"""The internal coordinator <-> worker contract, version 6: what a coordinator posts to a worker's
 `POST /worker/generate` and the SSE events the worker streams back, and the embedding request a
 coordinator posts to `POST /worker/embed` with its one JSON answer.
 
@@ -22,6 +22,9 @@ Version 5 moved tool calls' rendering to the worker, which knows its model's tem
 may be a `tool` result or an assistant's `tool_calls`, and `GenerateRequest.tools` carries the
 functions and the choice among them (a version 4 worker refuses both as unknown fields); it also
 added `GenerateRequest.prefix_peer` (a worker that may hold the prompt's prefix, `PREFIX_PATH`).
+Version 6 lists the sessions a worker holds in its heartbeats (`protocol.health.WorkerLoad.held`, by
+digest), so every coordinator of a pool knows where each session is (an older coordinator would
+refuse the unknown field).
 Embeddings need no version of their own: a worker that does not serve them never says so in its
 heartbeat (`protocol.health.Heartbeat.embeddings`), so no coordinator sends it an `EmbedRequest`.
 """
@@ -33,7 +36,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 GENERATE_PATH = "/worker/generate"
 # Open even with a worker token (probes cannot send one); the coordinator reads it before it registers
 # a new worker (coordinator/pool/probe.py).

@@ -10,6 +10,7 @@ change of its state, not every interval) and tried again; the others are not hel
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import socket
@@ -25,6 +26,7 @@ from worker.settings import MAX_COORDINATORS
 
 log = logging.getLogger("worker.heartbeat")
 HEARTBEAT_PATH = "/coordinator/health/heartbeat"
+NUDGE_GAP = 0.05  # seconds a nudged beat waits, so a burst of new sessions costs one beat
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 
@@ -57,6 +59,7 @@ class HeartbeatSender:
         self._deadline = min(5.0, interval)
         self._client = httpx.AsyncClient(transport=transport, timeout=self._deadline)
         self._healthy: dict[str, bool] = {}  # by heartbeat URL: its last outcome, for logging changes only
+        self._nudged: asyncio.Event | None = None  # made in run(), on the event loop
         self.sent = 0
 
     def heartbeat(self) -> Heartbeat:
@@ -115,10 +118,21 @@ class HeartbeatSender:
                         url, problem.replace('"', "'"))
         self._healthy[url] = ok
 
+    def nudge(self) -> None:
+        """Beat now rather than at the next interval (a new named session: every coordinator should
+        know where it is before its next turn can come). Event loop only."""
+        if self._nudged is not None:
+            self._nudged.set()
+
     async def run(self) -> None:
+        self._nudged = asyncio.Event()
         while True:
             await self.send_once()
-            await asyncio.sleep(self._interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._nudged.wait(), self._interval)
+            if self._nudged.is_set():
+                await asyncio.sleep(NUDGE_GAP)
+                self._nudged.clear()
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 
 from protocol import reasons
-from protocol.health import EmbeddingService, WorkerLoad
+from protocol.health import EmbeddingService, WorkerLoad, session_digest
 from worker.api.admission import Gate
 from worker.backends import build_embedding_context, build_engine
 from worker.backends.base import EngineBackend, ModelBackend
@@ -104,7 +104,7 @@ class WorkerRuntime:
             kv_capacity_bytes=limits.capacity_tokens * limits.bytes_per_token,
             bytes_per_token=limits.bytes_per_token, session_max_tokens=limits.session_max_tokens,
             idle_sessions=table.idle_sessions, idle_kv_bytes=table.idle_reserved_tokens * limits.bytes_per_token,
-            streams=list(table.stream_refs),
+            streams=list(table.stream_refs), held=[session_digest(tenant, sid) for tenant, sid in table.held],
             max_prompt_bytes=min(limits.session_max_tokens * self.model.max_token_bytes, 1 << 50),
             draining=self.gate.draining, backend="gpu" if self.model.backend == "gpu" else "cpu",
             gpu_layers=min(self.model.gpu_layers, self.model.shape.n_layer + 1))  # "all" is a huge number
@@ -122,6 +122,7 @@ class WorkerRuntime:
                 names=self.names, token=s.worker_token, interval=s.heartbeat_interval,
                 load=self.load, model_identity=self.model.identity, embeddings=self.embedding_service(),
                 transport=transport, resolve_all=s.coordinator_resolve_all)
+            self.table.on_named = self.heartbeats.nudge
             self._tasks.append(asyncio.create_task(self._supervised("heartbeats", self.heartbeats.run)))
 
     async def _supervised(self, task: str, run: Callable[[], Awaitable[None]]) -> None:

@@ -5,6 +5,11 @@ entries are forgotten first). A session belongs to its tenant (coordinator/auth.
 tenant's use of the same id names another session, so it can neither continue nor end this one.
 Must not: decide where a new session goes (scheduler.py) or talk to workers.
 
+With several coordinators, the workers' heartbeats say which worker holds each session
+(`held_by`, the registry's index of `protocol.health.WorkerLoad.held`): that answer comes first, so a
+turn that reaches another coordinator than the last one, or a session another coordinator moved, goes
+to the worker that holds it. This table answers for a session no heartbeat lists (one begun since).
+
 An entry outlives its worker on purpose: the next request for that session must hear 404
 `unknown_session` (its conversation is gone) rather than silently start afresh on another worker.
 infer.py forgets the entry when it gives that answer, so the id can then start a new conversation.
@@ -18,13 +23,18 @@ bounded by the requests in flight and always given back (`unclaim`), placed or n
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
+
+from protocol.health import session_digest
 
 SessionKey = tuple[str, str]  # (tenant, session id)
 
 
 class SessionTable:
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, held_by: Callable[[str], str | None] = lambda digest: None) -> None:
+        """`held_by`: the worker whose heartbeat lists a session digest (the registry's `holder`)."""
         self._capacity = capacity
+        self._held_by = held_by
         self._worker_of: OrderedDict[SessionKey, str] = OrderedDict()
         self._claimed: set[SessionKey] = set()
 
@@ -32,6 +42,11 @@ class SessionTable:
         return len(self._worker_of)
 
     def worker_of(self, key: SessionKey) -> str | None:
+        held = self._held_by(session_digest(*key))
+        if held is not None:
+            if self._worker_of.get(key) != held:
+                self.remember(key, held)
+            return held
         return self._worker_of.get(key)
 
     def remember(self, key: SessionKey, worker_id: str) -> None:

@@ -96,6 +96,7 @@ class WorkerRecord:
     # (kv_full: at most `kv_free_below` - 1 bytes).
     sessions_refused: bool = False
     kv_free_below: int | None = None
+    held: frozenset[str] = frozenset()  # session digests in its latest heartbeat (Registry._holder)
 
     def observe_ttft(self, seconds: float, now: float, weight: float = 0.3) -> None:
         self.ttft_ewma = seconds if self.ttft_ewma is None else (1 - weight) * self.ttft_ewma + weight * seconds
@@ -208,6 +209,10 @@ class Registry:
         self._on_removed = on_removed
         self._on_identity_gone = on_identity_gone
         self._workers: dict[str, WorkerRecord] = {}
+        # Which worker holds each session, by `protocol.health.session_digest`, from the workers' own
+        # heartbeats: right whichever coordinator served the session's last turn (or moved it).
+        # Bounded by the sessions the known workers hold.
+        self._holder: dict[str, str] = {}
         # Both ordered by last_seen (a heartbeat moves its worker to the end), so a sweep only
         # looks at the workers that are about to change state.
         self._alive: OrderedDict[str, WorkerRecord] = OrderedDict()
@@ -290,6 +295,7 @@ class Registry:
                                embeddings=hb.embeddings)
             self._workers[hb.worker_id] = rec
             self._know(rec)
+            self._hold(rec, frozenset(hb.load.held))
         else:
             self._leave(rec)
             if (rec.model, rec.aliases, rec.model_identity) != (hb.model, aliases, hb.model_identity):
@@ -301,6 +307,7 @@ class Registry:
             rec.url, rec.load, rec.last_seen, rec.embeddings = hb.url, hb.load, now, hb.embeddings
             rec.sessions_refused, rec.kv_free_below = False, None  # its own report: what it refused is in it
             self._reflect(rec, frozenset(hb.load.streams), hb.timestamp)
+            self._hold(rec, frozenset(hb.load.held))
         self._join(rec)
         return rec
 
@@ -325,10 +332,23 @@ class Registry:
             return
         self._leave(rec)
         self._stale.pop(worker_id, None)
+        self._hold(rec, frozenset())
         self._forget_model(rec)
         self._announce_if_gone(rec.model, rec.model_identity)
         if self._on_removed is not None:
             self._on_removed(rec)
+
+    def holder(self, digest: str) -> str | None:
+        """The worker whose latest heartbeat lists the session of that digest, if any."""
+        return self._holder.get(digest)
+
+    def _hold(self, rec: WorkerRecord, held: frozenset[str]) -> None:
+        for gone in rec.held - held:
+            if self._holder.get(gone) == rec.worker_id:  # not if another worker listed it since (a move)
+                del self._holder[gone]
+        for digest in held:
+            self._holder[digest] = rec.worker_id
+        rec.held = held
 
     def refused(self, worker_id: str, reason: str, kv_bytes: int) -> None:
         """`worker_id` refused a request as full: `reasons.SESSIONS_FULL` (no session free), or

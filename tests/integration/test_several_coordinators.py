@@ -98,3 +98,46 @@ def test_two_coordinator_processes_share_one_port_and_outlive_each_other(model_p
     finally:
         for proc in reversed(procs):
             proc.stop()
+
+
+def turn(url: str, session_id: str, prompt: str) -> tuple[str, dict[str, int]]:
+    with httpx.stream("POST", url + "/coordinator/infer", timeout=60,
+                      json={"prompt": prompt, "session_id": session_id, "max_tokens": 4, "temperature": 0}) as response:
+        assert response.status_code == 200, response.read()
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    done = json.loads(lines[-1][6:])
+    assert done.get("finished"), done
+    return str(done["worker_id"]), done["usage"]
+
+
+def test_a_sessions_turns_alternating_between_coordinators_stay_on_its_worker(model_path: Path,
+                                                                               tmp_path: Path) -> None:
+    """Workers beat at the default 10 s: what tells the other coordinator where a new session went is
+    the beat a worker sends as soon as it admits one."""
+    procs: list[Proc] = []
+    try:
+        urls = []
+        for name in ("c1", "c2"):
+            proc, url = start_coordinator(tmp_path, name)
+            procs.append(proc)
+            urls.append(url)
+        for worker_id in ("w1", "w2"):
+            worker, _ = start_worker(tmp_path, worker_id, ",".join(urls), model_path, "--threads", "1",
+                                     "--max-sessions", "4")
+            procs.append(worker)
+        for url in urls:
+            for worker_id in ("w1", "w2"):
+                wait_until(lambda url=url, w=worker_id: state(url, w) == "alive", 60, f"{worker_id} at {url}")
+        # A first session on one worker, so that the second goes to the other one: a coordinator that
+        # did not know where the second went would see two idle workers and take the first again.
+        anchor, _ = turn(urls[0], "anchor", "Say a word.")
+        served = []
+        for i in range(20):
+            worker_id, usage = turn(urls[i % 2], "alternating", f"Turn {i}: say a number.")
+            served.append(worker_id)
+            if i:
+                assert usage["cached_tokens"] > 0, (i, usage)  # its history was there
+        assert len(set(served)) == 1 and served[0] != anchor, (anchor, served)
+    finally:
+        for proc in reversed(procs):
+            proc.stop()

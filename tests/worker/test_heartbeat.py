@@ -107,3 +107,28 @@ def test_settings_take_a_comma_separated_list_and_refuse_what_is_not_a_url() -> 
     with pytest.raises(ValueError, match="at most"):
         WorkerSettings(engine="simulated",
                        coordinator_url=",".join(f"http://c{i}:1" for i in range(MAX_COORDINATORS + 1)))
+
+
+def test_a_nudge_beats_at_once_instead_of_at_the_next_interval() -> None:
+    beats: list[float] = []
+
+    def coordinator(request: httpx.Request) -> httpx.Response:
+        beats.append(asyncio.get_event_loop().time())
+        return httpx.Response(200, json={})
+
+    beats_sender = HeartbeatSender(coordinator_urls=["http://c1:1337"], worker_id="w1", worker_url="http://w:1",
+                                   names=ModelNames("m", ()), token="", interval=30.0, load=load,
+                                   transport=httpx.MockTransport(coordinator))
+
+    async def nudged() -> None:
+        task = asyncio.create_task(beats_sender.run())
+        while not beats:
+            await asyncio.sleep(0.01)
+        beats_sender.nudge()  # a new named session
+        beats_sender.nudge()  # and another at once: one beat for both
+        await asyncio.sleep(0.5)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(nudged())
+    assert len(beats) == 2 and beats[1] - beats[0] < 1.0  # not after the 30 s interval

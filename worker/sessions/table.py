@@ -82,6 +82,7 @@ class TableLoad:
     idle_sessions: int
     idle_reserved_tokens: int
     stream_refs: tuple[int, ...]  # the coordinator's references of the streams running now
+    held: tuple[tuple[str, str], ...] = ()  # (tenant, session id) of every named session
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,9 @@ class SessionTable:
         # yet: their slot and KV come back within one engine step.
         self._ending: set[Session] = set()
         self.on_release: Callable[[], None] = lambda: None  # after any release (any thread)
+        # A new named session (event loop): the heartbeat tells every coordinator at once, so that a
+        # next turn sent to another coordinator finds it (worker/heartbeat.py `nudge`).
+        self.on_named: Callable[[], None] = lambda: None
 
     # -- admission (event loop) --------------------------------------------------------------------
 
@@ -180,6 +184,7 @@ class SessionTable:
                 self._live.add(session)
                 if session_id:
                     self._named[(tenant, session_id)] = session
+                    self.on_named()
                 for _ in range(choices - 1):
                     extra.append(self._open(self._take_seq((), tenant, beside=seq_id), tenant, need_tokens, stream_ref))
             else:
@@ -410,7 +415,8 @@ class SessionTable:
             return TableLoad(len(self._live), sum(len(s.tokens) for s in self._live), self._reserved_tokens,
                              len(idle), sum(s.reserved_tokens for s in idle),
                              # a request of several choices holds several sessions: listed once
-                             tuple(dict.fromkeys(s.stream_ref for s in self._live if s.stream_ref is not None)))
+                             tuple(dict.fromkeys(s.stream_ref for s in self._live if s.stream_ref is not None)),
+                             tuple(key for key, s in self._named.items() if s in self._live))
 
     def describe(self) -> list[SessionInfo]:
         now = self._clock()

@@ -28,3 +28,21 @@ def test_a_new_id_is_claimed_once_until_given_back() -> None:
     assert table.claim("s") and not table.claim("s")
     table.unclaim("s")
     assert table.claim("s")
+
+
+def test_the_workers_heartbeats_say_where_a_session_is_before_this_table_does() -> None:
+    """Several coordinators: the worker that lists a session in its heartbeat holds it, whichever
+    coordinator placed or moved it; the table answers only for one no heartbeat lists yet."""
+    from protocol.health import session_digest
+
+    listed: dict[str, str] = {}
+    table = SessionTable(capacity=10, held_by=listed.get)
+    assert table.worker_of(("", "s1")) is None
+    table.remember(("", "s1"), "w1")
+    assert table.worker_of(("", "s1")) == "w1"  # not in any heartbeat yet: this table's own placement
+    listed[session_digest("", "s1")] = "w2"  # another coordinator moved it to w2
+    assert table.worker_of(("", "s1")) == "w2"
+    listed.clear()  # the worker stopped listing it: the table remembers where it last was
+    assert table.worker_of(("", "s1")) == "w2"
+    listed[session_digest("acme", "s1")] = "w3"  # the same id in another tenant is another session
+    assert table.worker_of(("", "s1")) == "w2" and table.worker_of(("acme", "s1")) == "w3"

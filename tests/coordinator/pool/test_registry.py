@@ -199,3 +199,21 @@ def test_a_worker_that_refused_as_full_counts_so_until_its_next_heartbeat() -> N
     reg.upsert(heartbeat("a", timestamp=2, sessions=2), now=1.0)
     reg.upsert(heartbeat("b", timestamp=2, sessions=0), now=1.0)
     assert summed(reg) == recomputed(reg) == (2, 6, 8, 2_000_000, 2_000_000)
+
+
+def test_the_sessions_each_worker_lists_are_found_by_digest_until_it_stops_listing_them() -> None:
+    from protocol.health import session_digest
+
+    one, two = session_digest("", "one"), session_digest("t", "two")
+    reg = fresh()
+    reg.upsert(heartbeat("a", timestamp=1, sessions=2, held=[one, two]), now=0.0)
+    assert reg.holder(one) == "a" and reg.holder(two) == "a"
+    # Moved: b lists it before a stops listing it; a's next report does not take it from b.
+    reg.upsert(heartbeat("b", timestamp=1, sessions=1, held=[two]), now=0.5)
+    assert reg.holder(two) == "b"
+    reg.upsert(heartbeat("a", timestamp=2, sessions=1, held=[one]), now=1.0)
+    assert reg.holder(two) == "b" and reg.holder(one) == "a"
+    reg.upsert(heartbeat("a", timestamp=3, sessions=0), now=1.5)  # ended
+    assert reg.holder(one) is None
+    reg.remove("b")
+    assert reg.holder(two) is None

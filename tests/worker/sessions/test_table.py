@@ -471,3 +471,18 @@ def test_an_abandoned_import_leaves_no_trace() -> None:
     assert seq_id == admission.session.seq_id and t.stats() == before
     assert t.lookup("moved", tenant="k") is None  # no tombstone: the id is free, not expired
     assert t.admit("moved", 10, tenant="k").session.session_id == "moved"
+
+
+def test_the_load_lists_every_named_session_held_and_a_new_one_is_announced_at_once() -> None:
+    t, _ = table(sessions=3)
+    announced: list[str] = []
+    t.on_named = lambda: announced.append("new")
+    kept = t.admit("chat-1", 10, tenant="acme")
+    t.admit(None, 10)  # one-shot: no name to list
+    assert announced == ["new"]
+    t.release(kept.session, keep_kv=True)  # kept for a next turn: still held
+    assert t.load().held == (("acme", "chat-1"),)
+    t.admit("chat-1", 12, tenant="acme")  # its next turn: not new
+    assert announced == ["new"]
+    t.delete("chat-1", tenant="acme")
+    assert t.load().held == ()
