@@ -6,8 +6,10 @@ served by the other."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -138,6 +140,69 @@ def test_a_sessions_turns_alternating_between_coordinators_stay_on_its_worker(mo
             if i:
                 assert usage["cached_tokens"] > 0, (i, usage)  # its history was there
         assert len(set(served)) == 1 and served[0] != anchor, (anchor, served)
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+def stream(url: str, max_tokens: int, started: threading.Event | None = None) -> tuple[str, int]:
+    """('done', tokens) or ('cut', tokens received) when the connection broke mid-stream."""
+    tokens = 0
+    try:
+        with httpx.stream("POST", url + "/coordinator/infer", timeout=httpx.Timeout(60, connect=5),
+                          json={"prompt": "Count to a hundred.", "max_tokens": max_tokens, "ignore_eos": True,
+                                "temperature": 0}) as response:
+            if response.status_code != 200:
+                return f"status {response.status_code}", 0
+            event = ""
+            for line in response.iter_lines():
+                if line.startswith("event: "):
+                    event = line[7:]
+                elif line.startswith("data: ") and event == "token":
+                    tokens += 1
+                    if tokens == 2 and started is not None:
+                        started.set()
+                elif line.startswith("data: ") and event in ("done", "error"):
+                    return event, tokens
+    except httpx.HTTPError:
+        return "cut", tokens
+    return "ended without done", tokens
+
+
+def test_a_coordinator_killed_under_load_loses_only_its_own_streams(model_path: Path, tmp_path: Path) -> None:
+    procs: list[Proc] = []
+    try:
+        coordinators: list[tuple[Proc, str]] = []
+        for name in ("c1", "c2"):
+            coordinators.append(start_coordinator(tmp_path, name, "--heartbeat-interval", str(INTERVAL),
+                                                  "--worker-read-timeout", "5"))
+            procs.append(coordinators[-1][0])
+        urls = [url for _, url in coordinators]
+        worker_urls = []
+        for worker_id in ("w1", "w2"):
+            worker, worker_url = start_worker(tmp_path, worker_id, ",".join(urls), model_path, "--threads", "1",
+                                              "--max-sessions", "16", "--heartbeat-interval", str(INTERVAL / 2))
+            procs.append(worker)
+            worker_urls.append(worker_url)
+        for url in urls:
+            for worker_id in ("w1", "w2"):
+                wait_until(lambda url=url, w=worker_id: state(url, w) == "alive", 60, f"{worker_id} at {url}")
+        with concurrent.futures.ThreadPoolExecutor(max_workers=40) as pool:
+            flags = [threading.Event() for _ in range(32)]
+            futures = [pool.submit(stream, urls[i % 2], 96, flags[i]) for i in range(32)]
+            for flag in flags:
+                assert flag.wait(60), "every stream generating"
+            coordinators[0][0].signal(signal.SIGKILL)
+            results = [f.result(timeout=120) for f in futures]
+            after = [f.result(timeout=120) for f in [pool.submit(stream, urls[1], 8) for _ in range(8)]]
+        killed, survived = results[0::2], results[1::2]
+        assert all(outcome == "cut" and 2 <= tokens < 96 for outcome, tokens in killed), killed
+        assert survived == [("done", 96)] * 16, survived
+        assert after == [("done", 8)] * 8, after
+        # The workers freed what the dead coordinator's streams held: nothing is left running.
+        for worker_url in worker_urls:
+            wait_until(lambda u=worker_url: httpx.get(u + "/worker/health", timeout=2).json()["load"]["sessions"] == 0,
+                       15, f"{worker_url} to free every sequence")
     finally:
         for proc in reversed(procs):
             proc.stop()
