@@ -55,12 +55,30 @@ def _containers(docs: list[Doc]) -> list[tuple[Doc, Doc]]:
             for c in spec.get("initContainers", []) + spec["containers"]]
 
 
-def test_the_overlays_hold_a_coordinator_its_service_workers_and_their_budget(
+def test_the_overlays_hold_the_coordinators_their_services_workers_and_budgets(
         rendered: tuple[str, list[Doc]]) -> None:
     _, docs = rendered
     assert sorted(_identity(d) for d in docs) == [
         ("Deployment", "llm-coordinator"), ("Deployment", "llm-worker"),
-        ("PodDisruptionBudget", "llm-worker"), ("Service", "llm-coordinator")]
+        ("PodDisruptionBudget", "llm-coordinator"), ("PodDisruptionBudget", "llm-worker"),
+        ("Service", "llm-coordinator"), ("Service", "llm-coordinator-peers")]
+
+
+def test_two_coordinators_and_every_worker_heartbeats_to_each(rendered: tuple[str, list[Doc]]) -> None:
+    """No single point of failure: two replicas, at most one disrupted at a time, never both down in
+    an update; the workers beat every address of a headless Service, which lists a pod before it is
+    ready (a new replica learns the workers while it starts)."""
+    docs = rendered[1]
+    deployment = find(docs, "Deployment", "llm-coordinator")["spec"]
+    assert deployment["replicas"] == 2
+    assert deployment["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    budget = find(docs, "PodDisruptionBudget", "llm-coordinator")["spec"]
+    assert budget["maxUnavailable"] == 1
+    assert budget["selector"]["matchLabels"].items() <= deployment["template"]["metadata"]["labels"].items()
+    env = env_of(container(docs, "llm-worker", "worker"))
+    assert env["COORDINATOR_RESOLVE_ALL"]["value"] == "true"
+    peers = find(docs, "Service", urlsplit(env["COORDINATOR_URL"]["value"]).hostname or "")["spec"]
+    assert peers["clusterIP"] == "None" and peers["publishNotReadyAddresses"] is True
 
 
 @pytest.mark.parametrize("version", VERSIONS)

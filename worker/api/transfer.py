@@ -78,11 +78,17 @@ async def export_kv(session_id: str, request: Request, tenant: str = _TENANT) ->
     async with _moving(runtime):
         session = runtime.table.claim(session_id, tenant=tenant)
         try:
+            # Every coordinator of the pool moves a draining worker's sessions: the first to ask takes
+            # each, and the others hear it is taken (a session copied to two workers would be two).
+            if runtime.gate.draining and session.handed_over:
+                raise WorkerError(409, reasons.SESSION_BUSY, f"session {session_id!r} is being moved by another "
+                                  "coordinator")
             async with asyncio.timeout(runtime.settings.request_timeout):
                 cells = await asyncio.wrap_future(runtime.engine.export_cells(session.seq_id))
             tokens = list(session.tokens)
             messages = [ChatMessage(role=m.role, content=m.content, tool_calls=m.tool_calls, name=m.name)  # type: ignore[arg-type]
                         for m in session.messages]
+            session.handed_over = runtime.gate.draining
         finally:
             runtime.table.release(session, keep_kv=True)
     blob = pack(runtime.engine.cells_origin(), tokens, messages, cells)

@@ -70,6 +70,7 @@ class Session:
     reserved_tokens: int = 0
     busy: bool = False
     stream_ref: int | None = None  # the coordinator's reference of the stream running on it now
+    handed_over: bool = False  # exported while the worker drains: one coordinator moves it, not two
 
 
 @dataclass(frozen=True)

@@ -127,3 +127,21 @@ def count(worker: RunningWorker, outcome: str) -> float:
         return worker.metric(f'worker_kv_transfers_total{{direction="peer_prefix",outcome="{outcome}"}}')
     except KeyError:
         return 0.0
+
+
+def test_while_draining_a_session_is_handed_to_the_first_coordinator_that_asks(
+        pair: tuple[RunningWorker, RunningWorker]) -> None:
+    """Every coordinator of a pool moves a draining worker's sessions: the second to ask for one hears
+    409, so the session is not copied to two workers."""
+    a, _ = pair
+    sid = "drained-once"
+    turn(a, sid, "Remember the number seven.")
+    try:
+        assert httpx.get(kv_url(a, sid), timeout=30).status_code == 200  # not draining: as often as asked
+        a.runtime.gate.draining = True
+        first, second = httpx.get(kv_url(a, sid), timeout=30), httpx.get(kv_url(a, sid), timeout=30)
+        assert first.status_code == 200 and second.status_code == 409, second.text
+        assert second.json()["reason"] == "session_busy"
+    finally:
+        a.runtime.gate.draining = False
+        httpx.delete(f"{a.url}/worker/sessions/{sid}", timeout=10)
