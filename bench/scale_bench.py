@@ -1,4 +1,6 @@
-"""Coordinator at scale: many SIMULATED workers, many concurrent streams, one coordinator process.
+"""Coordinator at scale: many SIMULATED workers, many concurrent streams, one coordinator process
+(or `--coordinators N` processes sharing its port through SO_REUSEPORT, each with a port of its own,
+port + 1 .. port + N, to which every worker heartbeats).
 
 Starts a fresh coordinator, `--workers` simulated workers in one process (`python -m worker.simulate`,
 no model, `--token-rate` tokens/s per stream), waits until all are registered, then drives
@@ -11,11 +13,13 @@ coordinator's CPU per relayed token is what one process would need per token wit
 Everything runs on 127.0.0.1 and is stopped in a `finally` block.
 
     .venv/bin/python -m bench.scale_bench --workers 100 --concurrency 500 --duration 25
+    .venv/bin/python -m bench.scale_bench --coordinators 2 --load-processes 2 ...
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -81,41 +85,55 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-port", type=int, default=4401)
     parser.add_argument("--load-processes", type=int, default=1,
                         help="load-tool processes sharing --concurrency (one Python client saturates first)")
+    parser.add_argument("--coordinators", type=int, default=1,
+                        help="coordinator processes sharing --port (SO_REUSEPORT); CPU is reported per process")
     parser.add_argument("--max-streams", type=int, default=None,
                         help="the coordinator's MAX_STREAMS (default: its own); below --concurrency it is saturated")
     args = parser.parse_args(argv)
     url = f"http://127.0.0.1:{args.port}"
     py = sys.executable
-    coordinator_argv = [py, "-m", "coordinator", "--port", str(args.port), "--log-level", "warning",
-                        "--heartbeat-interval", "2", "--worker-max-connections", str(2 * args.concurrency + 100),
-                        "--queue-size", "0"]
-    if args.max_streams is not None:
-        coordinator_argv += ["--max-streams", str(args.max_streams)]
+    n = args.coordinators
+    own_urls = [url] if n == 1 else [f"http://127.0.0.1:{args.port + i}" for i in range(1, n + 1)]
+
+    def coordinator_argv(i: int) -> list[str]:
+        argv = [py, "-m", "coordinator", "--port", str(args.port), "--log-level", "warning",
+                "--heartbeat-interval", "2", "--worker-max-connections", str(2 * args.concurrency + 100),
+                "--queue-size", "0"]
+        if n > 1:
+            argv += ["--reuse-port", "true", "--own-port", str(args.port + i)]
+        if args.max_streams is not None:
+            argv += ["--max-streams", str(args.max_streams)]
+        return argv
+
     workers_argv = [py, "-m", "worker.simulate", "--workers", str(args.workers), "--base-port", str(args.base_port),
-                    "--coordinator-url", url, "--heartbeat-interval", "2", "--token-rate", str(args.token_rate),
-                    "--max-sessions", str(max(64, 2 * args.concurrency // args.workers))]
+                    "--coordinator-url", ",".join(own_urls), "--heartbeat-interval", "2", "--token-rate",
+                    str(args.token_rate), "--max-sessions", str(max(64, 2 * args.concurrency // args.workers))]
     last_worker = f"http://127.0.0.1:{args.base_port + args.workers - 1}/worker/health"
-    with serving("coordinator", coordinator_argv, url + "/coordinator/health", timeout=60) as coordinator, \
-            serving("simulated workers", workers_argv, last_worker, timeout=120) as workers:
+    with contextlib.ExitStack() as stack:
+        procs = [stack.enter_context(serving(f"coordinator {i}", coordinator_argv(i), own + "/coordinator/health",
+                                             timeout=60))
+                 for i, own in enumerate(own_urls, start=1)]
+        workers = stack.enter_context(serving("simulated workers", workers_argv, last_worker, timeout=120))
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
-                if health(url)["workers"]["alive"] == args.workers:
+                if all(health(own)["workers"]["alive"] == args.workers for own in own_urls):
                     break
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
         else:
-            raise RuntimeError("the simulated workers did not all register within 120 s")
+            raise RuntimeError("the simulated workers did not all register with every coordinator within 120 s")
         time.sleep(1.0)
-        idle_kib = rss_kib(coordinator.pid)
-        samples: list[tuple[int, int]] = []  # (rss KiB, open streams)
+        idle_kib = sum(rss_kib(p.pid) for p in procs)
+        samples: list[tuple[int, int]] = []  # (rss KiB, open streams), summed over the coordinators
         stop = threading.Event()
 
         def sample() -> None:
             while not stop.wait(1.0):
                 try:
-                    samples.append((rss_kib(coordinator.pid), health(url)["requests_running"]))
+                    samples.append((sum(rss_kib(p.pid) for p in procs),
+                                    sum(health(own)["requests_running"] for own in own_urls)))
                 except (httpx.HTTPError, OSError):
                     pass
 
@@ -125,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             outs = [Path(tmp) / f"load-{i}.json" for i in range(args.load_processes)]
             shares = [args.concurrency // args.load_processes + (i < args.concurrency % args.load_processes)
                       for i in range(args.load_processes)]
-            cpu_before = cpu_seconds(coordinator.pid), cpu_seconds(workers.pid), children_cpu_seconds()
+            per_process_before = [cpu_seconds(p.pid) for p in procs]
+            cpu_before = sum(per_process_before), cpu_seconds(workers.pid), children_cpu_seconds()
             loads = [subprocess.Popen([py, "-m", "bench.load", "--url", url, "--api", "infer", "--concurrency",
                                        str(share), "--duration", str(args.duration), "--max-tokens",
                                        str(args.max_tokens), "--request-cap", "100000", "--out", str(out)],
@@ -134,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             for load in loads:
                 if load.wait(timeout=args.duration + 300) != 0:
                     raise RuntimeError(f"a load process exited with {load.returncode}")
-            cpu_after = cpu_seconds(coordinator.pid), cpu_seconds(workers.pid), children_cpu_seconds()
+            per_process = [cpu_seconds(p.pid) - b for p, b in zip(procs, per_process_before, strict=True)]
+            cpu_after = sum(per_process) + cpu_before[0], cpu_seconds(workers.pid), children_cpu_seconds()
             summaries = [json.loads(out.read_text())["targets"]["target"][0]["summary"] for out in outs]
         stop.set()
         sampler.join()
@@ -153,13 +173,14 @@ def main(argv: list[str] | None = None) -> int:
               f"before any response: {unanswered}; load processes {args.load_processes}; coordinator max_streams "
               f"{args.max_streams or 'default'}")
         print(f"workers {args.workers} simulated ({args.token_rate:g} tok/s per stream), "
-              f"concurrency {args.concurrency}, coordinator: 1 process")
+              f"concurrency {args.concurrency}, coordinator: {n} process{'es' if n > 1 else ''}"
+              + (f" sharing one port (CPU seconds each: {', '.join(f'{c:.1f}' for c in per_process)})" if n > 1 else ""))
         coordinator_cpu, workers_cpu, load_cpu = (after - before for before, after in zip(cpu_before, cpu_after))
         tokens = summary["tokens_per_s"] * summary["duration_s"]
         per_token_us = coordinator_cpu / max(tokens, 1) * 1e6
-        print(f"CPU seconds during the run: coordinator {coordinator_cpu:.1f}, simulated workers {workers_cpu:.1f}, "
-              f"load tool {load_cpu:.1f}; coordinator {per_token_us:.1f} us CPU per relayed token "
-              f"(-> {1e6 / max(per_token_us, 1e-9):,.0f} tokens/s if it had a core of its own)")
+        print(f"CPU seconds during the run: coordinator{'s' if n > 1 else ''} {coordinator_cpu:.1f}, simulated workers "
+              f"{workers_cpu:.1f}, load tool {load_cpu:.1f}; coordinator {per_token_us:.1f} us CPU per relayed token "
+              f"(-> {1e6 / max(per_token_us, 1e-9):,.0f} tokens/s per process with a core of its own)")
         print(f"coordinator RSS idle {idle_kib / 1024:.1f} MiB; with {peak_streams} open streams "
               f"{peak_rss / 1024:.1f} MiB -> {(peak_rss - idle_kib) / max(peak_streams, 1):.1f} KiB per open stream")
     return 0
