@@ -54,12 +54,13 @@ async def test_new_requests_fail_over_from_a_stopped_worker_before_it_goes_stale
                 waits.append(since(sent))
                 assert answer.status == 200 and answer.headers["x-worker-id"] == "f2" and answer.names[-1] == "done"
         unscheduled = since(started)
-        stale = fault_pool.listing()[victim]
+        # Stale, or already removed (no beat for 6 intervals) when the requests took that long.
+        stale = fault_pool.listing().get(victim, {"state": "removed", "breaker": "none"})
     finally:
         fault_pool.workers[victim].signal(signal.SIGCONT)
     assert max(waits) <= READ_TIMEOUT + 3, waits
     assert stale["breaker"] != "closed" or stale["state"] != "alive", stale  # out of scheduling by now
-    wait_until(lambda: fault_pool.listing()[victim]["breaker"] == "closed"
+    wait_until(lambda: fault_pool.listing().get(victim, {}).get("breaker") == "closed"
                and fault_pool.listing()[victim]["state"] == "alive", 30, "the worker back in service after SIGCONT")
     back = since(started)
     figures.append({"case": "worker SIGSTOP before the first token", "longest_request_s": max(waits),
