@@ -78,10 +78,13 @@ def test_least_latency_moves_traffic_away_from_a_worker_slowed_by_a_cpu_hog(clus
     if (os.cpu_count() or 1) < 2:
         pytest.fail("this test pins the two workers to two different cores")
     pids = {w: cluster.workers[w].popen.pid for w in ("w1", "w2")}  # type: ignore[union-attr]
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # Two busy loops on w1's core leave it a third of the core: slowed well past what the rest of a
+    # busy test run does to w2's (one loop left it half, too close to that noise in one full run).
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         pin(pids["w1"], {0})
-        pin(hog.pid, {0})  # w1 now shares its core with a busy loop
+        for hog in hogs:
+            pin(hog.pid, {0})  # w1 now shares its core with busy loops
         pin(pids["w2"], {1})
         # A new prompt each time (no worker holds it: each is prefilled whole, where the hog hurts).
         served = [httpx.post(with_policy + "/coordinator/infer", timeout=60, json={
@@ -90,8 +93,9 @@ def test_least_latency_moves_traffic_away_from_a_worker_slowed_by_a_cpu_hog(clus
         listing = httpx.get(with_policy + "/coordinator/health/workers", timeout=5).json()["workers"]
         latencies = {w["worker_id"]: w["ttft_ewma_ms"] for w in listing}
     finally:
-        hog.kill()
-        hog.wait(5)
+        for hog in hogs:
+            hog.kill()
+            hog.wait(5)
         every = set(range(os.cpu_count() or 1))
         for pid in pids.values():
             pin(pid, every)
