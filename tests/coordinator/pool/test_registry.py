@@ -176,31 +176,6 @@ def test_names_resolve_to_models_and_aliases_follow_their_workers() -> None:
     assert reg.resolve("smol") is None  # the memory of gone models is bounded
 
 
-def test_a_worker_that_refused_as_full_counts_so_until_its_next_heartbeat() -> None:
-    """What another coordinator's streams take from a worker shows here first as its refusal."""
-    reg = fresh()
-    reg.upsert(heartbeat("a", timestamp=1, sessions=1), now=0.0)
-    reg.upsert(heartbeat("b", timestamp=1, sessions=0), now=0.0)
-    assert summed(reg) == (2, 7, 8, 2_000_000, 2_000_000)
-    reg.refused("a", "sessions_full", kv_bytes=10_000)
-    a = reg.get("a")
-    assert a is not None and a.sessions == a.max_sessions and a.idle_sessions == 0
-    assert summed(reg) == recomputed(reg) == (2, 4, 8, 2_000_000, 2_000_000)
-    # A KV refusal: less free than that request needed, so a smaller one may still go there.
-    reg.refused("b", "kv_full", kv_bytes=300_000)
-    b = reg.get("b")
-    assert b is not None and b.kv_capacity_bytes - b.kv_reserved_bytes + b.idle_kv_bytes == 299_999
-    assert summed(reg) == recomputed(reg) == (2, 4, 8, 1_299_999, 2_000_000)
-    reg.refused("b", "kv_full", kv_bytes=500_000)  # a larger refusal says no more than the smaller one
-    assert summed(reg)[3] == 1_299_999
-    reg.refused("b", "unknown_session", kv_bytes=1)  # not a capacity refusal: changes nothing
-    assert summed(reg)[3] == 1_299_999
-    # Their next reports are the truth again.
-    reg.upsert(heartbeat("a", timestamp=2, sessions=2), now=1.0)
-    reg.upsert(heartbeat("b", timestamp=2, sessions=0), now=1.0)
-    assert summed(reg) == recomputed(reg) == (2, 6, 8, 2_000_000, 2_000_000)
-
-
 def test_the_sessions_each_worker_lists_are_found_by_digest_until_it_stops_listing_them() -> None:
     from protocol.health import session_digest
 
