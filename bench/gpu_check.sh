@@ -13,6 +13,7 @@
 #   bench/gpu_check.sh run            # on the GPU machine, from the repository root, .gpu/ beside it
 #   bench/gpu_check.sh prepare-baseline fd01397   # here, after prepare: that commit's worker in .gpu-baseline/
 #   bench/gpu_check.sh baseline       # there: bench.tiny_bench, this worker against that one
+#   bench/gpu_check.sh scale          # there, needing only prepare's wheels: issue 20's relay scaling
 #
 # `run` prints llama-batched-bench's table (-npp 32 -ntg 64 -npl 1,16,64: one process, no HTTP, the
 # device's ceiling for this shape) and bench.worker_bench's (worker, in-process ceiling and llama-server,
@@ -111,6 +112,21 @@ baseline() {
   echo "all done at +$((SECONDS - started)) s"
 }
 
+scale() {
+  # Issue 20's scaling check, on the GPU machine's 16 cores (no GPU used): bench.scale_bench with 1, 2
+  # and 4 coordinator processes on one port, interleaved, the same simulated pool and load each time.
+  local started=$SECONDS
+  setup
+  local common=(--workers 100 --worker-processes 4 --concurrency 1000 --token-rate 50 --max-tokens 50
+                --duration "${GPU_CHECK_SCALE_DURATION:-20}" --load-processes 6)
+  for n in ${GPU_CHECK_COORDINATORS:-1 2 4 2 1}; do
+    echo "coordinators $n at +$((SECONDS - started)) s"
+    timeout 150 $PY -m bench.scale_bench "${common[@]}" --coordinators "$n" 2>&1 | tr '\r' '\n' \
+      | grep -v '^c=[0-9]*:\|^ *$' | tee "$OUT/scale_$n.$SECONDS.txt" || echo "scale_bench with $n coordinators failed"
+  done
+  echo "all done at +$((SECONDS - started)) s"
+}
+
 build() {
   # Everything that llama-cpp-python loads, and the two peers, from one tree with the same flags.
   local targets=${TARGETS:-llama llama-server llama-batched-bench}
@@ -167,5 +183,6 @@ case ${1:-} in
   run) run ;;
   prepare-baseline) prepare_baseline "${2:-}" ;;
   baseline) baseline ;;
-  *) echo "usage: bench/gpu_check.sh prepare|run|prepare-baseline COMMIT|baseline" >&2; exit 2 ;;
+  scale) scale ;;
+  *) echo "usage: bench/gpu_check.sh prepare|run|prepare-baseline COMMIT|baseline|scale" >&2; exit 2 ;;
 esac

@@ -2,8 +2,8 @@
 (or `--coordinators N` processes sharing its port through SO_REUSEPORT, each with a port of its own,
 port + 1 .. port + N, to which every worker heartbeats).
 
-Starts a fresh coordinator, `--workers` simulated workers in one process (`python -m worker.simulate`,
-no model, `--token-rate` tokens/s per stream), waits until all are registered, then drives
+Starts a fresh coordinator, `--workers` simulated workers in `--worker-processes` processes
+(`python -m worker.simulate`, no model, `--token-rate` tokens/s per stream), waits until all are registered, then drives
 `--concurrency` closed-loop streams through `/coordinator/infer` with the load tool
 (`python -m bench.load`) while sampling the coordinator's resident memory and open-stream count
 once a second. Prints relayed tokens/s, errors, and the coordinator's memory per open stream
@@ -70,6 +70,18 @@ def combined(summaries: list[dict]) -> dict:  # type: ignore[type-arg]
     return out
 
 
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown processor"
+
+
+def shares_of(total: int, parts: int) -> list[int]:
+    """`total` split over `parts` as evenly as whole numbers allow."""
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
 def health(url: str) -> dict:
     return httpx.get(url + "/coordinator/health", timeout=2).json()
 
@@ -85,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-port", type=int, default=4401)
     parser.add_argument("--load-processes", type=int, default=1,
                         help="load-tool processes sharing --concurrency (one Python client saturates first)")
+    parser.add_argument("--worker-processes", type=int, default=1,
+                        help="simulated-worker processes sharing --workers (one process relays at most a core's worth)")
     parser.add_argument("--coordinators", type=int, default=1,
                         help="coordinator processes sharing --port (SO_REUSEPORT); CPU is reported per process")
     parser.add_argument("--max-streams", type=int, default=None,
@@ -105,15 +119,21 @@ def main(argv: list[str] | None = None) -> int:
             argv += ["--max-streams", str(args.max_streams)]
         return argv
 
-    workers_argv = [py, "-m", "worker.simulate", "--workers", str(args.workers), "--base-port", str(args.base_port),
-                    "--coordinator-url", ",".join(own_urls), "--heartbeat-interval", "2", "--token-rate",
-                    str(args.token_rate), "--max-sessions", str(max(64, 2 * args.concurrency // args.workers))]
-    last_worker = f"http://127.0.0.1:{args.base_port + args.workers - 1}/worker/health"
+    def workers_argv(first: int, count: int) -> list[str]:
+        return [py, "-m", "worker.simulate", "--workers", str(count), "--base-port", str(args.base_port + first),
+                "--coordinator-url", ",".join(own_urls), "--heartbeat-interval", "2", "--token-rate",
+                str(args.token_rate), "--max-sessions", str(max(64, 2 * args.concurrency // args.workers))]
+
+    splits = [(sum(shares_of(args.workers, args.worker_processes)[:i]), count)
+              for i, count in enumerate(shares_of(args.workers, args.worker_processes))]
     with contextlib.ExitStack() as stack:
         procs = [stack.enter_context(serving(f"coordinator {i}", coordinator_argv(i), own + "/coordinator/health",
                                              timeout=60))
                  for i, own in enumerate(own_urls, start=1)]
-        workers = stack.enter_context(serving("simulated workers", workers_argv, last_worker, timeout=120))
+        workers = [stack.enter_context(serving(f"simulated workers {first}+{count}", workers_argv(first, count),
+                                               f"http://127.0.0.1:{args.base_port + first + count - 1}/worker/health",
+                                               timeout=120))
+                   for first, count in splits]
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -141,10 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         sampler.start()
         with tempfile.TemporaryDirectory() as tmp:
             outs = [Path(tmp) / f"load-{i}.json" for i in range(args.load_processes)]
-            shares = [args.concurrency // args.load_processes + (i < args.concurrency % args.load_processes)
-                      for i in range(args.load_processes)]
+            shares = shares_of(args.concurrency, args.load_processes)
             per_process_before = [cpu_seconds(p.pid) for p in procs]
-            cpu_before = sum(per_process_before), cpu_seconds(workers.pid), children_cpu_seconds()
+            cpu_before = sum(per_process_before), sum(cpu_seconds(w.pid) for w in workers), children_cpu_seconds()
             loads = [subprocess.Popen([py, "-m", "bench.load", "--url", url, "--api", "infer", "--concurrency",
                                        str(share), "--duration", str(args.duration), "--max-tokens",
                                        str(args.max_tokens), "--request-cap", "100000", "--out", str(out)],
@@ -154,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                 if load.wait(timeout=args.duration + 300) != 0:
                     raise RuntimeError(f"a load process exited with {load.returncode}")
             per_process = [cpu_seconds(p.pid) - b for p, b in zip(procs, per_process_before, strict=True)]
-            cpu_after = sum(per_process) + cpu_before[0], cpu_seconds(workers.pid), children_cpu_seconds()
+            cpu_after = (sum(per_process) + cpu_before[0], sum(cpu_seconds(w.pid) for w in workers),
+                         children_cpu_seconds())
             summaries = [json.loads(out.read_text())["targets"]["target"][0]["summary"] for out in outs]
         stop.set()
         sampler.join()
@@ -172,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"streams that ended without a done or error event: {unended}; requests whose connection failed "
               f"before any response: {unanswered}; load processes {args.load_processes}; coordinator max_streams "
               f"{args.max_streams or 'default'}")
-        print(f"workers {args.workers} simulated ({args.token_rate:g} tok/s per stream), "
+        print(f"machine: {os.cpu_count()} cores, {cpu_model()}")
+        print(f"workers {args.workers} simulated in {args.worker_processes} process(es) ({args.token_rate:g} tok/s "
+              f"per stream), "
               f"concurrency {args.concurrency}, coordinator: {n} process{'es' if n > 1 else ''}"
               + (f" sharing one port (CPU seconds each: {', '.join(f'{c:.1f}' for c in per_process)})" if n > 1 else ""))
         coordinator_cpu, workers_cpu, load_cpu = (after - before for before, after in zip(cpu_before, cpu_after))

@@ -13,6 +13,11 @@ from protocol.worker import REQUEST_ID_HEADER, ErrorBody
 RETRY_AFTER_SECONDS = "1"
 
 
+class ConstraintError(ValueError):
+    """A request's grammar or schema cannot be used; the message says why (for a 400). Raised by the
+    engines (worker.engine.grammar compiles them), answered by admission."""
+
+
 class WorkerError(Exception):
     """A refusal with an HTTP status and a machine-readable reason from protocol.reasons."""
 

@@ -28,10 +28,9 @@ from worker.backends.base import EngineBackend, Message, ModelBackend
 from worker.backends.chat_template import TemplateRefusal
 from worker.engine.channel import TokenChannel
 from worker.engine.embedder import Embedded, Embedder
-from worker.engine.grammar import ConstraintError
 from worker.engine.jobs import ExtraChoice, Job, StreamItem
 from worker.engine.sampling import Constraint
-from worker.errors import WorkerError
+from worker.errors import ConstraintError, WorkerError
 from worker.naming import ModelNames
 from worker.sessions.table import Admission, Session, SessionTable, shared_prefix
 from worker.sessions.transfer import TransferRefused, unpack

@@ -34,10 +34,9 @@ from worker.backends.base import Message, ModelShape, Pooling, plain_turns
 from worker.backends.tool_format import GENERIC
 from worker.engine.channel import TokenChannel
 from worker.engine.endings import Endings, Progress, also_ending, cancel_session
-from worker.engine.grammar import ConstraintError
 from worker.engine.jobs import EngineConfig, EngineObserver, Failed, Finished, Job, StreamItem
 from worker.engine.textstream import TextAssembler
-from worker.errors import WorkerError
+from worker.errors import ConstraintError, WorkerError
 from worker.sessions.table import Session, SessionTable
 from worker.sessions.transfer import Origin
 

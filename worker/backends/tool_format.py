@@ -38,7 +38,6 @@ from typing import Any, Protocol
 
 from protocol.worker import MAX_PARALLEL_CALLS, CalledFunction, ToolUse
 from worker.backends.base import Message
-from worker.engine.grammar import gbnf_of
 
 INSTRUCTIONS = ("You can call functions. To call one, answer with only a JSON object of the form "
                 '{"name": "<function name>", "arguments": {<arguments>}} and nothing else. ')
@@ -156,6 +155,10 @@ class _Tagged:
     def constraint(self, tools: ToolUse) -> CallConstraint | None:
         if tools.choice == "none":
             return None
+        # Imported here: the converter is llama-cpp-python's, and the simulated engine, which formats
+        # tool calls too, must run where llama.cpp is not built (bench/gpu_check.sh scale).
+        from worker.engine.grammar import gbnf_of
+
         one = gbnf_of(grammar=None, json_schema=call_schema(tools, several=False))
         assert one is not None
         # The schema's grammar, its root renamed, inside the block's tags; one block a call.

@@ -26,16 +26,14 @@ import llama_cpp as ll
 import numpy as np
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
+from worker.errors import ConstraintError
+
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")], align=True)
 # llama-cpp-python's schema converter lets a string's characters be anything but `"` and `\`, so a
 # constrained answer could hold a raw newline inside a string, which is not JSON (JSON wants control
 # characters escaped). Its `char` rule is replaced by JSON's: no control characters, no DEL.
 _LOOSE_CHAR = re.compile(r'^char ::= \[\^"\\\\\] ', re.MULTILINE)
 _JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] '
-
-
-class ConstraintError(ValueError):
-    """The grammar or schema cannot be used; the message says why (for a 400)."""
 
 
 def gbnf_of(*, grammar: str | None, json_schema: dict[str, Any] | None) -> str | None:
