@@ -112,7 +112,7 @@ export DRAIN_TIMEOUT="$drain" WORKER_DRAIN_TIMEOUT="$drain"
 coordinator_pids=()
 coordinator_restarts=()
 worker_pids=()
-restarts=()
+worker_restarts=()
 all_pids() { echo "${coordinator_pids[@]}" "${worker_pids[@]}"; }
 
 stop_all() {
@@ -161,6 +161,17 @@ start_coordinator() {  # $1: coordinator number, from 1
     return 0
 }
 
+# A child ($1: coordinator or worker; $2: its number, from 1) that exited with $3: started again and
+# true while it failed (not 0: asked to stop and drained) and has restarts left, else false.
+restarted() {
+    local kind="$1" i="$2" code="$3"
+    local -n counts="${kind}_restarts"
+    { [ "$code" != 0 ] && [ "${counts[$((i - 1))]}" -lt "$max_restarts" ]; } || return 1
+    counts[$((i - 1))]=$(( ${counts[$((i - 1))]} + 1 ))
+    echo "start.sh: $kind-$i exited ($code); restarting it (${counts[$((i - 1))]} of $max_restarts) while the others serve. Log: $log_dir/$kind-$i.log" >&2
+    "start_$kind" "$i"
+}
+
 coordinator_url="http://$host:$port"
 # Where workers heartbeat, and what must see them all alive: the shared port for one coordinator,
 # else each coordinator's own port.
@@ -177,7 +188,7 @@ for i in $(seq 1 "$coordinators"); do
 done
 for i in $(seq 1 "$workers"); do
     start_worker "$i"
-    restarts[$((i - 1))]=0
+    worker_restarts[$((i - 1))]=0
 done
 
 # Healthy = every coordinator answers and counts every worker alive (each heartbeats once loaded). A
@@ -258,12 +269,7 @@ while true; do
             echo "start.sh: the coordinator exited ($code); stopping the workers. Logs: $log_dir" >&2
             exit 1
         fi
-        if [ "$code" != 0 ] && [ "${coordinator_restarts[$((i - 1))]}" -lt "$max_restarts" ]; then
-            coordinator_restarts[$((i - 1))]=$(( ${coordinator_restarts[$((i - 1))]} + 1 ))
-            echo "start.sh: coordinator-$i exited ($code); restarting it (${coordinator_restarts[$((i - 1))]} of $max_restarts) while the others serve. Log: $log_dir/coordinator-$i.log" >&2
-            start_coordinator "$i"
-            continue
-        fi
+        restarted coordinator "$i" "$code" && continue
         echo "start.sh: coordinator-$i exited ($code); the others keep serving" >&2
         coordinator_pids[$((i - 1))]=""
         if [ -z "$(echo "${coordinator_pids[@]}" | tr -d ' ')" ]; then
@@ -279,11 +285,7 @@ while true; do
             if [ "$code" = 0 ]; then  # asked to stop, and drained: not a crash
                 echo "start.sh: worker-$i shut down"
                 worker_pids[$((i - 1))]=""
-            elif [ "${restarts[$((i - 1))]}" -lt "$max_restarts" ]; then
-                restarts[$((i - 1))]=$(( ${restarts[$((i - 1))]} + 1 ))
-                echo "start.sh: worker-$i exited ($code); restarting it (${restarts[$((i - 1))]} of $max_restarts). Log: $log_dir/worker-$i.log" >&2
-                start_worker "$i"
-            else
+            elif ! restarted worker "$i" "$code"; then
                 echo "start.sh: worker-$i exited ($code) after $max_restarts restarts; leaving it down, the rest keep serving" >&2
                 worker_pids[$((i - 1))]=""
             fi

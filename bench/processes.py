@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import httpx
 
@@ -129,6 +129,21 @@ def pool(log_dir: Path, *, workers: Sequence[Sequence[str]], coordinator: Sequen
                 raise RuntimeError(f"the workers did not register within {timeout:g} s (logs in {log_dir})")
             time.sleep(0.2)
         yield Pool(url, tuple(worker_urls), token)
+
+
+def code_version(paths: Sequence[str] = ("worker", "protocol", "coordinator", "bench")) -> dict[str, Any]:
+    """The commit measured, and any uncommitted change under `paths` (others may edit this tree). In a
+    copy of the tree without git (the GPU machine), the commit named by BENCH_COMMIT, if any."""
+
+    def git(*argv: str) -> str:
+        try:
+            done = subprocess.run(["git", *argv], check=False, cwd=ROOT, capture_output=True, text=True)
+        except OSError:
+            return os.environ.get("BENCH_COMMIT", "unknown") if argv[0] == "rev-parse" else ""
+        return done.stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"),
+            "uncommitted": git("status", "--porcelain", "--untracked-files=no", "--", *paths).splitlines()}
 
 
 def log_tail(path: Path, lines: int = 40) -> str:

@@ -52,7 +52,7 @@ from typing import Any
 
 import httpx
 
-from bench.processes import free_port, peer_env, serving
+from bench.processes import code_version, free_port, peer_env, serving
 from bench.tiny_model import DEFAULT_OUT, ensure_tiny_model
 from protocol.sse import SseParser
 
@@ -390,15 +390,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"{'' if row['verified'] else '  NOT VERIFIED: ' + '; '.join(cells[0].errors)}",
               file=sys.stderr, flush=True)
     return {"rows": rows}
-
-
-def code_version() -> dict[str, str]:
-    def git(*a: str) -> str:
-        try:
-            return subprocess.run(["git", *a], check=False, cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        except OSError:  # no git (a copy of the tree on another machine): the commit it came from, if known
-            return os.environ.get("BENCH_COMMIT", "unknown") if a[0] == "rev-parse" else ""
-    return {"commit": git("rev-parse", "HEAD"), "uncommitted": git("status", "--porcelain", "--untracked-files=no")}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -60,7 +60,7 @@ from typing import Any
 import httpx
 
 from bench.llama_server import Build, LlamaServer, provision
-from bench.processes import free_port, peer_env, serving
+from bench.processes import code_version, free_port, peer_env, serving
 from protocol.sse import SseParser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -489,20 +489,6 @@ def machine() -> dict[str, Any]:
                              check=False, capture_output=True, text=True, timeout=30).stdout.strip()
     return {"nproc": os.cpu_count(), "cpu_model": cpu, "python": platform.python_version(),
             "llama_cpp_python": llama_cpp.__version__, "platform": platform.platform(), "gpu": gpu or "none"}
-
-
-def code_version() -> dict[str, Any]:
-    """The commit measured, and any uncommitted change to the code the peers run (others edit this tree)."""
-
-    def git(*argv: str) -> str:
-        try:
-            done = subprocess.run(["git", *argv], check=False, cwd=ROOT, capture_output=True, text=True)
-        except OSError:  # no git (a copy of the tree on another machine): the commit it came from, if known
-            return os.environ.get("BENCH_COMMIT", "unknown") if argv[0] == "rev-parse" else ""
-        return done.stdout.strip()
-
-    return {"commit": git("rev-parse", "HEAD"),
-            "uncommitted": git("status", "--porcelain", "--", "worker", "protocol", "bench").splitlines()}
 
 
 def median_of(cells: list[Cell], key: str) -> float:

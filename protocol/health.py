@@ -6,6 +6,7 @@ Must not: compute load (the worker does) or judge it (the coordinator's registry
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Annotated, Literal
 
@@ -31,6 +32,7 @@ MAX_TOKENS = 1 << 24
 SESSION_DIGEST_PATTERN = r"^[0-9a-f]{16}$"
 
 
+@functools.lru_cache(maxsize=4096)  # a request asks for its session's digest several times
 def session_digest(tenant: str, session_id: str) -> str:
     """What a heartbeat says of a session it holds: 8 bytes of BLAKE2b over its tenant and id, so
     every coordinator can find a session's worker without the ids crossing in the clear."""

@@ -50,8 +50,7 @@ class HeartbeatSender:
         self._names = names
         self._identity = model_identity
         self._embeddings = embeddings
-        self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"} if token else {
-            "Content-Type": "application/json"}
+        self._headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
         self._interval = interval
         self._load = load
         self._wall_clock = wall_clock

@@ -53,6 +53,20 @@ WORKER_FLAGS = ["--threads", "1", "--max-sessions", "2", "--session-max-tokens",
 START_TIMEOUT = 120.0
 
 
+def coordinator_argv(host: Host, flags: list[str]) -> list[str]:
+    """A coordinator on `host`'s address, on COORDINATOR_PORT."""
+    return [sys.executable, "-m", "coordinator", "--host", host.address, "--port", str(COORDINATOR_PORT), *flags]
+
+
+def worker_argv(host: Host, worker_id: str, coordinator_urls: list[str], model_path: Path,
+                flags: list[str]) -> list[str]:
+    """A worker on `host`'s address, on WORKER_PORT, advertising that address, heartbeating to every
+    one of `coordinator_urls`."""
+    return [sys.executable, "-m", "worker", "--host", host.address, "--port", str(WORKER_PORT),
+            "--worker-id", worker_id, "--worker-url", f"http://{host.address}:{WORKER_PORT}",
+            "--coordinator-url", ",".join(coordinator_urls), "--model-path", str(model_path), *flags]
+
+
 @dataclass
 class Pool:
     network: Network
@@ -122,13 +136,9 @@ def pool(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         workers = {w: network.add_host(w, f"198.18.0.{10 + i}") for i, w in enumerate(WORKERS, start=1)}
         coordinator_url = f"http://{coordinator_host.address}:{COORDINATOR_PORT}"
         env = clean_env()
-        coordinator = network.spawn(coordinator_host.namespace, "coordinator", [
-            sys.executable, "-m", "coordinator", "--host", coordinator_host.address,
-            "--port", str(COORDINATOR_PORT), *COORDINATOR_FLAGS], env)
-        argv = {w: [sys.executable, "-m", "worker", "--host", host.address, "--port", str(WORKER_PORT),
-                    "--worker-id", w, "--worker-url", f"http://{host.address}:{WORKER_PORT}",
-                    "--coordinator-url", coordinator_url, "--model-path", str(model_path), *WORKER_FLAGS]
-                for w, host in workers.items()}
+        coordinator = network.spawn(coordinator_host.namespace, "coordinator",
+                                    coordinator_argv(coordinator_host, COORDINATOR_FLAGS), env)
+        argv = {w: worker_argv(host, w, [coordinator_url], model_path, WORKER_FLAGS) for w, host in workers.items()}
         procs = {w: network.spawn(host.namespace, w, argv[w], env) for w, host in workers.items()}
         client = Client(client_host.namespace, coordinator_url)
         pool = Pool(network, client, coordinator, procs, argv, dict(env))

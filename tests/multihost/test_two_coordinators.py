@@ -9,7 +9,6 @@ alive in its registry and serves, and the one cut off serves again once it is pl
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,12 +19,11 @@ import pytest
 
 from tests.integration.conftest import clean_env
 from tests.multihost.client import Client
+from tests.multihost.conftest import COORDINATOR_PORT, coordinator_argv, worker_argv
 from tests.multihost.netns import Host, Network, Proc, missing_requirements
 
 pytestmark = pytest.mark.model
 TOKEN = "two-coordinators-secret"
-PORT = 1337
-WORKER_PORT = 3001
 HEARTBEAT_INTERVAL = 1.0  # the coordinators': a worker is stale after 3 s without a beat, removed after 6
 WORKERS = ("v1", "v2")
 SHORT = {"prompt": "Say hello.", "max_tokens": 4, "ignore_eos": True}
@@ -72,17 +70,12 @@ def pool(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                  "client": network.add_host("client", "198.18.0.2")}
         hosts.update({w: network.add_host(w, f"198.18.0.{20 + i}") for i, w in enumerate(WORKERS, start=1)})
         env = clean_env()
-        urls = {c: f"http://{hosts[c].address}:{PORT}" for c in ("c1", "c2")}
-        procs = {c: network.spawn(hosts[c].namespace, c, [
-            sys.executable, "-m", "coordinator", "--host", hosts[c].address, "--port", str(PORT),
-            "--heartbeat-interval", str(HEARTBEAT_INTERVAL), "--worker-token", TOKEN], env) for c in urls}
+        urls = {c: f"http://{hosts[c].address}:{COORDINATOR_PORT}" for c in ("c1", "c2")}
+        procs = {c: network.spawn(hosts[c].namespace, c, coordinator_argv(hosts[c], [
+            "--heartbeat-interval", str(HEARTBEAT_INTERVAL), "--worker-token", TOKEN]), env) for c in urls}
         for w in WORKERS:
-            address = hosts[w].address
-            procs[w] = network.spawn(hosts[w].namespace, w, [
-                sys.executable, "-m", "worker", "--host", address, "--port", str(WORKER_PORT), "--worker-id", w,
-                "--worker-url", f"http://{address}:{WORKER_PORT}", "--coordinator-url", ",".join(urls.values()),
-                "--model-path", str(model_path), "--threads", "1", "--max-sessions", "2",
-                "--heartbeat-interval", "0.5", "--worker-token", TOKEN], env)
+            procs[w] = network.spawn(hosts[w].namespace, w, worker_argv(hosts[w], w, list(urls.values()), model_path, [
+                "--threads", "1", "--max-sessions", "2", "--heartbeat-interval", "0.5", "--worker-token", TOKEN]), env)
         clients = {c: Client(hosts["client"].namespace, url) for c, url in urls.items()}
         pool = TwoCoordinators(network, hosts, clients, procs)
         for c in urls:
