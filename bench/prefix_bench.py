@@ -15,7 +15,12 @@ Workers keep `--sessions` sequences each: fewer than the prompts times workers, 
 so which worker a prompt goes to decides whether its prefix is still held.
 
     .venv/bin/python -m bench.prefix_bench [--users 8] [--duration 60] [--warmup 30] [--sessions 4] [--threads 1]
-        [--keys none|per-user|shared]
+        [--keys none|per-user|shared] [--coordinators 1,2]
+
+`--coordinators 1,2` runs each mode with one coordinator, then with two (issue 20): the workers
+heartbeat to both, and the users are split over them (user u sends to coordinator u mod 2), so with
+prefix-aware routing each coordinator must know the prefixes the other sent, from the workers'
+heartbeats (`WorkerLoad.prefixes`).
 
 `--keys` (tenancy, docs/reliability.md): `none` starts the coordinator without client keys (one tenant,
 everyone shares every prefix); `per-user` gives it one API key per user and each user sends its own, so
@@ -24,7 +29,7 @@ one named tenant (`KEY team` entries), which share prefixes again.
 
 Besides the client's figures, each mode prints the workers' prompt-token counters over the measured
 part: tokens prefilled (and by each worker), tokens reused from cells, and of those the ones copied from
-another sequence.
+another sequence; the hit rate is the reused tokens' share of all prompt tokens.
 """
 
 from __future__ import annotations
@@ -102,7 +107,8 @@ async def user(client: httpx.AsyncClient, url: str, systems: list[str], rng: ran
     return done
 
 
-def run_mode(mode: str, args: argparse.Namespace, log_dir: Path, systems: list[str]) -> tuple[float, list[float], list[str]]:
+def run_mode(mode: str, args: argparse.Namespace, log_dir: Path, systems: list[str],
+             coordinators: int = 1) -> tuple[float, list[float], list[str], float]:
     coordinator_extra, worker_extra = MODES[mode]
     if mode == "prefix" and args.balance_threshold is not None:
         coordinator_extra = [*coordinator_extra, "--prefix-balance-threshold", str(args.balance_threshold)]
@@ -110,29 +116,30 @@ def run_mode(mode: str, args: argparse.Namespace, log_dir: Path, systems: list[s
               "--model-path", str(DEFAULT_MODEL_PATH), *worker_extra]
     api_keys, keys = user_keys(args.keys, args.users)
 
-    async def load(url: str, seconds: float, seed: int) -> tuple[float, list[float], list[str]]:
+    async def load(urls: tuple[str, ...], seconds: float, seed: int) -> tuple[float, list[float], list[str]]:
         ttfts: list[float] = []
         errors: list[str] = []
         async with httpx.AsyncClient(timeout=300) as client:
             started = time.perf_counter()
             counts = await asyncio.gather(*[
-                user(client, url, systems, random.Random(seed * 100 + u), started + seconds,
+                user(client, urls[u % len(urls)], systems, random.Random(seed * 100 + u), started + seconds,
                      args.max_tokens, ttfts, errors, keys[u]) for u in range(args.users)])
             elapsed = time.perf_counter() - started
         return sum(counts) / elapsed, ttfts, errors
 
     with pool(log_dir, workers=[worker, worker], coordinator=coordinator_extra, api_keys=api_keys,
-              name=mode) as running:
+              name=f"{mode}-{coordinators}", coordinators=coordinators) as running:
         if args.warmup > 0:  # the same load, not measured: the caches fill as they would in service
-            asyncio.run(load(running.url, args.warmup, args.seed + 1))
+            asyncio.run(load(running.urls, args.warmup, args.seed + 1))
         before = [prompt_counters(w, running.worker_token) for w in running.worker_urls]
-        result = asyncio.run(load(running.url, args.duration, args.seed))
+        result = asyncio.run(load(running.urls, args.duration, args.seed))
         after = [prompt_counters(w, running.worker_token) for w in running.worker_urls]
     prefilled, cached, copied = (sum(a[i] - b[i] for a, b in zip(after, before, strict=True)) for i in range(3))
     by_worker = " / ".join(f"{a[0] - b[0]:,.0f}" for a, b in zip(after, before, strict=True))
+    hit_rate = cached / max(prefilled + cached, 1)
     print(f"         prompt tokens while measured: {prefilled:,.0f} prefilled ({by_worker} by worker), "
-          f"{cached:,.0f} reused (of those {copied:,.0f} copied from another sequence)")
-    return result
+          f"{cached:,.0f} reused (of those {copied:,.0f} copied from another sequence): hit rate {hit_rate:.3f}")
+    return (*result, hit_rate)
 
 
 def prompt_counters(worker_url: str, worker_token: str) -> tuple[float, float, float]:
@@ -161,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", choices=KEYS, default="none",
                         help="client API keys: none; per-user (one key each, each its own tenant); shared (the "
                         "same keys, all of one tenant)")
+    parser.add_argument("--coordinators", default="1",
+                        help="coordinator counts to run each mode with, e.g. 1,2 (users split over them)")
     parser.add_argument("--balance-threshold", type=float, default=None,
                         help="the coordinator's --prefix-balance-threshold in the prefix mode (its default otherwise)")
     args = parser.parse_args(argv)
@@ -168,21 +177,32 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.users} users, {args.duration:g} s per mode after {args.warmup:g} s of warm-up, {args.prompts} system prompts of ~{args.system_tokens} "
           f"tokens, answers of {args.max_tokens} tokens (greedy); 2 workers x {args.threads} llama.cpp thread(s) x "
           f"{args.sessions} sequences; keys: {args.keys}")
-    results: dict[str, tuple[float, float]] = {}
+    results: dict[str, tuple[float, float, float]] = {}  # by mode, and coordinators when more than one count
+    counts = [int(n) for n in args.coordinators.split(",")]
     with tempfile.TemporaryDirectory(prefix="prefix-bench-") as tmp:
         for mode in args.modes.split(","):
-            rps, ttfts, errors = run_mode(mode, args, Path(tmp), systems)
-            p50 = statistics.median(ttfts) * 1e3 if ttfts else float("nan")
-            p90 = statistics.quantiles(ttfts, n=10)[-1] * 1e3 if len(ttfts) >= 10 else float("nan")
-            results[mode] = (rps, p50)
-            print(f"{mode:>7}: {rps:6.2f} requests/s  TTFT p50 {p50:8.1f} ms  p90 {p90:8.1f} ms  "
-                  f"({len(ttfts)} requests, {len(errors)} errors{': ' + ', '.join(sorted(set(errors))) if errors else ''})")
+            for n in counts:
+                label = mode if counts == [1] else f"{mode}/{n}c"
+                rps, ttfts, errors, hit_rate = run_mode(mode, args, Path(tmp), systems, n)
+                p50 = statistics.median(ttfts) * 1e3 if ttfts else float("nan")
+                p90 = statistics.quantiles(ttfts, n=10)[-1] * 1e3 if len(ttfts) >= 10 else float("nan")
+                results[label] = (rps, p50, hit_rate)
+                print(f"{label:>9}: {rps:6.2f} requests/s  TTFT p50 {p50:8.1f} ms  p90 {p90:8.1f} ms  hit rate "
+                      f"{hit_rate:.3f}  ({len(ttfts)} requests, {len(errors)} errors"
+                      f"{': ' + ', '.join(sorted(set(errors))) if errors else ''})")
     if "prefix" in results:
         for base in ("load", "none"):
             if base in results:
-                rps, p50 = results[base]
+                rps, p50, _ = results[base]
                 print(f"prefix vs {base}: requests/s {results['prefix'][0] / rps:.2f}x, "
                       f"TTFT p50 {p50 / results['prefix'][1]:.2f}x lower")
+    for mode in args.modes.split(","):
+        one = results.get(f"{mode}/1c")
+        if one is None:
+            continue
+        for n, (rps, p50, hit_rate) in [(n, results[f"{mode}/{n}c"]) for n in counts if n > 1]:
+            print(f"{mode} with {n} coordinators against 1: hit rate {hit_rate / max(one[2], 1e-9):.2f}x, "
+                  f"requests/s {rps / one[0]:.2f}x, TTFT p50 {one[1] / p50:.2f}x lower")
     return 0
 
 

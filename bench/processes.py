@@ -92,43 +92,48 @@ def serving(name: str, argv: list[str], ready_url: str, *, log_path: Path | None
 
 @dataclass(frozen=True)
 class Pool:
-    url: str  # the coordinator
+    url: str  # the (first) coordinator
     worker_urls: tuple[str, ...]
     worker_token: str  # the workers answer /metrics, /worker/sessions and generate only with it
+    urls: tuple[str, ...] = ()  # every coordinator, the first first
 
 
 @contextlib.contextmanager
 def pool(log_dir: Path, *, workers: Sequence[Sequence[str]], coordinator: Sequence[str] = (),
-         api_keys: str | None = None, name: str = "pool", timeout: float = 60.0) -> Iterator[Pool]:
-    """A real coordinator and real workers (`python -m worker`, one per entry of `workers`, which holds
-    each one's extra flags) on loopback; yields once every worker has registered, stops them all after.
-    The pool has a worker token of its own, as start.sh's does by default (`Pool.worker_token`).
-    `api_keys`: the coordinator's client keys (its API_KEYS: `KEY` or `KEY TENANT` entries, comma-separated;
-    in the environment, not the command line, so `ps` does not show them); None: no keys."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+         api_keys: str | None = None, name: str = "pool", timeout: float = 60.0, coordinators: int = 1) -> Iterator[Pool]:
+    """Real coordinators (`coordinators` of them, each on its own port, the same flags) and real workers
+    (`python -m worker`, one per entry of `workers`, which holds each one's extra flags, heartbeating to
+    every coordinator) on loopback; yields once every worker has registered with every coordinator,
+    stops them all after. The pool has a worker token of its own, as start.sh's does by default
+    (`Pool.worker_token`). `api_keys`: the coordinators' client keys (their API_KEYS: `KEY` or `KEY
+    TENANT` entries, comma-separated; in the environment, not the command line, so `ps` does not show
+    them); None: no keys."""
+    urls = [f"http://127.0.0.1:{free_port()}" for _ in range(coordinators)]
     token = secrets.token_urlsafe(24)
     env = peer_env(token)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(serving(
-            "coordinator", [sys.executable, "-m", "coordinator", "--port", str(port), "--heartbeat-interval", "1",
-                            "--log-level", "warning", *coordinator],
-            url + "/coordinator/health", log_path=log_dir / f"{name}-coordinator.log", env=peer_env(token, api_keys)))
+        for c, url in enumerate(urls, start=1):
+            label = "coordinator" if coordinators == 1 else f"coordinator-{c}"
+            stack.enter_context(serving(
+                label, [sys.executable, "-m", "coordinator", "--port", url.rsplit(":", 1)[1], "--heartbeat-interval",
+                        "1", "--log-level", "warning", *coordinator],
+                url + "/coordinator/health", log_path=log_dir / f"{name}-{label}.log", env=peer_env(token, api_keys)))
         worker_urls = []
         for i, extra in enumerate(workers, start=1):
             wport = free_port()
             worker_urls.append(f"http://127.0.0.1:{wport}")
             stack.enter_context(serving(
                 f"worker-{i}", [sys.executable, "-m", "worker", "--port", str(wport), "--worker-id", f"w{i}",
-                                "--coordinator-url", url, "--heartbeat-interval", "0.5", "--log-level", "warning",
-                                *extra],
+                                "--coordinator-url", ",".join(urls), "--heartbeat-interval", "0.5",
+                                "--log-level", "warning", *extra],
                 worker_urls[-1] + "/worker/health", log_path=log_dir / f"{name}-w{i}.log", env=env))
         deadline = time.monotonic() + timeout
-        while httpx.get(url + "/coordinator/health", timeout=2).json()["workers"]["alive"] < len(workers):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the workers did not register within {timeout:g} s (logs in {log_dir})")
-            time.sleep(0.2)
-        yield Pool(url, tuple(worker_urls), token)
+        for url in urls:
+            while httpx.get(url + "/coordinator/health", timeout=2).json()["workers"]["alive"] < len(workers):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the workers did not register within {timeout:g} s (logs in {log_dir})")
+                time.sleep(0.2)
+        yield Pool(urls[0], tuple(worker_urls), token, tuple(urls))
 
 
 def code_version(paths: Sequence[str] = ("worker", "protocol", "coordinator", "bench")) -> dict[str, Any]:

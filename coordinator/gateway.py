@@ -28,7 +28,7 @@ from coordinator.errors import CoordinatorError
 from coordinator.generation import Generation
 from coordinator.pool.models import resolve_model
 from coordinator.pool.registry import ALIVE
-from coordinator.relay.dispatch import OpenStream, PrefixPeer
+from coordinator.relay.dispatch import OpenStream, PrefixHints, PrefixPeer
 from coordinator.relay.embeddings import EmbedAnswer
 from coordinator.relay.stream import Outcome, Relay
 from coordinator.relay.supervisor import Ending
@@ -206,7 +206,7 @@ class Gateway:
         ranked = [state.registry.get(w.worker_id) for w in decision.ranked]
         try:
             stream = await state.dispatcher.open(gen, [w for w in ranked if w is not None], reserved=placed,
-                                                 prefix_peer=self._prefix_peer(leaning))
+                                                 hints=PrefixHints.of(leaning.hashes, self._prefix_peer(leaning)))
         except CoordinatorError as exc:
             if exc.reason in (reasons.SESSION_EXPIRED, reasons.UNKNOWN_SESSION):
                 affinity.lost(gen.session_key)

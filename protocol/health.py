@@ -17,6 +17,7 @@ from protocol.worker import (
     MAX_EMBED_INPUTS,
     MAX_STREAM_REF,
     MODEL_NAME_PATTERN,
+    PREFIX_BLOCK_PATTERN,
     PROTOCOL_VERSION,
 )
 
@@ -30,6 +31,9 @@ MAX_SESSIONS = 256
 MAX_BYTES = 1 << 50  # a pebibyte of KV cache: far past any device, far below a 400-digit number
 MAX_TOKENS = 1 << 24
 SESSION_DIGEST_PATTERN = r"^[0-9a-f]{16}$"
+# Prefix blocks a heartbeat lists at most: with everything else it stays well inside the coordinator's
+# 64 KiB limit on a heartbeat's body (19 bytes each as JSON).
+MAX_HELD_PREFIX_BLOCKS = 2048
 
 
 @functools.lru_cache(maxsize=4096)  # a request asks for its session's digest several times
@@ -76,6 +80,12 @@ class WorkerLoad(BaseModel):
         default_factory=list, max_length=MAX_SESSIONS,
         description="`session_digest` of every named session it holds (streaming or kept), so that every "
                     "coordinator knows where a session is, whichever one served its last turn")
+
+    prefixes: list[Annotated[str, StringConstraints(pattern=PREFIX_BLOCK_PATTERN)]] = Field(
+        default_factory=list, max_length=MAX_HELD_PREFIX_BLOCKS,
+        description="the prefix blocks (`GenerateRequest.prefix_blocks`) of the prompts its sequences' cells "
+                    "hold now, running, kept or left over for reuse, the most recently used first; at most "
+                    "MAX_HELD_PREFIX_BLOCKS")
 
     @model_validator(mode="after")
     def _consistent(self) -> WorkerLoad:

@@ -36,7 +36,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 GENERATE_PATH = "/worker/generate"
 # Open even with a worker token (probes cannot send one); the coordinator reads it before it registers
 # a new worker (coordinator/pool/probe.py).
@@ -92,6 +92,10 @@ FUNCTION_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 SESSION_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/\-]{0,127}$"
 TENANT_PATTERN = r"^[A-Za-z0-9._:-]{0,64}$"
+# A block of a request's text as the coordinators' prefix index names it (coordinator/affinity/prefixes.py):
+# 8 bytes of a chained BLAKE2b, in hex. A request carries at most MAX_PREFIX_BLOCKS of them.
+PREFIX_BLOCK_PATTERN = r"^[0-9a-f]{16}$"
+MAX_PREFIX_BLOCKS = 1024
 # The most choices one request may ask for on this wire (OpenAI's own bound on `n`); a coordinator
 # sets its own, smaller, bound (`MAX_CHOICES`), and a worker cannot run more than its sequences.
 MAX_CHOICES = 128
@@ -270,6 +274,13 @@ class GenerateRequest(GenerationFields):
                                     "prompt's prefix: this worker may fetch those cells from it (`POST "
                                     "/worker/prefix`) instead of prefilling them, when that saves at least "
                                     "WORKER_PEER_PREFIX_MIN_TOKENS")
+    # Internal only: the prompt's prefix blocks as the coordinator's prefix index hashed them.
+    prefix_blocks: list[Annotated[str, Field(pattern=PREFIX_BLOCK_PATTERN)]] | None = Field(
+        default=None, max_length=MAX_PREFIX_BLOCKS,
+        description="the chained hashes of this request's text in blocks, from the first: the worker keeps "
+                    "them with the sequence whose cells hold the prompt and lists them in its heartbeats "
+                    "(`WorkerLoad.prefixes`) while they do, so every coordinator's prefix index holds what "
+                    "the workers hold, whichever coordinator sent the prompt")
     # Internal only: the OpenAI surfaces' `tools` and `tool_choice`, for a chat (`messages`).
     tools: ToolUse | None = Field(default=None, description="functions the answer may call; the worker tells "
                                   "the model about them and holds a call to their schemas (unless `grammar` "

@@ -105,6 +105,7 @@ class WorkerRuntime:
             bytes_per_token=limits.bytes_per_token, session_max_tokens=limits.session_max_tokens,
             idle_sessions=table.idle_sessions, idle_kv_bytes=table.idle_reserved_tokens * limits.bytes_per_token,
             streams=list(table.stream_refs), held=[session_digest(tenant, sid) for tenant, sid in table.held],
+            prefixes=list(table.prefixes),
             max_prompt_bytes=min(limits.session_max_tokens * self.model.max_token_bytes, 1 << 50),
             draining=self.gate.draining, backend="gpu" if self.model.backend == "gpu" else "cpu",
             gpu_layers=min(self.model.gpu_layers, self.model.shape.n_layer + 1))  # "all" is a huge number

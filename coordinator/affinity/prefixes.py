@@ -1,12 +1,15 @@
-"""An approximate index of which worker was sent which prompt prefix, for prefix-aware routing.
+"""An index of which worker holds which prompt prefix, for prefix-aware routing.
 
 Owns: chained hashes of a prompt's text in fixed-size blocks (block i's hash covers blocks 0..i, so
-equal hashes mean equal prefixes), a bounded LRU from block hash to the workers recently sent that
-prefix, and `match`: for each worker, the share of a new prompt's blocks it was sent before.
-Must not: pretend to know a worker's KV cache. It has no tokenizer and sees no evictions: it knows
-what was sent where, which is what llm-d's approximate prefix scorer and SGLang's cache-aware router
-go by too. A worker that dropped a prefix only costs the scorer a wrong guess; the worker's own
+equal hashes mean equal prefixes), a bounded LRU from block hash to the workers that hold that prefix,
+and `match`: for each worker, the share of a new prompt's blocks it holds.
+Two sources feed it. What this coordinator sent where (`record`), at once. And what each worker says
+its cells hold (`report`, from every heartbeat): the request carries its blocks to the worker
+(`GenerateRequest.prefix_blocks`), which lists them while its cells keep that prompt. So a prompt that
+another coordinator sent is known here by the worker's next heartbeat, and a prefix the worker
+evicted is dropped from the index then. It has no tokenizer: a block is text, and the worker's own
 prompt cache decides what is really reused.
+Every coordinator of a pool must hash alike (the same PREFIX_BLOCK_CHARS) for the reports to match.
 
 The text of a request is its prompt, or its tools and messages as `tools\\0role\\0content\\0...`, so
 conversations and shared system prompts share prefixes the same way the workers' rendered prompts do.
@@ -18,7 +21,7 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from protocol.worker import GenerateRequest
+from protocol.worker import MAX_PREFIX_BLOCKS, GenerateRequest
 
 
 def request_text(request: GenerateRequest) -> str:
@@ -33,7 +36,7 @@ def block_hashes(model: str | None, text: str, block_chars: int, limit: int, *, 
     Per tenant: the workers reuse a prompt's cells only for the tenant that sent it, so another tenant's
     identical prefix is another prefix."""
     seed = (model or "") if not tenant else f"{tenant}\0{model or ''}"
-    digest = hashlib.blake2b(seed.encode(), digest_size=16)
+    digest = hashlib.blake2b(seed.encode(), digest_size=8)  # as PREFIX_BLOCK_PATTERN names it on the wire
     out = []
     for start in range(0, min(len(text), block_chars * limit) - block_chars + 1, block_chars):
         digest.update(text[start:start + block_chars].encode())
@@ -42,11 +45,12 @@ def block_hashes(model: str | None, text: str, block_chars: int, limit: int, *, 
 
 
 class PrefixIndex:
-    def __init__(self, *, block_chars: int, capacity: int, max_blocks: int = 1024) -> None:
+    def __init__(self, *, block_chars: int, capacity: int, max_blocks: int = MAX_PREFIX_BLOCKS) -> None:
         self.block_chars = block_chars
         self.capacity = capacity  # block hashes remembered, all workers together
         self.max_blocks = max_blocks  # blocks indexed per request: bounds the work per request
         self._workers: OrderedDict[bytes, set[str]] = OrderedDict()
+        self._reported: dict[str, frozenset[bytes]] = {}  # by worker: the blocks its last heartbeat listed
 
     def __len__(self) -> int:
         return len(self._workers)
@@ -80,8 +84,32 @@ class PrefixIndex:
         while len(self._workers) > self.capacity:
             self._workers.popitem(last=False)
 
+    def report(self, worker_id: str, blocks: Sequence[str]) -> None:
+        """A heartbeat of `worker_id` listing the prefix blocks its cells hold (hex, most recent first):
+        those it no longer lists are no longer its; those it lists are (again, if the LRU dropped them).
+        O(blocks listed) a heartbeat."""
+        if self.capacity <= 0:
+            return
+        held = frozenset(bytes.fromhex(b) for b in blocks)
+        for h in self._reported.get(worker_id, frozenset()) - held:
+            holders = self._workers.get(h)
+            if holders is not None:
+                holders.discard(worker_id)
+                if not holders:
+                    del self._workers[h]
+        for h in held:
+            holders = self._workers.get(h)
+            if holders is None:
+                self._workers[h] = {worker_id}
+            elif worker_id not in holders:
+                holders.add(worker_id)
+        self._reported[worker_id] = held
+        while len(self._workers) > self.capacity:
+            self._workers.popitem(last=False)
+
     def forget_worker(self, worker_id: str) -> None:
         """A worker left the pool: its cache is gone. O(index), on removal only."""
+        self._reported.pop(worker_id, None)
         for h in list(self._workers):
             holders = self._workers[h]
             holders.discard(worker_id)

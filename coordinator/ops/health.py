@@ -71,6 +71,7 @@ async def heartbeat(request: Request) -> HeartbeatAck:
         now = state.clock.monotonic()
         _check_identity(state, beat, now, quiet=True)  # what another heartbeat changed meanwhile
     record = state.registry.upsert(beat.model_copy(update={"load": beat.load.clamped()}), now)
+    state.prefixes.report(record.worker_id, beat.load.prefixes)  # the prompts its cells hold now
     state.registry.sweep(now)
     state.queue.wake(record.model)  # it may have room now (and catches any wake-up missed before)
     state.embedding_queue.wake(record.model)

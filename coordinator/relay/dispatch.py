@@ -98,12 +98,32 @@ class PrefixPeer:
     share: float  # of the prompt's indexed blocks
     shares: Mapping[str, float]  # every worker's share
 
-    def payload_for(self, worker_id: str, valid: Generation) -> bytes:
-        """The request as `worker_id` gets it: with the hint when the peer was sent more of the prefix."""
+    def fragment_for(self, worker_id: str) -> bytes:
+        """The hint as `worker_id` gets it: only when the peer was sent more of the prefix."""
         if worker_id == self.worker_id or self.shares.get(worker_id, 0.0) >= self.share:
-            return valid.payload
-        # The payload is one JSON object of the fields the client set: the hint goes in as one more.
-        return valid.payload[:-1] + b',"prefix_peer":' + json.dumps(self.url).encode() + b"}"
+            return b""
+        return b',"prefix_peer":' + json.dumps(self.url).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixHints:
+    """What the coordinator adds to a request for the worker it tries: the prompt's prefix blocks (the
+    worker lists them in its heartbeats while its cells hold that prompt: every coordinator's prefix
+    index learns where it went) and, for a worker that was sent less of the prefix, the peer."""
+
+    blocks: bytes = b""  # ',"prefix_blocks":[...]', or nothing
+    peer: PrefixPeer | None = None
+
+    @classmethod
+    def of(cls, hashes: Sequence[bytes], peer: PrefixPeer | None) -> PrefixHints:
+        blocks = b',"prefix_blocks":' + json.dumps([h.hex() for h in hashes]).encode() if hashes else b""
+        return cls(blocks, peer)
+
+    def payload_for(self, worker_id: str, valid: Generation) -> bytes:
+        """The request as `worker_id` gets it. The payload is one JSON object of the fields the client
+        set: the hints go in as more fields."""
+        extra = self.blocks + (self.peer.fragment_for(worker_id) if self.peer is not None else b"")
+        return valid.payload[:-1] + extra + b"}" if extra else valid.payload
 
 
 class Dispatcher:
@@ -120,10 +140,10 @@ class Dispatcher:
         self._auth = {"authorization": f"Bearer {worker_token}"} if worker_token else {}
 
     async def open(self, valid: Generation, ranked: Sequence[WorkerRecord], *,
-                   reserved: Callable[[], None] | None = None, prefix_peer: PrefixPeer | None = None) -> OpenStream:
+                   reserved: Callable[[], None] | None = None, hints: PrefixHints | None = None) -> OpenStream:
         """`reserved` runs once, when the first attempt's reservation is made (before any await).
-        `prefix_peer`: the worker that was sent most of this prompt's prefix; any other worker tried is
-        told it may fetch those cells from there (`GenerateRequest.prefix_peer`)."""
+        `hints`: the prompt's prefix blocks, and the worker that was sent most of its prefix; any other
+        worker tried is told it may fetch those cells from there (`GenerateRequest.prefix_peer`)."""
         last: Failover | None = None
         refused_only = True
         for attempt, worker in enumerate(ranked[: self._max_attempts], start=1):
@@ -133,7 +153,7 @@ class Dispatcher:
                 reserved = None
             self._breakers.attempt(worker)
             try:
-                stream = await self._attempt(worker, valid, reservation, prefix_peer)
+                stream = await self._attempt(worker, valid, reservation, hints)
             except Failover as failover:
                 self._admission.release(reservation)
                 if failover.refused:
@@ -159,13 +179,13 @@ class Dispatcher:
                                f"no worker could start the request ({last.reason if last else 'none tried'})")
 
     async def _attempt(self, worker: WorkerRecord, valid: Generation, res: Reservation,
-                       prefix_peer: PrefixPeer | None = None) -> OpenStream:
+                       hints: PrefixHints | None = None) -> OpenStream:
         url = worker.url.rstrip("/") + GENERATE_PATH
         response: WorkerResponse | None = None
         admitted = False
         try:
             async with asyncio.timeout(self._first_event_timeout):
-                body = valid.payload if prefix_peer is None else prefix_peer.payload_for(worker.worker_id, valid)
+                body = valid.payload if hints is None else hints.payload_for(worker.worker_id, valid)
                 response = await self._client.post(url, body, _worker_headers(valid, res) | self._auth)
                 if response.status != 200:
                     raise await worker_refusal(response)

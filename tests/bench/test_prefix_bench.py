@@ -45,3 +45,11 @@ def test_a_pool_with_keys_asks_for_one_and_the_shells_keys_stay_out(
             assert httpx.get(running.url + "/metrics", headers=headers, timeout=10).status_code == 401
     with pool(tmp_path, workers=[["--engine", "simulated"]], timeout=30) as running:
         assert httpx.post(running.url + "/v1/chat/completions", json=CHAT, timeout=30).status_code == 200
+
+
+def test_a_pool_of_two_coordinators_has_every_worker_registered_with_both(tmp_path: Path) -> None:
+    with pool(tmp_path, workers=[["--engine", "simulated"]] * 2, timeout=30, coordinators=2) as running:
+        assert len(set(running.urls)) == 2 and running.url == running.urls[0]
+        for url in running.urls:
+            assert httpx.get(url + "/coordinator/health", timeout=5).json()["workers"]["alive"] == 2
+            assert httpx.post(url + "/v1/chat/completions", json=CHAT, timeout=30).status_code == 200

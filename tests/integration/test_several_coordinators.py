@@ -206,3 +206,65 @@ def test_a_coordinator_killed_under_load_loses_only_its_own_streams(model_path: 
     finally:
         for proc in reversed(procs):
             proc.stop()
+
+
+SYSTEM = ("You are the archivist of a small mountain library. You answer questions about its catalogue, "
+          "its opening hours and its rules, briefly and politely, and you never invent a book. ") * 8
+
+
+def ask(url: str, question: str) -> tuple[str, int]:
+    """(the worker that served it, its cached prompt tokens)."""
+    with httpx.stream("POST", url + "/coordinator/infer", timeout=60,
+                      json={"prompt": SYSTEM + question, "max_tokens": 2, "temperature": 0}) as response:
+        assert response.status_code == 200, response.read()
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    done = json.loads(lines[-1][6:])
+    assert done.get("finished"), done
+    return str(done["worker_id"]), int(done["usage"]["cached_tokens"])
+
+
+def worker_load(worker_url: str) -> dict:  # type: ignore[type-arg]
+    return httpx.get(worker_url + "/worker/health", timeout=2).json()["load"]  # type: ignore[no-any-return]
+
+
+def test_a_prefix_one_coordinator_sent_is_known_to_the_other_from_the_workers_heartbeats(
+        model_path: Path, tmp_path: Path) -> None:
+    """c1 sends a long system prompt to a worker; the worker's heartbeats list its blocks, so c2 sends
+    the next prompt with that system prompt to the same worker, though by load alone it would pick
+    the other (a kept session makes the holder busier)."""
+    procs: list[Proc] = []
+    flags = ("--heartbeat-interval", str(INTERVAL), "--scorers", "session_load:0.3,kv_load:0.2,prefix:0.5",
+             "--prefix-balance-threshold", "0.9")
+    try:
+        urls = []
+        for name in ("c1", "c2"):
+            proc, url = start_coordinator(tmp_path, name, *flags)
+            procs.append(proc)
+            urls.append(url)
+        worker_urls = {}
+        for worker_id in ("w1", "w2"):
+            worker, worker_urls[worker_id] = start_worker(tmp_path, worker_id, ",".join(urls), model_path,
+                                                          "--threads", "1", "--max-sessions", "4",
+                                                          "--heartbeat-interval", str(INTERVAL / 2))
+            procs.append(worker)
+        for url in urls:
+            for worker_id in ("w1", "w2"):
+                wait_until(lambda url=url, w=worker_id: state(url, w) == "alive", 60, f"{worker_id} at {url}")
+        holder, _ = ask(urls[0], "When do you open?")
+        other = next(w for w in worker_urls if w != holder)
+        # A kept session straight on the holder: by load, both coordinators now prefer the other worker.
+        # Raw text: no chat template shared with the system prompt's cells, so it takes other cells.
+        with httpx.stream("POST", worker_urls[holder] + "/worker/generate", timeout=60,
+                          json={"prompt": "Hello.", "raw": True, "session_id": "weight", "max_tokens": 1}) as response:
+            assert response.status_code == 200, response.read()
+            response.read()
+        assert worker_load(worker_urls[other])["prefixes"] == []
+        wait_until(lambda: (load := worker_load(worker_urls[holder]))["sessions"] == 1 and len(load["prefixes"]) >= 5,
+                   10, "the holder to list the system prompt's blocks and its kept session")
+        time.sleep(3 * INTERVAL)  # several of its heartbeats have reached both coordinators
+        served = [ask(urls[1], f"Question {i}: may I borrow a map?") for i in range(3)]
+        assert [w for w, _ in served] == [holder] * 3, (holder, served)
+        assert all(cached >= 200 for _, cached in served), served  # the system prompt was reused
+    finally:
+        for proc in reversed(procs):
+            proc.stop()

@@ -203,7 +203,8 @@ class Gate:
                 self._freed.clear()  # before the attempt: a release after it is not missed
                 try:
                     return self.table.admit(request.session_id, need, tokens, tenant=request.tenant,
-                                            stream_ref=stream_ref, choices=request.n)
+                                            stream_ref=stream_ref, choices=request.n,
+                                            prefix_blocks=tuple(request.prefix_blocks or ()))
                 except WorkerError as refused:
                     left = deadline - loop.time()
                     if refused.reason not in WAITABLE or not self.table.ending or left <= 0:

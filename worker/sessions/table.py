@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from protocol import reasons
-from protocol.health import SessionInfo
+from protocol.health import MAX_HELD_PREFIX_BLOCKS, SessionInfo
 from worker.backends.base import Message
 from worker.errors import WorkerError
 
@@ -71,6 +71,8 @@ class Session:
     busy: bool = False
     stream_ref: int | None = None  # the coordinator's reference of the stream running on it now
     handed_over: bool = False  # exported while the worker drains: one coordinator moves it, not two
+    # The coordinator's hashes of the text whose prompt its cells hold (GenerateRequest.prefix_blocks).
+    prefix_blocks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ class TableLoad:
     idle_reserved_tokens: int
     stream_refs: tuple[int, ...]  # the coordinator's references of the streams running now
     held: tuple[tuple[str, str], ...] = ()  # (tenant, session id) of every named session
+    prefixes: tuple[str, ...] = ()  # prefix blocks the cells hold, most recently used first, bounded
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class _Leftover:
 
     tenant: str
     tokens: list[int]
+    prefix_blocks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -145,7 +149,8 @@ class SessionTable:
             return self._named.get(key)
 
     def admit(self, session_id: str | None, need_tokens: int, prompt: list[int] | tuple[int, ...] = (), *,
-              tenant: str = "", stream_ref: int | None = None, choices: int = 1) -> Admission:
+              tenant: str = "", stream_ref: int | None = None, choices: int = 1,
+              prefix_blocks: tuple[str, ...] = ()) -> Admission:
         """Reserves a sequence and `need_tokens` of KV for one request of `tenant`, or raises 409/503.
 
         `stream_ref`: the coordinator's reference of the request (`X-Stream-Ref`); heartbeats list it
@@ -159,6 +164,9 @@ class SessionTable:
         nothing. Each choice holds its own copy of the prompt (with a split cache llama.cpp copies the
         cells into each sequence's stream), so each reserves what a lone request would; the extra
         sessions start empty (`Admission.extra`): the engine fills them with a copy of choice 0's.
+
+        `prefix_blocks`: the coordinator's hashes of the request's text; every sequence of the request
+        keeps them while its cells hold the prompt (`load().prefixes`).
         """
         if need_tokens > self.limits.session_max_tokens:
             raise ValueError("need_tokens is above the session limit; validate before admitting")
@@ -188,8 +196,10 @@ class SessionTable:
                     self.on_named()
                 for _ in range(choices - 1):
                     extra.append(self._open(self._take_seq((), tenant, beside=seq_id), tenant, need_tokens, stream_ref))
+                    extra[-1].prefix_blocks = prefix_blocks
             else:
                 self._idle_lru.pop(session.seq_id, None)
+            session.prefix_blocks = prefix_blocks
             self._reserved_tokens += need_tokens - session.reserved_tokens
             session.reserved_tokens = need_tokens
             session.busy = True
@@ -316,7 +326,7 @@ class SessionTable:
             if session in self._live:
                 self._drop(session)
                 if retain_cells:
-                    self._leftover[session.seq_id] = _Leftover(session.tenant, session.tokens)
+                    self._leftover[session.seq_id] = _Leftover(session.tenant, session.tokens, session.prefix_blocks)
                     return None
                 return session.seq_id
             return None
@@ -417,7 +427,21 @@ class SessionTable:
                              len(idle), sum(s.reserved_tokens for s in idle),
                              # a request of several choices holds several sessions: listed once
                              tuple(dict.fromkeys(s.stream_ref for s in self._live if s.stream_ref is not None)),
-                             tuple(key for key, s in self._named.items() if s in self._live))
+                             tuple(key for key, s in self._named.items() if s in self._live),
+                             self._prefixes())
+
+    def _prefixes(self) -> tuple[str, ...]:
+        """The prefix blocks of every sequence's cells, running or kept sessions by their last use, then
+        leftovers, the most recent first, each block once, at most MAX_HELD_PREFIX_BLOCKS. Under the lock."""
+        out: dict[str, None] = {}
+        holders = [s.prefix_blocks for s in sorted(self._live, key=lambda s: s.last_used, reverse=True)]
+        holders.extend(left.prefix_blocks for left in reversed(self._leftover.values()))
+        for blocks in holders:
+            for block in blocks:
+                out[block] = None
+                if len(out) >= MAX_HELD_PREFIX_BLOCKS:
+                    return tuple(out)
+        return tuple(out)
 
     def describe(self) -> list[SessionInfo]:
         now = self._clock()

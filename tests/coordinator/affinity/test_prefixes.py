@@ -52,3 +52,35 @@ def test_the_index_is_bounded_and_forgets_a_worker_that_left() -> None:
     index.forget_worker("w2")
     assert index.match(index.hashes("m", req("b" * 64))) == {}
     assert PrefixIndex(block_chars=16, capacity=0).hashes("m", req("a" * 64)) == []  # off
+
+
+def test_heartbeats_make_the_index_the_workers_truth() -> None:
+    index = PrefixIndex(block_chars=256, capacity=1000)
+    long = index.hashes("m", req(SYSTEM * 2 + "question"))  # 5 blocks
+    short = index.hashes("m", req(SYSTEM))  # its first 2
+    # Another coordinator sent the long prompt to w2: this one learns it from w2's heartbeat.
+    index.report("w2", [h.hex() for h in long])
+    assert index.match(long) == {"w2": 1.0}
+    # w1 was sent the short one from here; its heartbeat does not list it yet: the record stands.
+    index.record(short, "w1")
+    index.report("w1", [])
+    assert index.match(long) == {"w1": 0.4, "w2": 1.0}
+    # w2 evicted the long prompt but for its first 2 blocks (another prompt's cells kept them).
+    index.report("w2", [h.hex() for h in short])
+    assert index.match(long) == {"w1": 0.4, "w2": 0.4}
+    index.report("w2", [])
+    assert index.match(long) == {"w1": 0.4}
+    index.forget_worker("w1")
+    index.report("w1", [])
+    assert index.match(long) == {}
+
+
+def test_a_reported_block_the_lru_dropped_comes_back_with_the_next_heartbeat() -> None:
+    index = PrefixIndex(block_chars=16, capacity=4)
+    held = index.hashes("m", req("a" * 16 * 4))
+    index.report("w1", [h.hex() for h in held])
+    index.record(index.hashes("m", req("b" * 16 * 4)), "w2")  # pushes w1's blocks out of the index
+    assert index.match(held) == {}
+    index.report("w1", [h.hex() for h in held])
+    assert index.match(held) == {"w1": 1.0} and len(index) == 4
+    assert PrefixIndex(block_chars=16, capacity=0).report("w1", [h.hex() for h in held]) is None  # off

@@ -486,3 +486,33 @@ def test_the_load_lists_every_named_session_held_and_a_new_one_is_announced_at_o
     assert announced == ["new"]
     t.delete("chat-1", tenant="acme")
     assert t.load().held == ()
+
+
+def test_heartbeats_list_the_prefix_blocks_the_cells_hold_most_recent_first_until_they_are_gone() -> None:
+    t, clock = table(capacity=200, sessions=4)
+    kept = t.admit("s1", 20, [1, 2, 3], prefix_blocks=("a1", "a2")).session
+    kept.tokens = [1, 2, 3]
+    t.release(kept, keep_kv=True)  # a kept session's cells hold its prompt
+    clock.now += 1
+    cached = t.admit(None, 20, [4, 5], prefix_blocks=("b1",)).session
+    cached.tokens = [4, 5]
+    t.release(cached, keep_kv=False, retain_cells=True)  # a leftover's cells too, for the next prompt
+    clock.now += 1
+    plain = t.admit(None, 20, [7], prefix_blocks=("a1", "c2")).session  # shares block a1 with s1
+    assert t.load().prefixes == ("a1", "c2", "a2", "b1")  # running first, each block once
+    t.release(plain, keep_kv=False)  # freed: its cells are cleared
+    assert t.load().prefixes == ("a1", "a2", "b1")
+    reuse = t.admit(None, 20, [4, 5, 6], prefix_blocks=("b1", "b2")).session  # takes the leftover's cells
+    assert reuse.seq_id == cached.seq_id and t.load().prefixes == ("b1", "b2", "a1", "a2")
+    t.delete("s1")
+    assert t.load().prefixes == ("b1", "b2")
+    assert t.admit(None, 10, [8]).session.prefix_blocks == ()  # a request sent without blocks names none
+
+
+def test_the_listed_prefix_blocks_are_bounded() -> None:
+    from protocol.health import MAX_HELD_PREFIX_BLOCKS
+
+    t, _ = table(capacity=200, sessions=3)
+    for i in range(3):
+        t.admit(None, 10, [i], prefix_blocks=tuple(f"{i}-{j}" for j in range(MAX_HELD_PREFIX_BLOCKS)))
+    assert len(t.load().prefixes) == MAX_HELD_PREFIX_BLOCKS
