@@ -115,5 +115,12 @@ class Admission:
             if worker is not None:
                 self._on_release(worker.model)
 
+    def refused(self, res: Reservation, reason: str) -> None:
+        """The worker refused `res`'s placement as full (`sessions_full`, `kv_full`): it knows of streams
+        this coordinator does not (another coordinator's, or ones begun since its last report). Until
+        its next heartbeat it counts here as full for such a request, so one waiting in the queue does
+        not ask it again before then. Call it after `release(res)`."""
+        self._registry.refused(res.worker_id, reason, res.kv_bytes)
+
     def _overloaded(self, reason: str, message: str) -> CoordinatorError:
         return CoordinatorError(reason, message, retry_after=self._retry_after)

@@ -31,6 +31,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from protocol import reasons
 from protocol.health import EmbeddingService, Heartbeat, WorkerLoad
 
 ALIVE = "alive"
@@ -90,6 +91,12 @@ class WorkerRecord:
     embeddings: EmbeddingService | None = None  # what it says it embeds; None: it does not
     embedding_requests: int = 0  # this coordinator's embedding requests on it now (hold_embedding)
     held: frozenset[str] = frozenset()  # session digests in its latest heartbeat (Registry._holder)
+    # Capacity refusals since its last heartbeat, from a worker that other coordinators use too: it
+    # knows of their streams, so until it reports again (`Registry.refused`) it counts here as having
+    # no free session (sessions_full), and less free KV than the refused request needed (kv_full: at
+    # most `kv_free_below` - 1 bytes).
+    sessions_refused: bool = False
+    kv_free_below: int | None = None
 
     def observe_ttft(self, seconds: float, now: float, weight: float = 0.3) -> None:
         self.ttft_ewma = seconds if self.ttft_ewma is None else (1 - weight) * self.ttft_ewma + weight * seconds
@@ -103,6 +110,8 @@ class WorkerRecord:
 
     @property
     def sessions(self) -> int:
+        if self.sessions_refused:
+            return self.max_sessions
         return max(0, self.load.sessions + self.extra_sessions)
 
     @property
@@ -112,16 +121,19 @@ class WorkerRecord:
     @property
     def idle_sessions(self) -> int:
         """Sessions kept for a next turn with no stream: the worker evicts them for a new request."""
-        return min(self.load.idle_sessions, self.sessions)
+        return 0 if self.sessions_refused else min(self.load.idle_sessions, self.sessions)
 
     @property
     def idle_kv_bytes(self) -> int:
-        return min(self.load.idle_kv_bytes, self.kv_reserved_bytes)
+        return 0 if self.kv_free_below is not None else min(self.load.idle_kv_bytes, self.kv_reserved_bytes)
 
     @property
     def kv_reserved_bytes(self) -> int:
         reported = max(self.load.kv_reserved_bytes, self.load.kv_used_bytes)
-        return max(0, reported + self.extra_kv_bytes)
+        reserved = max(0, reported + self.extra_kv_bytes)
+        if self.kv_free_below is not None:
+            return max(reserved, self.kv_capacity_bytes - self.kv_free_below + 1)
+        return reserved
 
     @property
     def kv_capacity_bytes(self) -> int:
@@ -293,6 +305,7 @@ class Registry:
                 self._know(rec)
                 self._announce_if_gone(*before)  # after: an alias change keeps the identity served
             rec.url, rec.load, rec.last_seen, rec.embeddings = hb.url, hb.load, now, hb.embeddings
+            rec.sessions_refused, rec.kv_free_below = False, None  # its own report: what it refused is in it
             self._reflect(rec, frozenset(hb.load.streams), hb.timestamp)
             self._hold(rec, frozenset(hb.load.held))
         self._join(rec)
@@ -336,6 +349,29 @@ class Registry:
         for digest in held:
             self._holder[digest] = rec.worker_id
         rec.held = held
+
+    def refused(self, worker_id: str, reason: str, kv_bytes: int) -> None:
+        """`worker_id` refused a request as full: `reasons.SESSIONS_FULL` (no session free), or
+        `KV_FULL` for one that needed `kv_bytes`. If its latest heartbeat listed streams that are not
+        this coordinator's (another coordinator's: they are why this one's view fell short), it
+        counts so in the aggregates and the scheduler's filters until its next heartbeat. Otherwise
+        nothing changes: with one coordinator a refusal is a seam (a sequence still ending) that the
+        corrections already account for, and marking the worker full would refuse requests it has
+        room for (tests/faults/test_churn.py)."""
+        rec = self._workers.get(worker_id)
+        if rec is None or reason not in (reasons.SESSIONS_FULL, reasons.KV_FULL):
+            return
+        if rec.listed <= rec.corrections.keys():
+            return
+        found = rec
+
+        def mark() -> None:
+            if reason == reasons.SESSIONS_FULL:
+                found.sessions_refused = True
+            else:
+                found.kv_free_below = min(kv_bytes, found.kv_free_below or kv_bytes)
+
+        self._update(found, mark)
 
     def correct(self, worker_id: str, key: int, correction: Correction) -> None:
         """Add (or replace) the correction of stream `key` on a worker."""

@@ -4,8 +4,9 @@ Owns: the HTTP call to `POST /worker/generate` (protocol.worker) up to the worke
 failover before it (bounded attempts), reservations made, confirmed at the worker's `admitted` event
 and released per attempt, turning a worker's refusal (a status, or an `error` event before
 `admitted`) into a `CoordinatorError` (400/404/409/413 pass through with the worker's reason; 503
-refusals and unreachable workers move on to the next worker), and telling the breakers what each
-attempt said about its worker.
+refusals and unreachable workers move on to the next worker, and a worker that refused as full counts
+so until its next heartbeat: it knows of streams this coordinator does not, another coordinator's),
+and telling the breakers what each attempt said about its worker.
 Must not: relay events after the first one (relay.py) or rank workers (scheduler.py).
 
 The client's status line waits for the worker's first token, not just its headers, so a worker that
@@ -158,6 +159,7 @@ class Dispatcher:
                 self._admission.release(reservation)
                 if failover.refused:
                     self._breakers.settled(worker.worker_id)  # a capacity refusal is the worker working
+                    self._admission.refused(reservation, failover.reason)
                 else:
                     self._breakers.failed(worker.worker_id)
                 self._metrics.failovers.labels(reason=failover.reason).inc()

@@ -185,3 +185,38 @@ async def test_a_placed_head_that_its_worker_refuses_waits_again_instead_of_fail
         assert (await first).status_code == 200
         assert [request.headers["x-request-id"] for _, request in fakes.calls] == ["first", "first"]
         assert await metric(client, "coordinator_queue_length") == 0
+
+
+async def test_a_worker_that_refused_as_full_is_not_asked_again_before_its_next_heartbeat() -> None:
+    """Another coordinator filled the worker: its refusal counts it full here, so the waiting request
+    is not sent to it again when one of this coordinator's own streams ends, only once a heartbeat
+    shows room; the refusal never reaches the client."""
+    clock, finish = ManualClock(), asyncio.Event()
+
+    def held(request: httpx.Request) -> httpx.Response:
+        async def body() -> AsyncIterator[bytes]:
+            yield admitted()
+            await finish.wait()
+            for chunk in STREAM:
+                yield chunk
+
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body())
+
+    script = [held, refusing(503, "sessions_full")]
+    ok = streaming(STREAM)
+    fakes = FakeWorkers({"w1": lambda request: script.pop(0)(request) if script else ok(request)})
+    async with running_app(settings(), fakes, clock) as client:
+        # 2 of 4 free here; the 2 streams it lists are not this coordinator's: another one uses it too.
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=2, streams=[900, 901]))
+        first = asyncio.create_task(infer(client, "first"))
+        await wait_called(fakes, 1)
+        second = asyncio.create_task(infer(client, "second"))  # the worker: full (the other coordinator)
+        await wait_called(fakes, 2)
+        await wait_queued(client, 1)
+        finish.set()  # this coordinator's own stream ends: its queue wakes
+        assert (await first).status_code == 200
+        await asyncio.sleep(0.05)
+        assert len(fakes.calls) == 2 and not second.done()  # not asked again: full until it reports
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=1, streams=[900]))
+        assert (await second).status_code == 200
+        assert [request.headers["x-request-id"] for _, request in fakes.calls] == ["first", "second", "second"]

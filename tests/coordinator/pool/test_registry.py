@@ -192,3 +192,42 @@ def test_the_sessions_each_worker_lists_are_found_by_digest_until_it_stops_listi
     assert reg.holder(one) is None
     reg.remove("b")
     assert reg.holder(two) is None
+
+def test_a_worker_other_coordinators_use_that_refused_as_full_counts_so_until_its_next_heartbeat() -> None:
+    """What another coordinator's streams take from a worker shows here first as its refusal."""
+    reg = fresh()
+    # Each report lists a stream this coordinator has no correction for: another coordinator's.
+    reg.upsert(heartbeat("a", timestamp=1, sessions=1, streams=[900]), now=0.0)
+    reg.upsert(heartbeat("b", timestamp=1, sessions=1, streams=[901]), now=0.0)
+    assert summed(reg) == (2, 6, 8, 2_000_000, 2_000_000)
+    reg.refused("a", "sessions_full", kv_bytes=10_000)
+    a = reg.get("a")
+    assert a is not None and a.sessions == a.max_sessions and a.idle_sessions == 0
+    assert summed(reg) == recomputed(reg) == (2, 3, 8, 2_000_000, 2_000_000)
+    # A KV refusal: less free than that request needed, so a smaller one may still go there.
+    reg.refused("b", "kv_full", kv_bytes=300_000)
+    b = reg.get("b")
+    assert b is not None and b.kv_capacity_bytes - b.kv_reserved_bytes + b.idle_kv_bytes == 299_999
+    assert summed(reg) == recomputed(reg) == (2, 3, 8, 1_299_999, 2_000_000)
+    reg.refused("b", "kv_full", kv_bytes=500_000)  # a larger refusal says no more than the smaller one
+    assert summed(reg)[3] == 1_299_999
+    reg.refused("b", "unknown_session", kv_bytes=1)  # not a capacity refusal: changes nothing
+    assert summed(reg)[3] == 1_299_999
+    # Their next reports are the truth again.
+    reg.upsert(heartbeat("a", timestamp=2, sessions=2, streams=[900, 902]), now=1.0)
+    reg.upsert(heartbeat("b", timestamp=2, sessions=0), now=1.0)
+    assert summed(reg) == recomputed(reg) == (2, 6, 8, 2_000_000, 2_000_000)
+
+
+def test_a_refusal_from_a_worker_only_this_coordinator_uses_changes_nothing() -> None:
+    """One coordinator: a refusal is a seam (a sequence still ending) that its corrections account
+    for; marking the worker full would refuse requests it has room for (tests/faults/test_churn.py)."""
+    reg = fresh()
+    reg.upsert(heartbeat("a", timestamp=1, sessions=1, streams=[7]), now=0.0)
+    reg.correct("a", 7, Correction(50_000, 1))  # the listed stream is this coordinator's own
+    before = summed(reg)
+    reg.refused("a", "sessions_full", kv_bytes=10_000)
+    reg.refused("a", "kv_full", kv_bytes=10_000)
+    assert summed(reg) == recomputed(reg) == before
+    a = reg.get("a")
+    assert a is not None and a.sessions == 1 and not a.sessions_refused and a.kv_free_below is None
