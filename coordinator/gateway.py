@@ -27,9 +27,10 @@ from coordinator.embedding import Embedding
 from coordinator.errors import CoordinatorError
 from coordinator.generation import Generation
 from coordinator.pool.models import resolve_model
-from coordinator.pool.registry import ALIVE
+from coordinator.pool.registry import ALIVE, WorkerRecord
 from coordinator.relay.dispatch import OpenStream, PrefixHints, PrefixPeer
 from coordinator.relay.embeddings import EmbedAnswer
+from coordinator.relay.prefill import prefill_on
 from coordinator.relay.stream import Outcome, Relay
 from coordinator.relay.supervisor import Ending
 from coordinator.scheduling import Request
@@ -203,16 +204,34 @@ class Gateway:
         if decision.reason is not None:
             raise CoordinatorError(decision.reason, f"no worker can take it now: {decision.reason}",
                                    retry_after=state.settings.retry_after)
-        ranked = [state.registry.get(w.worker_id) for w in decision.ranked]
+        ranked = [w for w in (state.registry.get(v.worker_id) for v in decision.ranked) if w is not None]
+        peer = self._prefix_peer(leaning)
+        if self._disaggregated(gen, ranked):
+            # Prefill on the policy's first worker, decode on the others; without a finished prefill
+            # the request goes to all of them as usual.
+            prefilled = await prefill_on(ranked[0], gen, state.dispatcher, state.admission,
+                                         read_timeout=state.settings.worker_read_timeout, reserved=placed)
+            placed_now: Placed | None = None  # it ran with the prefill's reservation
+            if prefilled is not None:
+                ranked, peer = ranked[1:], prefilled
+        else:
+            placed_now = placed
         try:
-            stream = await state.dispatcher.open(gen, [w for w in ranked if w is not None], reserved=placed,
-                                                 hints=PrefixHints.of(leaning.hashes, self._prefix_peer(leaning)))
+            stream = await state.dispatcher.open(gen, ranked, reserved=placed_now,
+                                                 hints=PrefixHints.of(leaning.hashes, peer))
         except CoordinatorError as exc:
             if exc.reason in (reasons.SESSION_EXPIRED, reasons.UNKNOWN_SESSION):
                 affinity.lost(gen.session_key)
             raise
         affinity.placed(gen, model, stream.worker.worker_id, leaning)
         return gen, stream
+
+    def _disaggregated(self, gen: Generation, ranked: list[WorkerRecord]) -> bool:
+        """Whether this request is prefilled on one worker and decoded on another (DISAGGREGATE_PROMPT_BYTES):
+        a new one-shot request with a long prompt, and two workers to do it."""
+        threshold = self._state.settings.disaggregate_prompt_bytes
+        return (threshold > 0 and gen.demand.prompt_bytes >= threshold and gen.request.session_id is None
+                and gen.request.n == 1 and len(ranked) >= 2)
 
     def _prefix_peer(self, leaning: Leaning) -> PrefixPeer | None:
         """The alive worker that was sent most of this prompt's prefix, if any was: another worker the

@@ -99,6 +99,12 @@ class Settings(BaseModel):
                                     description="characters per block of the prefix index's hashes")
     prefix_index_blocks: int = Field(default=100_000, ge=0, le=10_000_000,
                                      description="block hashes the prefix index remembers (0: off)")
+    disaggregate_prompt_bytes: int = Field(
+        default=0, ge=0, le=1 << 30,
+        description="a new one-shot request (no session_id, one choice) whose prompt has at least this many "
+        "UTF-8 bytes is prefilled on one worker (the policy's first) and decoded on another, which fetches the "
+        "prompt's cells from the first (`prefix_peer`; the workers' WORKER_PEER_PREFIX_MIN_TOKENS applies) "
+        "instead of prefilling them; 0: off. docs/benchmarks.md measures when it pays")
     prefix_balance_threshold: float = Field(
         default=0.3, ge=0.0, le=1.0,
         description="the prefix scorer gives no credit to a worker this much busier (0-1 load) than the least busy")
