@@ -212,6 +212,7 @@ class Gateway:
             prefilled = await prefill_on(ranked[0], gen, state.dispatcher, state.admission,
                                          read_timeout=state.settings.worker_read_timeout, reserved=placed)
             placed_now: Placed | None = None  # it ran with the prefill's reservation
+            state.metrics.prefills.labels(outcome="failed" if prefilled is None else "prefilled").inc()
             if prefilled is not None:
                 ranked, peer = ranked[1:], prefilled
         else:

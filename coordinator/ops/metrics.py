@@ -27,6 +27,9 @@ class CoordinatorMetrics:
                                 ["finish_reason"], registry=r)
         self.failovers = Counter("coordinator_failovers", "Workers given up on before the first token",
                                  ["reason"], registry=r)
+        self.prefills = Counter("coordinator_disaggregated_prefills", "Prompts prefilled on one worker for another "
+                                "to decode (DISAGGREGATE_PROMPT_BYTES), by outcome: prefilled, failed",
+                                ["outcome"], registry=r)
         self.slow_clients = Counter("coordinator_slow_client_disconnects",
                                     "Clients disconnected for not reading past the write deadline", registry=r)
         self.client_disconnects = Counter("coordinator_client_disconnects",

@@ -44,6 +44,8 @@ async def test_a_long_prompt_is_prefilled_on_one_worker_and_decoded_on_the_other
         assert answer.status_code == 200 and answer.headers["x-worker-id"] == "w2"
         health = (await client.get("/coordinator/health")).json()
         assert health["requests_running"] == 0  # both reservations released
+        metrics = (await client.get("/metrics")).text
+        assert 'coordinator_disaggregated_prefills_total{outcome="prefilled"} 1.0' in metrics
         bodies = await generate_bodies(fakes)
         assert [host for host, _ in bodies] == ["w1", "w2"]
         assert bodies[0][1] == {"prompt": LONG, "max_tokens": 1}  # the prefill: one token
@@ -64,6 +66,7 @@ async def test_a_prefill_that_fails_leaves_the_prompt_to_the_worker_that_decodes
         await register(client, heartbeat("w2", timestamp=clock.time(), sessions=1))
         answer = await client.post("/coordinator/infer", json={"prompt": LONG, "max_tokens": 8})
         assert answer.status_code == 200 and answer.headers["x-worker-id"] == "w2"
+        assert 'coordinator_disaggregated_prefills_total{outcome="failed"} 1.0' in (await client.get("/metrics")).text
     bodies = await generate_bodies(fakes)
     # The prefill refused on w1; the request then went to w1 again (first by the policy) and on to w2.
     assert [(host, body["max_tokens"]) for host, body in bodies] == [("w1", 1), ("w1", 8), ("w2", 8)]
