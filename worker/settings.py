@@ -59,6 +59,7 @@ ENV_NAMES = {
     "kv_transfer_max_bytes": "WORKER_KV_TRANSFER_MAX_BYTES",
     "peer_prefix_min_tokens": "WORKER_PEER_PREFIX_MIN_TOKENS",
     "peer_prefix_timeout": "WORKER_PEER_PREFIX_TIMEOUT",
+    "room_wait": "WORKER_ROOM_WAIT",
     "drain_timeout": "WORKER_DRAIN_TIMEOUT",
     "max_body_bytes": "WORKER_MAX_BODY_BYTES",
     "max_header_bytes": "WORKER_MAX_HEADER_BYTES",
@@ -129,6 +130,12 @@ class WorkerSettings(BaseModel):
                                         "worker must save before it is asked for (below: prefilled here)")
     peer_prefix_timeout: float = Field(default=5.0, gt=0, description="seconds a peer has to answer with a "
                                        "prefix's cells; past them the prompt is prefilled here")
+    room_wait: float | None = Field(
+        default=None, ge=0, le=60, description="seconds a request refused for capacity (sessions_full, kv_full) "
+        "waits here for a sequence or KV to free up, in arrival order, before its 503; default 2 with several "
+        "coordinators (COORDINATOR_URL lists several, or COORDINATOR_RESOLVE_ALL), whose views miss each other's "
+        "newest streams, and 0 with one, whose view of this worker is exact: a refusal then sends the request "
+        "on to another worker at once")
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024,
                                 description="largest request body, bytes (413 before it is read)")
     max_header_bytes: int = Field(default=16_384, ge=1024, le=1 << 20,
@@ -172,6 +179,13 @@ class WorkerSettings(BaseModel):
             if not re.match(r"^https?://[^/\s]+", url):
                 raise ValueError(f"coordinator URL {url!r} is not an http(s) URL")
         return value
+
+    @property
+    def room_wait_seconds(self) -> float:
+        """`room_wait`, or its default for this worker's coordinators."""
+        if self.room_wait is not None:
+            return self.room_wait
+        return 2.0 if len(self.coordinator_urls) > 1 or self.coordinator_resolve_all else 0.0
 
     @property
     def coordinator_urls(self) -> tuple[str, ...]:

@@ -74,6 +74,11 @@ class Gate:
     # answering 503: the coordinator freed that capacity in its view the moment it closed the stream,
     # and refusing here made it retry over and over (about 6 refusals a request for 200 early hang-ups).
     ending_wait: float = 1.0
+    # A request refused for capacity waits this long for any release (WORKER_ROOM_WAIT): with several
+    # coordinators, one's view misses the others' newest streams, and a request that waits here is
+    # served in its turn, where a refusal sent it back to a queue that learns of room only at the next
+    # heartbeat, after the coordinator whose own stream ended had filled it again.
+    room_wait: float = 0.0
     # Prompts tokenized at once (each in a thread off the event loop): the rest wait their turn, so a
     # burst of long prompts cannot take every core from the decode loop.
     tokenize_concurrency: int = 2
@@ -193,10 +198,11 @@ class Gate:
 
     async def _reserve(self, request: GenerateRequest, need: int, tokens: list[int],
                        stream_ref: int | None) -> Admission:
-        """The table's admission; while it refuses for capacity that cancelled streams still hold, it
-        waits for their release (bounded by `ending_wait`) and tries again."""
+        """The table's admission; while it refuses for capacity, it waits for a release and tries
+        again: up to `ending_wait` while cancelled streams still hold capacity, up to `room_wait` in
+        any case. Waiters are woken in the order they began to wait."""
         loop = self._loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.ending_wait
+        started = loop.time()
         self._waiting += 1
         try:
             while True:
@@ -206,8 +212,9 @@ class Gate:
                                             stream_ref=stream_ref, choices=request.n,
                                             prefix_blocks=tuple(request.prefix_blocks or ()))
                 except WorkerError as refused:
-                    left = deadline - loop.time()
-                    if refused.reason not in WAITABLE or not self.table.ending or left <= 0:
+                    limit = max(self.room_wait, self.ending_wait if self.table.ending else 0.0)
+                    left = started + limit - loop.time()
+                    if refused.reason not in WAITABLE or left <= 0:
                         raise
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._freed.wait(), left)

@@ -175,3 +175,32 @@ def test_simulated_choices_failing_or_cancelled_free_every_sequence(tmp_path: Pa
             assert worker.load()["sessions"] == 4
         wait_until(lambda: worker.load()["sessions"] == 0 == worker.load()["kv_reserved_bytes"], 3.0,
                    "the cancelled request's sequences to be free")
+
+
+def test_with_a_room_wait_a_request_refused_for_capacity_waits_for_a_sequence(tmp_path: Path) -> None:
+    """WORKER_ROOM_WAIT (the default with several coordinators): a request that finds every sequence
+    taken waits for one to free up, in arrival order, and is served; without it, 503 at once."""
+    for room_wait, served in ((2.0, True), (0.0, False)):
+        with running_worker(tmp_path / "no-model.gguf", engine="simulated", sim_token_rate=20.0, max_sessions=1,
+                            room_wait=room_wait) as worker:
+            first = threading.Thread(target=generate, args=(worker.url, {"prompt": "first", "max_tokens": 10,
+                                                                           "ignore_eos": True}))
+            first.start()
+            wait_until(lambda w=worker: w.load()["sessions"] == 1, 10, "the first request running")
+            started = time.monotonic()
+            second = generate(worker.url, {"prompt": "second", "max_tokens": 2, "ignore_eos": True})
+            first.join(30)
+            if served:
+                assert second.last[0] == "done" and time.monotonic() - started >= 0.2, second.refusal
+            else:
+                assert second.refusal is not None and second.refusal["reason"] == "sessions_full"
+            assert worker.load()["sessions"] == 0
+
+
+def test_the_room_wait_defaults_to_two_seconds_with_several_coordinators_only() -> None:
+    from worker.settings import WorkerSettings
+
+    assert WorkerSettings(coordinator_url="http://c1:1337").room_wait_seconds == 0.0
+    assert WorkerSettings(coordinator_url="http://c1:1337,http://c2:1337").room_wait_seconds == 2.0
+    assert WorkerSettings(coordinator_url="http://c:1337", coordinator_resolve_all=True).room_wait_seconds == 2.0
+    assert WorkerSettings(coordinator_url="http://c1:1337,http://c2:1337", room_wait=0.5).room_wait_seconds == 0.5
