@@ -131,7 +131,7 @@ class FastPaths:
             return on_error(request_id_of(request), exc)
 
 
-HEARTBEAT_MAX_BYTES = 64 * 1024  # a heartbeat is a few hundred bytes
+HEARTBEAT_MAX_BYTES = 64 * 1024  # the largest the protocol allows is about 51 KiB (tests/coordinator/pool/test_heartbeat.py)
 
 
 def edge_limits(settings: Settings) -> EdgeLimits:
