@@ -117,7 +117,7 @@ scale() {
   # and 4 coordinator processes on one port, interleaved, the same simulated pool and load each time.
   local started=$SECONDS
   setup
-  local common=(--workers 100 --worker-processes 4 --concurrency 1000 --token-rate 50 --max-tokens 50
+  local common=(--workers 100 --worker-processes 4 --concurrency "${GPU_CHECK_SCALE_CONCURRENCY:-1000}" --token-rate 50 --max-tokens 50
                 --duration "${GPU_CHECK_SCALE_DURATION:-20}" --load-processes 6)
   for n in ${GPU_CHECK_COORDINATORS:-1 2 4 2 1}; do
     echo "coordinators $n at +$((SECONDS - started)) s"
