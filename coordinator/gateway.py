@@ -211,14 +211,12 @@ class Gateway:
             # the request goes to all of them as usual.
             prefilled = await prefill_on(ranked[0], gen, state.dispatcher, state.admission,
                                          read_timeout=state.settings.worker_read_timeout, reserved=placed)
-            placed_now: Placed | None = None  # it ran with the prefill's reservation
+            placed = None  # it ran with the prefill's reservation
             state.metrics.prefills.labels(outcome="failed" if prefilled is None else "prefilled").inc()
             if prefilled is not None:
                 ranked, peer = ranked[1:], prefilled
-        else:
-            placed_now = placed
         try:
-            stream = await state.dispatcher.open(gen, ranked, reserved=placed_now,
+            stream = await state.dispatcher.open(gen, ranked, reserved=placed,
                                                  hints=PrefixHints.of(leaning.hashes, peer))
         except CoordinatorError as exc:
             if exc.reason in (reasons.SESSION_EXPIRED, reasons.UNKNOWN_SESSION):

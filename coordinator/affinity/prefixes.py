@@ -75,14 +75,8 @@ class PrefixIndex:
 
     def record(self, hashes: Sequence[bytes], worker_id: str) -> None:
         for h in hashes:
-            holders = self._workers.get(h)
-            if holders is None:
-                self._workers[h] = {worker_id}
-            else:
-                holders.add(worker_id)
-                self._workers.move_to_end(h)
-        while len(self._workers) > self.capacity:
-            self._workers.popitem(last=False)
+            self._add(h, worker_id, touch=True)
+        self._bound()
 
     def report(self, worker_id: str, blocks: Sequence[str]) -> None:
         """A heartbeat of `worker_id` listing the prefix blocks its cells hold (hex, most recent first):
@@ -92,26 +86,35 @@ class PrefixIndex:
             return
         held = frozenset(bytes.fromhex(b) for b in blocks)
         for h in self._reported.get(worker_id, frozenset()) - held:
-            holders = self._workers.get(h)
-            if holders is not None:
-                holders.discard(worker_id)
-                if not holders:
-                    del self._workers[h]
+            self._discard(h, worker_id)
         for h in held:
-            holders = self._workers.get(h)
-            if holders is None:
-                self._workers[h] = {worker_id}
-            elif worker_id not in holders:
-                holders.add(worker_id)
+            self._add(h, worker_id, touch=False)
         self._reported[worker_id] = held
-        while len(self._workers) > self.capacity:
-            self._workers.popitem(last=False)
+        self._bound()
 
     def forget_worker(self, worker_id: str) -> None:
         """A worker left the pool: its cache is gone. O(index), on removal only."""
         self._reported.pop(worker_id, None)
         for h in list(self._workers):
-            holders = self._workers[h]
+            self._discard(h, worker_id)
+
+    def _add(self, h: bytes, worker_id: str, *, touch: bool) -> None:
+        """`worker_id` holds block `h`; `touch`: it was just sent there (the most recent in the LRU)."""
+        holders = self._workers.get(h)
+        if holders is None:
+            self._workers[h] = {worker_id}
+            return
+        holders.add(worker_id)
+        if touch:
+            self._workers.move_to_end(h)
+
+    def _discard(self, h: bytes, worker_id: str) -> None:
+        holders = self._workers.get(h)
+        if holders is not None:
             holders.discard(worker_id)
             if not holders:
                 del self._workers[h]
+
+    def _bound(self) -> None:
+        while len(self._workers) > self.capacity:
+            self._workers.popitem(last=False)

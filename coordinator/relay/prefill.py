@@ -27,6 +27,7 @@ from coordinator.relay.upstream import WorkerStreamError
 from protocol.worker import EVENT_DONE, EVENT_ERROR
 
 log = logging.getLogger("coordinator.requests")
+ENDS = (EVENT_DONE, EVENT_ERROR)
 
 
 def prefill_part(gen: Generation) -> Generation:
@@ -46,29 +47,26 @@ async def prefill_on(worker: WorkerRecord, gen: Generation, dispatcher: Dispatch
     first event (the dispatcher's deadline), the rest of its short stream has `read_timeout`.
     `reserved`: as `Dispatcher.open`'s, run once the prefill's reservation is made (the queue's next
     request need not wait for the prefill)."""
+    reason = "stream_ended"
     try:
         stream = await dispatcher.open(prefill_part(gen), [worker], reserved=reserved)
     except CoordinatorError as exc:
-        log.warning(json.dumps({"event": "prefill_failed", "request_id": gen.request_id,
-                                "worker_id": worker.worker_id, "reason": exc.reason}))
-        return None
-    finished = False
-    try:
-        async with asyncio.timeout(read_timeout):
-            event = stream.first
-            while event.event not in (EVENT_DONE, EVENT_ERROR):
-                following = await anext(stream.events, None)
-                if following is None:
-                    break
-                event = following
-            finished = event.event == EVENT_DONE
-    except (WorkerStreamError, TimeoutError):
-        pass
-    finally:
-        await stream.close()
-        admission.release(stream.reservation)
-    if not finished:
-        log.warning(json.dumps({"event": "prefill_failed", "request_id": gen.request_id,
-                                "worker_id": worker.worker_id, "reason": "stream_ended"}))
-        return None
-    return PrefixPeer(worker.worker_id, worker.url, 1.0, {worker.worker_id: 1.0})
+        stream, reason = None, exc.reason
+    if stream is not None:
+        try:
+            async with asyncio.timeout(read_timeout):
+                last = stream.first
+                if last.event not in ENDS:
+                    async for last in stream.events:  # one token, then its end
+                        if last.event in ENDS:
+                            break
+            if last.event == EVENT_DONE:
+                return PrefixPeer(worker.worker_id, worker.url, 1.0, {worker.worker_id: 1.0})
+        except (WorkerStreamError, TimeoutError):
+            pass
+        finally:
+            await stream.close()
+            admission.release(stream.reservation)
+    log.warning(json.dumps({"event": "prefill_failed", "request_id": gen.request_id, "worker_id": worker.worker_id,
+                            "reason": reason}))
+    return None
