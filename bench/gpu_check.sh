@@ -114,15 +114,20 @@ baseline() {
 
 scale() {
   # Issue 20's scaling check, on the GPU machine's 16 cores (no GPU used): bench.scale_bench with 1, 2
-  # and 4 coordinator processes on one port, interleaved, the same simulated pool and load each time.
+  # and 4 coordinator processes on one port, interleaved, the same simulated pool each time. An entry of
+  # GPU_CHECK_COORDINATORS may be N@STREAMS (e.g. "1@200 2@400": the same load per process) in place of N
+  # (then GPU_CHECK_SCALE_CONCURRENCY streams, the same load in all).
   local started=$SECONDS
   setup
-  local common=(--workers 100 --worker-processes 4 --concurrency "${GPU_CHECK_SCALE_CONCURRENCY:-1000}" --token-rate 50 --max-tokens 50
+  local common=(--workers 100 --worker-processes 4 --token-rate 50 --max-tokens 50
                 --duration "${GPU_CHECK_SCALE_DURATION:-20}" --load-processes 6)
-  for n in ${GPU_CHECK_COORDINATORS:-1 2 4 2 1}; do
-    echo "coordinators $n at +$((SECONDS - started)) s"
-    timeout 150 $PY -m bench.scale_bench "${common[@]}" --coordinators "$n" 2>&1 | tr '\r' '\n' \
-      | grep -v '^c=[0-9]*:\|^ *$' | tee "$OUT/scale_$n.$SECONDS.txt" || echo "scale_bench with $n coordinators failed"
+  for entry in ${GPU_CHECK_COORDINATORS:-1 2 4 2 1}; do
+    local n=${entry%@*} streams=${GPU_CHECK_SCALE_CONCURRENCY:-1000}
+    [[ $entry == *@* ]] && streams=${entry#*@}
+    echo "coordinators $n, $streams streams, at +$((SECONDS - started)) s"
+    timeout 150 $PY -m bench.scale_bench "${common[@]}" --concurrency "$streams" --coordinators "$n" 2>&1 \
+      | tr '\r' '\n' | grep -v '^c=[0-9]*:\|^ *$' | tee "$OUT/scale_${n}_$streams.$SECONDS.txt" \
+      || echo "scale_bench with $n coordinators failed"
   done
   echo "all done at +$((SECONDS - started)) s"
 }

@@ -88,11 +88,12 @@ FAST_ROUTES: dict[str, tuple[Handler, ErrorResponder]] = {
     openai.CHAT_PATH: (openai.chat_completions, openai.error_response),
     openai.COMPLETIONS_PATH: (openai.completions, openai.error_response),
     responses.PATH: (responses.create, openai.error_response),
+    health.HEARTBEAT_PATH: (health.heartbeat_response, infer.error_response),
 }
 
 
 class FastPaths:
-    """The streaming POST routes go straight to their handlers, ahead of FastAPI's router and most
+    """The streaming POST routes (and the heartbeats, every worker's to every coordinator) go straight to their handlers, ahead of FastAPI's router and most
     of its middleware; every other request goes on to them.
 
     Why: a streamed response runs inside the call stack that reached it for as long as it streams,

@@ -48,6 +48,18 @@ _HEARTBEAT_REFUSALS = {400: "`invalid_request`: not a valid heartbeat, another p
     "required": True, "content": {"application/json": {"schema": inlined(Heartbeat)}}}},
     responses={status: {"model": ErrorBody, "description": text} for status, text in _HEARTBEAT_REFUSALS.items()})
 async def heartbeat(request: Request) -> HeartbeatAck:
+    return await _take(request)
+
+
+async def heartbeat_response(request: Request) -> Response:
+    """The same intake as `heartbeat`, reached through app.py's fast paths: every worker beats to every
+    coordinator, so FastAPI's router and its response model would cost each coordinator process a
+    share of its core that does not shrink with its share of the tokens."""
+    ack = await _take(request)
+    return Response(ack.model_dump_json(), media_type="application/json")
+
+
+async def _take(request: Request) -> HeartbeatAck:
     state: CoordinatorState = request.app.state.coordinator
     settings = state.settings
     if settings.worker_token:
