@@ -2,10 +2,10 @@
 
 Starts two real coordinators and two real workers (`--sessions` sequences each, 1 llama.cpp thread,
 the default model) on loopback, each worker heartbeating to both. Then, for each count in `--clients`,
-runs that many closed-loop clients against each coordinator at once (`python -m bench.load`, 3 requests
-a client, `--max-tokens` tokens each, ignoring end of text), while sampling every worker's own
+runs that many closed-loop clients against each coordinator at once (`python -m bench.load`, `--requests`
+(3) a client, `--max-tokens` tokens each, ignoring end of text), while sampling every worker's own
 `/worker/health` every 0.1 s. Prints per run: requests served of sent and errors, requests/s and TTFT
-p90 per coordinator, the workers' capacity refusals each coordinator met
+p50 and p90 per coordinator, the workers' capacity refusals each coordinator met
 (`coordinator_failovers_total{reason="sessions_full"|"kv_full"}`; the clients never see them), and
 the most sessions any worker held (never above its `--sessions`).
 
@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", default="16,20", help="closed-loop clients per coordinator, one run each")
     parser.add_argument("--sessions", type=int, default=16, help="sequences per worker")
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=3, help="requests a client sends, one after another")
     args = parser.parse_args(argv)
     worker = ["--threads", "1", "--max-sessions", str(args.sessions), "--model-path", str(DEFAULT_MODEL_PATH)]
     print(f"2 coordinators, 2 workers x {args.sessions} sequences (1 llama.cpp thread each), "
@@ -82,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             sampler = PeakSessions(running.worker_urls)
             outs = [Path(tmp) / f"load-{clients}-{i}.json" for i in range(len(running.urls))]
             loads = [subprocess.Popen([sys.executable, "-m", "bench.load", "--url", url, "--api", "infer",
-                                       "--concurrency", str(clients), "--requests", str(3 * clients), "--max-tokens",
-                                       str(args.max_tokens), "--ignore-eos", "--no-progress", "--out", str(out)],
+                                       "--concurrency", str(clients), "--requests", str(args.requests * clients),
+                                       "--max-tokens", str(args.max_tokens), "--ignore-eos", "--no-progress", "--out", str(out)],
                                       stdout=subprocess.DEVNULL)
                      for url, out in zip(running.urls, outs, strict=True)]
             for load in loads:
@@ -95,9 +96,10 @@ def main(argv: list[str] | None = None) -> int:
             ok, sent = sum(s["successes"] for s in summaries), sum(s["requests"] for s in summaries)
             errors = {k: v for s in summaries for k, v in (s["errors"] or {}).items()}
             rates = ", ".join(f"{s['requests_per_s']:.2f}" for s in summaries)
+            p50s = ", ".join(f"{s['ttft_ms']['p50'] / 1e3:.2f} s" for s in summaries)
             p90s = ", ".join(f"{s['ttft_ms']['p90'] / 1e3:.2f} s" for s in summaries)
             print(f"{clients} + {clients} clients: {ok} of {sent} ok, errors {errors or 'none'}; requests/s {rates}; "
-                  f"TTFT p90 {p90s}; workers' refusals {', '.join(f'{m:.0f}' for m in met)}; most sessions a "
+                  f"TTFT p50 {p50s}, p90 {p90s}; workers' refusals {', '.join(f'{m:.0f}' for m in met)}; most sessions a "
                   f"worker held {peak} (of {args.sessions})")
     return 0
 

@@ -27,6 +27,7 @@ from worker.settings import MAX_COORDINATORS
 log = logging.getLogger("worker.heartbeat")
 HEARTBEAT_PATH = "/coordinator/health/heartbeat"
 NUDGE_GAP = 0.05  # seconds a nudged beat waits, so a burst of new sessions costs one beat
+ROOM_GAP = 0.1  # the least time between two beats when a freed sequence is announced at once
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 
@@ -59,6 +60,7 @@ class HeartbeatSender:
         self._client = httpx.AsyncClient(transport=transport, timeout=self._deadline)
         self._healthy: dict[str, bool] = {}  # by heartbeat URL: its last outcome, for logging changes only
         self._nudged: asyncio.Event | None = None  # made in run(), on the event loop
+        self._room = False  # the nudge is for a freed sequence: beat without NUDGE_GAP
         self.sent = 0
 
     def heartbeat(self) -> Heartbeat:
@@ -117,21 +119,31 @@ class HeartbeatSender:
                         url, problem.replace('"', "'"))
         self._healthy[url] = ok
 
-    def nudge(self) -> None:
-        """Beat now rather than at the next interval (a new named session: every coordinator should
-        know where it is before its next turn can come). Event loop only."""
+    def nudge(self, *, room: bool = False) -> None:
+        """Beat now rather than at the next interval. Event loop only.
+
+        A new named session: every coordinator should know where it is before its next turn can come
+        (after NUDGE_GAP, so that a burst costs one beat). `room`: a sequence of a full worker was freed.
+        Every coordinator should know at once, not only the one whose stream ended: that one refills it
+        the moment its client asks again, and another coordinator's queue would only learn of room
+        at the next interval, by when it is gone again. A beat at once, ROOM_GAP after the last at
+        the soonest, lets the others' queued requests race for it."""
         if self._nudged is not None:
+            self._room = self._room or room
             self._nudged.set()
 
     async def run(self) -> None:
         self._nudged = asyncio.Event()
+        loop = asyncio.get_running_loop()
         while True:
+            began = loop.time()
             await self.send_once()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._nudged.wait(), self._interval)
             if self._nudged.is_set():
-                await asyncio.sleep(NUDGE_GAP)
+                await asyncio.sleep(max(0.0, began + ROOM_GAP - loop.time()) if self._room else NUDGE_GAP)
                 self._nudged.clear()
+                self._room = False
 
     async def aclose(self) -> None:
         await self._client.aclose()

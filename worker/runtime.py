@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -124,6 +125,13 @@ class WorkerRuntime:
                 load=self.load, model_identity=self.model.identity, embeddings=self.embedding_service(),
                 transport=transport, resolve_all=s.coordinator_resolve_all)
             self.table.on_named = self.heartbeats.nudge
+            if s.room_wait_seconds > 0:  # several coordinators: each learns of a freed sequence at once
+                loop, room = asyncio.get_running_loop(), functools.partial(self.heartbeats.nudge, room=True)
+
+                def announce() -> None:  # any thread (the engine's)
+                    loop.call_soon_threadsafe(room)
+
+                self.table.on_room = announce
             self._tasks.append(asyncio.create_task(self._supervised("heartbeats", self.heartbeats.run)))
 
     async def _supervised(self, task: str, run: Callable[[], Awaitable[None]]) -> None:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from protocol.health import Heartbeat, WorkerLoad
-from worker.heartbeat import HEARTBEAT_PATH, HeartbeatSender
+from worker.heartbeat import HEARTBEAT_PATH, ROOM_GAP, HeartbeatSender
 from worker.naming import ModelNames
 from worker.settings import MAX_COORDINATORS, WorkerSettings
 
@@ -132,3 +132,40 @@ def test_a_nudge_beats_at_once_instead_of_at_the_next_interval() -> None:
 
     asyncio.run(nudged())
     assert len(beats) == 2 and beats[1] - beats[0] < 1.0  # not after the 30 s interval
+
+
+def test_a_room_nudge_beats_without_the_nudge_gap_but_no_sooner_than_the_room_gap_after_the_last(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A freed sequence of a full worker (several coordinators): announced at once, so that another
+    coordinator's queue can race for it; ROOM_GAP bounds how often that can make it beat."""
+    monkeypatch.setattr("worker.heartbeat.NUDGE_GAP", 1.0)  # so that "without it" shows plainly
+    beats: list[float] = []
+    nudged: list[float] = []
+
+    def coordinator(request: httpx.Request) -> httpx.Response:
+        beats.append(asyncio.get_event_loop().time())
+        return httpx.Response(200, json={})
+
+    beats_sender = HeartbeatSender(coordinator_urls=["http://c1:1337"], worker_id="w1", worker_url="http://w:1",
+                                   names=ModelNames("m", ()), token="", interval=30.0, load=load,
+                                   transport=httpx.MockTransport(coordinator))
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.create_task(beats_sender.run())
+        while not beats:
+            await asyncio.sleep(0.005)
+        beats_sender.nudge(room=True)  # at once after a beat: held back to ROOM_GAP after it
+        while len(beats) < 2:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(ROOM_GAP + 0.05)
+        nudged.append(loop.time())
+        beats_sender.nudge(room=True)  # long after the last beat: at once
+        while len(beats) < 3:
+            await asyncio.sleep(0.005)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(asyncio.wait_for(run(), 10))
+    assert beats[1] - beats[0] >= ROOM_GAP * 0.9
+    assert beats[2] - nudged[0] < 0.5  # not held back the way a new session's nudge is (1 s here)

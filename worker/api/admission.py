@@ -17,6 +17,7 @@ Must not: run inference or free KV itself; it hands jobs and frees to the engine
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -83,8 +84,8 @@ class Gate:
     # burst of long prompts cannot take every core from the decode loop.
     tokenize_concurrency: int = 2
     _tokenizing: asyncio.Semaphore = field(init=False, repr=False)
-    _freed: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
-    _waiting: int = field(default=0, init=False, repr=False)
+    # Requests refused for capacity, waiting for a release, in the order they began to wait.
+    _line: collections.deque[asyncio.Event] = field(default_factory=collections.deque, init=False, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
 
     async def admit(self, request: GenerateRequest, request_id: str, *, session_expected: bool = False,
@@ -191,35 +192,55 @@ class Gate:
         return await self.embedder.embed(request.inputs)
 
     def released(self) -> None:
-        """Any thread (the engine's): a session was released; a request waiting on one tries again."""
+        """Any thread (the engine's): a session was released; the first request in line tries again."""
         loop = self._loop
-        if self._waiting and loop is not None:
-            loop.call_soon_threadsafe(self._freed.set)
+        if self._line and loop is not None:
+            loop.call_soon_threadsafe(self._wake_first)
+
+    def _wake_first(self) -> None:
+        if self._line:
+            self._line[0].set()
 
     async def _reserve(self, request: GenerateRequest, need: int, tokens: list[int],
                        stream_ref: int | None) -> Admission:
-        """The table's admission; while it refuses for capacity, it waits for a release and tries
-        again: up to `ending_wait` while cancelled streams still hold capacity, up to `room_wait` in
-        any case. Waiters are woken in the order they began to wait."""
+        """The table's admission; while it refuses for capacity, the request waits in line for a
+        release and tries again in its turn: up to `ending_wait` while cancelled streams still hold
+        capacity, up to `room_wait` in any case. A release wakes the first in line; one that is
+        admitted or leaves wakes the next. With a room wait (several coordinators), a request that
+        finds others in line takes its place behind them instead of trying first: it was most likely
+        sent by the coordinator whose own stream had just ended, and the others came before it."""
         loop = self._loop = asyncio.get_running_loop()
         started = loop.time()
-        self._waiting += 1
+        turn: asyncio.Event | None = None
+        refused: WorkerError | None = None
         try:
             while True:
-                self._freed.clear()  # before the attempt: a release after it is not missed
-                try:
-                    return self.table.admit(request.session_id, need, tokens, tenant=request.tenant,
-                                            stream_ref=stream_ref, choices=request.n,
-                                            prefix_blocks=tuple(request.prefix_blocks or ()))
-                except WorkerError as refused:
-                    limit = max(self.room_wait, self.ending_wait if self.table.ending else 0.0)
-                    left = started + limit - loop.time()
-                    if refused.reason not in WAITABLE or left <= 0:
-                        raise
+                if turn is not None:
+                    turn.clear()  # before the attempt: a release after it is not missed
+                if turn is not None or not (self.room_wait > 0 and self._line):
+                    try:
+                        return self.table.admit(request.session_id, need, tokens, tenant=request.tenant,
+                                                stream_ref=stream_ref, choices=request.n,
+                                                prefix_blocks=tuple(request.prefix_blocks or ()))
+                    except WorkerError as exc:
+                        if exc.reason not in WAITABLE:
+                            raise
+                        refused = exc
+                limit = max(self.room_wait, self.ending_wait if self.table.ending else 0.0)
+                left = started + limit - loop.time()
+                if left <= 0 and refused is not None:
+                    raise refused
+                if turn is None:
+                    turn = asyncio.Event()
+                    self._line.append(turn)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._freed.wait(), left)
+                    await asyncio.wait_for(turn.wait(), max(left, 0.0))
         finally:
-            self._waiting -= 1
+            if turn is not None:
+                first = self._line[0] is turn
+                self._line.remove(turn)
+                if first:
+                    self._wake_first()  # there may be room for the next one too
 
     def _known_session(self, request: GenerateRequest, session_expected: bool) -> Session | None:
         """The session this request continues, if any, after the refusals that need no tokenizing."""

@@ -131,6 +131,10 @@ class SessionTable:
         # yet: their slot and KV come back within one engine step.
         self._ending: set[Session] = set()
         self.on_release: Callable[[], None] = lambda: None  # after any release (any thread)
+        # After a release that freed a sequence of a full table (any thread): with several coordinators,
+        # the heartbeat tells them all at once (worker/heartbeat.py `nudge(room=True)`).
+        self.on_room: Callable[[], None] = lambda: None
+        self._room = False  # a release freed a sequence of a full table: `_released` calls on_room
         # A new named session (event loop): the heartbeat tells every coordinator at once, so that a
         # next turn sent to another coordinator finds it (worker/heartbeat.py `nudge`).
         self.on_named: Callable[[], None] = lambda: None
@@ -309,7 +313,7 @@ class SessionTable:
         try:
             return self._release(session, keep_kv=keep_kv, retain_cells=retain_cells)
         finally:
-            self.on_release()
+            self._released()
 
     def _release(self, session: Session, *, keep_kv: bool, retain_cells: bool) -> int | None:
         with self._lock:
@@ -324,6 +328,7 @@ class SessionTable:
                 self._idle_lru[session.seq_id] = session
                 return None
             if session in self._live:
+                self._room = len(self._live) >= self.limits.max_sessions
                 self._drop(session)
                 if retain_cells:
                     self._leftover[session.seq_id] = _Leftover(session.tenant, session.tokens, session.prefix_blocks)
@@ -407,11 +412,19 @@ class SessionTable:
                 session.busy = False
                 session.stream_ref = None
                 if session in self._live:
+                    self._room = len(self._live) >= self.limits.max_sessions
                     self._drop(session, tombstone=False)
                 session.tokens = []
                 return session.seq_id
         finally:
-            self.on_release()
+            self._released()
+
+    def _released(self) -> None:
+        with self._lock:
+            room, self._room = self._room, False
+        self.on_release()
+        if room:
+            self.on_room()
 
     # -- reading -----------------------------------------------------------------------------------
 

@@ -197,6 +197,66 @@ def test_with_a_room_wait_a_request_refused_for_capacity_waits_for_a_sequence(tm
             assert worker.load()["sessions"] == 0
 
 
+
+def test_with_a_room_wait_a_newcomer_takes_its_place_behind_the_requests_already_waiting() -> None:
+    """Several coordinators: a request that finds others waiting for room waits behind them, even when a
+    sequence is free at that moment (its release not yet handed to the first in line), and each
+    release is handed to the first in line. Before, the newcomer took the sequence: the coordinator
+    whose own stream had just ended was served ahead of the others' queued requests."""
+    assert asyncio.run(served_in_order()) == ["waiting", "newcomer"]
+
+
+async def served_in_order() -> list[str]:
+    gate = simulated_gate(SimulatedModel(), sessions=1)
+    gate.room_wait = 5.0
+    served: list[str] = []
+
+    async def admit(name: str) -> Job:
+        job = await gate.admit(GenerateRequest(prompt=name, max_tokens=4), name)
+        served.append(name)
+        return job
+
+    held = gate.table.admit(None, 8).session  # the worker's one sequence, taken
+    waiting = asyncio.create_task(admit("waiting"))
+    await asyncio.sleep(0.2)
+    gate.table.release(held, keep_kv=False)  # free, and the first in line not told yet
+    newcomer = asyncio.create_task(admit("newcomer"))
+    await asyncio.sleep(0.2)
+    assert served == []  # the newcomer did not take it
+    gate.released()  # the release reaches the line: its first takes the sequence
+    first = await asyncio.wait_for(waiting, 2)
+    await asyncio.sleep(0.1)
+    assert served == ["waiting"]
+    gate.table.release(first.session, keep_kv=False)
+    gate.released()
+    await asyncio.wait_for(newcomer, 2)
+    return served
+
+
+def test_with_several_coordinators_a_freed_sequence_of_a_full_worker_is_beaten_to_all_at_once(
+        tmp_path: Path) -> None:
+    """Every coordinator learns at once that a full worker has room (a heartbeat to each), not only the
+    one whose stream ended; with one coordinator that one knows already, and nothing extra is sent."""
+    import httpx
+
+    for urls, extra in (("http://c1.test,http://c2.test", 2), ("http://c1.test", 0)):
+        beats: list[str] = []
+        coordinators = len(urls.split(","))
+
+        def coordinator(request: httpx.Request, beats: list[str] = beats) -> httpx.Response:
+            beats.append(request.url.host)
+            return httpx.Response(200, json={})
+
+        with running_worker(tmp_path / "no-model.gguf", engine="simulated", sim_token_rate=50.0, max_sessions=1,
+                            coordinator_url=urls, heartbeat_interval=30.0,
+                            transport=httpx.MockTransport(coordinator)) as worker:
+            wait_until(lambda b=beats, n=coordinators: len(b) >= n, 10, "the first beats")
+            time.sleep(0.3)
+            before = len(beats)
+            assert generate(worker.url, {"prompt": "go", "max_tokens": 3, "ignore_eos": True}).last[0] == "done"
+            time.sleep(0.5)
+            assert len(beats) - before == extra, beats
+
 def test_the_room_wait_defaults_to_two_seconds_with_several_coordinators_only() -> None:
     from worker.settings import WorkerSettings
 

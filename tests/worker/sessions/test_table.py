@@ -400,6 +400,25 @@ def test_a_cancelled_session_counts_as_ending_until_released_and_the_release_is_
     assert t.admit(None, 10).session.seq_id == busy.seq_id
 
 
+
+def test_a_release_that_frees_a_sequence_of_a_full_table_is_announced_as_room() -> None:
+    """`on_room` (several coordinators: a heartbeat at once): only when the table was full, and only when
+    the sequence is really given up (a kept named session still holds it)."""
+    t, _ = table(sessions=2)
+    room: list[int] = []
+    t.on_room = lambda: room.append(1)
+    first = t.admit(None, 5).session
+    t.release(first, keep_kv=False)
+    assert room == []  # one of two was taken: the table was not full
+    one, two = t.admit(None, 5).session, t.admit("chat", 5).session
+    t.release(two, keep_kv=True)  # kept: the table is as full as before
+    assert room == []
+    t.release(one, keep_kv=False)
+    assert room == [1]
+    again = t.admit(None, 5).session
+    t.abandon(again)  # an import that failed gives its sequence up too
+    assert room == [1, 1]
+
 # -- several choices: a group of one-shot sessions, all or none ---------------------------------------------
 
 
