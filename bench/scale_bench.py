@@ -14,6 +14,7 @@ Everything runs on 127.0.0.1 and is stopped in a `finally` block.
 
     .venv/bin/python -m bench.scale_bench --workers 100 --concurrency 500 --duration 25
     .venv/bin/python -m bench.scale_bench --coordinators 2 --load-processes 2 ...
+    .venv/bin/python -m bench.scale_bench --workers 100 --idle 20 --duration 5 --concurrency 10   # heartbeats' cost
 """
 
 from __future__ import annotations
@@ -101,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="simulated-worker processes sharing --workers (one process relays at most a core's worth)")
     parser.add_argument("--coordinators", type=int, default=1,
                         help="coordinator processes sharing --port (SO_REUSEPORT); CPU is reported per process")
+    parser.add_argument("--idle", type=float, default=0.0,
+                        help="first measure the coordinators' CPU this many seconds with the workers registered "
+                             "and no load (what heartbeats cost them); 0: skip")
     parser.add_argument("--max-streams", type=int, default=None,
                         help="the coordinator's MAX_STREAMS (default: its own); below --concurrency it is saturated")
     args = parser.parse_args(argv)
@@ -146,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError("the simulated workers did not all register with every coordinator within 120 s")
         time.sleep(1.0)
         idle_kib = sum(rss_kib(p.pid) for p in procs)
+        if args.idle > 0:
+            before_idle = [cpu_seconds(p.pid) for p in procs]
+            time.sleep(args.idle)
+            spent = [cpu_seconds(p.pid) - b for p, b in zip(procs, before_idle, strict=True)]
+            print(f"idle, {args.workers} workers beating every 2 s: CPU seconds in {args.idle:g} s per coordinator "
+                  f"{', '.join(f'{c:.2f}' for c in spent)} ({sum(spent) / len(spent) / args.idle:.1%} of a core each)")
         samples: list[tuple[int, int]] = []  # (rss KiB, open streams), summed over the coordinators
         stop = threading.Event()
 
