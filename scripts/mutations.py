@@ -67,6 +67,7 @@ T_TENANCY = "tests/coordinator/test_tenancy.py"
 T_SUPERVISION = "tests/coordinator/relay/test_supervisor.py"
 T_EMBEDDING_ADMISSION = "tests/coordinator/admission/test_embeddings.py"
 T_EMBEDDINGS = "tests/coordinator/test_surface_embeddings.py"
+T_SIMULATED = "tests/worker/backends/test_simulated.py"
 CHECK_SUMS = "        totals = self._registry.totals(model)\n"
 
 
@@ -265,6 +266,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("cache-failure-propagates", "a failing response cache disables itself instead of failing requests",
              "coordinator/cache.py", "            self._put(key, events, identity)\n        except Exception as exc:",
              "            self._put(key, events, identity)\n        except ZeroDivisionError as exc:", (T_SUPERVISION,)),
+    Mutation("room-wait-newcomer-first", "with a room wait, a newcomer waits behind the requests already in line",
+             "worker/api/admission.py", "if turn is not None or not (self.room_wait > 0 and self._line):",
+             "if True:", (T_SIMULATED + "::test_with_a_room_wait_a_newcomer_takes_its_place_behind_the_requests_"
+                          "already_waiting",)),
+    Mutation("room-beat-off", "with several coordinators, a full worker that frees a sequence beats to all at once",
+             "worker/runtime.py", "if s.room_wait_seconds > 0:  # several coordinators",
+             "if False:  # several coordinators",
+             (T_SIMULATED + "::test_with_several_coordinators_a_freed_sequence_of_a_full_worker_is_beaten_to_all_at_"
+                            "once",)),
 )
 
 
