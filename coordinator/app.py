@@ -93,8 +93,9 @@ FAST_ROUTES: dict[str, tuple[Handler, ErrorResponder]] = {
 
 
 class FastPaths:
-    """The streaming POST routes (and the heartbeats, every worker's to every coordinator) go straight to their handlers, ahead of FastAPI's router and most
-    of its middleware; every other request goes on to them.
+    """The streaming POST routes, and the heartbeats (every worker's to every coordinator), go straight
+    to their handlers, ahead of FastAPI's router and most of its middleware; every other request goes
+    on to them.
 
     Why: a streamed response runs inside the call stack that reached it for as long as it streams,
     and each token's `send` passes back out through that stack's wrappers. Behind FastAPI's router

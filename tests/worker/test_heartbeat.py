@@ -109,16 +109,21 @@ def test_settings_take_a_comma_separated_list_and_refuse_what_is_not_a_url() -> 
                        coordinator_url=",".join(f"http://c{i}:1" for i in range(MAX_COORDINATORS + 1)))
 
 
-def test_a_nudge_beats_at_once_instead_of_at_the_next_interval() -> None:
-    beats: list[float] = []
+def timed_sender(beats: list[float]) -> HeartbeatSender:
+    """One coordinator, a 30 s interval; the loop time of each beat it receives goes into `beats`."""
 
     def coordinator(request: httpx.Request) -> httpx.Response:
         beats.append(asyncio.get_event_loop().time())
         return httpx.Response(200, json={})
 
-    beats_sender = HeartbeatSender(coordinator_urls=["http://c1:1337"], worker_id="w1", worker_url="http://w:1",
-                                   names=ModelNames("m", ()), token="", interval=30.0, load=load,
-                                   transport=httpx.MockTransport(coordinator))
+    return HeartbeatSender(coordinator_urls=["http://c1:1337"], worker_id="w1", worker_url="http://w:1",
+                           names=ModelNames("m", ()), token="", interval=30.0, load=load,
+                           transport=httpx.MockTransport(coordinator))
+
+
+def test_a_nudge_beats_at_once_instead_of_at_the_next_interval() -> None:
+    beats: list[float] = []
+    beats_sender = timed_sender(beats)
 
     async def nudged() -> None:
         task = asyncio.create_task(beats_sender.run())
@@ -141,14 +146,7 @@ def test_a_room_nudge_beats_without_the_nudge_gap_but_no_sooner_than_the_room_ga
     monkeypatch.setattr("worker.heartbeat.NUDGE_GAP", 1.0)  # so that "without it" shows plainly
     beats: list[float] = []
     nudged: list[float] = []
-
-    def coordinator(request: httpx.Request) -> httpx.Response:
-        beats.append(asyncio.get_event_loop().time())
-        return httpx.Response(200, json={})
-
-    beats_sender = HeartbeatSender(coordinator_urls=["http://c1:1337"], worker_id="w1", worker_url="http://w:1",
-                                   names=ModelNames("m", ()), token="", interval=30.0, load=load,
-                                   transport=httpx.MockTransport(coordinator))
+    beats_sender = timed_sender(beats)
 
     async def run() -> None:
         loop = asyncio.get_running_loop()

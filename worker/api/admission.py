@@ -84,7 +84,8 @@ class Gate:
     # burst of long prompts cannot take every core from the decode loop.
     tokenize_concurrency: int = 2
     _tokenizing: asyncio.Semaphore = field(init=False, repr=False)
-    # Requests refused for capacity, waiting for a release, in the order they began to wait.
+    # Requests refused for capacity, waiting for a release, in the order they began to wait: each for
+    # its own deadline, and no more of them than requests open (WORKER_MAX_CONNECTIONS).
     _line: collections.deque[asyncio.Event] = field(default_factory=collections.deque, init=False, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
 

@@ -328,13 +328,17 @@ class SessionTable:
                 self._idle_lru[session.seq_id] = session
                 return None
             if session in self._live:
-                self._room = len(self._live) >= self.limits.max_sessions
-                self._drop(session)
+                self._give_up(session)
                 if retain_cells:
                     self._leftover[session.seq_id] = _Leftover(session.tenant, session.tokens, session.prefix_blocks)
                     return None
                 return session.seq_id
             return None
+
+    def _give_up(self, session: Session, *, tombstone: bool = True) -> None:
+        """A released sequence is dropped; if the table was full, `_released` announces the room."""
+        self._room = len(self._live) >= self.limits.max_sessions
+        self._drop(session, tombstone=tombstone)
 
     def _drop(self, session: Session, *, tombstone: bool = True) -> None:
         self._live.discard(session)
@@ -412,8 +416,7 @@ class SessionTable:
                 session.busy = False
                 session.stream_ref = None
                 if session in self._live:
-                    self._room = len(self._live) >= self.limits.max_sessions
-                    self._drop(session, tombstone=False)
+                    self._give_up(session, tombstone=False)
                 session.tokens = []
                 return session.seq_id
         finally:
