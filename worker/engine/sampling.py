@@ -19,11 +19,13 @@ of the work per row: numpy's float32 exp is not vectorised on an AVX2 machine (1
 75-170 us for a 49,152-token vocabulary). llama.cpp's CPU library exports its own vectorised softmax
 kernel (`ggml_vec_soft_max_f32`: exp of x - max into a scratch row, the sum in double), about 3x faster
 here; `ggml_exp_sum` finds it, checks it against numpy on a test row, and numpy stands in when it is
-missing or disagrees. Every other step is a single pass over the matrix (argmax) or over a row, or work
-on a few candidates. The rows that only sample with top-k (most requests: nothing banned, biased or
+missing or disagrees. Every other step is a single pass over the matrix or over a row, or work on a few
+candidates. The rows that only sample with top-k (most requests: nothing banned, biased or
 constrained) are drawn side by side, a group of rows per k, with fixed-size array operations over the
-group (`top_k_rows`, `_draw_rows`); a row with banned tokens finds its top-k alone by one comparison
-against a threshold from a strided sample (`_top_k`). Only a request without top-k, or one whose top-k
+group (`top_k_rows`, `_draw_rows`); their one pass over the row also gives its largest logit, so they
+need no argmax pass of their own (`_argmax` passes over the rows that do). A row that is biased,
+penalised or constrained and samples with top-k finds its top-k alone by one comparison against a
+threshold from a strided sample (`_top_k`). Only a request without top-k, or one whose top-k
 keeps the whole vocabulary, pays for full-row selection.
 """
 
@@ -204,45 +206,52 @@ class StepSampler:
     def sample(self, logits: np.ndarray, requests: Sequence[RequestSampling]) -> list[tuple[int, float]]:
         """`logits` is (len(requests), n_vocab) float32, row i for requests[i]; returns (token, probability)
         per row."""
-        best = logits.argmax(axis=1)  # one pass over the matrix serves every greedy row and every row max
-        drawn = self._draw_side_by_side(logits, requests)
+        drawn = self._draw_side_by_side(logits, requests)  # row -> (token, the row's largest logit)
+        best = self._argmax(logits, [i for i in range(len(requests)) if i not in drawn])
         out = []
         for i, request in enumerate(requests):
             row = logits[i]
-            params = request.params
-            if request.plain:  # greedy, nothing banned, adjusted or constrained: the shared argmax
-                token = int(best[i])
-            elif i in drawn:
-                token = drawn[i]
+            if i in drawn:
+                token, top = drawn[i]
             else:
-                token = self._special(row, int(best[i]), request)
-            if params.probability:  # the whole vocabulary's softmax denominator: most of a row's cost
+                token = best[i] if request.plain else self._special(row, best[i], request)
                 top = float(row[best[i]])
+            if request.params.probability:  # the whole vocabulary's softmax denominator: most of a row's cost
                 out.append((token, min(1.0, math.exp(float(row[token]) - top) / self._exp_sum(row, top))))
             else:
                 out.append((token, NOT_COMPUTED))
         return out
 
-    def _draw_side_by_side(self, logits: np.ndarray, requests: Sequence[RequestSampling]) -> dict[int, int]:
+    @staticmethod
+    def _argmax(logits: np.ndarray, rows: list[int]) -> dict[int, int]:
+        """Each of `rows`' first largest logit: one pass over the matrix when every row needs it (a step
+        of greedy rows), else a pass over each row that does; rows drawn side by side need none."""
+        if len(rows) == logits.shape[0]:
+            return dict(enumerate(logits.argmax(axis=1).tolist()))
+        return {i: int(logits[i].argmax()) for i in rows}
+
+    def _draw_side_by_side(self, logits: np.ndarray,
+                           requests: Sequence[RequestSampling]) -> dict[int, tuple[int, float]]:
         """The tokens of the rows that sample with top-k and are neither adjusted nor constrained, drawn
-        together, a group per k: row -> token. Each of those rows costs a few array operations on the
-        whole group instead of twenty-odd calls of its own (`top_k_rows`, `_draw_rows`)."""
+        together, a group per k: row -> (token, the row's largest logit). Each of those rows costs a few
+        array operations on the whole group instead of twenty-odd calls of its own (`top_k_rows`,
+        `_draw_rows`), and no pass of its own for its largest logit."""
         groups: dict[int, list[int]] = {}
         for i, request in enumerate(requests):
             if request.top_k_only and request.params.top_k + request.banned.size <= logits.shape[1] // TOP_K_GROUPS:
                 groups.setdefault(request.params.top_k, []).append(i)
-        drawn: dict[int, int] = {}
+        drawn: dict[int, tuple[int, float]] = {}
         for k, rows in groups.items():
             picked = [requests[i] for i in rows]
             banned = np.full((len(rows), max(r.banned.size for r in picked)), -1, dtype=np.intp)
             for line, request in zip(banned, picked, strict=True):
                 line[:request.banned.size] = request.banned
-            ids, kept = top_k_rows(logits, np.array(rows, dtype=np.intp), k, banned)
+            ids, kept, tops = top_k_rows(logits, np.array(rows, dtype=np.intp), k, banned)
             tokens = _draw_rows(ids, kept, picked)
-            for i, request, token in zip(rows, picked, tokens, strict=True):
+            for i, request, token, top in zip(rows, picked, tokens, tops.tolist(), strict=True):
                 if token < 0:  # the row's k-th logit is -inf: ties among -inf need the row's own order
                     token = self._draw(logits[i], request)
-                drawn[i] = token
+                drawn[i] = (token, top)
         return drawn
 
     def _special(self, row: np.ndarray, best: int, request: RequestSampling) -> int:
@@ -359,10 +368,11 @@ def _top_k(row: np.ndarray, k: int, banned: np.ndarray) -> np.ndarray:
 
 
 def top_k_rows(logits: np.ndarray, rows: np.ndarray, k: int,
-               banned: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+               banned: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The k largest logits of each of `rows` and their token ids, (len(rows), k) each, largest first
     (ties: lower token id first), leaving out each row's `banned` tokens (a line per row, padded with
-    -1); k plus the banned tokens a row at most n_vocab // TOP_K_GROUPS.
+    -1); k plus the banned tokens a row at most n_vocab // TOP_K_GROUPS. Third, each row's largest
+    logit, banned or not (the probability's softmax is over the raw row), which the same pass gives.
 
     A row's first TOP_K_GROUPS x g tokens (g = n_vocab // TOP_K_GROUPS) are seen as g groups, group j
     holding tokens j, g + j, 2g + j, ...: the largest of each group is one elementwise maximum over the
@@ -376,23 +386,30 @@ def top_k_rows(logits: np.ndarray, rows: np.ndarray, k: int,
     selected = k + bans
     g = n_vocab // TOP_K_GROUPS
     whole = rows.size == logits.shape[0] and bool(np.all(rows == np.arange(rows.size)))
-    body = (logits if whole else logits[rows])[:, :TOP_K_GROUPS * g].reshape(rows.size, TOP_K_GROUPS, g)
+    source = np.ascontiguousarray(logits if whole else logits[rows])  # no copy of llama.cpp's matrix
+    body = source[:, :TOP_K_GROUPS * g].reshape(rows.size, TOP_K_GROUPS, g)
     maxima = body.max(axis=1)
     groups = np.argpartition(maxima, g - selected, axis=1)[:, g - selected:]
     candidates = (groups[:, :, None] + np.arange(TOP_K_GROUPS * g, step=g)[None, None, :]).reshape(rows.size, -1)
     if TOP_K_GROUPS * g < n_vocab:  # the tail that makes no whole group is always a candidate
         tail = np.broadcast_to(np.arange(TOP_K_GROUPS * g, n_vocab), (rows.size, n_vocab - TOP_K_GROUPS * g))
         candidates = np.concatenate([candidates, tail], axis=1)
-    values = logits[rows[:, None], candidates]
-    best = np.argpartition(values, values.shape[1] - selected, axis=1)[:, values.shape[1] - selected:]
-    ids = np.take_along_axis(candidates, best, axis=1)
-    kept = np.take_along_axis(values, best, axis=1)
-    order = np.lexsort((ids, -kept), axis=1)
-    ids, kept = np.take_along_axis(ids, order, axis=1), np.take_along_axis(kept, order, axis=1)
+    flat, starts = source.reshape(-1), (np.arange(rows.size) * n_vocab)[:, None]
+    values = flat.take(candidates + starts) + np.float32(0.0)  # one flat take; -0.0 becomes 0.0, its equal
+    # Each candidate as one int64 that orders as (logit descending, token ascending): the float's bits
+    # made monotonic, negated, above the token id. One partition and a sort of the few selected then
+    # give the order that a selection, a gather and a two-key sort would.
+    bits = values.view(np.int32)
+    keys = ((-(bits ^ ((bits >> 31) & 0x7FFFFFFF)).astype(np.int64)) << n_vocab.bit_length()) | candidates
+    ordered = np.partition(keys, selected - 1, axis=1)[:, :selected]
+    ordered.sort(axis=1)
+    ids = ordered & ((1 << n_vocab.bit_length()) - 1)
+    kept = flat.take(ids + starts)
+    tops = kept[:, 0]  # the largest of the row, banned or not: the bans are dropped below
     if banned is not None and bans:  # the first k tokens of each row that are not banned, in order
         allowed = np.argsort((ids[:, :, None] == banned[:, None, :]).any(axis=2), axis=1, kind="stable")[:, :k]
         ids, kept = np.take_along_axis(ids, allowed, axis=1), np.take_along_axis(kept, allowed, axis=1)
-    return ids, kept
+    return ids, kept, tops
 
 
 def _draw_rows(ids: np.ndarray, kept: np.ndarray, requests: Sequence[RequestSampling]) -> list[int]:

@@ -79,8 +79,10 @@ def test_greedy_picks_llama_cpp_greedy_token(ties: bool, banned: tuple[int, ...]
 def test_probability_is_llama_cpp_softmax_of_the_raw_logits(exp_sum: str) -> None:
     logits = logits_matrix(6, seed=2)
     logits[0] *= 4  # a peaked row as well as flat ones
+    logits[4, BANNED[0]] = logits[4].max() + 2  # a row drawn side by side whose largest logit is banned
     requests = [greedy(), greedy(BANNED), RequestSampling(SamplingParams(0.7, 0.9, 40, 5)),
-                RequestSampling(SamplingParams(1.3, 1.0, 0, 6, BANNED)), greedy(), greedy()]
+                RequestSampling(SamplingParams(1.3, 1.0, 0, 6, BANNED)),
+                RequestSampling(SamplingParams(2.0, 1.0, 40, 8, BANNED)), greedy()]
     kernel = ggml_exp_sum() if exp_sum == "ggml" else numpy_exp_sum
     assert kernel is not None, "llama-cpp-python's ggml CPU library exports ggml_vec_soft_max_f32"
     picks = StepSampler(VOCAB, kernel).sample(logits, requests)
@@ -211,7 +213,8 @@ def test_top_k_by_threshold_is_the_exact_top_k(shape: str) -> None:
 @pytest.mark.parametrize("shape", ["gaussian", "peaked", "odd_vocab", "ties", "banned_on_top"])
 def test_top_k_rows_is_the_exact_top_k_of_every_row(shape: str) -> None:
     """`top_k_rows` selects among the tokens of the groups with the largest maxima; it must keep exactly
-    the k largest allowed tokens of each row, in order (ties: lower token id first)."""
+    the k largest allowed tokens of each row, in order (ties: lower token id first; -0.0 ties 0.0), and
+    give each row's largest logit."""
     from worker.engine.sampling import top_k_rows
 
     rng = np.random.default_rng(13)
@@ -220,19 +223,23 @@ def test_top_k_rows_is_the_exact_top_k_of_every_row(shape: str) -> None:
     if shape == "odd_vocab":
         logits[::2, -3] = logits.max() + 1  # the largest token of every other row is in the tail
     if shape == "ties":
-        logits = rng.integers(-40, 4, size=(24, size)).astype(np.float32)
+        logits = rng.integers(-40, 1, size=(24, size)).astype(np.float32)  # 0 the largest, a thousand times
+        logits[(logits == 0) & (rng.random(logits.shape) < 0.5)] = -0.0  # equal to 0.0, other bits
     rows = np.array([1, 4, 5, 9, 17, 23], dtype=np.intp)
     banned = np.full((rows.size, 3), -1, dtype=np.intp)  # rows ban 0 to 3 tokens, -1 pads
     if shape == "banned_on_top":
         for n, (line, r) in enumerate(zip(banned, rows, strict=True)):
             line[:n % 4] = np.argsort(-logits[r])[[0, 2, 5][:n % 4]]
     for k in (1, 7, 40, 64):
-        ids, kept = top_k_rows(logits, rows, k, banned if shape == "banned_on_top" else None)
+        ids, kept, tops = top_k_rows(logits, rows, k, banned if shape == "banned_on_top" else None)
+        assert tops.tolist() == logits[rows].max(axis=1).tolist()
         for got_ids, got_kept, r, line in zip(ids, kept, rows, banned, strict=True):
             order = np.lexsort((np.arange(size), -logits[r]))
             expected = order[~np.isin(order, line)][:k]
             assert got_kept.tolist() == logits[r][expected].tolist(), (shape, k, r)
-            if shape != "ties":  # among equal logits at the k-th place any of them may be kept
+            if shape == "ties":  # which of the tied tokens are kept is free; their order is not
+                assert got_ids.tolist() == sorted(got_ids.tolist()), (shape, k, r)
+            else:
                 assert got_ids.tolist() == expected.tolist(), (shape, k, r)
 
 
