@@ -13,6 +13,7 @@
 #   bench/gpu_check.sh run            # on the GPU machine, from the repository root, .gpu/ beside it
 #   bench/gpu_check.sh prepare-baseline fd01397   # here, after prepare: that commit's worker in .gpu-baseline/
 #   bench/gpu_check.sh baseline       # there: bench.tiny_bench, this worker against that one
+#   bench/gpu_check.sh sampling       # there: issue 18's in-graph sampling probe, and default against greedy
 #   bench/gpu_check.sh scale          # there, needing only prepare's wheels: issue 20's relay scaling
 #
 # `run` prints llama-batched-bench's table (-npp 32 -ntg 64 -npl 1,16,64: one process, no HTTP, the
@@ -112,6 +113,33 @@ baseline() {
   echo "all done at +$((SECONDS - started)) s"
 }
 
+sampling() {
+  # Issue 18's sampling on a GPU: bench.device_sampling_probe (llama.cpp's in-graph sampling against the
+  # worker's numpy sampler, 64 sequences of the tiny model, every layer on the GPU), then
+  # bench.tiny_bench with default sampling and greedy, interleaved over two rounds. libllama only,
+  # without the flash-attention kernels, as `baseline` builds it (the same build directory serves both).
+  local started=$SECONDS
+  setup
+  echo "build: started at +$((SECONDS - started)) s"
+  if ! TARGETS=llama FA=OFF build; then tail -40 "$OUT/build.log"; return 1; fi
+  echo "build: done at +$((SECONDS - started)) s"
+  ln -sfn "$(realpath "$BUILD")/bin" /tmp/site/llama_cpp/lib
+  for round in 1 2 3; do
+    echo "probe, round $round, at +$((SECONDS - started)) s"
+    timeout 90 $PY -m bench.device_sampling_probe --model "$PWD/$G/tiny.gguf" --gpu-layers 999 --steps 200 \
+      2>&1 | tee -a "$OUT/device_sampling_probe.txt" || echo "the probe failed"
+  done
+  local common=(--model "$PWD/$G/tiny.gguf" --streams 64 --tokens 128 --reps 2 --no-ceiling)
+  for round in 1 2; do
+    for sampling in default greedy; do
+      echo "round $round: $sampling at +$((SECONDS - started)) s"
+      timeout 60 $PY -m bench.tiny_bench "${common[@]}" --sampling "$sampling" \
+        --out "$OUT/tiny_bench_${sampling}_$round.json" 2>&1 | grep -v "^$" || echo "tiny_bench $sampling failed"
+    done
+  done
+  echo "all done at +$((SECONDS - started)) s"
+}
+
 scale() {
   # Issue 20's scaling check, on the GPU machine's 16 cores (no GPU used): bench.scale_bench with 1, 2
   # and 4 coordinator processes on one port, interleaved, the same simulated pool each time. An entry of
@@ -188,6 +216,7 @@ case ${1:-} in
   run) run ;;
   prepare-baseline) prepare_baseline "${2:-}" ;;
   baseline) baseline ;;
+  sampling) sampling ;;
   scale) scale ;;
-  *) echo "usage: bench/gpu_check.sh prepare|run|prepare-baseline COMMIT|baseline|scale" >&2; exit 2 ;;
+  *) echo "usage: bench/gpu_check.sh prepare|run|prepare-baseline COMMIT|baseline|sampling|scale" >&2; exit 2 ;;
 esac
