@@ -36,6 +36,7 @@ pytestmark = pytest.mark.model
 SHORT = {"prompt": "Say hello.", "max_tokens": 4, "ignore_eos": True}
 LONG = {"prompt": "Count slowly from one to a thousand.", "max_tokens": 200, "ignore_eos": True}
 DELAY = 0.050  # added to one host's outgoing traffic
+LATENCY_SAMPLES = 16  # first tokens per host in each phase of the latency test: medians of 10 proved noisy
 STALE_AFTER = 3 * HEARTBEAT_INTERVAL  # the coordinator's default stale_after_intervals
 
 
@@ -57,23 +58,27 @@ def test_requests_spread_over_all_five_hosts(pool: Pool) -> None:
 def test_latency_on_one_host_shows_in_its_ttft_only(pool: Pool) -> None:
     pool.ensure()
     slow = "w2"
-    baseline = _ttft_by_worker(pool)
+    baseline = _ttft_by_worker(pool, per_host=LATENCY_SAMPLES)
     with pool.network.delay(pool.host(slow), DELAY) as delay:
-        delayed = _ttft_by_worker(pool)
+        delayed = _ttft_by_worker(pool, per_host=LATENCY_SAMPLES)
     # The network's share of TTFT: what the client saw minus the worker's own admission-to-token
     # time, so the two cores' scheduling noise in prefill does not blur the comparison.
     added = {w: _median(delayed[w], "network") - _median(baseline[w], "network") for w in WORKERS}
+    # What the machine's load did to every host between the two phases, read off the others: the
+    # slow host's share is compared after taking that out.
+    shift = statistics.median(added[w] for w in WORKERS if w != slow)
     pool.figures["latency"] = {
         "host": slow, "delay_ms": DELAY * 1e3, "method": delay.method,
         "samples_per_host": {w: [len(baseline[w]), len(delayed[w])] for w in WORKERS},
         "ttft_median_ms": {w: {"before": round(_median(baseline[w], "client") * 1e3, 1),
                                "during": round(_median(delayed[w], "client") * 1e3, 1)} for w in WORKERS},
         "network_share_added_ms": {w: round(added[w] * 1e3, 1) for w in WORKERS},
+        "others_shift_ms": round(shift * 1e3, 1),
     }
     # Every frame the slow host sends is held DELAY, so each of its first tokens arrived at least
     # that long after the worker made it.
     assert min(s["network"] for s in delayed[slow]) >= DELAY, pool.figures["latency"]
-    assert added[slow] >= 0.7 * DELAY, pool.figures["latency"]
+    assert added[slow] - shift >= 0.7 * DELAY, pool.figures["latency"]
     for other in sorted(set(WORKERS) - {slow}):
         assert added[other] < DELAY / 2, pool.figures["latency"]
 
