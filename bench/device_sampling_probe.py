@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -68,9 +69,9 @@ def run(model_path: Path, n: int, steps: int, threads: int, gpu_layers: int, dev
     chains = [chain(ll, seed) for seed in range(n)] if device else []
     if device:
         configs = (ll.llama_sampler_seq_config * n)()
-        for seq, sampler in enumerate(chains):
+        for seq, each in enumerate(chains):
             configs[seq].seq_id = seq
-            configs[seq].sampler = ctypes.cast(sampler, ctypes.c_void_p)
+            configs[seq].sampler = ctypes.cast(each, ctypes.c_void_p)
         params.samplers, params.n_samplers = configs, n
     ctx = ll.llama_init_from_model(model, params)
     n_vocab = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(model))
@@ -83,6 +84,13 @@ def run(model_path: Path, n: int, steps: int, threads: int, gpu_layers: int, dev
     def put(row: int, token: int, pos: int, seq: int, logits: bool) -> None:
         batch.token[row], batch.pos[row], batch.n_seq_id[row] = token, pos, 1
         batch.seq_id[row][0], batch.logits[row] = seq, logits
+
+    def sampled(outputs: list[int]) -> list[int]:
+        """The graph's token for each of the batch's `outputs`; llama.cpp answers -1 where it sampled none."""
+        tokens = [ll.llama_get_sampled_token_ith(ctx, i) for i in outputs]
+        if min(tokens) < 0 or max(tokens) >= n_vocab:
+            raise RuntimeError(f"llama.cpp's graph sampled no token for some sequence: {tokens}")
+        return tokens
 
     def decode(rows: int) -> float:
         batch.n_tokens = rows
@@ -101,13 +109,11 @@ def run(model_path: Path, n: int, steps: int, threads: int, gpu_layers: int, dev
     for step in range(steps):
         started = time.perf_counter()
         if device:
-            tokens = [ll.llama_get_sampled_token_ith(ctx, i) for i in outputs]
+            tokens = sampled(outputs)
         else:
             logits = np.ctypeslib.as_array(ll.llama_get_logits(ctx), shape=(n, n_vocab))
             tokens = [token for token, _ in sampler.sample(logits, requests)]
         sample_s += time.perf_counter() - started
-        if min(tokens) < 0 or max(tokens) >= n_vocab:
-            raise RuntimeError(f"no token sampled for some sequence at step {step}: {tokens}")
         for seq, token in enumerate(tokens):
             put(seq, token, PROMPT_TOKENS + step, seq, True)
         outputs = list(range(n))
@@ -116,18 +122,23 @@ def run(model_path: Path, n: int, steps: int, threads: int, gpu_layers: int, dev
     result = {"decode_us": decode_s / steps / n * 1e6, "read_or_sample_us": sample_s / steps / n * 1e6,
               "cpu_us": cpu / steps / n * 1e6, "tokens_per_s": steps * n / (decode_s + sample_s)}
     if device:  # a new request with other parameters on sequence 0: one sampler replaced
+        tokens = sampled(outputs)  # the last step's, sampled by the chains the context began with
         replacement = chain(ll, 12345)
+        chains.append(replacement)  # freed with the others, after the context
         started = time.perf_counter()
-        ll.llama_set_sampler(ctx, 0, replacement)
+        if not ll.llama_set_sampler(ctx, 0, replacement):
+            raise RuntimeError("llama.cpp would not put the replacement sampler in its graph")
         set_s = time.perf_counter() - started
-        tokens = [ll.llama_get_sampled_token_ith(ctx, i) for i in range(n)]
         for seq, token in enumerate(tokens):
             put(seq, token, PROMPT_TOKENS + steps, seq, True)
         result["set_sampler_ms"] = set_s * 1e3
         result["decode_after_set_ms"] = decode(n) * 1e3
         result["decode_step_ms"] = decode_s / steps * 1e3
+        sampled(outputs)  # sequence 0's token now comes from the replacement
     ll.llama_batch_free(batch)
     ll.llama_free(ctx)
+    for each in chains:
+        ll.llama_sampler_free(each)
     ll.llama_model_free(model)
     return result
 
@@ -148,8 +159,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{model.name}: {args.sequences} sequences x {args.steps} steps, {args.threads} llama.cpp thread(s), "
           f"{args.gpu_layers} GPU layers; default sampling (temperature, top-k, top-p = {DEFAULTS})")
-    import subprocess
-
     for way in ("host", "device"):  # each in its own process: llama.cpp's log and state stay apart
         child = subprocess.run([sys.executable, "-m", "bench.device_sampling_probe", "--model", str(model),
                                 "--sequences", str(args.sequences), "--steps", str(args.steps),

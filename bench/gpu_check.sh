@@ -94,15 +94,28 @@ setup() {
 baseline() {
   local started=$SECONDS
   setup
-  echo "build: started at +$((SECONDS - started)) s"
+  short_build "$started" || return 1
+  tiny_rounds "$started" ours-default baseline-default ours-greedy
+}
+
+short_build() {
+  # libllama alone, without the flash-attention kernels (GGML_CUDA_FA=OFF), so that the build fits a
+  # short lease; `baseline` and `sampling` share it. $1: when the caller started, for its log.
+  echo "build: started at +$((SECONDS - $1)) s"
   if ! TARGETS=llama FA=OFF build; then tail -40 "$OUT/build.log"; return 1; fi
-  echo "build: done at +$((SECONDS - started)) s"
-  ln -sfn "$(realpath "$BUILD")/bin" /tmp/site/llama_cpp/lib
+  echo "build: done at +$((SECONDS - $1)) s"
+  ln -sfn "$(realpath "$BUILD")/bin" /tmp/site/llama_cpp/lib || return 1
+}
+
+tiny_rounds() {
+  # bench.tiny_bench on the tiny model, two rounds of the runs named (WORKER-SAMPLING: ours or baseline,
+  # default or greedy), interleaved. $1: when the caller started, for its log.
+  local started=$1 && shift
   # The in-process ceiling loop is left out: it crashed (SIGSEGV) on the CUDA build, not yet understood.
   local common=(--model "$PWD/$G/tiny.gguf" --streams "${GPU_CHECK_STREAMS:-64}" --tokens 128 --reps 2
                 --no-ceiling)
   for round in 1 2; do
-    for run in ours-default baseline-default ours-greedy; do
+    for run in "$@"; do
       local tree=() sampling=${run#*-}
       [[ $run == baseline-* ]] && tree=(--worker-tree .gpu-baseline)
       echo "round $round: $run at +$((SECONDS - started)) s"
@@ -115,29 +128,17 @@ baseline() {
 
 sampling() {
   # Issue 18's sampling on a GPU: bench.device_sampling_probe (llama.cpp's in-graph sampling against the
-  # worker's numpy sampler, 64 sequences of the tiny model, every layer on the GPU), then
-  # bench.tiny_bench with default sampling and greedy, interleaved over two rounds. libllama only,
-  # without the flash-attention kernels, as `baseline` builds it (the same build directory serves both).
+  # worker's numpy sampler, 64 sequences of the tiny model, every layer on the GPU), three times, then
+  # bench.tiny_bench with default sampling and greedy, interleaved over two rounds.
   local started=$SECONDS
   setup
-  echo "build: started at +$((SECONDS - started)) s"
-  if ! TARGETS=llama FA=OFF build; then tail -40 "$OUT/build.log"; return 1; fi
-  echo "build: done at +$((SECONDS - started)) s"
-  ln -sfn "$(realpath "$BUILD")/bin" /tmp/site/llama_cpp/lib
+  short_build "$started" || return 1
   for round in 1 2 3; do
     echo "probe, round $round, at +$((SECONDS - started)) s"
     timeout 90 $PY -m bench.device_sampling_probe --model "$PWD/$G/tiny.gguf" --gpu-layers 999 --steps 200 \
       2>&1 | tee -a "$OUT/device_sampling_probe.txt" || echo "the probe failed"
   done
-  local common=(--model "$PWD/$G/tiny.gguf" --streams 64 --tokens 128 --reps 2 --no-ceiling)
-  for round in 1 2; do
-    for sampling in default greedy; do
-      echo "round $round: $sampling at +$((SECONDS - started)) s"
-      timeout 60 $PY -m bench.tiny_bench "${common[@]}" --sampling "$sampling" \
-        --out "$OUT/tiny_bench_${sampling}_$round.json" 2>&1 | grep -v "^$" || echo "tiny_bench $sampling failed"
-    done
-  done
-  echo "all done at +$((SECONDS - started)) s"
+  tiny_rounds "$started" ours-default ours-greedy
 }
 
 scale() {
