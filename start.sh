@@ -191,8 +191,9 @@ for i in $(seq 1 "$workers"); do
     worker_restarts[$((i - 1))]=0
 done
 
-# Healthy = every coordinator answers and counts every worker alive (each heartbeats once loaded). A
-# process that exits meanwhile (a model that fails to load, a port in use) stops the start, with its log.
+# Healthy = every coordinator answers ready (with several, each joins the shared port only then) and counts
+# every worker alive (each heartbeats once loaded). A process that exits meanwhile (a model that fails to
+# load, a port in use) stops the start, with its log.
 if ! "$venv"/bin/python - "$heartbeat_urls" "$workers" $(all_pids) <<'PY'
 import json, os, sys, time, urllib.request
 urls, want, pids = sys.argv[1].split(","), int(sys.argv[2]), [int(p) for p in sys.argv[3:]]
@@ -210,9 +211,9 @@ while time.monotonic() < deadline:
     seen = 0
     for url in urls:
         try:
-            with urllib.request.urlopen(url + "/coordinator/health", timeout=2) as r:
-                seen += json.load(r)["workers"]["alive"] >= want
-        except OSError:
+            with urllib.request.urlopen(url + "/coordinator/ready", timeout=2) as r:
+                seen += json.load(r)["workers"] >= want
+        except OSError:  # urllib's HTTPError too: 503 while it is joining
             pass
     if seen == len(urls):
         sys.exit(0)

@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from coordinator.scheduling.policy import DEFAULT_SCORERS, parse_scorers
+from protocol.health import JOIN_SETTLE
 from protocol.worker import MAX_CHOICES, PING_INTERVAL
 
 
@@ -152,6 +153,11 @@ class Settings(BaseModel):
     drain_timeout: float = Field(
         default=30.0, ge=0, le=3600, description="on SIGTERM: seconds streams in flight may still run before "
         "they are ended with an error event (new requests get 503 draining meanwhile)")
+    join_wait: float | None = Field(
+        default=None, ge=0, le=3600, description="the longest a starting coordinator waits to know the pool before "
+        "it answers ready on /coordinator/ready and joins a shared port (reuse_port with own_port); it is ready "
+        "sooner once it has registered as many workers as its siblings count. Default: one heartbeat round, "
+        "heartbeat_interval + 1 s")
     refusal_log_rate: float = Field(default=20.0, gt=0, description="refused requests logged per second at "
                                     "most (all are counted in metrics; the next line says how many were left out)")
     log_level: str = Field(default="info", pattern=r"^(?i:debug|info|warning|error|critical)$")
@@ -176,6 +182,10 @@ class Settings(BaseModel):
         if self.worker_read_timeout <= PING_INTERVAL:
             raise ValueError(f"worker_read_timeout must be above the workers' ping interval ({PING_INTERVAL:g} s)")
         return self
+
+    @property
+    def join_after(self) -> float:
+        return self.join_wait if self.join_wait is not None else self.heartbeat_interval + JOIN_SETTLE
 
     @property
     def stale_after(self) -> float:

@@ -24,6 +24,7 @@ from coordinator.auth import ApiKeys
 from coordinator.cache import ResponseCache
 from coordinator.clock import Clock
 from coordinator.ops.metrics import CoordinatorMetrics
+from coordinator.ops.readiness import Readiness
 from coordinator.ops.requests import RequestLog
 from coordinator.pool.breaker import Breakers
 from coordinator.pool.moves import SessionMover
@@ -67,6 +68,7 @@ class CoordinatorState:
     embedding_policy: Policy
     embedder: EmbeddingDispatcher
     mover: SessionMover  # draining workers' kept sessions, moved to the others
+    readiness: Readiness  # whether it has heard from the pool (joins a shared port and answers ready then)
     api_keys: ApiKeys | None = None  # None: no client key is needed
     # The relays of the streams open now (drain ends them at its deadline), and whether it is draining.
     streams: set[Relay] = field(default_factory=set)
@@ -134,4 +136,6 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
                                      worker_token=settings.worker_token),
         mover=SessionMover(registry, sessions, client, metrics, worker_token=settings.worker_token,
                            timeout=settings.session_move_timeout, max_bytes=settings.session_move_max_bytes,
-                           deadline=settings.session_move_deadline, now=clock.monotonic))
+                           deadline=settings.session_move_deadline, now=clock.monotonic),
+        readiness=Readiness(clock=clock, join_wait=settings.join_after, workers=lambda: registry.alive_count,
+                            gated=settings.reuse_port and settings.own_port > 0))

@@ -21,12 +21,24 @@ class HeartbeatAck(BaseModel):
     worker_id: str
     state: WorkerState
     heartbeat_interval: float = Field(description="seconds the coordinator expects between heartbeats")
+    workers: int = Field(default=0, ge=0, description="alive workers this coordinator knows: the worker passes "
+                         "the most it was told on to every coordinator (`Heartbeat.pool_workers`)")
 
 
 class WorkerCounts(BaseModel):
     alive: int = Field(ge=0, description="heartbeating now: schedulable")
     stale: int = Field(ge=0, description="missed heartbeats: not scheduled, removed when dead")
     total: int = Field(ge=0)
+
+
+class CoordinatorReadiness(BaseModel):
+    """`GET /coordinator/ready`: 200 once the coordinator has heard from the pool (a worker registered
+    and about a second passed for the rest, or `JOIN_WAIT` passed with none); 503 while it is still
+    joining, and once it is draining. A load balancer or Kubernetes sends client traffic only to a
+    ready one; with a shared port (REUSE_PORT) the process joins the port at the same moment."""
+
+    status: Literal["ready", "joining", "draining"]
+    workers: int = Field(ge=0, description="alive workers it knows")
 
 
 class CoordinatorHealth(BaseModel):

@@ -34,6 +34,11 @@ SESSION_DIGEST_PATTERN = r"^[0-9a-f]{16}$"
 # Prefix blocks a heartbeat lists at most: with everything else it stays well inside the coordinator's
 # 64 KiB limit on a heartbeat's body (19 bytes each as JSON).
 MAX_HELD_PREFIX_BLOCKS = 2048
+# Seconds after which a worker beats again to a coordinator it has not reached yet (down, restarted, new,
+# or refusing), instead of waiting its whole interval. A coordinator takes client traffic only once it
+# has heard from the pool, and waits about two of these for the rest of the workers after the first.
+REACH_RETRY = 0.5
+JOIN_SETTLE = 2 * REACH_RETRY
 
 
 @functools.lru_cache(maxsize=4096)  # a request asks for its session's digest several times
@@ -145,6 +150,9 @@ class Heartbeat(BaseModel):
                                                 "(`POST /worker/embed`); only then are they routed to it")
     load: WorkerLoad
     timestamp: float = Field(description="the worker's clock, Unix seconds, when the heartbeat was made")
+    pool_workers: int = Field(default=0, ge=0, le=1_000_000, description="the most alive workers a coordinator "
+                              "said it knows, in its last answer to this worker: a coordinator that has just "
+                              "started is ready once it knows as many (coordinator/ops/readiness.py)")
 
 
 class WorkerHealth(BaseModel):

@@ -68,6 +68,7 @@ T_SUPERVISION = "tests/coordinator/relay/test_supervisor.py"
 T_EMBEDDING_ADMISSION = "tests/coordinator/admission/test_embeddings.py"
 T_EMBEDDINGS = "tests/coordinator/test_surface_embeddings.py"
 T_SIMULATED = "tests/worker/backends/test_simulated.py"
+T_JOINING = "tests/integration/test_joining_the_port.py"
 CHECK_SUMS = "        totals = self._registry.totals(model)\n"
 
 
@@ -282,6 +283,20 @@ MUTATIONS: tuple[Mutation, ...] = (
              "if False:  # several coordinators",
              (T_SIMULATED + "::test_with_several_coordinators_a_freed_sequence_of_a_full_worker_is_beaten_to_all_at_"
                             "once",)),
+    Mutation("join-port-at-once", "a coordinator sharing a port joins it only once it knows the pool",
+             "coordinator/server.py", "        await self._readiness().until_known()\n",
+             "        pass  # joins at once\n",
+             (T_JOINING + "::test_a_restarted_coordinator_takes_no_connection_before_it_knows_the_pool",)),
+    Mutation("stay-on-port-when-draining", "a draining coordinator sharing a port leaves it at once",
+             "coordinator/server.py", "        self._left = True\n", "        self._left = True\n        return\n",
+             (T_JOINING + "::test_a_draining_coordinator_leaves_the_port_and_a_rolling_restart_refuses_nothing",)),
+    Mutation("ready-without-the-pool-count", "a restarted coordinator is ready once it has as many workers as "
+             "the pool counts", "coordinator/ops/readiness.py", "self._workers() >= max(1, self._pool)",
+             "self._workers() >= 1", ("tests/coordinator/ops/test_readiness.py",)),
+    Mutation("reach-off", "a worker beats to a coordinator it has not reached within REACH_RETRY",
+             "worker/heartbeat.py", "                await self.reach()\n", "                pass\n",
+             (("tests/worker/test_heartbeat.py::test_a_coordinator_not_reached_is_beaten_to_again_within_reach_"
+              "retry_and_the_others_get_no_extra_beats"),)),
 )
 
 
@@ -293,7 +308,8 @@ class Outcome:
 
 
 def snapshot(into: Path) -> Path:
-    """The sources pytest needs, copied once from the working tree, plus the import guard."""
+    """The sources pytest needs, copied once from the working tree, plus the import guard (and a link to
+    the model, for the mutations whose tests start real workers)."""
     base = into / "snapshot"
     base.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
@@ -304,6 +320,8 @@ def snapshot(into: Path) -> Path:
         else:
             shutil.copy2(src, base / name)
     (base / "mutation_guard.py").write_text(GUARD)
+    if (ROOT / "modelFiles").is_dir():  # the real-process tests' model, read only: linked, not copied
+        (base / "modelFiles").symlink_to(ROOT / "modelFiles", target_is_directory=True)
     return base
 
 

@@ -48,7 +48,11 @@ class DrainingServer(uvicorn.Server):
 
     def _start_drain(self) -> None:
         if self._draining is None:
+            self.before_drain()
             self._draining = asyncio.get_running_loop().create_task(self._drain_then_exit())
+
+    def before_drain(self) -> None:
+        """What a service does the moment its drain starts, before `drain` runs (nothing here)."""
 
     async def _drain_then_exit(self) -> None:
         try:

@@ -4,7 +4,10 @@ Owns: the heartbeat loop and its HTTP calls, to each coordinator URL at once (se
 serve one pool, each with the whole registry), and, with `resolve_all`, to every address that a URL's
 name resolves to at that moment (a Kubernetes headless Service lists one per coordinator pod).
 Must not: fail the worker. A coordinator that is down or refuses the heartbeat is logged (once per
-change of its state, not every interval) and tried again; the others are not held up by it.
+change of its state, not every interval) and tried again every REACH_RETRY, not every interval: a
+restarted or new coordinator takes client traffic only once it knows the pool (coordinator/ops/
+readiness.py), so the sooner it hears from every worker, the sooner it serves. The others are not held
+up by it, and get no extra beats.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from protocol.health import EmbeddingService, Heartbeat, WorkerLoad
+from protocol.health import REACH_RETRY, EmbeddingService, Heartbeat, WorkerLoad
 from worker.naming import ModelNames
 from worker.settings import MAX_COORDINATORS
 
@@ -61,12 +64,14 @@ class HeartbeatSender:
         self._healthy: dict[str, bool] = {}  # by heartbeat URL: its last outcome, for logging changes only
         self._nudged: asyncio.Event | None = None  # made in run(), on the event loop
         self._room = False  # the nudge is for a freed sequence: beat without NUDGE_GAP
+        self._pool: dict[str, int] = {}  # by heartbeat URL: the alive workers its last answer counted
         self.sent = 0
 
     def heartbeat(self) -> Heartbeat:
         return Heartbeat(worker_id=self._worker_id, url=self._worker_url, model=self._names.name,
                          aliases=list(self._names.aliases), model_identity=self._identity,
-                         embeddings=self._embeddings, load=self._load(), timestamp=self._wall_clock())
+                         embeddings=self._embeddings, load=self._load(), timestamp=self._wall_clock(),
+                         pool_workers=max(self._pool.values(), default=0))
 
     async def targets(self) -> list[str]:
         """The heartbeat URLs of this interval: each coordinator URL, or each address of its name."""
@@ -95,6 +100,7 @@ class HeartbeatSender:
         results = await asyncio.gather(*(self._send(url, body) for url in urls))
         for gone in set(self._healthy) - set(urls) - set(self._bases):
             del self._healthy[gone]  # an address the name no longer has: bounded by what it resolves to
+            self._pool.pop(gone, None)
         return bool(results) and all(results)
 
     async def _send(self, url: str, body: str) -> bool:
@@ -106,6 +112,9 @@ class HeartbeatSender:
             ok, problem = False, f"{type(exc).__name__}: {exc}"
         if ok:
             self.sent += 1
+            self._pool[url] = _workers_counted(response)
+        else:
+            self._pool.pop(url, None)
         self._changed(url, ok, problem)
         return ok
 
@@ -138,12 +147,42 @@ class HeartbeatSender:
         while True:
             began = loop.time()
             await self.send_once()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._nudged.wait(), self._interval)
+            await self._until_next(began + self._interval)
             if self._nudged.is_set():
                 await asyncio.sleep(max(0.0, began + ROOM_GAP - loop.time()) if self._room else NUDGE_GAP)
                 self._nudged.clear()
                 self._room = False
 
+    async def _until_next(self, due: float) -> None:
+        """Waits for the next beat to every coordinator (a nudge, or `due`); meanwhile beats every
+        REACH_RETRY to those not reached yet, and with `resolve_all` looks the names up that often, so
+        that a new replica's address is reached at once."""
+        assert self._nudged is not None
+        loop = asyncio.get_running_loop()
+        while not self._nudged.is_set() and loop.time() < due:
+            wait = due - loop.time()
+            if self._resolve_all or not all(self._healthy.values()):
+                wait = min(wait, REACH_RETRY)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._nudged.wait(), max(0.0, wait))
+            if not self._nudged.is_set() and loop.time() < due:
+                await self.reach()
+
+    async def reach(self) -> None:
+        """One beat to each coordinator whose last beat failed, or that this worker never beat to."""
+        urls = [url for url in await self.targets() if not self._healthy.get(url)]
+        if urls:
+            body = self.heartbeat().model_dump_json()
+            await asyncio.gather(*(self._send(url, body) for url in urls))
+
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _workers_counted(response: httpx.Response) -> int:
+    """The alive workers a coordinator's answer counts (HeartbeatAck.workers); 0 when it says none."""
+    try:
+        workers = response.json().get("workers", 0)
+    except (ValueError, AttributeError):
+        return 0
+    return workers if isinstance(workers, int) and 0 <= workers <= 1_000_000 else 0

@@ -1,7 +1,7 @@
 """Worker-facing and operator-facing health: heartbeats in, registry listings out.
 
 Owns: `POST /coordinator/health/heartbeat` (token check, timestamp sanity, a new worker's probe, upsert),
-`GET /coordinator/health` and `GET /coordinator/health/workers`.
+`GET /coordinator/health`, `GET /coordinator/ready` and `GET /coordinator/health/workers`.
 Must not: schedule or admit requests.
 """
 
@@ -24,7 +24,14 @@ from coordinator.scheduling import Request as Wanted
 from coordinator.state import CoordinatorState
 from coordinator.validate import describe
 from protocol import reasons
-from protocol.coordinator import CoordinatorHealth, HeartbeatAck, WorkerCounts, WorkerStatus, WorkerStatusList
+from protocol.coordinator import (
+    CoordinatorHealth,
+    CoordinatorReadiness,
+    HeartbeatAck,
+    WorkerCounts,
+    WorkerStatus,
+    WorkerStatusList,
+)
 from protocol.health import Heartbeat
 from protocol.openapi import inlined
 from protocol.worker import PROTOCOL_VERSION, ErrorBody
@@ -85,6 +92,7 @@ async def _take(request: Request) -> HeartbeatAck:
     record = state.registry.upsert(beat.model_copy(update={"load": beat.load.clamped()}), now)
     state.prefixes.report(record.worker_id, beat.load.prefixes)  # the prompts its cells hold now
     state.registry.sweep(now)
+    state.readiness.heard(beat.pool_workers)
     state.queue.wake(record.model)  # it may have room now (and catches any wake-up missed before)
     state.embedding_queue.wake(record.model)
     if not record.draining:
@@ -93,7 +101,7 @@ async def _take(request: Request) -> HeartbeatAck:
         state.mover.draining(record)  # its kept sessions go to the model's other workers, once
     state.metrics.heartbeats.labels(outcome="accepted").inc()
     return HeartbeatAck(worker_id=record.worker_id, state="alive",
-                        heartbeat_interval=settings.heartbeat_interval)
+                        heartbeat_interval=settings.heartbeat_interval, workers=state.registry.alive_count)
 
 
 async def _prove(state: CoordinatorState, beat: Heartbeat) -> None:
@@ -168,6 +176,17 @@ async def health(request: Request) -> CoordinatorHealth:
                              requests_running=state.admission.in_flight,
                              kv_reserved_bytes=max(0, state.admission.in_flight_kv_bytes),
                              cache=state.cache.state, cache_failure=state.cache.failure)
+
+
+@router.get("/coordinator/ready", responses={503: {"model": CoordinatorReadiness,
+                                                   "description": "joining (not yet heard from the pool) or draining"}})
+async def ready(request: Request, response: Response) -> CoordinatorReadiness:
+    state: CoordinatorState = request.app.state.coordinator
+    state.registry.sweep(state.clock.monotonic())
+    status = state.readiness.status(draining=state.draining)
+    if status != "ready":
+        response.status_code = 503
+    return CoordinatorReadiness(status=status, workers=state.registry.alive_count)
 
 
 @router.get("/coordinator/health/workers")

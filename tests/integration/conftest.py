@@ -80,12 +80,15 @@ class Proc:
 
 def start_coordinator(log_dir: Path, name: str, *extra: str, port: int | None = None) -> tuple[Proc, str]:
     """A real coordinator on `port` (a free one if none: a pool that restarts its coordinator keeps the
-    port its workers know), answering once this returns; the process and its URL."""
+    port its workers know), answering once this returns; the process and its URL. With `--own-port`
+    it answers there first (it joins a shared `port` once it knows the pool), so that is what is awaited."""
     port = free_port() if port is None else port
     proc = Proc(name, [sys.executable, "-m", "coordinator", "--port", str(port), *extra], log_dir / f"{name}.log")
     proc.start()
     url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: httpx.get(url + "/coordinator/health", timeout=1).status_code == 200, 30,
+    own = extra[extra.index("--own-port") + 1] if "--own-port" in extra else None
+    answering = f"http://127.0.0.1:{own}" if own else url
+    wait_until(lambda: httpx.get(answering + "/coordinator/health", timeout=1).status_code == 200, 30,
                f"{name} to answer")
     return proc, url
 

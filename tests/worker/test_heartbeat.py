@@ -10,7 +10,7 @@ import logging
 import httpx
 import pytest
 
-from protocol.health import Heartbeat, WorkerLoad
+from protocol.health import REACH_RETRY, Heartbeat, WorkerLoad
 from worker.heartbeat import HEARTBEAT_PATH, ROOM_GAP, HeartbeatSender
 from worker.naming import ModelNames
 from worker.settings import MAX_COORDINATORS, WorkerSettings
@@ -167,3 +167,60 @@ def test_a_room_nudge_beats_without_the_nudge_gap_but_no_sooner_than_the_room_ga
     asyncio.run(asyncio.wait_for(run(), 10))
     assert beats[1] - beats[0] >= ROOM_GAP * 0.9
     assert beats[2] - nudged[0] < 0.5  # not held back the way a new session's nudge is (1 s here)
+
+
+def test_a_coordinator_not_reached_is_beaten_to_again_within_reach_retry_and_the_others_get_no_extra_beats(
+        ) -> None:
+    """A restarted coordinator joins its shared port only once it knows the pool: every worker's beat
+    must reach it within REACH_RETRY, not at the next interval (30 s here)."""
+    got: dict[str, list[float]] = {"up": [], "late": []}
+    opened_at: list[float] = []
+
+    def coordinators(request: httpx.Request) -> httpx.Response:
+        now = asyncio.get_event_loop().time()
+        if request.url.host == "late" and not opened_at:
+            raise httpx.ConnectError("refused", request=request)
+        got[request.url.host].append(now)
+        return httpx.Response(200, json={})
+
+    beats = HeartbeatSender(coordinator_urls=["http://up:1337", "http://late:1337"], worker_id="w1",
+                            worker_url="http://w:1", names=ModelNames("m", ()), token="", interval=30.0,
+                            load=load, transport=httpx.MockTransport(coordinators))
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.create_task(beats.run())
+        await asyncio.sleep(REACH_RETRY * 2.5)  # down all this while: retried, and refused again
+        opened_at.append(loop.time())
+        while not got["late"]:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(REACH_RETRY * 2.5)  # reached: no more beats until the interval
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(asyncio.wait_for(run(), 10))
+    assert len(got["up"]) == 1  # the first beat only: the retries go to the one not reached
+    assert len(got["late"]) == 1 and got["late"][0] - opened_at[0] <= REACH_RETRY + 0.2
+
+
+def test_each_beat_passes_on_the_most_workers_a_coordinator_counted_in_its_last_answer() -> None:
+    counts = {"c1": 3, "c2": 1}
+    seen: list[int] = []
+
+    def coordinators(request: httpx.Request) -> httpx.Response:
+        seen.append(Heartbeat(**json.loads(request.content)).pool_workers)
+        if request.url.host == "c3":
+            return httpx.Response(200, json={"workers": "many"})  # not a count: counts as none
+        return httpx.Response(200, json={"workers": counts[request.url.host]})
+
+    beats = sender(["http://c1:1337", "http://c2:1337", "http://c3:1337"], coordinators)
+
+    async def three() -> None:
+        await beats.send_once()
+        await beats.send_once()
+        counts["c1"] = 2  # a worker of the pool gone
+        await beats.send_once()
+        await beats.send_once()
+
+    asyncio.run(three())
+    assert seen == [0] * 3 + [3] * 3 + [3] * 3 + [2] * 3
