@@ -152,3 +152,51 @@ def test_the_worker_itself_exits_non_zero_when_its_model_cannot_load(tmp_path: P
                           check=False, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and "could not be loaded" in done.stderr
     assert time.monotonic() - started < 60
+
+
+def coordinator_pid(own_port: int) -> int | None:
+    """The pid of the coordinator start.sh runs with that port of its own (OWN_PORT in its environment)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[1:3] == [b"-m", b"coordinator"] and f"OWN_PORT={own_port}".encode() in environ:
+            return int(entry.name)
+    return None
+
+
+def test_with_two_coordinators_one_killed_and_restarted_refuses_nothing(tmp_path: Path) -> None:
+    """Issue 33's restart: before, one second after the kill 18 of 20 requests got `503 no_workers`
+    from the restarted process, which took connections on the shared port before it knew a worker."""
+    proc, url, _, _ = launch(tmp_path, "--coordinators", "2")
+    output = Output(proc)
+    try:
+        wait_until(lambda: proc.poll() is None and "Press Ctrl+C" in output.text, 180, "start.sh's pool to be up",
+                   interval=0.2)
+        own_port = int(url.rsplit(":", 1)[1]) + 1
+        victim = coordinator_pid(own_port)
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: coordinator_pid(own_port) not in (None, victim), 20, "coordinator-1 restarted")
+        time.sleep(1.0)
+        codes = []
+        for _ in range(20):
+            with httpx.Client(timeout=30) as client:  # a connection each: the kernel picks the process
+                codes.append(client.post(url + "/coordinator/infer", json={"prompt": "Hi", "max_tokens": 2}).status_code)
+        assert codes == [200] * 20, codes
+        own = f"http://127.0.0.1:{own_port}"
+        wait_until(lambda: httpx.get(own + "/coordinator/ready", timeout=2).status_code == 200, 15,
+                   "coordinator-1 ready again")  # within a heartbeat round (10 s) of its start
+        assert "restarting it (1 of 3)" in output.text
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
