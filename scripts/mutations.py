@@ -293,6 +293,12 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("ready-without-the-pool-count", "a restarted coordinator is ready once it has as many workers as "
              "the pool counts", "coordinator/ops/readiness.py", "self._workers() >= max(1, self._pool)",
              "self._workers() >= 1", ("tests/coordinator/ops/test_readiness.py",)),
+    Mutation("prefill-unpaced", "beside decoding sequences a long prompt's chunk goes in only once they are "
+             "owed no time", "worker/backends/llama_engine.py", "and not self.pace.admits(decoding + finishing)",
+             "and False", ("tests/worker/backends/test_prefill_pace.py",)),
+    Mutation("prefill-pay-after", "a chunk beside decoding is paid for in advance",
+             "worker/engine/pacing.py", "return self.debt + self._cost() <= 0", "return self.debt <= 0",
+             ("tests/worker/engine/test_pacing.py",)),
     Mutation("reach-off", "a worker beats to a coordinator it has not reached within REACH_RETRY",
              "worker/heartbeat.py", "                await self.reach()\n", "                pass\n",
              (("tests/worker/test_heartbeat.py::test_a_coordinator_not_reached_is_beaten_to_again_within_reach_"

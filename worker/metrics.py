@@ -17,6 +17,7 @@ from worker.engine.jobs import EngineObserver, Failed, Finished, Job
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TOKEN_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 64, 128, 256)
+PROMPT_STEP_BUCKETS = (0, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 class WorkerMetrics(EngineObserver, EmbeddingObserver):
@@ -44,6 +45,9 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
         self.batch_size = histogram("worker_batch_size", "Sequences in one llama_decode call", BATCH_BUCKETS)
         self.step_seconds = histogram("worker_decode_step_seconds", "Duration of one llama_decode call",
                                       TOKEN_LATENCY_BUCKETS)
+        self.step_prompt_tokens = Histogram(
+            "worker_step_prompt_tokens", "Prompt tokens in one llama_decode call, beside decoding sequences or "
+            "alone (the prefill budget: WORKER_PREFILL_STALL)", ["beside"], buckets=PROMPT_STEP_BUCKETS, registry=r)
         self.ttft = histogram("worker_time_to_first_token_seconds", "Admission to first token", LATENCY_BUCKETS)
         self.tpot = histogram("worker_time_per_output_token_seconds", "Mean time between output tokens of one "
                               "request", TOKEN_LATENCY_BUCKETS)
@@ -97,10 +101,12 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
 
     # -- EngineObserver (engine thread; prometheus-client is thread-safe) ----------------------------
 
-    def step(self, sequences: int, prefill_tokens: int, seconds: float) -> None:
+    def step(self, sequences: int, prefill_tokens: int, seconds: float, decoding: int = 0) -> None:
         self.steps.inc()
         self.batch_size.observe(sequences)
         self.step_seconds.observe(seconds)
+        if prefill_tokens:
+            self.step_prompt_tokens.labels("decoding" if decoding else "alone").observe(prefill_tokens)
 
     def token_gap(self, seconds: float) -> None:
         self.itl.observe(seconds)

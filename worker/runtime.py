@@ -24,6 +24,7 @@ from worker.backends import build_embedding_context, build_engine
 from worker.backends.base import EngineBackend, ModelBackend
 from worker.engine.embedder import Embedder
 from worker.engine.jobs import EngineConfig, Failed, Job
+from worker.engine.pacing import CPU_CHUNK, GPU_CHUNK
 from worker.heartbeat import HeartbeatSender
 from worker.metrics import WorkerMetrics
 from worker.naming import ModelNames
@@ -50,7 +51,9 @@ class WorkerRuntime:
                                        general_name=model.meta_str("general.name"),
                                        file_stem=settings.model_path.stem if settings.engine == "llama" else model.name)
         config = EngineConfig(ctx_size=settings.ctx_size, max_sessions=settings.max_sessions,
-                              threads=settings.threads, prefill_chunk=settings.prefill_chunk,
+                              threads=settings.threads,
+                              prefill_chunk=settings.prefill_chunk or (GPU_CHUNK if model.gpu_layers else CPU_CHUNK),
+                              prefill_stall=settings.prefill_stall,
                               kv_unified=settings.kv_unified,
                               slow_consumer_deadline=settings.slow_consumer_deadline,
                               request_timeout=settings.request_timeout, prompt_cache=settings.prompt_cache,

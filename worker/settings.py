@@ -41,6 +41,7 @@ ENV_NAMES = {
     "session_max_tokens": "WORKER_SESSION_MAX_TOKENS",
     "kv_unified": "WORKER_KV_UNIFIED",
     "prefill_chunk": "WORKER_PREFILL_CHUNK",
+    "prefill_stall": "WORKER_PREFILL_STALL",
     "session_ttl": "WORKER_SESSION_TTL",
     "sweep_interval": "WORKER_SWEEP_INTERVAL",
     "heartbeat_interval": "HEARTBEAT_INTERVAL",
@@ -99,7 +100,13 @@ class WorkerSettings(BaseModel):
     max_sessions: int = Field(default=16, ge=1, le=MAX_SESSIONS, description="llama.cpp sequences, busy or idle")
     session_max_tokens: int = Field(default=2048, ge=16, description="KV cells one session may hold")
     kv_unified: bool = Field(default=False, description="one KV buffer shared by all sequences")
-    prefill_chunk: int = Field(default=256, ge=16, le=8192, description="prompt tokens per decode step")
+    prefill_chunk: int | None = Field(default=None, ge=16, le=8192, description="prompt tokens per decode step, "
+                                      "at most; default 64 on the CPU (the least batch llama.cpp's CPU kernels run "
+                                      "at full speed), 256 with layers on a GPU")
+    prefill_stall: float = Field(default=2.0, ge=0, le=100, description="while sequences are decoding, the steps "
+                                 "that carry prompt tokens take at most this many times the decode-only steps' time "
+                                 "(measured as it runs), so a long prompt slows them at most this much; 1 or less: "
+                                 "off, every step may carry a chunk")
     session_ttl: float = Field(default=300.0, gt=0, description="idle seconds before a session expires")
     sweep_interval: float = Field(default=1.0, gt=0, description="seconds between expiry sweeps")
     heartbeat_interval: float = Field(default=10.0, gt=0)

@@ -8,9 +8,10 @@ those cells (`llama_memory_seq_cp`, made by llama.cpp at the start of the next d
 first tokens are drawn, each by its own sampler, from that same row of logits; from then on each
 choice is a sequence of its own in the batch.
 Must not: block on a consumer or touch asyncio objects other than through `TokenChannel` and
-`loop.call_soon_threadsafe`. Each step puts one token of every generating sequence, plus at most
-`prefill_chunk` prompt tokens of joining sequences (the shortest remaining prompt first), into a
-single `llama_decode` call.
+`loop.call_soon_threadsafe`. Each step puts one token of every generating sequence, plus prompt
+tokens of joining sequences (the shortest remaining prompt first, up to `prefill_chunk`), into a single
+`llama_decode` call; beside decoding rows only when they are owed no time (worker/engine/pacing.py),
+so that a long prompt slows the streams beside it by at most `prefill_stall` times.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from worker.backends.llama_model import Model
 from worker.engine.channel import TokenChannel
 from worker.engine.endings import Endings, Progress, also_ending, cancel_session
 from worker.engine.jobs import EngineConfig, EngineObserver, Failed, Finished, Job, StreamItem
+from worker.engine.pacing import PrefillPace
 from worker.engine.sampling import RequestSampling, SamplingParams, StepSampler, choice_seed
 from worker.engine.textstream import TextAssembler
 from worker.sessions.table import Session, SessionTable
@@ -91,6 +93,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._copied: set[int] = set()  # sequences whose copy llama.cpp makes at the next decode
+        self.pace = PrefillPace(stall=config.prefill_stall)
         self.steps = 0
 
     # -- facts the admission needs -------------------------------------------------------------------
@@ -329,7 +332,9 @@ class Engine:
         if status != 0:
             raise RuntimeError(f"llama_decode returned {status}")
         self.steps += 1
-        self._observer.step(decoding + prefilling, n - decoding, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.pace.observe(decoding, n - decoding, seconds)
+        self._observer.step(decoding + prefilling, n - decoding, seconds, decoding)
         if rows:
             # llama.cpp keeps the logits of the rows that ask for them contiguous, in batch order:
             # the step samples them all from one view of its buffer.
@@ -403,14 +408,19 @@ class Engine:
         """Fills the rest of the batch, from row `n`, with prompt chunks; (rows in the batch, sequences
         prefilling). Shortest remaining prompt first (then oldest): a prompt whose prefix was cached has
         a few tokens left and gets its first token in this step, not after a long cold prompt's chunks.
-        The long one takes what the short ones leave of the budget."""
+        The prompts that finish in this step go in first; a longer prompt then takes what they leave of
+        the chunk only when the rows that decode (now or from the next step) are owed no time
+        (worker/engine/pacing.py)."""
         budget = min(self.config.prefill_chunk, self._n_batch - n)
-        sequences = 0
+        decoding, sequences, finishing = n, 0, 0
         for run in sorted((r for r in self._running if r.todo), key=lambda r: (len(r.todo), r.started_at)):
             if budget <= 0:
                 break
+            if len(run.todo) > budget and not self.pace.admits(decoding + finishing):
+                break  # sorted: every prompt after this one is as long
             chunk, run.todo = run.todo[:budget], run.todo[budget:]
             sequences += 1
+            finishing += not run.todo
             session = run.session
             for i, token in enumerate(chunk):
                 last = not run.todo and i == len(chunk) - 1

@@ -25,6 +25,7 @@ class EngineConfig:
     max_sessions: int
     threads: int
     prefill_chunk: int = 256
+    prefill_stall: float = 0.0  # worker/engine/pacing.py; 0: every step may take a chunk
     kv_unified: bool = False
     slow_consumer_deadline: float = 10.0
     request_timeout: float = 600.0
@@ -104,7 +105,7 @@ class Job:
 class EngineObserver:
     """Hooks the metrics module implements; the default does nothing."""
 
-    def step(self, sequences: int, prefill_tokens: int, seconds: float) -> None: ...
+    def step(self, sequences: int, prefill_tokens: int, seconds: float, decoding: int = 0) -> None: ...
     def token_gap(self, seconds: float) -> None: ...
     def finished(self, job: Job, item: Finished | Failed) -> None: ...
     def internal_error(self, task: str) -> None: ...

@@ -1,0 +1,132 @@
+"""One hostile request of each kind beside ordinary traffic: how much slower the ordinary chats get.
+
+Owns: the kinds of costly request (each as large as the pool accepts), the ordinary chats they run
+beside, the pool it starts (one coordinator, one worker with `--threads` llama.cpp threads, on
+127.0.0.1) and the table it prints. Must not: change product code; the pool is stopped however the
+run ends.
+
+    .venv/bin/python -m bench.hostile_mix [--rounds 3] [--kinds long_prompt,...] [--worker-flag=--prefill-stall=0]
+
+Each round measures the ordinary chats alone (`--chats` at once, 16 tokens each, end to end through
+`/v1/chat/completions`), then the same chats started just after the kind's hostile requests, and the
+hostile requests' own latency. Printed per kind: the chats' median and worst latency beside the kind
+over alone (the medians of the rounds), and what the hostile requests got. docs/reliability.md keeps
+the table ("Every request's cost, bounded").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.processes import code_version, pool
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = ROOT / "modelFiles" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHAT = {"messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 16, "temperature": 0,
+        "ignore_eos": True}
+HARBOUR = "Describe the harbour, the boats, the gulls and the weather in great detail. "
+
+
+@dataclass(frozen=True)
+class Hostile:
+    path: str
+    body: dict[str, Any]
+
+
+def fresh() -> str:
+    """A different start for each hostile prompt, so that no worker's prompt cache holds it."""
+    return f"Request {time.perf_counter_ns()}. "
+
+
+def long_prompt() -> list[Hostile]:
+    """Two prompts of about 1,700 tokens, within every limit (a session holds 2,048)."""
+    return [Hostile("/v1/chat/completions", {"messages": [{"role": "user", "content": fresh() + HARBOUR * 100}],
+                                             "max_tokens": 1, "temperature": 0}) for _ in range(2)]
+
+
+KINDS: dict[str, Callable[[], list[Hostile]]] = {"long_prompt": long_prompt}
+
+
+async def timed(client: httpx.AsyncClient, url: str, path: str, body: dict[str, Any]) -> tuple[float, int]:
+    started = time.perf_counter()
+    response = await client.post(url + path, json=body)
+    if response.status_code != 200:
+        print(f"  {path}: {response.status_code} {response.text[:300]}", flush=True)
+    return time.perf_counter() - started, response.status_code
+
+
+async def chats(client: httpx.AsyncClient, url: str, n: int) -> list[float]:
+    results = await asyncio.gather(*(timed(client, url, "/v1/chat/completions", CHAT) for _ in range(n)))
+    bad = [status for _, status in results if status != 200]
+    if bad:
+        raise RuntimeError(f"ordinary chats refused: {bad}")
+    return [seconds for seconds, _ in results]
+
+
+async def measure(url: str, kinds: list[str], rounds: int, n_chats: int, lead: float) -> list[dict[str, Any]]:
+    rows = []
+    async with httpx.AsyncClient(timeout=600) as client:
+        await chats(client, url, n_chats)  # warm: the chat's prompt is in the prompt cache from here on
+        for kind in kinds:
+            alone: list[list[float]] = []
+            beside: list[list[float]] = []
+            hostile: list[list[tuple[float, int]]] = []
+            for _ in range(rounds):
+                alone.append(await chats(client, url, n_chats))
+                requests = KINDS[kind]()
+                running = [asyncio.create_task(timed(client, url, h.path, h.body)) for h in requests]
+                await asyncio.sleep(lead)  # the hostile requests are in before the chats come
+                beside.append(await chats(client, url, n_chats))
+                hostile.append(list(await asyncio.gather(*running)))
+            a_med = statistics.median(statistics.median(r) for r in alone)
+            a_max = statistics.median(max(r) for r in alone)
+            b_med = statistics.median(statistics.median(r) for r in beside)
+            b_max = statistics.median(max(r) for r in beside)
+            h_lat = statistics.median(statistics.median(s for s, _ in r) for r in hostile)
+            statuses = sorted({status for r in hostile for _, status in r})
+            rows.append({"kind": kind, "alone_ms": a_med * 1e3, "beside_ms": b_med * 1e3, "median_x": b_med / a_med,
+                         "worst_x": b_max / a_max, "hostile_ms": h_lat * 1e3, "hostile_status": statuses})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of: {', '.join(KINDS)}")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--chats", type=int, default=4, help="ordinary chats at once")
+    parser.add_argument("--lead", type=float, default=0.3, help="seconds the hostile requests start before the chats")
+    parser.add_argument("--threads", type=int, default=1, help="the worker's llama.cpp threads")
+    parser.add_argument("--worker-flag", action="append", default=[], help="an extra worker flag (repeatable)")
+    args = parser.parse_args(argv)
+    kinds = [k for k in args.kinds.split(",") if k]
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        parser.error(f"unknown kinds: {unknown}")
+    worker = ["--model-path", str(args.model), "--threads", str(args.threads), *args.worker_flag]
+    print(f"code: {code_version()}; worker flags: {' '.join(worker[2:])}; {args.chats} chats of 16 tokens, "
+          f"{args.rounds} rounds", flush=True)
+    with tempfile.TemporaryDirectory() as logs, pool(Path(logs), workers=[worker], timeout=120) as running:
+        rows = asyncio.run(measure(running.url, kinds, args.rounds, args.chats, args.lead))
+    print(f"{'kind':<16} {'chats alone':>12} {'beside':>10} {'median':>8} {'worst':>8} {'hostile':>10}  status")
+    for row in rows:
+        print(f"{row['kind']:<16} {row['alone_ms']:>9.0f} ms {row['beside_ms']:>7.0f} ms {row['median_x']:>7.2f}x "
+              f"{row['worst_x']:>7.2f}x {row['hostile_ms']:>7.0f} ms  {row['hostile_status']}")
+    worst = max(rows, key=lambda r: r["worst_x"])
+    print(f"worst slowdown: {worst['worst_x']:.2f}x ({worst['kind']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
