@@ -84,10 +84,9 @@ def micro(model_path: Path) -> None:
     import numpy as np
 
     from worker.backends.llama_model import Model
-    from worker.engine.grammar import compile_constraint
 
     model = Model(model_path)
-    grammar = compile_constraint(model.vocab, model.shape.n_vocab, grammar=None, json_schema=SCHEMA)
+    grammar = model.constraint(grammar=None, json_schema=SCHEMA)
     assert grammar is not None
     (brace,) = model.tokenize("{", add_special=False)
     started = time.perf_counter()

@@ -55,7 +55,24 @@ def long_prompt() -> list[Hostile]:
                                              "max_tokens": 1, "temperature": 0}) for _ in range(2)]
 
 
-KINDS: dict[str, Callable[[], list[Hostile]]] = {"long_prompt": long_prompt}
+def grammar() -> list[Hostile]:
+    """Eight answers held to a JSON schema of an array of a 20,000-value enum (about 300 KB)."""
+    schema = {"type": "array", "items": {"enum": [f"value-{i:05d}" for i in range(20_000)]}}
+    body = {"messages": [{"role": "user", "content": fresh() + "List some values."}], "max_tokens": 64,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "values", "schema": schema}}}
+    return [Hostile("/v1/chat/completions", body) for _ in range(8)]
+
+
+def batch_of_eight() -> list[Hostile]:
+    """The reference for `grammar`: the same eight requests without the schema, 64 tokens each (what
+    eight more sequences in the batch cost the chats, whatever they are)."""
+    body = {"messages": [{"role": "user", "content": fresh() + "List some values."}], "max_tokens": 64,
+            "ignore_eos": True}
+    return [Hostile("/v1/chat/completions", body) for _ in range(8)]
+
+
+KINDS: dict[str, Callable[[], list[Hostile]]] = {"long_prompt": long_prompt, "grammar": grammar,
+                                                 "batch_of_eight": batch_of_eight}
 
 
 async def timed(client: httpx.AsyncClient, url: str, path: str, body: dict[str, Any]) -> tuple[float, int]:

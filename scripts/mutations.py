@@ -299,6 +299,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("prefill-pay-after", "a chunk beside decoding is paid for in advance",
              "worker/engine/pacing.py", "return self.debt + self._cost() <= 0", "return self.debt <= 0",
              ("tests/worker/engine/test_pacing.py",)),
+    Mutation("grammar-budget-off", "a grammar past the worker's budget is refused before it takes a sequence",
+             "worker/engine/grammar.py", "if len(text.encode()) > self._max_bytes:", "if False:",
+             (("tests/worker/engine/test_grammar.py::test_a_grammar_past_the_budget_is_refused_before_it_takes_a_"
+              "sequence"),)),
     Mutation("reach-off", "a worker beats to a coordinator it has not reached within REACH_RETRY",
              "worker/heartbeat.py", "                await self.reach()\n", "                pass\n",
              (("tests/worker/test_heartbeat.py::test_a_coordinator_not_reached_is_beaten_to_again_within_reach_"

@@ -62,7 +62,8 @@ WORKER_FLAGS = ["--engine", "simulated", "--sim-token-rate", "5000", "--max-sess
 # token here, as with a default ./start.sh; now only those whose loopback URL answers the coordinator's
 # probe as that worker), and the generation routes should be fuzzed against the one real worker.
 COORDINATOR_OPERATIONS = [
-    "GET /coordinator/health", "GET /health", "GET /coordinator/health/workers", "POST /coordinator/infer",
+    "GET /coordinator/health", "GET /health", "GET /coordinator/ready", "GET /coordinator/health/workers",
+    "POST /coordinator/infer",
     "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/responses", "POST /v1/embeddings",
     "GET /v1/models",
     "GET /v1/models/{model}",

@@ -23,7 +23,7 @@ from protocol.worker import ToolUse
 from worker.backends.base import PLAIN_TURN_STOP, Message, ModelShape, file_identity, plain_turns
 from worker.backends.chat_template import ChatTemplate
 from worker.backends.tool_format import ToolFormat, format_of
-from worker.engine.grammar import Grammar, LazyGrammar, compile_constraint
+from worker.engine.grammar import Grammar, GrammarCompiler, LazyGrammar
 
 _log = logging.getLogger("worker.llama")
 _GGML_LOG_LEVEL_WARN = 3
@@ -75,6 +75,7 @@ class Model:
         self.bytes_per_token = self.shape.kv_bytes_per_token(KV_ELEMENT_BYTES[kv_type])
         self.eog_tokens = tuple(t for t in range(self.shape.n_vocab) if ll.llama_vocab_is_eog(self.vocab, t))
         self._eog = frozenset(self.eog_tokens)  # checked for every generated token: no ctypes call
+        self.grammars = GrammarCompiler(self._grammar_tokenizer, self.shape.n_vocab, int(ll.llama_vocab_eos(self.vocab)))
         template = ll.llama_model_chat_template(self._handle, None)
         self._chat_template: bytes | None = template or None
         self._jinja = self._compile(self._chat_template)
@@ -213,8 +214,31 @@ class Model:
 
     def constraint(self, *, grammar: str | None, json_schema: dict[str, Any] | None,
                    lazy: bool = False) -> Grammar | LazyGrammar | None:
-        return compile_constraint(self.vocab, self.shape.n_vocab, grammar=grammar, json_schema=json_schema,
-                                  lazy=self.piece if lazy else None)
+        return self.grammars.compile(grammar=grammar, json_schema=json_schema, lazy=self.piece if lazy else None)
+
+    def _grammar_tokenizer(self) -> Any:
+        """This model's vocabulary as llguidance reads it: each token's bytes, a control token's (and a
+        user-defined `<...>` one's) marked with a leading 0xff so that no text can produce it, and
+        llama.cpp's own tokenizer for the text llguidance must split."""
+        import llguidance
+
+        tokens = []
+        buf = ctypes.create_string_buffer(1024)
+        for token in range(self.shape.n_vocab):
+            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)  # specials as their text
+            if n < 0:
+                raise ValueError(f"token {token} is longer than {len(buf)} bytes")
+            piece = buf.raw[:n]
+            attr = ll.llama_vocab_get_attr(self.vocab, token)
+            if attr & ll.LLAMA_TOKEN_ATTR_CONTROL or (attr & ll.LLAMA_TOKEN_ATTR_USER_DEFINED
+                                                       and piece.startswith(b"<") and piece.endswith(b">")):
+                piece = b"\xff" + piece
+            tokens.append(piece)
+        tokenize = ctypes.cast(ll.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+        # The binding has it; its type stubs do not list it (llguidance's own llamacpp.py ignores it too).
+        make = llguidance.LLTokenizer.from_llamacpp  # type: ignore[attr-defined]
+        return make(tokens=tokens, vocab_ptr=self.vocab, tokenize_fptr=tokenize,
+                    eos_token=int(ll.llama_vocab_eos(self.vocab)), slices=None)
 
     def close(self) -> None:
         if self._handle:

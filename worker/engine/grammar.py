@@ -1,34 +1,58 @@
-"""Constrained decoding: a sequence whose request carries a grammar (GBNF, or a JSON schema turned into
-one) may only generate what the grammar accepts, with llama.cpp's own grammar sampler.
+"""Constrained decoding: a sequence whose request carries a grammar (GBNF, or a JSON schema) may only
+generate what the grammar accepts, with llguidance's matcher (the engine llama.cpp itself can use).
 
-Owns: compiling a request's grammar (`compile_constraint`: a `ConstraintError` names what is wrong, so
-admission answers 400), the per-sequence grammar state (`Grammar`: may this token come next, mask a
-row to what may, advance by the chosen token; `LazyGrammar`: the same, only for an answer that starts
-as the grammar does), and freeing llama.cpp's sampler with it.
+Owns: compiling a request's grammar (`GrammarCompiler.compile`: a `ConstraintError` names what is
+wrong or which limit it passes, so admission answers 400 before the request takes a sequence), the
+per-sequence grammar state (`Grammar`: may this token come next, mask a row to what may, advance by the
+chosen token; `LazyGrammar`: the same, only for an answer that starts as the grammar does), and the
+cache of compiled grammars.
 Must not: choose tokens (sampling.py does, asking `allows` and `mask`) or touch the batch.
 
-Cost: only constrained rows pay, and mostly little. The step sampler first picks as if unconstrained
-and asks the grammar about that one token (a one-candidate `llama_sampler_apply`); only when the
-grammar rejects it is the whole row masked (every token's text checked against the grammar, which
-llama.cpp does in C), and the pick made again from what is left. This is what llama.cpp's own
-common sampler does; a model that already writes valid JSON rarely pays the full mask.
+Why llguidance and not llama.cpp's grammar sampler: llama.cpp's checks every candidate's text against
+every open alternative of the grammar, inside the shared engine step. A JSON schema of an array of a
+20,000-value enum took 0.4-1.1 s to check one token and 1.3-18 s to mask a row, so eight such requests
+made every other stream on the worker about 80x slower (issue 33). llguidance walks the vocabulary's
+token trie with a lexer automaton: the same grammar's masks take at most 0.13 ms, an ordinary schema's
+about 0.03 ms (docs/benchmarks.md, "Grammars on llguidance"). xgrammar, the other library made for
+this, needs torch, transformers and triton: several GB for one feature.
+
+Cost: the mask of a sequence's next token is computed once, when the sampler first asks about it,
+into a bitmask of one bit a token; `allows` reads a bit, `mask` expands the bits over a row. Compiling
+a grammar (llguidance's lexer and parser tables) runs on admission's thread, off the event loop and
+the engine, once per distinct grammar: the compiled matcher is kept (CACHE_ENTRIES, by a digest of
+the grammar text) and each request gets a copy of it.
+
+The budget, checked before a request takes a sequence: the grammar's text at most `max_bytes`
+(MAX_GRAMMAR_BYTES by default), llguidance's own limits on the grammar's size and its lexer's states
+(LIMITS), and a compile of at most `compile_timeout` seconds. Each step's mask is bounded by
+llguidance's lexer fuel (LIMITS again): a grammar that runs out mid-answer can allow nothing more, and
+its answer ends there.
 """
 
 from __future__ import annotations
 
-import ctypes
+import collections
+import hashlib
 import json
 import re
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-import llama_cpp as ll
+import llguidance
 import numpy as np
-from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from worker.errors import ConstraintError
 
-_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")], align=True)
+MAX_GRAMMAR_BYTES = 1 << 20  # a grammar's text (GBNF, or the JSON schema as JSON), at most
+INTEGER_BOUND = 10**16 - 1  # an integer the schema leaves unbounded: 16 digits at most, or a model may not stop
+CACHE_ENTRIES = 64  # compiled grammars kept, most recently used
+COMPILE_TIMEOUT = 5.0  # seconds one grammar's compile may take
+LIMITS = llguidance.LLParserLimits(max_grammar_size=2_000_000, max_lexer_states=250_000,
+                                   step_lexer_fuel=5_000_000)
+
+
 # llama-cpp-python's schema converter lets a string's characters be anything but `"` and `\`, so a
 # constrained answer could hold a raw newline inside a string, which is not JSON (JSON wants control
 # characters escaped). Its `char` rule is replaced by JSON's: no control characters, no DEL.
@@ -37,9 +61,11 @@ _JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] '
 
 
 def gbnf_of(*, grammar: str | None, json_schema: dict[str, Any] | None) -> str | None:
-    """The GBNF text a request asks for: its `grammar`, or its `json_schema` converted; None for none
-    (never both: `protocol.worker.GenerationFields` refuses that)."""
+    """GBNF text for a request's `grammar` or `json_schema` (llama-cpp-python's converter): what the tool
+    formats build their call grammars from (worker/backends/tool_format.py); None for none."""
     if json_schema is not None:
+        from llama_cpp.llama_grammar import json_schema_to_gbnf
+
         try:
             gbnf = json_schema_to_gbnf(json.dumps(json_schema))
         except (ValueError, KeyError, TypeError, AssertionError, NotImplementedError, RecursionError) as exc:
@@ -48,48 +74,79 @@ def gbnf_of(*, grammar: str | None, json_schema: dict[str, Any] | None) -> str |
     return grammar
 
 
-class Grammar:
-    """One sequence's grammar state in llama.cpp. Used on the engine thread only, after compiling."""
+def as_before(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema as llama.cpp's converter read it, which this worker used until llguidance: an object's
+    properties are the only ones allowed unless `additionalProperties` says otherwise (as OpenAI's
+    structured outputs require), an integer has at most 16 digits, and one space at most where JSON
+    allows whitespace: a model left free to pad whitespace or digits may never stop (a small one did,
+    writing a population to the length limit). A copy; `x-guidance` options the schema gives win."""
+    copy = json.loads(json.dumps(schema))
+    _closed(copy)
+    copy["x-guidance"] = {"whitespace_pattern": " ?", **copy.get("x-guidance", {})}
+    return copy
 
-    def __init__(self, vocab: ll.llama_vocab_p, gbnf: str, n_vocab: int) -> None:
-        self._sampler = ll.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
-        if not self._sampler:
-            raise ConstraintError("grammar: llama.cpp cannot parse it (see the GBNF guide of llama.cpp: rules "
-                                  "`name ::= ...`, a `root` rule)")
-        self.end = int(ll.llama_vocab_eos(vocab))
-        self._one = np.zeros(1, dtype=_TOKEN_DATA)
-        self._all = np.zeros(n_vocab, dtype=_TOKEN_DATA)
-        self._all["id"] = np.arange(n_vocab)
+
+def _closed(node: Any) -> None:
+    if isinstance(node, list):
+        for item in node:
+            _closed(item)
+        return
+    if not isinstance(node, dict):
+        return
+    if "properties" in node and "additionalProperties" not in node:
+        node["additionalProperties"] = False
+    if node.get("type") == "integer":  # at most 16 digits, as llama.cpp's converter wrote them
+        if "maximum" not in node and "exclusiveMaximum" not in node:
+            node["maximum"] = INTEGER_BOUND
+        if "minimum" not in node and "exclusiveMinimum" not in node:
+            node["minimum"] = -INTEGER_BOUND
+    for key, value in node.items():
+        if key in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"):
+            if isinstance(value, dict):  # a map of names to schemas, not a schema
+                _closed(list(value.values()))
+        elif key not in ("enum", "const", "default", "examples", "x-guidance"):
+            _closed(value)
+
+
+class Grammar:
+    """One sequence's grammar state. Used by one thread at a time (admission's, then the engine's)."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, n_vocab: int, end: int) -> None:
+        self._matcher = matcher
+        self._n_vocab = n_vocab
+        self._bits = np.zeros((n_vocab + 31) // 32, dtype=np.int32)
+        self._fresh = False  # the bits are those of the next token
+        self.end = end
+
+    def _mask(self) -> np.ndarray:
+        if not self._fresh:
+            self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+            if self._matcher.is_error():
+                self._bits[:] = 0  # out of budget, or a token it did not take: nothing more may come
+            self._fresh = True
+        return self._bits
 
     def allows(self, token: int) -> bool:
-        self._one["id"], self._one["logit"] = token, 0.0
-        self._apply(self._one)
-        return bool(np.isfinite(self._one["logit"][0]))
+        return 0 <= token < self._n_vocab and bool((int(self._mask()[token >> 5]) >> (token & 31)) & 1)
 
     def mask(self, row: np.ndarray, out: np.ndarray) -> np.ndarray:
         """`row` with -inf at every token the grammar rejects now, written into `out`."""
-        self._all["logit"] = row
-        self._apply(self._all)
-        np.copyto(out[:row.size], self._all["logit"])
-        return out[:row.size]
+        allowed = np.unpackbits(self._mask().view(np.uint8), bitorder="little")[:row.size].view(bool)
+        masked = out[:row.size]
+        np.copyto(masked, row)
+        masked[~allowed] = -np.inf
+        return masked
 
     def accept(self, token: int) -> None:
-        ll.llama_sampler_accept(self._sampler, token)
+        self._matcher.consume_token(token)  # a rejected token puts it in its error state: nothing more
+        self._fresh = False
+
+    @property
+    def failure(self) -> str | None:
+        return self._matcher.get_error() if self._matcher.is_error() else None
 
     def close(self) -> None:
-        sampler, self._sampler = self._sampler, None
-        if sampler:
-            ll.llama_sampler_free(sampler)
-
-    def __del__(self) -> None:  # a job dropped before its run began still frees its sampler
-        self.close()
-
-    def _apply(self, data: np.ndarray) -> None:
-        array = ll.llama_token_data_array(data=data.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)),
-                                          size=data.size, selected=-1, sorted=False)
-        ll.llama_sampler_apply(self._sampler, ctypes.byref(array))
-        if ctypes.cast(array.data, ctypes.c_void_p).value != data.ctypes.data:  # it filters in place
-            raise RuntimeError("llama.cpp's grammar sampler moved the candidates")
+        """Nothing to free by hand: the matcher is Rust's, dropped with this object."""
 
 
 class LazyGrammar:
@@ -99,9 +156,8 @@ class LazyGrammar:
 
     This is llama.cpp's lazy grammar (a grammar woken by a trigger) with the trigger "the answer's
     first word starts the grammar", decided here by asking the grammar about the token before it is
-    accepted: llama.cpp's own trigger patterns feed the grammar the text from the match on, and a
-    text the grammar rejects aborts the process. Used for `tool_choice: auto`: an answer that opens
-    a JSON object is held to a valid call, prose is left alone."""
+    accepted. Used for `tool_choice: auto`: an answer that opens a JSON object (or the model's call
+    tag) is held to a valid call, prose is left alone."""
 
     def __init__(self, grammar: Grammar, piece: Callable[[int], bytes]) -> None:
         self._grammar = grammar
@@ -128,12 +184,68 @@ class LazyGrammar:
         self._grammar.close()
 
 
-def compile_constraint(vocab: ll.llama_vocab_p, n_vocab: int, *, grammar: str | None,
-                       json_schema: dict[str, Any] | None, lazy: Callable[[int], bytes] | None = None,
-                       ) -> Grammar | LazyGrammar | None:
-    """The request's constraint; `lazy` (a token's bytes) makes it a `LazyGrammar`."""
-    gbnf = gbnf_of(grammar=grammar, json_schema=json_schema)
-    if gbnf is None:
-        return None
-    compiled = Grammar(vocab, gbnf, n_vocab)
-    return compiled if lazy is None else LazyGrammar(compiled, lazy)
+class GrammarCompiler:
+    """One model's grammars: its vocabulary as llguidance's tokenizer (made at the first grammar, about
+    0.2 s) and the compiled grammars, each compiled once. Thread-safe: admission compiles on several
+    threads."""
+
+    def __init__(self, tokenizer: Callable[[], llguidance.LLTokenizer], n_vocab: int, end: int, *,
+                 max_bytes: int = MAX_GRAMMAR_BYTES, compile_timeout: float = COMPILE_TIMEOUT,
+                 entries: int = CACHE_ENTRIES) -> None:
+        self._make_tokenizer = tokenizer
+        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._n_vocab = n_vocab
+        self._end = end
+        self._max_bytes = max_bytes
+        self._compile_timeout = compile_timeout
+        self._entries = entries
+        self._lock = threading.Lock()
+        self._compiled: collections.OrderedDict[str, llguidance.LLMatcher] = collections.OrderedDict()
+        self.compiles = 0  # grammars compiled (not found in the cache)
+
+    def compile(self, *, grammar: str | None, json_schema: dict[str, Any] | None,
+                lazy: Callable[[int], bytes] | None = None) -> Grammar | LazyGrammar | None:
+        """The request's constraint (None for none); `lazy` (a token's bytes) makes it a `LazyGrammar`."""
+        if grammar is None and json_schema is None:
+            return None
+        field = "json_schema" if json_schema is not None else "grammar"
+        text = json.dumps(json_schema, sort_keys=True) if json_schema is not None else grammar or ""
+        if len(text.encode()) > self._max_bytes:
+            raise ConstraintError(f"{field}: {len(text.encode()):,} bytes; a grammar may have at most "
+                                  f"{self._max_bytes:,} (the worker's grammar budget)")
+        key = hashlib.sha256(f"{field}\0{text}".encode()).hexdigest()
+        with self._lock:
+            template = self._compiled.get(key)
+            if template is not None:
+                self._compiled.move_to_end(key)
+            tokenizer = self._tokenizer = self._tokenizer or self._make_tokenizer()
+        if template is None:
+            template = self._build(field, grammar, json_schema, tokenizer)
+            with self._lock:
+                self._compiled[key] = template
+                while len(self._compiled) > self._entries:
+                    self._compiled.popitem(last=False)
+        compiled = Grammar(template.deep_copy(), self._n_vocab, self._end)
+        return compiled if lazy is None else LazyGrammar(compiled, lazy)
+
+    def _build(self, field: str, grammar: str | None, json_schema: dict[str, Any] | None,
+               tokenizer: llguidance.LLTokenizer) -> llguidance.LLMatcher:
+        try:
+            if json_schema is not None:
+                source = llguidance.LLMatcher.grammar_from_json_schema(as_before(json_schema))
+            else:
+                from llguidance.gbnf_to_lark import gbnf_to_lark
+
+                source = llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(grammar or ""))
+        except Exception as exc:  # noqa: BLE001 - the converters raise many kinds for a bad input
+            raise ConstraintError(f"{field}: cannot be turned into a grammar: {exc}") from None
+        started = time.monotonic()
+        matcher = llguidance.LLMatcher(tokenizer, source, log_level=0, limits=LIMITS)
+        seconds = time.monotonic() - started
+        self.compiles += 1
+        if matcher.is_error():
+            raise ConstraintError(f"{field}: {matcher.get_error()}")
+        if seconds > self._compile_timeout:
+            raise ConstraintError(f"{field}: compiling it took {seconds:.1f} s; a grammar may take at most "
+                                  f"{self._compile_timeout:g} s (the worker's grammar budget)")
+        return matcher

@@ -177,3 +177,54 @@ def test_a_lazy_schema_holds_an_answer_that_opens_an_object_and_leaves_prose_fre
     jsonschema.validate(json.loads(held.text), schema)
     free = generate(worker.url, {**ask, "logit_bias": {str(word): 100}})
     assert free.text.startswith("HelloHello") and free.last[1]["finish_reason"] == "length"
+
+
+ENUM_20K = {"type": "array", "items": {"enum": [f"value-{i:05d}" for i in range(20_000)]}}
+
+
+@pytest.mark.model
+def test_a_20000_value_enum_compiles_once_and_holds_an_answer(model_path: Path) -> None:
+    """Issue 33: llama.cpp's grammar took 1.3-18 s to mask one row of this schema (every stream on the
+    worker waited); llguidance walks the token trie instead. The compiled grammar is kept: the second
+    request with the same schema compiles nothing."""
+    from worker.backends.llama_model import Model
+
+    model = Model(model_path)
+    try:
+        first = model.constraint(grammar=None, json_schema=ENUM_20K)
+        again = model.constraint(grammar=None, json_schema=ENUM_20K)
+        assert first is not None and again is not None and model.grammars.compiles == 1
+        for token in model.tokenize('["value-00017", "value-19999"]', add_special=False):
+            assert first.allows(token), model.piece(token)
+            first.accept(token)
+        (bad,) = model.tokenize("x", add_special=False)
+        assert not again.allows(bad)  # its own state: the first one's tokens are not its
+        row = np.zeros(model.shape.n_vocab, dtype=np.float32)
+        allowed = np.isfinite(again.mask(row, np.empty_like(row)))
+        assert 0 < allowed.sum() < 10  # `[`, and the like: nothing else may open the answer
+    finally:
+        model.close()
+
+
+@pytest.mark.model
+def test_greedy_output_is_unchanged_where_the_grammar_allows_the_same_tokens(worker: RunningWorker) -> None:
+    ask = {"messages": [{"role": "user", "content": "Write one short sentence about boats."}], "max_tokens": 24,
+           "temperature": 0}
+    free = generate(worker.url, ask)
+    literal = json.dumps(free.text)  # a GBNF string literal of exactly that answer, escapes and all
+    held = generate(worker.url, {**ask, "grammar": f"root ::= {literal}"})
+    assert held.text == free.text and free.text
+
+
+@pytest.mark.model
+@pytest.mark.parametrize(("fields", "limit"), [
+    ({"json_schema": {"enum": ["x" * 1000 + str(i) for i in range(1100)]}}, "bytes; a grammar may have at most"),
+    ({"grammar": "root ::= " + " | ".join(f'"{i}"' for i in range(12_000))}, "at most 65536 characters"),
+])
+def test_a_grammar_past_the_budget_is_refused_before_it_takes_a_sequence(worker: RunningWorker, fields: dict,  # type: ignore[type-arg]
+                                                                        limit: str) -> None:
+    stream = generate(worker.url, {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, **fields})
+    refusal = stream.refusal or stream.body  # an error event at once, or 400 from the request's own limits
+    assert refusal is not None and refusal["reason"] == "invalid_request", stream
+    assert limit in refusal["error"], refusal
+    assert worker.load()["sessions"] == 0
