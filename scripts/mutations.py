@@ -303,6 +303,13 @@ MUTATIONS: tuple[Mutation, ...] = (
              "worker/engine/grammar.py", "if len(text.encode()) > self._max_bytes:", "if False:",
              (("tests/worker/engine/test_grammar.py::test_a_grammar_past_the_budget_is_refused_before_it_takes_a_"
               "sequence"),)),
+    Mutation("transfer-body-unbounded", "a KV upload that falls behind its rate frees its transfer slot",
+             "worker/api/transfer.py", "blob = await _body_at_rate(request)", "blob = await request.body()",
+             (("tests/worker/api/test_kv_transfer.py::test_an_upload_that_never_sends_its_blob_frees_its_slot_after_"
+              "the_grace"),)),
+    Mutation("blob-ids-unchecked", "an imported blob's token ids must be in the model's vocabulary",
+             "worker/sessions/transfer.py", "if origin.n_vocab and", "if False and",
+             ("tests/worker/sessions/test_transfer.py",)),
     Mutation("reach-off", "a worker beats to a coordinator it has not reached within REACH_RETRY",
              "worker/heartbeat.py", "                await self.reach()\n", "                pass\n",
              (("tests/worker/test_heartbeat.py::test_a_coordinator_not_reached_is_beaten_to_again_within_reach_"

@@ -4,7 +4,8 @@ cells of the longest prefix of its prompt held here (worker/api/admission.py fet
 
 Owns: the two routes (worker token required, as on every route but health), their bounds (at most
 `kv_transfers` moves at once, 503 `transfers_full` past them; a blob at most `kv_transfer_max_bytes`,
-413 at the edge; each move's wait on the engine bounded by `request_timeout`), and the table's side of
+413 at the edge, and arriving at BODY_RATE after BODY_GRACE, 408 otherwise; each move's wait on the
+engine bounded by `request_timeout`), and the table's side of
 a move: an exported session is claimed (busy) while its cells are read and given back as it was; an
 imported one is admitted like a new kept session (its KV reserved, 503 `kv_full` / `sessions_full`
 when there is no room), filled on the engine thread between two steps, and abandoned without a trace
@@ -27,6 +28,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from protocol import reasons
 from protocol.worker import (
@@ -46,6 +48,8 @@ from worker.sessions.transfer import TransferRefused, pack, unpack
 
 KV_PATH = SESSIONS_PATH + "/{session_id}/kv"
 BLOB_TYPE = KV_MEDIA_TYPE
+BODY_GRACE = 2.0  # seconds an upload may take to start
+BODY_RATE = 8 << 20  # bytes a second an upload must keep up after that (a 256 MiB blob: 34 s at most)
 
 router = APIRouter()
 _TENANT = Query("", pattern=TENANT_PATTERN, description="the tenant whose session it is (\"\" without API keys)")
@@ -65,6 +69,33 @@ async def _moving(runtime: WorkerRuntime) -> AsyncIterator[None]:
                           f"this worker moves {runtime.settings.kv_transfers} sessions' KV at once; try again")
     async with slots:
         yield
+
+
+async def _body_at_rate(request: Request) -> bytes:
+    """The blob, as long as it keeps coming at BODY_RATE bytes a second after BODY_GRACE seconds: an
+    upload that declares 200 MiB and sends nothing held a transfer slot for the edge's whole 30 s body
+    deadline, so two such held every move and peer fetch off the worker (issue 33). One that falls
+    behind is cut with 408; one whose client goes away ends quietly (no traceback)."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    chunks: list[bytes] = []
+    received = 0
+    stream = request.stream().__aiter__()
+    while True:
+        allowed = started + BODY_GRACE + received / BODY_RATE - loop.time()
+        try:
+            async with asyncio.timeout(max(0.0, allowed)):
+                chunk = await anext(stream)
+        except StopAsyncIteration:
+            return b"".join(chunks)
+        except TimeoutError:
+            raise WorkerError(408, reasons.REQUEST_TIMEOUT, f"the blob came slower than {BODY_RATE >> 20} MiB/s "
+                              f"after {BODY_GRACE:g} s ({received:,} bytes in {loop.time() - started:.1f} s); "
+                              "its transfer slot is freed") from None
+        except ClientDisconnect:
+            raise WorkerError(400, reasons.INVALID_REQUEST, "the client went away before its blob was sent") from None
+        chunks.append(chunk)
+        received += len(chunk)
 
 
 @router.get(KV_PATH, response_class=Response, responses={
@@ -102,13 +133,15 @@ async def export_kv(session_id: str, request: Request, tenant: str = _TENANT) ->
                        400: {"model": ErrorBody, "description": "`kv_refused`: another model, KV type or llama.cpp "
                                                                  "build, or a blob cut short or damaged; "
                                                                  "`invalid_request`: a malformed tenant"},
+                       408: {"model": ErrorBody, "description": "`request_timeout`: the blob came slower than 8 MiB/s "
+                                                                 "after 2 s"},
                        409: {"model": ErrorBody, "description": "`session_exists`: this tenant holds that id here"},
                        413: {"model": ErrorBody, "description": "`body_too_large` (WORKER_KV_TRANSFER_MAX_BYTES)"}})
 async def import_kv(session_id: str, request: Request, tenant: str = _TENANT) -> JSONResponse:
     authorize(request)
     runtime = runtime_of(request)
     async with _moving(runtime):
-        blob = await request.body()
+        blob = await _body_at_rate(request)
         try:
             header, cells = unpack(blob, runtime.engine.cells_origin(),
                                    max_tokens=runtime.table.limits.session_max_tokens)

@@ -168,7 +168,7 @@ class Engine:
             self._cond.notify()
 
     def cells_origin(self) -> Origin:
-        return Origin(self.model.identity, self.model.kv_type, ll.__version__)
+        return Origin(self.model.identity, self.model.kv_type, ll.__version__, self.model.shape.n_vocab)
 
     def export_cells(self, seq_id: int) -> concurrent.futures.Future[bytes]:
         """A sequence's cells as llama.cpp saves them, read between two steps."""

@@ -5,7 +5,7 @@ Owns: writing a blob (`pack`: a header naming the model, the KV element type, th
 wrote the cells, the session's tokens and chat history, and a digest of the cells) and reading one
 back (`unpack`), refusing anything that would not land as the same cells: another model or KV type,
 another llama.cpp (its state layout is not a stable format), a blob cut short, a byte flipped, a
-header past its bounds. Every refusal is a `TransferRefused` naming what is wrong.
+header past its bounds, a token id outside the vocabulary. Every refusal is a `TransferRefused` naming what is wrong.
 Must not: touch llama.cpp or the session table; the engine reads and writes the cells
 (`EngineBackend.export_cells` / `import_cells`) and the routes hold the table's side
 (worker/api/transfer.py).
@@ -56,6 +56,7 @@ class Origin:
     model_identity: str
     kv_type: int
     llama_cpp: str
+    n_vocab: int = 0  # the model's tokens: a blob's token ids must be below it (0: not checked)
 
 
 def pack(origin: Origin, tokens: list[int], messages: list[ChatMessage], cells: bytes) -> bytes:
@@ -94,6 +95,11 @@ def unpack(blob: bytes, origin: Origin, *, max_tokens: int) -> tuple[KvHeader, m
             raise TransferRefused(f"the blob's {name} is {theirs!r}, this worker's {ours!r}")
     if not 1 <= len(header.tokens) <= max_tokens:
         raise TransferRefused(f"the blob holds {len(header.tokens)} tokens; a session here holds 1 to {max_tokens}")
+    if origin.n_vocab and (bad := next((t for t in header.tokens if not 0 <= t < origin.n_vocab), None)) is not None:
+        # The tokens become the session's history: a next turn's prompt cache and the prefix index
+        # compare against them, and a detokenizer would read past the vocabulary.
+        raise TransferRefused(f"the blob holds token id {bad}, outside this model's vocabulary (0 to "
+                              f"{origin.n_vocab - 1})")
     if len(cells) != header.state_bytes:
         raise TransferRefused(f"the blob's cells are {len(cells)} bytes, its header says {header.state_bytes}")
     if hashlib.blake2b(cells, digest_size=32).hexdigest() != header.digest:

@@ -145,3 +145,28 @@ def test_while_draining_a_session_is_handed_to_the_first_coordinator_that_asks(
     finally:
         a.runtime.gate.draining = False
         httpx.delete(f"{a.url}/worker/sessions/{sid}", timeout=10)
+
+
+def test_an_upload_that_never_sends_its_blob_frees_its_slot_after_the_grace(model_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33: two PUTs declaring 200 MiB and sending nothing held both transfer slots for the edge's
+    30 s body deadline; every move and peer fetch got 503 `transfers_full` meanwhile."""
+    import socket
+    import time
+
+    monkeypatch.setattr("worker.api.transfer.BODY_GRACE", 0.5)
+    with running_worker(model_path, threads=1, max_sessions=4, kv_transfers=1) as worker:
+        host, port = worker.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as stalled:
+            stalled.sendall(b"PUT /worker/sessions/s1/kv HTTP/1.1\r\nHost: w\r\nContent-Type: application/octet-stream"
+                            b"\r\nContent-Length: 209715200\r\n\r\n" + b"x" * 1000)
+            started = time.monotonic()
+            answer = stalled.recv(4096)
+            waited = time.monotonic() - started
+            while b"request_timeout" not in answer and (more := stalled.recv(4096)):
+                answer += more  # the head and the body may come in two segments
+        assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer, answer[:300]
+        assert waited < 5  # the grace, not the edge's 30 s
+        # The slot is free again: a real blob is taken (refused for what it is, not for the slot).
+        refused = httpx.put(worker.url + "/worker/sessions/s2/kv", content=b"not a blob", timeout=10)
+        assert refused.status_code == 400 and refused.json()["reason"] == "kv_refused", refused.text
