@@ -310,6 +310,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("blob-ids-unchecked", "an imported blob's token ids must be in the model's vocabulary",
              "worker/sessions/transfer.py", "if origin.n_vocab and", "if False and",
              ("tests/worker/sessions/test_transfer.py",)),
+    Mutation("embeddings-unaffordable-taken", "a worker refuses up front an embedding request it cannot finish "
+             "within its deadline at its measured rate", "worker/engine/embedder.py",
+             "        if self.rate is None:\n            return\n        needs", "        if True:\n            return\n"
+             "        needs", ("tests/worker/engine/test_embedder.py",)),
+    Mutation("embeddings-deadline-fails-over", "a worker's embedding deadline is a 504, not a failover",
+             "coordinator/relay/embeddings.py", "                        raise CoordinatorError(reasons.DEADLINE_EXCEEDED, "
+             "f\"worker {worker.worker_id}", "                        raise Failover(reasons.DEADLINE_EXCEEDED, True); "
+             "(f\"worker {worker.worker_id}", ("tests/coordinator/test_surface_embeddings.py",)),
     Mutation("reach-off", "a worker beats to a coordinator it has not reached within REACH_RETRY",
              "worker/heartbeat.py", "                await self.reach()\n", "                pass\n",
              (("tests/worker/test_heartbeat.py::test_a_coordinator_not_reached_is_beaten_to_again_within_reach_"

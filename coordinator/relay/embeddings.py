@@ -7,10 +7,12 @@ an answer has one vector of the announced size per input, and what each attempt 
 Must not: rank workers (scheduling/) or know a public wire format (surfaces/embeddings.py).
 
 A worker's refusals mean what they mean for generation (`dispatch.worker_refusal`): its 4xx goes to
-the client with its reason, a 503 or an unreachable worker moves on to the next one. One exception:
-the worker's own deadline (504 `deadline_exceeded`) is the length of its embedding queue, not a
-fault, so the next worker is tried with no breaker verdict; embeddings must not take a busy worker
-out of generation's scheduling.
+the client with its reason, a 503 or an unreachable worker moves on to the next one. A deadline is
+not a failure: the worker's own (504 `deadline_exceeded`) or the request's (EMBEDDING_TIMEOUT) ends
+the request with 504, no breaker verdict and no other worker tried. Before, the largest request the
+pool accepts spent 30 s on each worker in turn, then answered 502 `worker_unavailable` though no
+worker had failed (issue 33); a worker now refuses up front a request it cannot embed within its
+deadline at the rate it measures (worker/engine/embedder.py).
 """
 
 from __future__ import annotations
@@ -112,12 +114,16 @@ class EmbeddingDispatcher:
                 if response.status != 200:
                     refusal = await worker_refusal(response)
                     if isinstance(refusal, Failover) and refusal.reason == reasons.DEADLINE_EXCEEDED:
-                        refusal.refused = True  # its queue's length, not a fault (module docstring)
+                        raise CoordinatorError(reasons.DEADLINE_EXCEEDED, f"worker {worker.worker_id} did not embed "
+                                               "it within its deadline (--embedding-timeout); not tried elsewhere, "
+                                               "where it would wait as long (module docstring)")
                     raise refusal
                 raw = await response.read()
-        except (WorkerUnreachable, TimeoutError) as exc:
-            raise Failover(reasons.WORKER_UNAVAILABLE if isinstance(exc, WorkerUnreachable)
-                           else reasons.WORKER_FAILED, refused=False) from exc
+        except TimeoutError:
+            raise CoordinatorError(reasons.DEADLINE_EXCEEDED, f"not embedded within {self._timeout:g} s "
+                                   "(EMBEDDING_TIMEOUT); no worker failed") from None
+        except WorkerUnreachable as exc:
+            raise Failover(reasons.WORKER_UNAVAILABLE, refused=False) from exc
         except WorkerStreamError as exc:
             raise Failover(reasons.WORKER_FAILED, refused=False) from exc
         finally:

@@ -198,6 +198,20 @@ async def test_a_full_or_gone_worker_is_failed_over() -> None:
     assert failovers == fakes.hosts_called().count("w1") >= 1
 
 
+async def test_a_workers_deadline_is_504_not_a_failover_and_not_a_fault() -> None:
+    """Issue 33: a request past one worker's deadline was sent on to the next, where it waited as long,
+    and answered 502 `worker_unavailable` though no worker had failed."""
+    fakes = FakeWorkers({"w1": refusing(504, "deadline_exceeded"), "w2": refusing(504, "deadline_exceeded")})
+    async with pool(fakes, EMBEDS, ("w2", embedding_service(DIMS))) as (client, sdk):
+        for _ in range(4):
+            with pytest.raises(openai.APIStatusError) as failed:
+                await sdk.embeddings.create(model="smol", input="x")
+            assert failed.value.status_code == 504 and failed.value.code == "deadline_exceeded"
+        listing = (await client.get("/coordinator/health/workers")).json()["workers"]
+    assert len(fakes.hosts_called()) == 4  # one worker a request: none tried after a deadline
+    assert all(w["breaker"] == "closed" for w in listing)
+
+
 async def test_an_unreachable_worker_alone_is_502() -> None:
     fakes = FakeWorkers({})  # w1 refuses connections
     async with pool(fakes, EMBEDS) as (_, sdk):

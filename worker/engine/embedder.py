@@ -72,6 +72,9 @@ def pack(lengths: list[int], *, max_tokens: int, max_inputs: int) -> list[range]
     return batches
 
 
+RATE_WEIGHT = 0.2  # weight of each batch's tokens a second in the running rate
+
+
 class Embedder:
     def __init__(self, context: EmbeddingContext, tokenize: Callable[[str], list[int]], *, capacity: int,
                  timeout: float, observer: EmbeddingObserver | None = None,
@@ -89,6 +92,7 @@ class Embedder:
         self._held = 0  # requests queued or running: at most `capacity`
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self.rate: float | None = None  # tokens a second this context embeds, exponentially weighted
 
     @property
     def held(self) -> int:
@@ -176,6 +180,7 @@ class Embedder:
             if len(tokens) > context.max_tokens:
                 raise WorkerError(413, reasons.PROMPT_TOO_LONG, f"input {i} is {len(tokens)} tokens; this model "
                                   f"embeds at most {context.max_tokens} tokens an input (--embedding-ctx)")
+        self._affordable(request, sum(map(len, inputs)))
         vectors: list[str] = []
         for batch in pack([len(t) for t in inputs], max_tokens=context.max_tokens, max_inputs=context.max_inputs):
             if request.abandoned or self._clock() > request.deadline:
@@ -183,8 +188,31 @@ class Embedder:
             started = time.perf_counter()
             chosen = [inputs[i] for i in batch]
             vectors.extend(base64.b64encode(v).decode("ascii") for v in context.embed(chosen))
-            self._observer.embedding_batch(len(chosen), sum(map(len, chosen)), time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            embedded = sum(map(len, chosen))
+            self._observer.embedding_batch(len(chosen), embedded, seconds)
+            if seconds > 0:
+                measured = embedded / seconds
+                self.rate = measured if self.rate is None else self.rate + RATE_WEIGHT * (measured - self.rate)
         return Embedded(vectors, [len(t) for t in inputs], context.dimensions)
+
+    def _affordable(self, request: _Request, tokens: int) -> None:
+        """Refuses, before any of it is embedded, a request this context cannot finish in time at the rate
+        it has measured: 413 when it could not even alone within `timeout` (send fewer inputs a
+        request), 503 `embeddings_full` when the wait in the queue left too little (another worker may
+        have it sooner). Before, the largest request the pool accepts ran 30 s on one worker and then on
+        the next, and was answered 504 or 502 (issue 33)."""
+        if self.rate is None:
+            return
+        needs = tokens / self.rate
+        if needs > self.timeout:
+            raise WorkerError(413, reasons.PROMPT_TOO_LONG, f"these inputs are {tokens:,} tokens: about {needs:.0f} s "
+                              f"at this worker's {self.rate:,.0f} tokens a second, past its {self.timeout:g} s "
+                              "(--embedding-timeout); send fewer inputs a request")
+        left = request.deadline - self._clock()
+        if needs > left:
+            raise WorkerError(503, reasons.EMBEDDINGS_FULL, f"these inputs need about {needs:.1f} s here and its "
+                              f"queue left {max(0.0, left):.1f} s of the deadline")
 
 
 def _deliver(request: _Request, outcome: Embedded | WorkerError) -> None:

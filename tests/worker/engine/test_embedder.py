@@ -225,3 +225,35 @@ def test_stop_refuses_the_waiting_requests_with_draining() -> None:
     assert all(isinstance(a, WorkerError) and a.reason == "draining" for a in answers[1:])
     with pytest.raises(WorkerError):
         asyncio.run(found.embed(["1"]))
+
+
+class SlowContext(FakeContext):
+    """Embeds at about `rate` tokens a second."""
+
+    def __init__(self, rate: float) -> None:
+        super().__init__()
+        self.rate = rate
+
+    def embed(self, inputs: list[list[int]]) -> list[bytes]:
+        time.sleep(sum(map(len, inputs)) / self.rate)
+        return super().embed(inputs)
+
+
+def test_a_request_it_cannot_embed_within_its_deadline_at_the_measured_rate_is_refused_before_any_work() -> None:
+    """Issue 33: the largest request the pool accepts ran 30 s on each worker and was answered 504 or 502;
+    at 100 tokens a second and a 1 s deadline, 180 tokens cannot be done: 413 at once, nothing computed."""
+    context = SlowContext(rate=100)
+    found = embedder(context, timeout=1.0)
+    try:
+        asyncio.run(found.embed(["1234", "5678"]))  # measures the rate
+        assert found.rate is not None and 50 < found.rate < 110
+        done_before = len(context.batches)
+        started = time.monotonic()
+        with pytest.raises(WorkerError) as refused:
+            asyncio.run(found.embed(["123456789"] * 20))
+        took = time.monotonic() - started
+    finally:
+        found.stop()
+    assert (refused.value.status, refused.value.reason) == (413, "prompt_too_long")
+    assert "180 tokens" in refused.value.message and "fewer inputs" in refused.value.message
+    assert len(context.batches) == done_before and took < 0.5
