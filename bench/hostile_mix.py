@@ -71,8 +71,51 @@ def batch_of_eight() -> list[Hostile]:
     return [Hostile("/v1/chat/completions", body) for _ in range(8)]
 
 
-KINDS: dict[str, Callable[[], list[Hostile]]] = {"long_prompt": long_prompt, "grammar": grammar,
-                                                 "batch_of_eight": batch_of_eight}
+def ask(text: str, **fields: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": fresh() + text}], "max_tokens": 64, **fields}
+
+
+def choices() -> list[Hostile]:
+    """One request for the most choices a request may ask (MAX_CHOICES, 8), 64 tokens each."""
+    return [Hostile("/v1/chat/completions", ask("Write a line about the sea.", n=8, ignore_eos=True))]
+
+
+def tools() -> list[Hostile]:
+    """32 functions offered (each with a described parameter): a prompt of well over 1,000 tokens."""
+    functions = [{"type": "function", "function": {
+        "name": f"tool_{i}", "description": f"Looks up record {i} in the harbour office's ledger of boats.",
+        "parameters": {"type": "object", "required": ["id"], "properties": {
+            "id": {"type": "integer", "description": "the record's number"}}}}} for i in range(32)]
+    return [Hostile("/v1/chat/completions", ask("Which boat came in first?", tools=functions, tool_choice="auto"))]
+
+
+def logit_bias() -> list[Hostile]:
+    """The most biases a request may carry (300), on a sampled answer."""
+    return [Hostile("/v1/chat/completions", ask("Name some fish.", logit_bias={str(t): 5 for t in range(300)},
+                                                temperature=0.8, ignore_eos=True))]
+
+
+def stops() -> list[Hostile]:
+    """The most stop strings (8) of the longest length (64), never met."""
+    return [Hostile("/v1/chat/completions", ask("Count to a hundred.", ignore_eos=True,
+                                                stop=[f"{i}" * 64 for i in range(8)]))]
+
+
+def logprobs() -> list[Hostile]:
+    """Log-probabilities of every token, with the largest `top_logprobs` the pool serves (1)."""
+    return [Hostile("/v1/chat/completions", ask("Describe a gull.", logprobs=True, top_logprobs=1,
+                                                ignore_eos=True))]
+
+
+def embeddings() -> list[Hostile]:
+    """The largest /v1/embeddings request the pool accepts: 256 inputs of about 500 tokens."""
+    text = HARBOUR * 28
+    return [Hostile("/v1/embeddings", {"input": [fresh() + text for _ in range(256)]})]
+
+
+KINDS: dict[str, Callable[[], list[Hostile]]] = {
+    "long_prompt": long_prompt, "grammar": grammar, "batch_of_eight": batch_of_eight, "choices": choices,
+    "tools": tools, "logit_bias": logit_bias, "stops": stops, "logprobs": logprobs, "embeddings": embeddings}
 
 
 async def timed(client: httpx.AsyncClient, url: str, path: str, body: dict[str, Any]) -> tuple[float, int]:

@@ -318,6 +318,9 @@ MUTATIONS: tuple[Mutation, ...] = (
              "coordinator/relay/embeddings.py", "                        raise CoordinatorError(reasons.DEADLINE_EXCEEDED, "
              "f\"worker {worker.worker_id}", "                        raise Failover(reasons.DEADLINE_EXCEEDED, True); "
              "(f\"worker {worker.worker_id}", ("tests/coordinator/test_surface_embeddings.py",)),
+    Mutation("moves-give-up-at-once", "a drain's session no worker can take now is tried again until the deadline",
+             "coordinator/pool/moves.py", "        return LATER\n", "        return self._counted(\"no_room\", session, "
+             "worker_id)\n", ("tests/coordinator/pool/test_moves.py",)),
     Mutation("reach-off", "a worker beats to a coordinator it has not reached within REACH_RETRY",
              "worker/heartbeat.py", "                await self.reach()\n", "                pass\n",
              (("tests/worker/test_heartbeat.py::test_a_coordinator_not_reached_is_beaten_to_again_within_reach_"

@@ -5,8 +5,9 @@ Owns: one move task per draining worker (started by its heartbeat saying `draini
 unexpected exception is logged and counted, and the task ends), choosing each session's new worker,
 the move itself (the session's KV blob fetched from the draining worker and put to the chosen one:
 `GET` / `PUT /worker/sessions/{id}/kv`), re-pointing the session's affinity there, and ending it on
-the draining worker. A session that cannot move (no worker with room, refused, the worker gone) stays
-where it is and is lost with it, as before: its next turn is refused (502 while the coordinator still
+the draining worker. A session no worker can take now is tried again every RETRY until the move's
+deadline. A session that cannot move (refused, the draining worker gone, no room until the deadline)
+stays where it is and is lost with it, as before: its next turn is refused (502 while the coordinator still
 lists the stopped worker, 404 once the worker restarted without it); it is never restarted anywhere
 in silence.
 Must not: pick workers for requests (the scheduler does) or decide when a worker drains (it does).
@@ -37,6 +38,8 @@ from protocol.worker import KV_MEDIA_TYPE, SESSIONS_PATH
 log = logging.getLogger("coordinator.moves")
 LIST_LIMIT = 16 << 20  # a worker's session list: a few hundred bytes a session
 POLL = 0.2  # seconds between looks at a draining worker whose sessions are still busy
+RETRY = 0.5  # seconds between tries of a session no worker could take (unreachable, or no room)
+MOVED, LATER, GIVEN_UP = "moved", "later", "given_up"
 DONE_REMEMBERED = 4096  # drained workers remembered as dealt with (older ones could be moved again)
 
 
@@ -90,9 +93,14 @@ class SessionMover:
                 self._done.popitem(last=False)
 
     async def _move_all(self, worker_id: str, url: str, model: str) -> None:
-        """Until the worker holds no kept session this can move, or the deadline."""
+        """Until the worker holds no kept session this can move, it is gone, or the deadline. A session no
+        other worker could take now (each unreachable or full) is tried again every RETRY: the worker
+        that was to receive a drain's sessions may be restarting itself (a rolling restart), and was
+        beating again 1.4 s after it was killed while the drain went on (issue 33: before, the other
+        sessions were given up 50 ms after the first refusal)."""
         deadline = self._now() + self._deadline
         given_up: set[tuple[str, str]] = set()
+        later: dict[tuple[str, str], SessionInfo] = {}
         moved = 0
         while self._now() < deadline:
             listed = await self._listed(url)
@@ -106,12 +114,21 @@ class SessionMover:
                 await asyncio.sleep(POLL)  # a stream still runs on each: they end before the worker does
                 continue
             for session in idle:
-                if await self._move_one(worker_id, url, model, session):
+                key = (session.tenant, session.session_id)
+                outcome = await self._move_one(worker_id, url, model, session)
+                later.pop(key, None)
+                if outcome == MOVED:
                     moved += 1
+                elif outcome == LATER:
+                    later[key] = session
                 else:
-                    given_up.add((session.tenant, session.session_id))
+                    given_up.add(key)
+            if later:
+                await asyncio.sleep(RETRY)
+        for session in later.values():
+            self._counted("no_room", session, worker_id)
         log.info(json.dumps({"event": "session_moves_done", "worker_id": worker_id, "moved": moved,
-                             "not_moved": len(given_up)}))
+                             "not_moved": len(given_up) + len(later)}))
 
     async def _listed(self, url: str) -> list[SessionInfo] | None:
         try:
@@ -121,7 +138,8 @@ class SessionMover:
             return None
         return SessionList.model_validate_json(body).sessions if status == 200 else None
 
-    async def _move_one(self, worker_id: str, url: str, model: str, session: SessionInfo) -> bool:
+    async def _move_one(self, worker_id: str, url: str, model: str, session: SessionInfo) -> str:
+        """MOVED; LATER when no other worker could take it now; GIVEN_UP when it never will move."""
         query = f"/{session.session_id}/kv?tenant={session.tenant}"
         started = self._now()
         try:
@@ -152,10 +170,10 @@ class SessionMover:
                 log.info(json.dumps({"event": "session_moved", "session_id": session.session_id, "from": worker_id,
                                      "to": target.worker_id, "tokens": session.tokens, "bytes": len(blob),
                                      "ms": round((self._now() - started) * 1e3, 1)}))
-                return True
+                return MOVED
             if status == 400:  # this blob lands nowhere (another build, damaged): no next worker
                 return self._counted("refused", session, worker_id)
-        return self._counted("no_room", session, worker_id)
+        return LATER
 
     def _targets(self, worker_id: str, model: str, session: SessionInfo) -> list[WorkerRecord]:
         """The model's other alive workers that say they have room for it, most free KV first; their
@@ -168,8 +186,8 @@ class SessionMover:
                 and free_kv(r) >= session.tokens * r.bytes_per_token]
         return sorted(fits, key=free_kv, reverse=True)
 
-    def _counted(self, outcome: str, session: SessionInfo, worker_id: str) -> bool:
+    def _counted(self, outcome: str, session: SessionInfo, worker_id: str) -> str:
         self._metrics.session_moves.labels(outcome=outcome).inc()
         log.warning(json.dumps({"event": "session_not_moved", "session_id": session.session_id,
                                 "worker_id": worker_id, "outcome": outcome}))
-        return False
+        return GIVEN_UP

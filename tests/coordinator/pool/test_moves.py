@@ -89,6 +89,9 @@ async def test_a_session_no_worker_has_room_for_stays_and_is_counted() -> None:
         for worker_id in ("w1", "w2"):
             assert (await register(client, heartbeat(worker_id, timestamp=clock.time()), "s3cret")).status_code == 200
         await register(client, heartbeat("w1", timestamp=clock.time(), sessions=1, draining=True), "s3cret")
+        await asyncio.sleep(0.3)  # tried, and tried again: not given up before the move's deadline
+        assert 'outcome="no_room"' not in (await client.get("/metrics")).text
+        clock.advance(SETTINGS.session_move_deadline)
         for _ in range(200):
             if 'outcome="no_room"' in (await client.get("/metrics")).text:
                 break
@@ -102,9 +105,41 @@ async def test_a_session_no_worker_has_room_for_stays_and_is_counted() -> None:
         # Restarted under the same id and drained again: moved again.
         await register(client, heartbeat("w1", timestamp=clock.time(), sessions=1), "s3cret")
         await register(client, heartbeat("w1", timestamp=clock.time(), sessions=1, draining=True), "s3cret")
+        await asyncio.sleep(0.05)
+        clock.advance(SETTINGS.session_move_deadline)
         for _ in range(200):
             if 'outcome="no_room"} 2.0' in (await client.get("/metrics")).text:
                 break
             await asyncio.sleep(0.01)
         assert 'coordinator_session_moves_total{outcome="no_room"} 2.0' in (await client.get("/metrics")).text
     assert held == [SESSIONS[0]]  # still on its worker, not ended there
+
+
+async def test_a_session_whose_receiver_is_down_for_a_moment_is_moved_once_it_is_back() -> None:
+    """Issue 33: the worker receiving a drain's sessions was killed mid-move and beat again 1.4 s later,
+    while the draining one lived on; the other sessions had been marked `no_room` within 50 ms and lost."""
+    held = [dict(SESSIONS[0])]
+    taken: list[tuple[str, str, bytes]] = []
+    up = {"w2": False}
+    clock = ManualClock()
+    receiver = target({"a"}, taken, "w2")
+
+    def restarting(request: httpx.Request) -> httpx.Response:
+        if not up["w2"] and request.method == "PUT":
+            raise httpx.ConnectError("refused", request=request)
+        return receiver(request)  # type: ignore[operator, no-any-return]
+
+    fakes = FakeWorkers({"w1": source(held), "w2": restarting})  # type: ignore[dict-item]
+    async with running_app(SETTINGS, fakes, clock) as client:
+        for worker_id in ("w1", "w2"):
+            assert (await register(client, heartbeat(worker_id, timestamp=clock.time()), "s3cret")).status_code == 200
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=1, draining=True), "s3cret")
+        await asyncio.sleep(0.8)  # a few tries, each refused
+        assert taken == [] and held
+        up["w2"] = True
+        for _ in range(300):
+            if not held:
+                break
+            await asyncio.sleep(0.01)
+        assert taken == [("a", "", b"blob-a")] and held == []
+        assert 'outcome="no_room"' not in (await client.get("/metrics")).text
