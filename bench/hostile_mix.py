@@ -81,12 +81,14 @@ def choices() -> list[Hostile]:
 
 
 def tools() -> list[Hostile]:
-    """32 functions offered (each with a described parameter): a prompt of well over 1,000 tokens."""
+    """24 functions offered (each with a described parameter): a prompt of about 1,700 tokens (32 pass a
+    session's 2,048 and are refused with 400 `context_length_exceeded`)."""
     functions = [{"type": "function", "function": {
         "name": f"tool_{i}", "description": f"Looks up record {i} in the harbour office's ledger of boats.",
         "parameters": {"type": "object", "required": ["id"], "properties": {
-            "id": {"type": "integer", "description": "the record's number"}}}}} for i in range(32)]
-    return [Hostile("/v1/chat/completions", ask("Which boat came in first?", tools=functions, tool_choice="auto"))]
+            "id": {"type": "integer", "description": "the record's number"}}}}} for i in range(24)]
+    return [Hostile("/v1/chat/completions", ask("Which boat came in first?", tools=functions, tool_choice="auto",
+                                                max_tokens=1))]
 
 
 def logit_bias() -> list[Hostile]:

@@ -180,7 +180,8 @@ class Embedder:
             if len(tokens) > context.max_tokens:
                 raise WorkerError(413, reasons.PROMPT_TOO_LONG, f"input {i} is {len(tokens)} tokens; this model "
                                   f"embeds at most {context.max_tokens} tokens an input (--embedding-ctx)")
-        self._affordable(request, sum(map(len, inputs)))
+        total = left = sum(map(len, inputs))
+        self._affordable(request, total, left)
         vectors: list[str] = []
         for batch in pack([len(t) for t in inputs], max_tokens=context.max_tokens, max_inputs=context.max_inputs):
             if request.abandoned or self._clock() > request.deadline:
@@ -194,14 +195,18 @@ class Embedder:
             if seconds > 0:
                 measured = embedded / seconds
                 self.rate = measured if self.rate is None else self.rate + RATE_WEIGHT * (measured - self.rate)
+            left -= embedded
+            if left:
+                self._affordable(request, total, left)  # the first request measures the rate as it goes
         return Embedded(vectors, [len(t) for t in inputs], context.dimensions)
 
-    def _affordable(self, request: _Request, tokens: int) -> None:
-        """Refuses, before any of it is embedded, a request this context cannot finish in time at the rate
-        it has measured: 413 when it could not even alone within `timeout` (send fewer inputs a
-        request), 503 `embeddings_full` when the wait in the queue left too little (another worker may
-        have it sooner). Before, the largest request the pool accepts ran 30 s on one worker and then on
-        the next, and was answered 504 or 502 (issue 33)."""
+    def _affordable(self, request: _Request, tokens: int, left: int) -> None:
+        """Refuses a request this context cannot finish in time at the rate it has measured, before any of
+        it is embedded (or, while the first request measures the rate, after its first batch): 413 when
+        it could not even alone within `timeout` (send fewer inputs a request), 503 `embeddings_full`
+        when what is `left` of it needs more than the deadline leaves (another worker may have it
+        sooner). Before, the largest request the pool accepts ran 30 s on one worker and then on the
+        next, and was answered 504 or 502 (issue 33)."""
         if self.rate is None:
             return
         needs = tokens / self.rate
@@ -209,10 +214,11 @@ class Embedder:
             raise WorkerError(413, reasons.PROMPT_TOO_LONG, f"these inputs are {tokens:,} tokens: about {needs:.0f} s "
                               f"at this worker's {self.rate:,.0f} tokens a second, past its {self.timeout:g} s "
                               "(--embedding-timeout); send fewer inputs a request")
-        left = request.deadline - self._clock()
-        if needs > left:
-            raise WorkerError(503, reasons.EMBEDDINGS_FULL, f"these inputs need about {needs:.1f} s here and its "
-                              f"queue left {max(0.0, left):.1f} s of the deadline")
+        remaining = left / self.rate
+        time_left = request.deadline - self._clock()
+        if remaining > time_left:
+            raise WorkerError(503, reasons.EMBEDDINGS_FULL, f"these inputs need about {remaining:.1f} s more here "
+                              f"and {max(0.0, time_left):.1f} s of the deadline is left")
 
 
 def _deliver(request: _Request, outcome: Embedded | WorkerError) -> None:

@@ -257,3 +257,17 @@ def test_a_request_it_cannot_embed_within_its_deadline_at_the_measured_rate_is_r
     assert (refused.value.status, refused.value.reason) == (413, "prompt_too_long")
     assert "180 tokens" in refused.value.message and "fewer inputs" in refused.value.message
     assert len(context.batches) == done_before and took < 0.5
+
+
+def test_the_first_request_measures_the_rate_and_is_refused_after_its_first_batch_not_at_its_deadline() -> None:
+    context = SlowContext(rate=100)
+    found = embedder(context, timeout=1.0)
+    try:
+        started = time.monotonic()
+        with pytest.raises(WorkerError) as refused:
+            asyncio.run(found.embed(["123456789"] * 20))
+        took = time.monotonic() - started
+    finally:
+        found.stop()
+    assert (refused.value.status, refused.value.reason) == (413, "prompt_too_long")
+    assert len(context.batches) == 1 and took < 0.6  # one batch (0.09 s here), not the 1 s deadline
