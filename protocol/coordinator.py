@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from protocol.health import EmbeddingService
+from protocol.health import MAX_POOL_WORKERS, EmbeddingService
 
 WorkerState = Literal["alive", "stale"]
 
@@ -21,7 +21,8 @@ class HeartbeatAck(BaseModel):
     worker_id: str
     state: WorkerState
     heartbeat_interval: float = Field(description="seconds the coordinator expects between heartbeats")
-    workers: int = Field(default=0, ge=0, description="alive workers this coordinator knows: the worker passes "
+    workers: int = Field(default=0, ge=0, le=MAX_POOL_WORKERS, description="alive workers this coordinator knows: "
+                         "the worker passes "
                          "the most it was told on to every coordinator (`Heartbeat.pool_workers`)")
 
 

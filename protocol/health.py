@@ -38,6 +38,7 @@ MAX_HELD_PREFIX_BLOCKS = 2048
 # or refusing), instead of waiting its whole interval. A coordinator takes client traffic only once it
 # has heard from the pool, and waits about two of these for the rest of the workers after the first.
 REACH_RETRY = 0.5
+MAX_POOL_WORKERS = 1_000_000  # the workers a coordinator may say it knows (HeartbeatAck, Heartbeat)
 JOIN_SETTLE = 2 * REACH_RETRY
 
 
@@ -150,7 +151,7 @@ class Heartbeat(BaseModel):
                                                 "(`POST /worker/embed`); only then are they routed to it")
     load: WorkerLoad
     timestamp: float = Field(description="the worker's clock, Unix seconds, when the heartbeat was made")
-    pool_workers: int = Field(default=0, ge=0, le=1_000_000, description="the most alive workers a coordinator "
+    pool_workers: int = Field(default=0, ge=0, le=MAX_POOL_WORKERS, description="the most alive workers a coordinator "
                               "said it knows, in its last answer to this worker: a coordinator that has just "
                               "started is ready once it knows as many (coordinator/ops/readiness.py)")
 

@@ -22,7 +22,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+from pydantic import ValidationError
 
+from protocol.coordinator import HeartbeatAck
 from protocol.health import REACH_RETRY, EmbeddingService, Heartbeat, WorkerLoad
 from worker.naming import ModelNames
 from worker.settings import MAX_COORDINATORS
@@ -112,7 +114,7 @@ class HeartbeatSender:
             ok, problem = False, f"{type(exc).__name__}: {exc}"
         if ok:
             self.sent += 1
-            self._pool[url] = _workers_counted(response)
+            self._pool[url] = _workers_counted(response.content)
         else:
             self._pool.pop(url, None)
         self._changed(url, ok, problem)
@@ -179,10 +181,10 @@ class HeartbeatSender:
         await self._client.aclose()
 
 
-def _workers_counted(response: httpx.Response) -> int:
-    """The alive workers a coordinator's answer counts (HeartbeatAck.workers); 0 when it says none."""
+def _workers_counted(answer: bytes) -> int:
+    """The alive workers a coordinator's answer counts (`HeartbeatAck.workers`); 0 when it says none or
+    is not an answer of this protocol."""
     try:
-        workers = response.json().get("workers", 0)
-    except (ValueError, AttributeError):
+        return HeartbeatAck.model_validate_json(answer).workers
+    except ValidationError:
         return 0
-    return workers if isinstance(workers, int) and 0 <= workers <= 1_000_000 else 0

@@ -203,6 +203,9 @@ def test_a_coordinator_not_reached_is_beaten_to_again_within_reach_retry_and_the
     assert len(got["late"]) == 1 and got["late"][0] - opened_at[0] <= REACH_RETRY + 0.2
 
 
+ACK = {"worker_id": "w1", "state": "alive", "heartbeat_interval": 0.5}
+
+
 def test_each_beat_passes_on_the_most_workers_a_coordinator_counted_in_its_last_answer() -> None:
     counts = {"c1": 3, "c2": 1}
     seen: list[int] = []
@@ -210,8 +213,8 @@ def test_each_beat_passes_on_the_most_workers_a_coordinator_counted_in_its_last_
     def coordinators(request: httpx.Request) -> httpx.Response:
         seen.append(Heartbeat(**json.loads(request.content)).pool_workers)
         if request.url.host == "c3":
-            return httpx.Response(200, json={"workers": "many"})  # not a count: counts as none
-        return httpx.Response(200, json={"workers": counts[request.url.host]})
+            return httpx.Response(200, json={**ACK, "workers": "many"})  # not a count: counts as none
+        return httpx.Response(200, json={**ACK, "workers": counts[request.url.host]})
 
     beats = sender(["http://c1:1337", "http://c2:1337", "http://c3:1337"], coordinators)
 

@@ -9,12 +9,12 @@ cache of compiled grammars.
 Must not: choose tokens (sampling.py does, asking `allows` and `mask`) or touch the batch.
 
 Why llguidance and not llama.cpp's grammar sampler: llama.cpp's checks every candidate's text against
-every open alternative of the grammar, inside the shared engine step. A JSON schema of an array of a
-20,000-value enum took 0.4-1.1 s to check one token and 1.3-18 s to mask a row, so eight such requests
-made every other stream on the worker about 80x slower (issue 33). llguidance walks the vocabulary's
-token trie with a lexer automaton: the same grammar's masks take at most 0.13 ms, an ordinary schema's
-about 0.03 ms (docs/benchmarks.md, "Grammars on llguidance"). xgrammar, the other library made for
-this, needs torch, transformers and triton: several GB for one feature.
+every open alternative of the grammar, inside the shared engine step. With a JSON schema of an array
+of a 20,000-value enum, eight such requests made four chats beside them 194x slower; on llguidance,
+which walks the vocabulary's token trie with a lexer automaton, 2.11x, what any eight more sequences
+cost (`bench.hostile_mix --kinds grammar,batch_of_eight`; docs/benchmarks.md, "Grammars on
+llguidance"). xgrammar, the other library made for this, needs torch, transformers and triton:
+several GB for one feature.
 
 Cost: the mask of a sequence's next token is computed once, when the sampler first asks about it,
 into a bitmask of one bit a token; `allows` reads a bit, `mask` expands the bits over a row. Compiling
@@ -24,7 +24,8 @@ the grammar text) and each request gets a copy of it.
 
 The budget, checked before a request takes a sequence: the grammar's text at most `max_bytes`
 (MAX_GRAMMAR_BYTES by default), llguidance's own limits on the grammar's size and its lexer's states
-(LIMITS), and a compile of at most `compile_timeout` seconds. Each step's mask is bounded by
+(LIMITS), and a compile that took at most `compile_timeout` seconds (measured once it ends; llguidance's
+limits are what bound it). Each step's mask is bounded by
 llguidance's lexer fuel (LIMITS again): a grammar that runs out mid-answer can allow nothing more, and
 its answer ends there.
 """
@@ -140,10 +141,6 @@ class Grammar:
     def accept(self, token: int) -> None:
         self._matcher.consume_token(token)  # a rejected token puts it in its error state: nothing more
         self._fresh = False
-
-    @property
-    def failure(self) -> str | None:
-        return self._matcher.get_error() if self._matcher.is_error() else None
 
     def close(self) -> None:
         """Nothing to free by hand: the matcher is Rust's, dropped with this object."""
