@@ -321,6 +321,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("moves-give-up-at-once", "a drain's session no worker can take now is tried again until the deadline",
              "coordinator/pool/moves.py", "        return LATER\n", "        return self._counted(\"no_room\", session, "
              "worker_id)\n", ("tests/coordinator/pool/test_moves.py",)),
+    Mutation("leaving-beat-ignored", "a worker's last beat takes it out of the pool at once",
+             "coordinator/ops/health.py", "    if beat.leaving:\n", "    if False:\n",
+             ("tests/coordinator/pool/test_heartbeat.py",)),
+    Mutation("refused-connection-no-verdict", "a worker whose port refuses connections leaves the pool at once",
+             "coordinator/relay/upstream.py", "(WorkerRefused if refused else WorkerUnreachable)",
+             "(WorkerUnreachable)", ("tests/coordinator/relay/test_upstream.py",)),
+    Mutation("lost-worker-stays", "a refused connection marks the worker stale at once",
+             "coordinator/pool/breaker.py", "        self._registry.lost(worker_id, self._now())\n", "        pass\n",
+             ("tests/coordinator/pool/test_breaker.py",)),
     Mutation("reach-off", "a worker beats to a coordinator it has not reached within REACH_RETRY",
              "worker/heartbeat.py", "                await self.reach()\n", "                pass\n",
              (("tests/worker/test_heartbeat.py::test_a_coordinator_not_reached_is_beaten_to_again_within_reach_"

@@ -69,11 +69,11 @@ class HeartbeatSender:
         self._pool: dict[str, int] = {}  # by heartbeat URL: the alive workers its last answer counted
         self.sent = 0
 
-    def heartbeat(self) -> Heartbeat:
+    def heartbeat(self, *, leaving: bool = False) -> Heartbeat:
         return Heartbeat(worker_id=self._worker_id, url=self._worker_url, model=self._names.name,
                          aliases=list(self._names.aliases), model_identity=self._identity,
                          embeddings=self._embeddings, load=self._load(), timestamp=self._wall_clock(),
-                         pool_workers=max(self._pool.values(), default=0))
+                         pool_workers=max(self._pool.values(), default=0), leaving=leaving)
 
     async def targets(self) -> list[str]:
         """The heartbeat URLs of this interval: each coordinator URL, or each address of its name."""
@@ -95,10 +95,11 @@ class HeartbeatSender:
                 urls.append(urlunsplit(parts._replace(netloc=f"{shown}:{port}")) + HEARTBEAT_PATH)
         return list(dict.fromkeys(urls))[:MAX_COORDINATORS]
 
-    async def send_once(self) -> bool:
-        """One beat to every coordinator at once; True when every one took it."""
+    async def send_once(self, *, leaving: bool = False) -> bool:
+        """One beat to every coordinator at once; True when every one took it. `leaving`: the last one,
+        as the worker stops, so that no coordinator sends it more work (coordinator/ops/health.py)."""
         urls = await self.targets()
-        body = self.heartbeat().model_dump_json()
+        body = self.heartbeat(leaving=leaving).model_dump_json()
         results = await asyncio.gather(*(self._send(url, body) for url in urls))
         for gone in set(self._healthy) - set(urls) - set(self._bases):
             del self._healthy[gone]  # an address the name no longer has: bounded by what it resolves to

@@ -216,6 +216,7 @@ class WorkerRuntime:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self.heartbeats is not None:
+            await self.heartbeats.send_once(leaving=True)  # each call has its deadline (< 5 s)
             await self.heartbeats.aclose()
         await self.peers.aclose()
         await asyncio.to_thread(self.engine.stop)

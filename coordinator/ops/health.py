@@ -1,6 +1,7 @@
 """Worker-facing and operator-facing health: heartbeats in, registry listings out.
 
-Owns: `POST /coordinator/health/heartbeat` (token check, timestamp sanity, a new worker's probe, upsert),
+Owns: `POST /coordinator/health/heartbeat` (token check, timestamp sanity, a new worker's probe, upsert,
+a leaving worker's last beat),
 `GET /coordinator/health`, `GET /coordinator/ready` and `GET /coordinator/health/workers`.
 Must not: schedule or admit requests.
 """
@@ -85,6 +86,8 @@ async def _take(request: Request) -> HeartbeatAck:
         state.metrics.heartbeats.labels(outcome="invalid").inc()
         raise
     now = state.clock.monotonic()
+    if beat.leaving:
+        return _left(state, beat, now)
     if _check_identity(state, beat, now):
         await _prove(state, beat)
         now = state.clock.monotonic()
@@ -102,6 +105,18 @@ async def _take(request: Request) -> HeartbeatAck:
     state.metrics.heartbeats.labels(outcome="accepted").inc()
     return HeartbeatAck(worker_id=record.worker_id, state="alive",
                         heartbeat_interval=settings.heartbeat_interval, workers=state.registry.alive_count)
+
+
+def _left(state: CoordinatorState, beat: Heartbeat, now: float) -> HeartbeatAck:
+    """A worker's last beat: it stops now. Out of the pool at once (`Registry.lost`), unless the id is
+    registered at another URL (whoever holds it there is not leaving). Nothing is registered."""
+    record = state.registry.get(beat.worker_id)
+    if record is not None and record.url == beat.url:
+        state.registry.lost(beat.worker_id, now)
+        log.info(json.dumps({"event": "worker_left", "worker_id": beat.worker_id}))
+    state.metrics.heartbeats.labels(outcome="leaving").inc()
+    return HeartbeatAck(worker_id=beat.worker_id, state="stale", heartbeat_interval=state.settings.heartbeat_interval,
+                        workers=state.registry.alive_count)
 
 
 async def _prove(state: CoordinatorState, beat: Heartbeat) -> None:

@@ -8,7 +8,8 @@ the registry's records) or judge a refusal: a 503 for capacity or a 4xx is the w
 
 What fails: the worker cannot be reached, answers 5xx other than 503, breaks or ends its stream before
 `done`, or ends it with `worker_failed` / `engine_failed`. What is no verdict: the client leaving or
-reading too slowly, a capacity refusal; a probe that ends that way frees its probe slot only.
+reading too slowly, a capacity refusal; a probe that ends that way frees its probe slot only. A
+refused connection is more than a failure: the worker is gone (`gone`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ class Breakers:
             worker.breaker_open_until, worker.breaker_probing = self._now() + cool, False
             worker.breaker_failures = 0
             self._on_change("open")
+
+    def gone(self, worker_id: str) -> None:
+        """Nothing listens at the worker's address any more (a refused connection): no cool-down to
+        count, it leaves the pool now (`Registry.lost`) and is back with its next heartbeat."""
+        self._registry.lost(worker_id, self._now())
 
     def settled(self, worker_id: str) -> None:
         """The request ended with no verdict on the worker: a probe slot it held is free again."""

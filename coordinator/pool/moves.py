@@ -31,7 +31,7 @@ from collections.abc import Callable
 from coordinator.affinity.sessions import SessionTable
 from coordinator.ops.metrics import CoordinatorMetrics
 from coordinator.pool.registry import Registry, WorkerRecord
-from coordinator.relay.upstream import WorkerClient, WorkerUnreachable
+from coordinator.relay.upstream import WorkerClient, WorkerRefused, WorkerUnreachable
 from protocol.health import SessionInfo, SessionList
 from protocol.worker import KV_MEDIA_TYPE, SESSIONS_PATH
 
@@ -103,7 +103,7 @@ class SessionMover:
         later: dict[tuple[str, str], SessionInfo] = {}
         moved = 0
         while self._now() < deadline:
-            listed = await self._listed(url)
+            listed = await self._listed(worker_id, url)
             if listed is None:
                 break  # gone: what it held is lost with it
             waiting = [s for s in listed if (s.tenant, s.session_id) not in given_up]
@@ -130,10 +130,13 @@ class SessionMover:
         log.info(json.dumps({"event": "session_moves_done", "worker_id": worker_id, "moved": moved,
                              "not_moved": len(given_up) + len(later)}))
 
-    async def _listed(self, url: str) -> list[SessionInfo] | None:
+    async def _listed(self, worker_id: str, url: str) -> list[SessionInfo] | None:
         try:
             status, body = await self._client.exchange("GET", url.rstrip("/") + SESSIONS_PATH, self._auth,
                                                        limit=LIST_LIMIT, timeout=self._timeout)
+        except WorkerRefused:
+            self._registry.lost(worker_id, self._now())  # it exited: no more turns go to what it held
+            return None
         except WorkerUnreachable:
             return None
         return SessionList.model_validate_json(body).sessions if status == 200 else None
@@ -154,6 +157,9 @@ class SessionMover:
                 status, _ = await self._client.exchange(
                     "PUT", target.url.rstrip("/") + SESSIONS_PATH + query, {**self._auth, "content-type": KV_MEDIA_TYPE},
                     blob, limit=LIST_LIMIT, timeout=self._timeout)
+            except WorkerRefused:
+                self._registry.lost(target.worker_id, self._now())  # restarting, perhaps: back when it beats
+                continue
             except WorkerUnreachable:
                 continue
             if status == 201:

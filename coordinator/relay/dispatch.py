@@ -35,7 +35,13 @@ from coordinator.generation import Generation
 from coordinator.ops.metrics import CoordinatorMetrics
 from coordinator.pool.breaker import Breakers
 from coordinator.pool.registry import WorkerRecord
-from coordinator.relay.upstream import WorkerClient, WorkerResponse, WorkerStreamError, WorkerUnreachable
+from coordinator.relay.upstream import (
+    WorkerClient,
+    WorkerRefused,
+    WorkerResponse,
+    WorkerStreamError,
+    WorkerUnreachable,
+)
 from protocol import reasons
 from protocol.sse import SseEvent, SseParser, SseTooLarge
 from protocol.worker import (
@@ -162,6 +168,8 @@ class Dispatcher:
                     self._admission.refused(reservation, failover.reason)
                 else:
                     self._breakers.failed(worker.worker_id)
+                if isinstance(failover.__cause__, WorkerRefused):
+                    self._breakers.gone(worker.worker_id)
                 self._metrics.failovers.labels(reason=failover.reason).inc()
                 log.warning(json.dumps({"event": "failover", "request_id": valid.request_id,
                                         "worker_id": worker.worker_id, "reason": failover.reason,

@@ -32,7 +32,13 @@ from coordinator.ops.metrics import CoordinatorMetrics
 from coordinator.pool.breaker import Breakers
 from coordinator.pool.registry import WorkerRecord
 from coordinator.relay.dispatch import Failover, worker_refusal
-from coordinator.relay.upstream import WorkerClient, WorkerResponse, WorkerStreamError, WorkerUnreachable
+from coordinator.relay.upstream import (
+    WorkerClient,
+    WorkerRefused,
+    WorkerResponse,
+    WorkerStreamError,
+    WorkerUnreachable,
+)
 from protocol import reasons
 from protocol.worker import EMBED_PATH, PROTOCOL_HEADER, PROTOCOL_VERSION, REQUEST_ID_HEADER, EmbedResponse
 
@@ -81,6 +87,8 @@ class EmbeddingDispatcher:
                     self._breakers.settled(worker.worker_id)
                 else:
                     self._breakers.failed(worker.worker_id)
+                if isinstance(failover.__cause__, WorkerRefused):
+                    self._breakers.gone(worker.worker_id)
                 self._metrics.failovers.labels(reason=failover.reason).inc()
                 log.warning(json.dumps({"event": "failover", "request_id": work.request_id,
                                         "worker_id": worker.worker_id, "reason": failover.reason, "embeddings": True,

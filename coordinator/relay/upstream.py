@@ -1,7 +1,8 @@
 """The coordinator's HTTP client to workers: a streaming POST over pooled keep-alive connections.
 
 Owns: the connection pool to workers, its timeouts, and turning the HTTP library's errors into two
-of ours: `WorkerUnreachable` (no response at all) and `WorkerStreamError` (the body broke).
+of ours: `WorkerUnreachable` (no response at all; `WorkerRefused` when nothing listens at the address)
+and `WorkerStreamError` (the body broke).
 Must not: know what a request or an event means (dispatch.py and relay.py do).
 
 Why aiohttp here when the rest of the project speaks httpx: this client carries every token of every
@@ -25,6 +26,12 @@ _MAX_GET_BYTES = 65_536  # a worker's health is well under 1 KiB: read no more f
 
 class WorkerUnreachable(Exception):
     """No response came back: the connection failed, was refused, or closed before a status line."""
+
+
+class WorkerRefused(WorkerUnreachable):
+    """The connection was refused: nothing listens at the worker's address, so its process is gone (or not
+    started yet). Unlike a timeout this is certain at once, and the registry stops scheduling on it
+    (`Registry.lost`) before its heartbeats have had time to stop."""
 
 
 class WorkerStreamError(Exception):
@@ -134,7 +141,7 @@ class AiohttpWorkerClient:
                 response = await self._session.post(url, data=body, headers=dict(headers), allow_redirects=False,
                                                     timeout=timeout)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise WorkerUnreachable(f"{type(exc).__name__}: {exc}") from exc
+            raise _unreachable(exc) from exc
         return _AiohttpResponse(response)
 
     async def delete(self, url: str, headers: Mapping[str, str]) -> int:
@@ -143,7 +150,7 @@ class AiohttpWorkerClient:
                 await response.read()
                 return response.status
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise WorkerUnreachable(f"{type(exc).__name__}: {exc}") from exc
+            raise _unreachable(exc) from exc
 
     async def get(self, url: str) -> tuple[int, bytes]:
         try:
@@ -153,7 +160,7 @@ class AiohttpWorkerClient:
                     body += chunk
                 return response.status, body[:_MAX_GET_BYTES]
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise WorkerUnreachable(f"{type(exc).__name__}: {exc}") from exc
+            raise _unreachable(exc) from exc
 
     async def exchange(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None = None, *,
                        limit: int, timeout: float) -> tuple[int, bytes]:
@@ -168,7 +175,12 @@ class AiohttpWorkerClient:
                     chunks.append(chunk)
                 return response.status, b"".join(chunks)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise WorkerUnreachable(f"{type(exc).__name__}: {exc}") from exc
+            raise _unreachable(exc) from exc
 
     async def close(self) -> None:
         await self._session.close()
+
+
+def _unreachable(exc: Exception) -> WorkerUnreachable:
+    refused = isinstance(exc, aiohttp.ClientConnectorError) and isinstance(exc.os_error, ConnectionRefusedError)
+    return (WorkerRefused if refused else WorkerUnreachable)(f"{type(exc).__name__}: {exc}")

@@ -14,7 +14,7 @@ import httpx
 
 from coordinator.app import create_app
 from coordinator.clock import ManualClock
-from coordinator.relay.upstream import WorkerStreamError, WorkerUnreachable
+from coordinator.relay.upstream import WorkerRefused, WorkerStreamError, WorkerUnreachable
 from coordinator.settings import Settings
 from protocol.health import EmbeddingService, Heartbeat, WorkerLoad
 
@@ -89,6 +89,14 @@ class _FakeResponse:
         await self._response.aclose()
 
 
+class Gone(httpx.ConnectError):
+    """The connection was refused: nothing listens there (a `gone` host)."""
+
+
+def _unreachable(exc: httpx.HTTPError) -> WorkerUnreachable:
+    return (WorkerRefused if isinstance(exc, Gone) else WorkerUnreachable)(str(exc))
+
+
 class FakeWorkerClient:
     """`coordinator.relay.upstream.WorkerClient` whose network is fake workers' behaviours."""
 
@@ -101,27 +109,27 @@ class FakeWorkerClient:
         try:
             return _FakeResponse(await self._client.send(request, stream=True))
         except httpx.HTTPError as exc:
-            raise WorkerUnreachable(str(exc)) from exc
+            raise _unreachable(exc) from exc
 
     async def get(self, url: str) -> tuple[int, bytes]:
         try:
             response = await self._client.get(url)
         except httpx.HTTPError as exc:
-            raise WorkerUnreachable(str(exc)) from exc
+            raise _unreachable(exc) from exc
         return response.status_code, response.content
 
     async def delete(self, url: str, headers: Mapping[str, str]) -> int:
         try:
             return (await self._client.delete(url, headers=dict(headers))).status_code
         except httpx.HTTPError as exc:
-            raise WorkerUnreachable(str(exc)) from exc
+            raise _unreachable(exc) from exc
 
     async def exchange(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None = None, *,
                        limit: int, timeout: float) -> tuple[int, bytes]:
         try:
             response = await self._client.request(method, url, content=body, headers=dict(headers))
         except httpx.HTTPError as exc:
-            raise WorkerUnreachable(str(exc)) from exc
+            raise _unreachable(exc) from exc
         if len(response.content) > limit:
             raise WorkerUnreachable(f"the answer is over {limit} bytes")
         return response.status_code, response.content
@@ -134,12 +142,14 @@ class FakeWorkerClient:
 class FakeWorkers:
     """Workers by host name; each answers /worker/generate with its behaviour, and the coordinator's
     probe of a new worker (`GET /worker/health`) as the worker its host names (`ids` may name another
-    one), unless the host is `silent` (it never answers anything)."""
+    one), unless the host is `silent` (it never answers anything) or `gone` (its connections are refused:
+    `WorkerRefused`, as for a port nothing listens on)."""
 
     behaviours: dict[str, Behaviour] = field(default_factory=dict)
     calls: list[tuple[str, httpx.Request]] = field(default_factory=list)  # all but the probes
     probes: list[str] = field(default_factory=list)
     silent: set[str] = field(default_factory=set)
+    gone: set[str] = field(default_factory=set)
     ids: dict[str, str] = field(default_factory=dict)
 
     def client(self) -> FakeWorkerClient:
@@ -147,6 +157,8 @@ class FakeWorkers:
             host = request.url.host.removesuffix(".test")
             if host in self.silent:
                 raise httpx.ConnectError("connection refused", request=request)
+            if host in self.gone:
+                raise Gone("connection refused: nothing listens", request=request)
             if request.method == "GET" and request.url.path == "/worker/health":
                 self.probes.append(host)
                 return httpx.Response(200, json={"status": "ok", "worker_id": self.ids.get(host, host),

@@ -46,6 +46,20 @@ async def test_worker_killed_before_the_first_token_is_failed_over(cluster: Clus
     assert result.status == 200 and result.headers["x-worker-id"] == survivor
     assert result.names[-1] == "done"
     assert metric(cluster, "coordinator_failovers_total") == before + 1
+    # Its port refused the connection: out of the pool now, not when its heartbeats are missed.
+    assert cluster.states()[victim]["state"] == "stale"
+    assert cluster.coordinator_health()["workers"]["alive"] == 1
+
+
+async def test_a_worker_that_stops_leaves_the_pool_with_its_last_beat(cluster: Cluster) -> None:
+    """Issue 33: a worker that exited stayed `alive` for 7 s (its missed beats); its sessions' next
+    turns and new requests went to its closed port meanwhile."""
+    leaving = "w2"
+    assert cluster.states()[leaving]["state"] == "alive"
+    cluster.workers[leaving].signal(signal.SIGTERM)
+    cluster.workers[leaving].popen.wait(timeout=30)  # type: ignore[union-attr]
+    assert cluster.states()[leaving]["state"] == "stale"  # its last beat was under 3 intervals ago
+    assert cluster.coordinator_health()["workers"]["alive"] == 1
 
 
 async def test_worker_killed_mid_stream_ends_the_stream_with_an_error_event(cluster: Cluster) -> None:

@@ -227,3 +227,20 @@ def test_each_beat_passes_on_the_most_workers_a_coordinator_counted_in_its_last_
 
     asyncio.run(three())
     assert seen == [0] * 3 + [3] * 3 + [3] * 3 + [2] * 3
+
+
+def test_only_the_last_beat_says_leaving() -> None:
+    seen: list[bool] = []
+
+    def coordinators(request: httpx.Request) -> httpx.Response:
+        seen.append(Heartbeat(**json.loads(request.content)).leaving)
+        return httpx.Response(200, json=ACK)
+
+    beats = sender(["http://c1:1337", "http://c2:1337"], coordinators)
+
+    async def stop() -> None:
+        await beats.send_once()
+        await beats.send_once(leaving=True)
+
+    asyncio.run(stop())
+    assert seen == [False, False, True, True]

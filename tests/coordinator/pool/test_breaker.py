@@ -98,3 +98,33 @@ async def test_a_worker_answering_500_leaves_scheduling_and_a_probe_brings_it_ba
         assert probe.headers["x-worker-id"] == "a"
         listing = {w["worker_id"]: w for w in (await client.get("/coordinator/health/workers")).json()["workers"]}
         assert listing["a"]["breaker"] == "closed"
+
+
+@pytest.mark.anyio
+async def test_a_worker_whose_port_refuses_connections_leaves_the_pool_at_once_until_it_beats_again() -> None:
+    """Issue 33: a worker that exited stayed `alive` until its heartbeats were missed (7 s), and every
+    request ranked it first paid a failover meanwhile. A refused connection is certain at once."""
+    clock = ManualClock()
+    fakes = FakeWorkers({"a": streaming([token(0), done(worker_id="a")], worker_id="a"),
+                         "b": streaming([token(0), done(worker_id="b")], worker_id="b")})
+    settings = Settings(heartbeat_interval=1.0, breaker_failures=3, queue_size=0)
+    async with running_app(settings, fakes, clock) as client:
+        await register(client, heartbeat("a", timestamp=clock.time()))
+        await register(client, heartbeat("b", timestamp=clock.time(), sessions=1))  # a scores better
+
+        async def infer() -> httpx.Response:
+            return await client.post("/coordinator/infer", content=json.dumps({"prompt": "hi", "max_tokens": 2}))
+
+        async def states() -> dict[str, str]:
+            listing = (await client.get("/coordinator/health/workers")).json()["workers"]
+            return {w["worker_id"]: w["state"] for w in listing}
+
+        fakes.gone.add("a")
+        assert (await infer()).headers["x-worker-id"] == "b"
+        assert await states() == {"a": "stale", "b": "alive"}  # one refusal, though the breaker needs 3 failures
+        before = len(fakes.calls)
+        assert (await infer()).headers["x-worker-id"] == "b"
+        assert fakes.hosts_called()[before:] == ["b"]
+        fakes.gone.clear()  # restarted: its next heartbeat brings it back
+        await register(client, heartbeat("a", timestamp=clock.time()))
+        assert (await infer()).headers["x-worker-id"] == "a"

@@ -41,6 +41,36 @@ async def test_without_a_token_a_live_workers_id_cannot_be_claimed_from_another_
         assert moved.status_code == 200
 
 
+async def test_a_leaving_beat_takes_its_worker_out_at_once_and_registers_nothing() -> None:
+    """A worker's last beat, as it stops after its drain: before, it stayed `alive` until its beats were
+    missed, and requests and session turns went to a closed port meanwhile."""
+    clock = ManualClock()
+    fakes = FakeWorkers({"w1": streaming(STREAM), "w2": streaming(STREAM, worker_id="w2")})
+    async with running_app(OPEN, fakes, clock) as client:
+        for worker_id in ("w1", "w2"):
+            assert (await register(client, heartbeat(worker_id, timestamp=clock.time()))).status_code == 200
+
+        async def states() -> dict[str, str]:
+            listing = (await client.get("/coordinator/health/workers")).json()["workers"]
+            return {w["worker_id"]: w["state"] for w in listing}
+
+        def leaving(worker_id: str, **over: Any) -> Any:
+            return heartbeat(worker_id, timestamp=clock.time(), **over).model_copy(update={"leaving": True})
+
+        # Not from where that id is registered: whoever beats from there is not leaving.
+        assert (await register(client, leaving("w1", url="http://evil.test"))).status_code == 200
+        assert await states() == {"w1": "alive", "w2": "alive"}
+        left = await register(client, leaving("w1"))
+        assert left.status_code == 200 and left.json()["state"] == "stale"
+        assert await states() == {"w1": "stale", "w2": "alive"}
+        before = len(fakes.calls)
+        answer = await client.post("/coordinator/infer", content=json.dumps({"prompt": "hi", "max_tokens": 2}))
+        assert answer.status_code == 200 and fakes.hosts_called()[before:] == ["w2"]
+        assert (await register(client, leaving("w3"))).status_code == 200  # unknown: nothing registered
+        assert "w3" not in await states() and "w3" not in fakes.probes
+        assert 'coordinator_heartbeats_total{outcome="leaving"} 3.0' in (await client.get("/metrics")).text
+
+
 async def test_with_the_token_a_worker_may_move() -> None:
     clock, fakes = ManualClock(), FakeWorkers({"w1": streaming(STREAM)}, ids={"w1b": "w1"})
     settings = Settings(heartbeat_interval=1.0, queue_size=0, worker_token="s3cret")

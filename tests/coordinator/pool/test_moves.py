@@ -143,3 +143,33 @@ async def test_a_session_whose_receiver_is_down_for_a_moment_is_moved_once_it_is
             await asyncio.sleep(0.01)
         assert taken == [("a", "", b"blob-a")] and held == []
         assert 'outcome="no_room"' not in (await client.get("/metrics")).text
+
+
+async def test_a_receiver_whose_port_refuses_is_out_of_the_pool_until_it_beats_again() -> None:
+    """A refused connection means nothing listens there: the restarting receiver is stale at once, so
+    no request is sent to it meanwhile, and the move goes on once its next heartbeat brings it back."""
+    held = [dict(SESSIONS[0])]
+    taken: list[tuple[str, str, bytes]] = []
+    clock = ManualClock()
+    fakes = FakeWorkers({"w1": source(held), "w2": target({"a"}, taken, "w2")})  # type: ignore[dict-item]
+    async with running_app(SETTINGS, fakes, clock) as client:
+        for worker_id in ("w1", "w2"):
+            assert (await register(client, heartbeat(worker_id, timestamp=clock.time()), "s3cret")).status_code == 200
+        fakes.gone.add("w2")  # killed
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=1, draining=True), "s3cret")
+        for _ in range(300):
+            if workers(await client.get("/coordinator/health/workers")).get("w2") == "stale":
+                break
+            await asyncio.sleep(0.01)
+        assert workers(await client.get("/coordinator/health/workers"))["w2"] == "stale" and taken == [] and held
+        fakes.gone.clear()
+        await register(client, heartbeat("w2", timestamp=clock.time()), "s3cret")  # restarted: it beats
+        for _ in range(300):
+            if not held:
+                break
+            await asyncio.sleep(0.01)
+        assert taken == [("a", "", b"blob-a")] and held == []
+
+
+def workers(listing: httpx.Response) -> dict[str, str]:
+    return {w["worker_id"]: w["state"] for w in listing.json()["workers"]}

@@ -193,6 +193,36 @@ def test_the_sessions_each_worker_lists_are_found_by_digest_until_it_stops_listi
     reg.remove("b")
     assert reg.holder(two) is None
 
+def test_a_lost_worker_is_stale_at_once_holds_no_session_and_is_removed_in_heartbeat_order() -> None:
+    from protocol.health import session_digest
+
+    removed: list[str] = []
+    reg = fresh(removed)
+    one = session_digest("", "one")
+    reg.upsert(heartbeat("early", timestamp=1), now=0.0)
+    reg.upsert(heartbeat("a", timestamp=1, sessions=1, held=[one]), now=1.0)
+    reg.upsert(heartbeat("b", timestamp=1), now=1.5)
+    reg.lost("a", now=2.0)  # it left, or refused a connection: 1 s after its beat, not 3
+    assert reg.get("a").state == STALE and reg.alive_count == 2  # type: ignore[union-attr]
+    assert reg.holder(one) is None and summed(reg) == recomputed(reg)
+    reg.lost("a", now=2.1)  # twice is once
+    reg.lost("nobody", now=2.1)
+    # Removed dead_after - stale_after after it was lost, and the stale list keeps heartbeat order:
+    # "early" (stale by its age at 3.0) goes first, and "a" is not held up behind it, nor it behind "a".
+    reg.sweep(3.0)
+    assert reg.get("early").state == STALE  # type: ignore[union-attr]
+    reg.sweep(4.99)
+    assert removed == []
+    reg.sweep(5.0)
+    assert removed == ["a"]
+    reg.sweep(6.0)
+    assert removed == ["a", "early"]
+    reg.upsert(heartbeat("b", timestamp=2), now=6.0)
+    reg.lost("b", now=6.5)
+    reg.upsert(heartbeat("b", timestamp=3, sessions=1, held=[one]), now=7.0)  # a heartbeat brings it back
+    assert reg.get("b").state == ALIVE and reg.holder(one) == "b"  # type: ignore[union-attr]
+
+
 def test_a_worker_other_coordinators_use_that_refused_as_full_counts_so_until_its_next_heartbeat() -> None:
     """What another coordinator's streams take from a worker shows here first as its refusal."""
     reg = fresh()

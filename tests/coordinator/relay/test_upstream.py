@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
 
-from coordinator.relay.upstream import AiohttpWorkerClient, WorkerStreamError, WorkerUnreachable
+from coordinator.relay.upstream import (
+    AiohttpWorkerClient,
+    WorkerRefused,
+    WorkerStreamError,
+    WorkerUnreachable,
+)
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.anyio
@@ -104,6 +110,26 @@ async def test_a_broken_body_is_a_stream_error(upstream: AiohttpWorkerClient) ->
         await response.close()
 
 
-async def test_nobody_listening_is_unreachable(upstream: AiohttpWorkerClient) -> None:
-    with pytest.raises(WorkerUnreachable):
-        await upstream.post(f"http://127.0.0.1:{free_port()}/worker/generate", b"{}", {})
+async def test_nobody_listening_is_a_refused_connection(upstream: AiohttpWorkerClient) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(WorkerRefused):
+        await upstream.post(url + "/worker/generate", b"{}", {})
+    with pytest.raises(WorkerRefused):
+        await upstream.get(url + "/worker/health")
+    with pytest.raises(WorkerRefused):
+        await upstream.exchange("GET", url + "/worker/sessions", {}, limit=100, timeout=1)
+
+
+async def test_a_timeout_is_unreachable_but_not_refused() -> None:
+    """A worker that is slow to accept may still be there: only a refusal marks it gone."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)  # never accepted: the answer never comes
+    client = AiohttpWorkerClient(max_connections=4, connect_timeout=0.2, read_timeout=0.2, keepalive_expiry=1)
+    try:
+        with pytest.raises(WorkerUnreachable) as caught:
+            await client.get(f"http://127.0.0.1:{listener.getsockname()[1]}/worker/health")
+        assert not isinstance(caught.value, WorkerRefused)
+    finally:
+        await client.close()
+        listener.close()
