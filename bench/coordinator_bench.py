@@ -45,8 +45,8 @@ from bench.processes import free_port, serving
 from coordinator.admission.demand import Demand
 from coordinator.app import create_app
 from coordinator.errors import CoordinatorError
-from coordinator.relay.upstream import WorkerResponse
 from coordinator.settings import Settings
+from coordinator.upstream import WorkerResponse
 from protocol.health import Heartbeat, WorkerLoad
 
 ROOT = Path(__file__).resolve().parent.parent

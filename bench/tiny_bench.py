@@ -184,8 +184,8 @@ def ceiling_child(model_path: Path, n: int, tokens: int, threads: int) -> dict[s
     import llama_cpp as ll
     import numpy as np
 
-    from worker.backends.base import Message
     from worker.backends.llama_model import Model
+    from worker.sessions.messages import Message
 
     model = Model(model_path)
     vocab = model.shape.n_vocab

@@ -308,8 +308,8 @@ def ceiling_child(n: int, tokens: int, threads: int, model_path: Path, sessions:
                   gpu_layers: int = -1) -> dict[str, Any]:
     import llama_cpp as ll
 
-    from worker.backends.base import Message
     from worker.backends.llama_model import Model
+    from worker.sessions.messages import Message
 
     model = Model(model_path, gpu_layers=gpu_layers)
     prompts = [model.tokenize(model.render_chat([Message("user", prompt_text(i))]), add_special=True)
@@ -578,8 +578,8 @@ def text_agreement(cells: list[Cell], args: argparse.Namespace) -> dict[str, str
 
 
 async def run_all(args: argparse.Namespace) -> list[Cell]:
-    from worker.backends.base import Message
     from worker.backends.llama_model import Model
+    from worker.sessions.messages import Message
 
     model = Model(args.model, gpu_layers=0)  # the bench's own copy: chat template, tokenizer, end tokens
     try:

@@ -26,11 +26,11 @@ from coordinator.errors import CoordinatorError
 from coordinator.gateway import Gateway
 from coordinator.ops import health, status_page
 from coordinator.ops.cors import Cors, parse_origins
-from coordinator.relay.upstream import WorkerClient
 from coordinator.settings import Settings
 from coordinator.state import CoordinatorState, build_state
 from coordinator.surfaces import embeddings, infer, openai, responses, sessions
 from coordinator.surfaces.sessions import PREFIX as SESSIONS_PREFIX
+from coordinator.upstream import WorkerClient
 from coordinator.validate import request_id_of
 from protocol import reasons
 from serving.edge import EdgeLimits

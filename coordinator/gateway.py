@@ -3,7 +3,7 @@
 Owns: that order, so every surface decides its status code before the first byte: resolve the model
 (pool/models.py), answer from the response cache (cache.py), admit in turn (admission/), lean on
 affinity (affinity/), rank (scheduling/), dispatch and relay (relay/), and account for the request
-however it ends (ops/requests.py). Also what ties the steps together: the reservation a request
+however it ends (relay/requests.py). Also what ties the steps together: the reservation a request
 holds from dispatch to its final event, and the guard that gives it back when a step after dispatch
 fails. An embedding request (`embed`) takes the same steps but the cache and affinity, with its own
 admission slots, queue and policy (it holds no sequence and no KV), and one JSON answer for a relay.

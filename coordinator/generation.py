@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coordinator.admission.demand import Demand
-from coordinator.affinity.sessions import SessionKey
 from protocol.worker import GenerateRequest
 
+SessionKey = tuple[str, str]  # (tenant, session id): ids are per tenant
 
 @dataclass(frozen=True, slots=True)
 class Generation:

@@ -27,7 +27,7 @@ from serving.edge import EdgeLimits, guarded_protocol
 from serving.server import DrainingServer
 
 if TYPE_CHECKING:
-    from coordinator.ops.readiness import Readiness
+    from coordinator.pool.readiness import Readiness
 
 log = logging.getLogger("coordinator")
 
@@ -90,7 +90,7 @@ class CoordinatorServer(DrainingServer):
     """A coordinator process that shares its port with siblings (REUSE_PORT) and has a port of its own.
 
     It serves its own port (heartbeats, metrics) from the start, and listens on the shared port only
-    once `readiness` says it knows the pool (coordinator/ops/readiness.py): until then the kernel
+    once `readiness` says it knows the pool (coordinator/pool/readiness.py): until then the kernel
     spreads no client connection to it, and its siblings serve them all. Measured before this: a
     coordinator restarted by start.sh took its share of connections at once, and 18 of 20 requests
     one second after the kill were refused `no_workers`.

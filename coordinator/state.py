@@ -23,19 +23,19 @@ from coordinator.affinity.sessions import SessionTable
 from coordinator.auth import ApiKeys
 from coordinator.cache import ResponseCache
 from coordinator.clock import Clock
-from coordinator.ops.metrics import CoordinatorMetrics
-from coordinator.ops.readiness import Readiness
-from coordinator.ops.requests import RequestLog
+from coordinator.metrics import CoordinatorMetrics
 from coordinator.pool.breaker import Breakers
 from coordinator.pool.moves import SessionMover
 from coordinator.pool.probe import PROBES_AT_ONCE, Probe
+from coordinator.pool.readiness import Readiness
 from coordinator.pool.registry import Registry
 from coordinator.relay.dispatch import Dispatcher
 from coordinator.relay.embeddings import EmbeddingDispatcher
+from coordinator.relay.requests import RequestLog
 from coordinator.relay.stream import Relay
-from coordinator.relay.upstream import AiohttpWorkerClient, WorkerClient
 from coordinator.scheduling import Policy
 from coordinator.settings import Settings
+from coordinator.upstream import AiohttpWorkerClient, WorkerClient
 
 
 @dataclass(slots=True)
@@ -134,7 +134,7 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
                                      max_attempts=settings.max_failover_attempts, timeout=settings.embedding_timeout,
                                      now=clock.monotonic, retry_after=settings.retry_after,
                                      worker_token=settings.worker_token),
-        mover=SessionMover(registry, sessions, client, metrics, worker_token=settings.worker_token,
+        mover=SessionMover(registry, sessions.remember, client, metrics, worker_token=settings.worker_token,
                            timeout=settings.session_move_timeout, max_bytes=settings.session_move_max_bytes,
                            deadline=settings.session_move_deadline, now=clock.monotonic),
         readiness=Readiness(clock=clock, join_wait=settings.join_after, workers=lambda: registry.alive_count,

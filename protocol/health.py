@@ -153,7 +153,7 @@ class Heartbeat(BaseModel):
     timestamp: float = Field(description="the worker's clock, Unix seconds, when the heartbeat was made")
     pool_workers: int = Field(default=0, ge=0, le=MAX_POOL_WORKERS, description="the most alive workers a coordinator "
                               "said it knows, in its last answer to this worker: a coordinator that has just "
-                              "started is ready once it knows as many (coordinator/ops/readiness.py)")
+                              "started is ready once it knows as many (coordinator/pool/readiness.py)")
     leaving: bool = Field(default=False, description="its last beat: the worker stops now (after its drain), so "
                           "the coordinator stops scheduling on it at once rather than when its beats stop")
 

@@ -3,7 +3,7 @@
 Owns: the HTTP call (`POST /worker/prefix` on the peer, with the pool's worker token), its bounds (the
 answer at most `kv_transfer_max_bytes`, the whole call within `peer_prefix_timeout`) and turning every
 failure into "no prefix": the request is then prefilled here, as it would have been without the hint.
-Must not: check or write the cells (worker/api/admission.py unpacks the blob and the engine writes it).
+Must not: check or write the cells (worker/admission.py unpacks the blob and the engine writes it).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import httpx
 
 from protocol import reasons
 from protocol.health import EmbeddingService, WorkerLoad, session_digest
-from worker.api.admission import Gate
+from worker.admission import Gate
 from worker.backends import build_embedding_context, build_engine
 from worker.backends.base import EngineBackend, ModelBackend
 from worker.engine.embedder import Embedder

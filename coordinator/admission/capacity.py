@@ -2,7 +2,7 @@
 
 Owns: `check` (reads only the registry's aggregates: no loop over workers, so a rejection costs the
 same with 1 or 1,000 workers), the reservation ledger and its running totals.
-Must not: choose a worker (scheduler.py) or talk to one (dispatch.py).
+Must not: choose a worker (scheduling/) or talk to one (relay/dispatch.py).
 
 A reservation lives from the moment a worker is chosen until its stream ends, whatever the ending.
 It first holds the upper bound from `Demand.tokens`, then the exact size once the worker reports

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from coordinator.admission.queue import AdmissionQueue, QueueClosed
 from coordinator.errors import CoordinatorError
-from coordinator.ops.metrics import CoordinatorMetrics
+from coordinator.metrics import CoordinatorMetrics
 from protocol import reasons
 
 T = TypeVar("T")

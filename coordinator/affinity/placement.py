@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from coordinator.affinity.conversations import ConversationTable, continuation_key, conversation_key
 from coordinator.affinity.prefixes import PrefixIndex
-from coordinator.affinity.sessions import SessionKey, SessionTable
-from coordinator.generation import Generation
+from coordinator.affinity.sessions import SessionTable
+from coordinator.generation import Generation, SessionKey
 from coordinator.pool.registry import Registry, WorkerRecord
 
 

@@ -3,7 +3,7 @@
 Owns: a bounded map from a session's key, (tenant, `session_id`), to worker id (least recently used
 entries are forgotten first). A session belongs to its tenant (coordinator/auth.py): another
 tenant's use of the same id names another session, so it can neither continue nor end this one.
-Must not: decide where a new session goes (scheduler.py) or talk to workers.
+Must not: decide where a new session goes (scheduling/) or talk to workers.
 
 With several coordinators, the workers' heartbeats say which worker holds each session
 (`held_by`, the registry's index of `protocol.health.WorkerLoad.held`): that answer comes first, so a
@@ -25,9 +25,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
+from coordinator.generation import SessionKey
 from protocol.health import session_digest
-
-SessionKey = tuple[str, str]  # (tenant, session id)
 
 
 class SessionTable:

@@ -28,10 +28,9 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 
-from coordinator.affinity.sessions import SessionTable
-from coordinator.ops.metrics import CoordinatorMetrics
+from coordinator.metrics import CoordinatorMetrics
 from coordinator.pool.registry import Registry, WorkerRecord
-from coordinator.relay.upstream import WorkerClient, WorkerRefused, WorkerUnreachable
+from coordinator.upstream import WorkerClient, WorkerRefused, WorkerUnreachable
 from protocol.health import SessionInfo, SessionList
 from protocol.worker import KV_MEDIA_TYPE, SESSIONS_PATH
 
@@ -44,12 +43,13 @@ DONE_REMEMBERED = 4096  # drained workers remembered as dealt with (older ones c
 
 
 class SessionMover:
-    def __init__(self, registry: Registry, sessions: SessionTable, client: WorkerClient, metrics: CoordinatorMetrics,
-                 *, worker_token: str | None, timeout: float, max_bytes: int, deadline: float,
-                 now: Callable[[], float]) -> None:
-        """`timeout`: one session's move, fetch and put; `deadline`: a draining worker's moves in all."""
+    def __init__(self, registry: Registry, moved: Callable[[tuple[str, str], str], None], client: WorkerClient,
+                 metrics: CoordinatorMetrics, *, worker_token: str | None, timeout: float, max_bytes: int,
+                 deadline: float, now: Callable[[], float]) -> None:
+        """`moved((tenant, session id), worker id)`: a session now lives on that worker (the affinity table remembers
+        it); `timeout`: one session's move, fetch and put; `deadline`: a draining worker's moves in all."""
         self._registry = registry
-        self._sessions = sessions
+        self._moved = moved
         self._client = client
         self._metrics = metrics
         self._auth = {"authorization": f"Bearer {worker_token}"} if worker_token else {}
@@ -163,7 +163,7 @@ class SessionMover:
             except WorkerUnreachable:
                 continue
             if status == 201:
-                self._sessions.remember((session.tenant, session.session_id), target.worker_id)
+                self._moved((session.tenant, session.session_id), target.worker_id)
                 try:  # the draining worker's copy: it would go with the worker anyway
                     ended = f"/{session.session_id}?tenant={session.tenant}"
                     await self._client.exchange("DELETE", url.rstrip("/") + SESSIONS_PATH + ended, self._auth,

@@ -19,7 +19,7 @@ import asyncio
 from pydantic import ValidationError
 
 from coordinator.errors import CoordinatorError
-from coordinator.relay.upstream import WorkerClient, WorkerUnreachable
+from coordinator.upstream import WorkerClient, WorkerUnreachable
 from protocol import reasons
 from protocol.health import WorkerHealth
 from protocol.worker import HEALTH_PATH

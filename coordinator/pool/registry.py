@@ -6,7 +6,7 @@ worker that serves embeddings offers `capacity` of them, less this coordinator's
 on it, `hold_embedding`); and *corrections*, the
 coordinator's in-flight reservations laid on top of a worker's last reported load until a later
 heartbeat shows them.
-Must not: decide admission, pick workers or do I/O (admission.py, scheduler.py, dispatch.py do).
+Must not: decide admission, pick workers or do I/O (admission/, scheduling/, relay/dispatch.py do).
 
 Why corrections: a heartbeat says what a worker held when it was made. A reservation made after
 that is invisible to it, so without a correction two requests in the same interval would both see
@@ -84,7 +84,7 @@ class WorkerRecord:
     breaker_failures: int = 0  # in a row
     breaker_trips: int = 0  # times opened since it last closed
     # The coordinator's own view, for the named routing policies.
-    in_flight: int = 0  # reservations held on it now (admission.py)
+    in_flight: int = 0  # reservations held on it now (admission/capacity.py)
     picked_at: float = 0.0  # when admission last reserved on it: score ties go to the least recent
     ttft_ewma: float | None = None  # recent time to first token, seconds (gateway.py)
     ttft_at: float = 0.0

@@ -5,7 +5,7 @@ response (which may still be an HTTP error: no byte has been sent before the str
 failure mid-generation becomes a status code, not an event). The supervisor (supervisor.py) runs it
 with the same ending rules as a streamed answer: the client leaving, a slow client, and a fault of
 its own, which the client hears as the surface's 500 error body.
-Must not: read the worker (relay.py) or shape the body (the surface's `assemble` does).
+Must not: read the worker (stream.py) or shape the body (the surface's `assemble` does).
 
 Bounded: the stream holds at most `n` x `max_tokens` token events (every choice's), which the
 request's validation bounds.

@@ -7,7 +7,7 @@ and released per attempt, turning a worker's refusal (a status, or an `error` ev
 refusals and unreachable workers move on to the next worker, and a worker that refused as full counts
 so until its next heartbeat: it knows of streams this coordinator does not, another coordinator's),
 and telling the breakers what each attempt said about its worker.
-Must not: relay events after the first one (relay.py) or rank workers (scheduler.py).
+Must not: relay events after the first one (stream.py) or rank workers (scheduling/).
 
 The client's status line waits for the worker's first token, not just its headers, so a worker that
 dies during prefill is still failed over: no byte has reached the client yet.
@@ -32,10 +32,10 @@ from pydantic import ValidationError
 from coordinator.admission.capacity import Admission, Reservation
 from coordinator.errors import STATUS_BY_REASON, CoordinatorError
 from coordinator.generation import Generation
-from coordinator.ops.metrics import CoordinatorMetrics
+from coordinator.metrics import CoordinatorMetrics
 from coordinator.pool.breaker import Breakers
 from coordinator.pool.registry import WorkerRecord
-from coordinator.relay.upstream import (
+from coordinator.upstream import (
     WorkerClient,
     WorkerRefused,
     WorkerResponse,

@@ -28,11 +28,11 @@ from pydantic import ValidationError
 from coordinator.admission.embeddings import EmbeddingAdmission
 from coordinator.embedding import Embedding
 from coordinator.errors import CoordinatorError
-from coordinator.ops.metrics import CoordinatorMetrics
+from coordinator.metrics import CoordinatorMetrics
 from coordinator.pool.breaker import Breakers
 from coordinator.pool.registry import WorkerRecord
 from coordinator.relay.dispatch import Failover, worker_refusal
-from coordinator.relay.upstream import (
+from coordinator.upstream import (
     WorkerClient,
     WorkerRefused,
     WorkerResponse,

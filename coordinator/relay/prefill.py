@@ -23,7 +23,7 @@ from coordinator.errors import CoordinatorError
 from coordinator.generation import Generation
 from coordinator.pool.registry import WorkerRecord
 from coordinator.relay.dispatch import Dispatcher, PrefixPeer
-from coordinator.relay.upstream import WorkerStreamError
+from coordinator.upstream import WorkerStreamError
 from protocol.worker import EVENT_DONE, EVENT_ERROR
 
 log = logging.getLogger("coordinator.requests")

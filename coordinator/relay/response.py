@@ -4,7 +4,7 @@ Owns: the SSE status line and headers, writing each event with a deadline, pings
 the `error` event a client gets when writing itself failed. What bytes an internal event becomes is
 the surface's `Encoder`; this module only writes them. How a stream ends (`Ending`), the client
 leaving and the call to `on_end` are the supervisor's (supervisor.py), shared with collect.py.
-Must not: read the worker (relay.py) or release reservations (the `on_end` callback does).
+Must not: read the worker (stream.py) or release reservations (the `on_end` callback does).
 
 Deliberate deviation from sse-starlette's EventSourceResponse: a slow client must be cut off
 without one more byte (the socket is full) and without an exception traceback, and the writer must

@@ -23,9 +23,9 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
-from coordinator.ops.metrics import CoordinatorMetrics
+from coordinator.metrics import CoordinatorMetrics
 from coordinator.relay.buffer import EventBuffer
-from coordinator.relay.upstream import WorkerStreamError
+from coordinator.upstream import WorkerStreamError
 from protocol import reasons
 from protocol.sse import SseEvent
 from protocol.worker import EVENT_DONE, EVENT_ERROR, EVENT_TOKEN, DoneEvent, ErrorEvent

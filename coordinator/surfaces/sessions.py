@@ -16,8 +16,8 @@ from fastapi import APIRouter, Request, Response
 
 from coordinator.auth import tenant_of
 from coordinator.errors import CoordinatorError
-from coordinator.relay.upstream import WorkerUnreachable
 from coordinator.state import CoordinatorState
+from coordinator.upstream import WorkerUnreachable
 from protocol import reasons
 from protocol.inference import ErrorBody
 from protocol.worker import SESSION_ID_PATTERN, SESSIONS_PATH

@@ -14,8 +14,8 @@ import httpx
 
 from coordinator.app import create_app
 from coordinator.clock import ManualClock
-from coordinator.relay.upstream import WorkerRefused, WorkerStreamError, WorkerUnreachable
 from coordinator.settings import Settings
+from coordinator.upstream import WorkerRefused, WorkerStreamError, WorkerUnreachable
 from protocol.health import EmbeddingService, Heartbeat, WorkerLoad
 
 MODEL = "smol"
@@ -66,7 +66,7 @@ Behaviour = Callable[[httpx.Request], httpx.Response]
 
 
 class _FakeResponse:
-    """`coordinator.relay.upstream.WorkerResponse` over an httpx response from a MockTransport."""
+    """`coordinator.upstream.WorkerResponse` over an httpx response from a MockTransport."""
 
     def __init__(self, response: httpx.Response) -> None:
         self._response = response
@@ -98,7 +98,7 @@ def _unreachable(exc: httpx.HTTPError) -> WorkerUnreachable:
 
 
 class FakeWorkerClient:
-    """`coordinator.relay.upstream.WorkerClient` whose network is fake workers' behaviours."""
+    """`coordinator.upstream.WorkerClient` whose network is fake workers' behaviours."""
 
     def __init__(self, client: httpx.AsyncClient) -> None:
         self._client = client

@@ -128,7 +128,7 @@ async def test_requests_that_cannot_be_served_are_never_queued() -> None:
 
 
 def test_refusal_log_rate_limit_allows_bursts_then_counts_what_it_leaves_out() -> None:
-    from coordinator.ops.requests import RateLimit
+    from coordinator.relay.requests import RateLimit
 
     limit = RateLimit(per_second=5)
     assert [limit.allow(0.0) for _ in range(8)] == [True] * 5 + [False] * 3

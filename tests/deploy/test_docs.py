@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from coordinator.ops.metrics import CoordinatorMetrics
+from coordinator.metrics import CoordinatorMetrics
 from tests.deploy.manifests import ROOT
 from worker.metrics import WorkerMetrics
 

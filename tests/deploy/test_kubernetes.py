@@ -182,7 +182,7 @@ def test_probe_paths_answer_on_real_apps() -> None:
     paths = {role: {c[kind]["httpGet"]["path"] for _, c in _containers(base) if role_of(c["command"]) == role
                     for kind in ("readinessProbe", "livenessProbe")} for role in ("coordinator", "worker")}
     assert "/coordinator/ready" in paths["coordinator"]  # not ready before it knows the pool
-    # JOIN_WAIT 0: a pool with no worker is known at once (tests/coordinator/ops/test_readiness.py waits).
+    # JOIN_WAIT 0: a pool with no worker is known at once (tests/coordinator/pool/test_readiness.py waits).
     with TestClient(coordinator_app(Settings(join_wait=0))) as client:
         for path in paths["coordinator"]:
             assert client.get(path).status_code == 200, path

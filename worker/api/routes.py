@@ -58,7 +58,7 @@ from protocol.worker import (
     Timings,
     Usage,
 )
-from worker.api.admission import Ticket
+from worker.admission import Ticket
 from worker.api.event_stream import EventStream, token_event
 from worker.engine.jobs import Failed, Finished, Job
 from worker.errors import WorkerError

@@ -1,6 +1,6 @@
 """Moving a kept session's KV between workers of the same model: `GET .../kv` exports it as a blob,
 `PUT .../kv` imports one as a kept session of this worker; `POST /worker/prefix` gives a peer the
-cells of the longest prefix of its prompt held here (worker/api/admission.py fetches them).
+cells of the longest prefix of its prompt held here (worker/admission.py fetches them).
 
 Owns: the two routes (worker token required, as on every route but health), their bounds (at most
 `kv_transfers` moves at once, 503 `transfers_full` past them; a blob at most `kv_transfer_max_bytes`,
@@ -41,9 +41,9 @@ from protocol.worker import (
     PrefixRequest,
 )
 from worker.api.routes import authorize, runtime_of
-from worker.backends.base import Message
 from worker.errors import WorkerError
 from worker.runtime import WorkerRuntime
+from worker.sessions.messages import Message
 from worker.sessions.transfer import TransferRefused, pack, unpack
 
 KV_PATH = SESSIONS_PATH + "/{session_id}/kv"

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
-    from worker.backends.base import EmbeddingContext, EngineBackend, ModelBackend
+    from worker.backends.base import EngineBackend, ModelBackend
+    from worker.engine.embedder import EmbeddingContext
     from worker.engine.jobs import EngineConfig, EngineObserver
     from worker.settings import WorkerSettings
 

@@ -2,8 +2,8 @@
 
 Owns: `ModelBackend` (what the edge needs of a model: its name and KV size, tokenizing, the chat
 template), `EngineBackend` (what the runtime and the edge need of an engine: submit a job, free
-and cancel sessions, its sizes and counts), `EmbeddingContext` (what the embedder's thread needs:
-token sequences in, unit vectors out), and the model-neutral types `Message` and `ModelShape`.
+and cancel sessions, its sizes and counts), and the model-neutral `ModelShape`. (What the embedder
+needs is `worker.engine.embedder.EmbeddingContext`; a turn of a chat is `worker.sessions.messages.Message`.)
 Must not: hold behaviour. The real backend is llama.cpp (`llama_model`, `llama_engine`); the
 simulated one (`simulated`) stands behind the same protocols for coordinator-scale benchmarks.
 """
@@ -14,9 +14,9 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from protocol.worker import CalledFunction, ToolUse
+from protocol.worker import ToolUse
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -24,16 +24,9 @@ if TYPE_CHECKING:
     from worker.backends.tool_format import ToolFormat
     from worker.engine.jobs import Job
     from worker.engine.sampling import Constraint
+    from worker.sessions.messages import Message
     from worker.sessions.table import Session, SessionTable
     from worker.sessions.transfer import Origin
-
-
-@dataclass(frozen=True)
-class Message:
-    role: str
-    content: str
-    tool_calls: tuple[CalledFunction, ...] = ()  # an assistant's turn: the functions it called
-    name: str | None = None  # a `tool` turn: the function whose result it is
 
 
 # No chat template in the GGUF (a base model): plain `role: text` turns, so chat requests still work,
@@ -172,23 +165,3 @@ class EngineBackend(Protocol):
         """The cells of the sequence holding the longest prefix of `tenant`'s `prompt` (at least
         `at_least` tokens), with what they hold; None when no sequence does."""
         ...
-
-
-Pooling = Literal["mean", "cls", "last"]
-
-
-class EmbeddingContext(Protocol):
-    """Turns token sequences into unit-length vectors. One thread uses it (worker/engine/embedder.py),
-    so an implementation may block: it never runs on the event loop."""
-
-    dimensions: int  # the length of every vector
-    max_tokens: int  # the most tokens one input, and one batch of inputs together, may have
-    max_inputs: int  # the most inputs one batch may have
-    pooling: Pooling  # how a sequence's token states become one vector
-
-    def embed(self, inputs: list[list[int]]) -> list[bytes]:
-        """One vector per input, in order: `dimensions` little-endian float32 values of unit length.
-        Within the bounds above, the inputs are computed together (one batch)."""
-        ...
-
-    def close(self) -> None: ...

@@ -23,8 +23,8 @@ from __future__ import annotations
 import llama_cpp as ll
 import numpy as np
 
-from worker.backends.base import Pooling
 from worker.backends.llama_model import Model
+from worker.engine.embedder import Pooling
 
 POOLING_NAMES: dict[int, Pooling] = {ll.LLAMA_POOLING_TYPE_MEAN: "mean", ll.LLAMA_POOLING_TYPE_CLS: "cls",
                  ll.LLAMA_POOLING_TYPE_LAST: "last"}

@@ -20,10 +20,11 @@ import jinja2
 import llama_cpp as ll
 
 from protocol.worker import ToolUse
-from worker.backends.base import PLAIN_TURN_STOP, Message, ModelShape, file_identity, plain_turns
+from worker.backends.base import PLAIN_TURN_STOP, ModelShape, file_identity, plain_turns
 from worker.backends.chat_template import ChatTemplate
 from worker.backends.tool_format import ToolFormat, format_of
 from worker.engine.grammar import Grammar, GrammarCompiler, LazyGrammar
+from worker.sessions.messages import Message
 
 _log = logging.getLogger("worker.llama")
 _GGML_LOG_LEVEL_WARN = 3

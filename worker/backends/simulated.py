@@ -30,13 +30,15 @@ import numpy as np
 
 from protocol import reasons
 from protocol.worker import ToolUse
-from worker.backends.base import Message, ModelShape, Pooling, plain_turns
+from worker.backends.base import ModelShape, plain_turns
 from worker.backends.tool_format import GENERIC
 from worker.engine.channel import TokenChannel
+from worker.engine.embedder import Pooling
 from worker.engine.endings import Endings, Progress, also_ending, cancel_session
 from worker.engine.jobs import EngineConfig, EngineObserver, Failed, Finished, Job, StreamItem
 from worker.engine.textstream import TextAssembler
 from worker.errors import ConstraintError, WorkerError
+from worker.sessions.messages import Message
 from worker.sessions.table import Session, SessionTable
 from worker.sessions.transfer import Origin
 

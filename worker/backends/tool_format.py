@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from protocol.worker import MAX_PARALLEL_CALLS, CalledFunction, ToolUse
-from worker.backends.base import Message
+from worker.sessions.messages import Message
 
 INSTRUCTIONS = ("You can call functions. To call one, answer with only a JSON object of the form "
                 '{"name": "<function name>", "arguments": {<arguments>}} and nothing else. ')

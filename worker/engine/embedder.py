@@ -1,6 +1,6 @@
 """The embedder: one thread that runs embedding requests through an `EmbeddingContext`, in turn.
 
-Owns: the bounded FIFO of embedding requests (`capacity` held at once, running or waiting: past it a
+Owns: what it needs of a backend (`EmbeddingContext`: token sequences in, unit vectors out), the bounded FIFO of embedding requests (`capacity` held at once, running or waiting: past it a
 request is refused at once with 503 `embeddings_full`), each request's deadline, the thread and its
 supervision, tokenizing each input and checking its length against the context, packing a request's
 inputs into as few batches as fit (`pack`), and handing each result back to the event loop.
@@ -26,12 +26,31 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal, Protocol
 
 from protocol import reasons
-from worker.backends.base import EmbeddingContext
 from worker.errors import WorkerError
 
 log = logging.getLogger("worker.embedder")
+
+
+Pooling = Literal["mean", "cls", "last"]
+
+
+class EmbeddingContext(Protocol):
+    """Turns token sequences into unit-length vectors. The embedder's one thread uses it, so an implementation may block: it never runs on the event loop."""
+
+    dimensions: int  # the length of every vector
+    max_tokens: int  # the most tokens one input, and one batch of inputs together, may have
+    max_inputs: int  # the most inputs one batch may have
+    pooling: Pooling  # how a sequence's token states become one vector
+
+    def embed(self, inputs: list[list[int]]) -> list[bytes]:
+        """One vector per input, in order: `dimensions` little-endian float32 values of unit length.
+        Within the bounds above, the inputs are computed together (one batch)."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class EmbeddingObserver:

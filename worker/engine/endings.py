@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from protocol import reasons
-from worker.backends.base import Message
 from worker.engine.channel import TokenChannel
 from worker.engine.jobs import EngineConfig, EngineObserver, Failed, Finished, Job, StreamItem
 from worker.engine.textstream import TextAssembler
+from worker.sessions.messages import Message
 from worker.sessions.table import Session
 
 Touched = set[TokenChannel[StreamItem]]

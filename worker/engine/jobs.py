@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from protocol.worker import GenerateRequest
-from worker.backends.base import Message
 from worker.engine.channel import TokenChannel
 from worker.engine.sampling import Constraint
 from worker.engine.textstream import Piece
+from worker.sessions.messages import Message
 from worker.sessions.table import Session
 
 

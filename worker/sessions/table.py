@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 from protocol import reasons
 from protocol.health import MAX_HELD_PREFIX_BLOCKS, SessionInfo
-from worker.backends.base import Message
 from worker.errors import WorkerError
+from worker.sessions.messages import Message
 
 
 def shared_prefix(a: list[int], b: list[int]) -> int:

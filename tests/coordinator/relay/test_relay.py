@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from coordinator.clock import SystemClock
-from coordinator.ops.metrics import CoordinatorMetrics
+from coordinator.metrics import CoordinatorMetrics
 from coordinator.relay.dispatch import worker_events
 from coordinator.relay.response import RelayResponse
 from coordinator.relay.stream import Relay
 from coordinator.relay.supervisor import Ending
-from coordinator.relay.upstream import WorkerStreamError
+from coordinator.upstream import WorkerStreamError
 from protocol.sse import SseEvent, SseParser
 from tests.coordinator.fakes import done, token
 from tests.sse import check_error_event

@@ -14,7 +14,7 @@ import pytest
 from tests.polling import wait_until
 from tests.sse import generate
 from tests.worker.server import RunningWorker, running_worker
-from worker.backends.base import Message
+from worker.sessions.messages import Message
 
 pytestmark = pytest.mark.model
 

@@ -16,8 +16,8 @@ from protocol.health import Heartbeat
 from tests.polling import wait_until
 from tests.sse import generate
 from tests.worker.server import RunningWorker, running_worker
-from worker.backends.base import Message
 from worker.backends.llama_engine import state_seq_size
+from worker.sessions.messages import Message
 
 pytestmark = pytest.mark.model
 

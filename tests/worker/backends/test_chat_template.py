@@ -11,10 +11,10 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from protocol.worker import GenerateRequest, ToolUse
 from tests.worker.backends.test_simulated import simulated_gate
-from worker.backends.base import Message
 from worker.backends.chat_template import ChatTemplate, TemplateRefusal
 from worker.backends.simulated import SimulatedModel
 from worker.errors import WorkerError
+from worker.sessions.messages import Message
 
 ALTERNATING = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
                "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant') }}"

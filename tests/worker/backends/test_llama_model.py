@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.backends.base import Message, ModelShape, file_identity
+from worker.backends.base import ModelShape, file_identity
+from worker.sessions.messages import Message
 
 pytestmark = pytest.mark.model
 

@@ -11,7 +11,7 @@ from protocol.worker import GenerateRequest
 from tests.polling import wait_until
 from tests.sse import generate
 from tests.worker.server import running_worker
-from worker.api.admission import Gate
+from worker.admission import Gate
 from worker.backends.simulated import SimulatedEngine, SimulatedModel
 from worker.engine.channel import TokenChannel
 from worker.engine.jobs import EngineConfig, Finished, Job, StreamItem

@@ -12,9 +12,9 @@ import pytest
 
 from protocol.worker import CalledFunction, ToolFunction, ToolUse
 from tests.tagged_model import TEMPLATE
-from worker.backends.base import Message
 from worker.backends.chat_template import ChatTemplate
 from worker.backends.tool_format import GENERIC, TAGGED, call_schema, format_of
+from worker.sessions.messages import Message
 
 WEATHER = ToolFunction(name="get_weather", description="The weather in a city.",
                        parameters={"type": "object", "properties": {"unit": {"enum": ["c", "f"]}}, "required": ["unit"]})

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from coordinator.clock import ManualClock
-from coordinator.ops.readiness import SETTLE, Readiness
+from coordinator.pool.readiness import SETTLE, Readiness
 from coordinator.settings import Settings
 from tests.coordinator.fakes import FakeWorkers, done, heartbeat, register, running_app, streaming, token
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from coordinator.errors import CoordinatorError
-from coordinator.ops.metrics import CoordinatorMetrics
+from coordinator.metrics import CoordinatorMetrics
 from coordinator.pool.registry import Registry
 from coordinator.relay.dispatch import OpenStream
 from coordinator.relay.stream import Outcome

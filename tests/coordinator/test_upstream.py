@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from coordinator.relay.upstream import (
+from coordinator.upstream import (
     AiohttpWorkerClient,
     WorkerRefused,
     WorkerStreamError,

@@ -3,7 +3,7 @@
 Owns: the connection pool to workers, its timeouts, and turning the HTTP library's errors into two
 of ours: `WorkerUnreachable` (no response at all; `WorkerRefused` when nothing listens at the address)
 and `WorkerStreamError` (the body broke).
-Must not: know what a request or an event means (dispatch.py and relay.py do).
+Must not: know what a request or an event means (relay/ does).
 
 Why aiohttp here when the rest of the project speaks httpx: this client carries every token of every
 stream, so its cost per read is the coordinator's cost per token. `python -m bench.upstream_bench`

@@ -25,7 +25,7 @@ from typing import Protocol
 
 from protocol import reasons
 from protocol.worker import EmbedRequest, GenerateRequest
-from worker.backends.base import EngineBackend, Message, ModelBackend
+from worker.backends.base import EngineBackend, ModelBackend
 from worker.backends.chat_template import TemplateRefusal
 from worker.engine.channel import TokenChannel
 from worker.engine.embedder import Embedded, Embedder
@@ -33,6 +33,7 @@ from worker.engine.jobs import ExtraChoice, Job, StreamItem
 from worker.engine.sampling import Constraint
 from worker.errors import ConstraintError, WorkerError
 from worker.naming import ModelNames
+from worker.sessions.messages import Message
 from worker.sessions.table import Admission, Session, SessionTable, shared_prefix
 from worker.sessions.transfer import TransferRefused, unpack
 
