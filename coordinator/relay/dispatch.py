@@ -164,16 +164,8 @@ class Dispatcher:
             except Failover as failover:
                 self._admission.release(reservation)
                 if failover.refused:
-                    self._breakers.settled(worker.worker_id)  # a capacity refusal is the worker working
                     self._admission.refused(reservation, failover.reason)
-                else:
-                    self._breakers.failed(worker.worker_id)
-                if isinstance(failover.__cause__, WorkerRefused):
-                    self._breakers.gone(worker.worker_id)
-                self._metrics.failovers.labels(reason=failover.reason).inc()
-                log.warning(json.dumps({"event": "failover", "request_id": valid.request_id,
-                                        "worker_id": worker.worker_id, "reason": failover.reason,
-                                        "detail": repr(failover.__cause__) if failover.__cause__ else None}))
+                judge_failover(failover, worker.worker_id, valid.request_id, self._breakers, self._metrics)
                 last, refused_only = failover, refused_only and failover.refused
                 continue
             except BaseException:
@@ -190,46 +182,82 @@ class Dispatcher:
 
     async def _attempt(self, worker: WorkerRecord, valid: Generation, res: Reservation,
                        hints: PrefixHints | None = None) -> OpenStream:
-        url = worker.url.rstrip("/") + GENERATE_PATH
-        response: WorkerResponse | None = None
-        admitted = False
+        started = _Started()
         try:
             async with asyncio.timeout(self._first_event_timeout):
-                body = valid.payload if hints is None else hints.payload_for(worker.worker_id, valid)
-                response = await self._client.post(url, body, _worker_headers(valid, res) | self._auth)
-                if response.status != 200:
-                    raise await worker_refusal(response)
-                events = worker_events(response.chunks())
-                first = await anext(events, None)
-                if first is not None and first.event == EVENT_ADMITTED:
-                    self._admission.confirm(res, AdmittedEvent.model_validate_json(first.data).prompt_tokens)
-                    admitted = True
-                    first = await anext(events, None)
-                elif first is not None and first.event == EVENT_ERROR:
-                    raise _refused_in_stream(first)  # refused while preparing: nothing ran
-        except (WorkerUnreachable, WorkerStreamError, ValidationError) as exc:
-            if response is not None:
-                await response.close()
-            reason = reasons.WORKER_UNAVAILABLE if response is None else reasons.WORKER_FAILED
-            raise Failover(reason, refused=False) from exc
-        except TimeoutError as exc:
-            if response is not None:
-                await response.close()
-            if response is not None and not admitted:
-                # The worker answered and kept pinging while it prepared the prompt (its tokenizers'
-                # queue, a release it waited for): this request's own wait, no verdict on the worker.
-                raise Failover(reasons.QUEUE_TIMEOUT, refused=True) from exc
-            reason = reasons.WORKER_UNAVAILABLE if response is None else reasons.WORKER_FAILED
-            raise Failover(reason, refused=False) from exc
-        except BaseException:
-            if response is not None:
-                await response.close()
-            raise
-        if first is None or first.event in (EVENT_ERROR, EVENT_ADMITTED) or not admitted:
+                await self._start(worker, valid, res, hints, started)
+        except BaseException as exc:
+            if started.response is not None:
+                await started.response.close()
+            failover = _failover_for(exc, started)
+            if failover is None:
+                raise
+            raise failover from exc
+        response, events, first = started.response, started.events, started.first
+        assert response is not None and events is not None
+        if first is None or first.event in (EVENT_ERROR, EVENT_ADMITTED) or not started.admitted:
             # Nothing reached the client yet, so another worker may still serve it.
             await response.close()
             raise Failover(reasons.WORKER_FAILED, refused=False)
         return OpenStream(worker, response, events, first, res, attempts=1)
+
+    async def _start(self, worker: WorkerRecord, valid: Generation, res: Reservation, hints: PrefixHints | None,
+                     started: _Started) -> None:
+        """Posts the request and reads up to its first token, noting each step in `started`."""
+        body = valid.payload if hints is None else hints.payload_for(worker.worker_id, valid)
+        response = await self._client.post(worker.url.rstrip("/") + GENERATE_PATH, body,
+                                           _worker_headers(valid, res) | self._auth)
+        started.response = response
+        if response.status != 200:
+            raise await worker_refusal(response)
+        started.events = events = worker_events(response.chunks())
+        first = await anext(events, None)
+        if first is not None and first.event == EVENT_ADMITTED:
+            self._admission.confirm(res, AdmittedEvent.model_validate_json(first.data).prompt_tokens)
+            started.admitted = True
+            first = await anext(events, None)
+        elif first is not None and first.event == EVENT_ERROR:
+            raise _refused_in_stream(first)  # refused while preparing: nothing ran
+        started.first = first
+
+
+@dataclass(slots=True)
+class _Started:
+    """How far an attempt got: the worker's answer, its events, whether it admitted the request."""
+
+    response: WorkerResponse | None = None
+    events: AsyncIterator[SseEvent] | None = None
+    first: SseEvent | None = None
+    admitted: bool = False
+
+
+def _failover_for(exc: BaseException, started: _Started) -> Failover | None:
+    """What an attempt that raised `exc` means for the next worker; None: `exc` stands as it is (a
+    refusal already decided, a cancel)."""
+    answered = started.response is not None
+    if isinstance(exc, TimeoutError) and answered and not started.admitted:
+        # The worker answered and kept pinging while it prepared the prompt (its tokenizers' queue, a
+        # release it waited for): this request's own wait, no verdict on the worker.
+        return Failover(reasons.QUEUE_TIMEOUT, refused=True)
+    if isinstance(exc, (WorkerUnreachable, WorkerStreamError, ValidationError, TimeoutError)):
+        return Failover(reasons.WORKER_FAILED if answered else reasons.WORKER_UNAVAILABLE, refused=False)
+    return None
+
+
+def judge_failover(failover: Failover, worker_id: str, request_id: str, breakers: Breakers,
+                   metrics: CoordinatorMetrics, **logged: object) -> None:
+    """The verdict an attempt that failed over gives its worker, counted and logged: a refusal (capacity,
+    a wait of the request's own) is the worker working; a refused connection means it is gone."""
+    if failover.refused:
+        breakers.settled(worker_id)
+    else:
+        breakers.failed(worker_id)
+    if isinstance(failover.__cause__, WorkerRefused):
+        breakers.gone(worker_id)
+    metrics.failovers.labels(reason=failover.reason).inc()
+    log.warning(json.dumps({"event": "failover", "request_id": request_id, "worker_id": worker_id,
+                            "reason": failover.reason, **logged,
+                            "detail": repr(failover.__cause__) if failover.__cause__ else None}))
 
 
 async def worker_refusal(response: WorkerResponse) -> Exception:

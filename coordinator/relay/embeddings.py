@@ -18,8 +18,6 @@ deadline at the rate it measures (worker/engine/embedder.py).
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -31,18 +29,15 @@ from coordinator.errors import CoordinatorError
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.pool.breaker import Breakers
 from coordinator.pool.registry import WorkerRecord
-from coordinator.relay.dispatch import Failover, worker_refusal
+from coordinator.relay.dispatch import Failover, judge_failover, worker_refusal
 from coordinator.upstream import (
     WorkerClient,
-    WorkerRefused,
     WorkerResponse,
     WorkerStreamError,
     WorkerUnreachable,
 )
 from protocol import reasons
 from protocol.worker import EMBED_PATH, PROTOCOL_HEADER, PROTOCOL_VERSION, REQUEST_ID_HEADER, EmbedResponse
-
-log = logging.getLogger("coordinator.requests")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,16 +78,8 @@ class EmbeddingDispatcher:
             try:
                 response = await self._attempt(worker, work, left)
             except Failover as failover:
-                if failover.refused:
-                    self._breakers.settled(worker.worker_id)
-                else:
-                    self._breakers.failed(worker.worker_id)
-                if isinstance(failover.__cause__, WorkerRefused):
-                    self._breakers.gone(worker.worker_id)
-                self._metrics.failovers.labels(reason=failover.reason).inc()
-                log.warning(json.dumps({"event": "failover", "request_id": work.request_id,
-                                        "worker_id": worker.worker_id, "reason": failover.reason, "embeddings": True,
-                                        "detail": repr(failover.__cause__) if failover.__cause__ else None}))
+                judge_failover(failover, worker.worker_id, work.request_id, self._breakers, self._metrics,
+                               embeddings=True)
                 last, refused_only = failover, refused_only and failover.refused
                 continue
             except BaseException:

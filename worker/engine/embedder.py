@@ -192,32 +192,42 @@ class Embedder:
         if request.abandoned:
             return None
         context = self.context
-        inputs = [self._tokenize(text) for text in request.texts]
-        for i, tokens in enumerate(inputs):
-            if not tokens:
-                raise WorkerError(400, reasons.INVALID_REQUEST, f"inputs.{i}: no tokens to embed")
-            if len(tokens) > context.max_tokens:
-                raise WorkerError(413, reasons.PROMPT_TOO_LONG, f"input {i} is {len(tokens)} tokens; this model "
-                                  f"embeds at most {context.max_tokens} tokens an input (--embedding-ctx)")
+        inputs = self._inputs(request.texts)
         total = left = sum(map(len, inputs))
         self._affordable(request, total, left)
         vectors: list[str] = []
         for batch in pack([len(t) for t in inputs], max_tokens=context.max_tokens, max_inputs=context.max_inputs):
             if request.abandoned or self._clock() > request.deadline:
                 return None  # its caller has answered 504 already, or is about to
-            started = time.perf_counter()
             chosen = [inputs[i] for i in batch]
-            vectors.extend(base64.b64encode(v).decode("ascii") for v in context.embed(chosen))
-            seconds = time.perf_counter() - started
-            embedded = sum(map(len, chosen))
-            self._observer.embedding_batch(len(chosen), embedded, seconds)
-            if seconds > 0:
-                measured = embedded / seconds
-                self.rate = measured if self.rate is None else self.rate + RATE_WEIGHT * (measured - self.rate)
-            left -= embedded
+            vectors.extend(self._batch(chosen))
+            left -= sum(map(len, chosen))
             if left:
                 self._affordable(request, total, left)  # the first request measures the rate as it goes
         return Embedded(vectors, [len(t) for t in inputs], context.dimensions)
+
+    def _inputs(self, texts: list[str]) -> list[list[int]]:
+        """Each text's tokens; 400 for one with none, 413 for one past the context's length."""
+        inputs = [self._tokenize(text) for text in texts]
+        for i, tokens in enumerate(inputs):
+            if not tokens:
+                raise WorkerError(400, reasons.INVALID_REQUEST, f"inputs.{i}: no tokens to embed")
+            if len(tokens) > self.context.max_tokens:
+                raise WorkerError(413, reasons.PROMPT_TOO_LONG, f"input {i} is {len(tokens)} tokens; this model "
+                                  f"embeds at most {self.context.max_tokens} tokens an input (--embedding-ctx)")
+        return inputs
+
+    def _batch(self, chosen: list[list[int]]) -> list[str]:
+        """One batch's vectors, base64; its time goes into the measured rate."""
+        started = time.perf_counter()
+        vectors = [base64.b64encode(v).decode("ascii") for v in self.context.embed(chosen)]
+        seconds = time.perf_counter() - started
+        embedded = sum(map(len, chosen))
+        self._observer.embedding_batch(len(chosen), embedded, seconds)
+        if seconds > 0:
+            measured = embedded / seconds
+            self.rate = measured if self.rate is None else self.rate + RATE_WEIGHT * (measured - self.rate)
+        return vectors
 
     def _affordable(self, request: _Request, tokens: int, left: int) -> None:
         """Refuses a request this context cannot finish in time at the rate it has measured, before any of

@@ -181,25 +181,13 @@ class SessionTable:
             if session is not None and session.busy:
                 raise WorkerError(409, reasons.SESSION_BUSY, f"session {session_id!r} is generating")
             freed: list[int] = []
-            held = session.reserved_tokens if session else 0
-            while self._reserved_tokens - held + need_tokens * choices > self.limits.capacity_tokens:
-                if not self._evict_one(keep=session, into=freed):
-                    raise WorkerError(503, reasons.KV_FULL, "not enough KV cache left for this request")
+            self._make_room(session, need_tokens * choices, 0 if session else choices, freed)
             extra: list[Session] = []
             if session is None:
-                while len(self._free_seq_ids) < choices:
-                    if not self._evict_one(keep=None, into=freed):
-                        raise WorkerError(503, reasons.SESSIONS_FULL, "every sequence slot is in use")
-                seq_id = self._take_seq(prompt, tenant)  # first: choice 0 may find its prompt cached
-                left = self._leftover.pop(seq_id, None)
-                session = Session(seq_id=seq_id, session_id=session_id, last_used=self._clock(), tenant=tenant,
-                                  tokens=left.tokens if left is not None and left.tenant == tenant else [])
-                self._live.add(session)
-                if session_id:
-                    self._named[(tenant, session_id)] = session
-                    self.on_named()
+                session = self._new_session(session_id, prompt, tenant)  # first: choice 0 may find its prompt
                 for _ in range(choices - 1):
-                    extra.append(self._open(self._take_seq((), tenant, beside=seq_id), tenant, need_tokens, stream_ref))
+                    seq_id = self._take_seq((), tenant, beside=session.seq_id)
+                    extra.append(self._open(seq_id, tenant, need_tokens, stream_ref))
                     extra[-1].prefix_blocks = prefix_blocks
             else:
                 self._idle_lru.pop(session.seq_id, None)
@@ -209,6 +197,30 @@ class SessionTable:
             session.busy = True
             session.stream_ref = stream_ref
             return Admission(session, tuple(freed), tuple(extra))
+
+    def _make_room(self, session: Session | None, tokens: int, sequences: int, freed: list[int]) -> None:
+        """Evicts idle named sessions (never `session`, whose reservation is counted as free) until
+        `tokens` of KV and `sequences` free sequences are left, or raises 503. Under the lock."""
+        held = session.reserved_tokens if session else 0
+        while self._reserved_tokens - held + tokens > self.limits.capacity_tokens:
+            if not self._evict_one(keep=session, into=freed):
+                raise WorkerError(503, reasons.KV_FULL, "not enough KV cache left for this request")
+        while len(self._free_seq_ids) < sequences:
+            if not self._evict_one(keep=None, into=freed):
+                raise WorkerError(503, reasons.SESSIONS_FULL, "every sequence slot is in use")
+
+    def _new_session(self, session_id: str | None, prompt: list[int] | tuple[int, ...], tenant: str) -> Session:
+        """A session on the free sequence that fits `prompt` best (`_take_seq`), knowing what its cells
+        hold when they are this tenant's; named, when it has an id. Under the lock."""
+        seq_id = self._take_seq(prompt, tenant)
+        left = self._leftover.pop(seq_id, None)
+        session = Session(seq_id=seq_id, session_id=session_id, last_used=self._clock(), tenant=tenant,
+                          tokens=left.tokens if left is not None and left.tenant == tenant else [])
+        self._live.add(session)
+        if session_id:
+            self._named[(tenant, session_id)] = session
+            self.on_named()
+        return session
 
     def _open(self, seq_id: int, tenant: str, need_tokens: int, stream_ref: int | None) -> Session:
         """A busy one-shot session of a further choice on `seq_id`: empty whatever its cells held (the
@@ -236,13 +248,30 @@ class SessionTable:
         (or joins two); any other id adds one, and is taken only when none is next to one (an idle
         worker's first request may take any). `beside`: a sequence to count as running (a request's
         first choice, while its further ones are placed)."""
+        fitting = self._fewest_runs(beside)
+        best = self._best_leftover(fitting, prompt, tenant)
+        if best < 0:
+            # No match: an empty sequence (the lowest) rather than one whose cells a later prompt may
+            # still want; when every fitting one holds some, the one freed longest ago.
+            empty = [i for i in fitting if i not in self._leftover]
+            best = min(empty) if empty else next(i for i in self._leftover if i in fitting)
+        self._free_seq_ids.remove(best)
+        heapq.heapify(self._free_seq_ids)
+        return best
+
+    def _fewest_runs(self, beside: int | None) -> set[int]:
+        """The free sequence ids that add the fewest runs of consecutive running ids (`_take_seq`)."""
         running = {s.seq_id for s in self._live if s.busy} | ({beside} if beside is not None else set())
 
         def runs_added(seq_id: int) -> int:
             return 1 - (seq_id - 1 in running) - (seq_id + 1 in running)
 
         fewest = min(runs_added(i) for i in self._free_seq_ids)
-        fitting = {i for i in self._free_seq_ids if runs_added(i) == fewest}
+        return {i for i in self._free_seq_ids if runs_added(i) == fewest}
+
+    def _best_leftover(self, fitting: set[int], prompt: list[int] | tuple[int, ...], tenant: str) -> int:
+        """Of `fitting`, the sequence whose leftover cells of `tenant` share the longest prefix with
+        `prompt`, at least half of it (or 256 tokens); -1 when none does."""
         best, best_len = -1, max(1, min(256, (len(prompt) + 1) // 2))
         wanted = list(prompt)
         for seq_id, left in self._leftover.items():
@@ -251,13 +280,6 @@ class SessionTable:
             n = shared_prefix(left.tokens, wanted)
             if n >= best_len:
                 best, best_len = seq_id, n
-        if best < 0:
-            # No match: an empty sequence (the lowest) rather than one whose cells a later prompt may
-            # still want; when every fitting one holds some, the one freed longest ago.
-            empty = [i for i in fitting if i not in self._leftover]
-            best = min(empty) if empty else next(i for i in self._leftover if i in fitting)
-        self._free_seq_ids.remove(best)
-        heapq.heapify(self._free_seq_ids)
         return best
 
     def prefix_source(self, prompt: list[int], *, tenant: str, at_least: int,
