@@ -13,10 +13,11 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Mapping, Sequence
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from coordinator.scheduling import catalog
+from coordinator.scheduling.plugin import GENERATION
 from coordinator.scheduling.policy import DEFAULT_SCORERS, parse_scorers
 from protocol.health import JOIN_SETTLE
 from protocol.worker import MAX_CHOICES, PING_INTERVAL
@@ -89,10 +90,11 @@ class Settings(BaseModel):
     retry_after: int = Field(default=1, ge=0, description="seconds in the Retry-After header of a 503")
     scorers: str = Field(
         default=DEFAULT_SCORERS, max_length=512,
-        description="scheduling scorers and their weights, name:weight,... (session_load, kv_load, prefix)")
-    routing_policy: Literal["score", "round-robin", "least-connections", "random", "least-latency"] = Field(
+        description="scheduling scorers and their weights, name:weight,... "
+        f"({', '.join(catalog.named(GENERATION, catalog.scorers()))})")
+    routing_policy: str = Field(
         default="score", description="how eligible workers are ordered: score (the weighted scorers), "
-        "round-robin, least-connections, random, least-latency")
+        f"{', '.join(name for name in catalog.pickers() if name != 'score')}")
     routing_seed: int = Field(default=0, ge=0, description="seed of the random policy's draws")
     latency_half_life: float = Field(default=10.0, gt=0,
                                      description="least-latency: seconds for an idle worker's TTFT average to halve")
@@ -173,6 +175,13 @@ class Settings(BaseModel):
     @classmethod
     def _scorers_known(cls, value: str) -> str:
         parse_scorers(value)
+        return value
+
+    @field_validator("routing_policy")
+    @classmethod
+    def _routing_known(cls, value: str) -> str:
+        if value not in catalog.pickers():
+            raise ValueError(f"unknown routing policy {value!r} (known: {', '.join(catalog.pickers())})")
         return value
 
     @model_validator(mode="after")

@@ -12,42 +12,24 @@ Must not: do I/O, read a clock or random source it was not given, or change the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from coordinator.scheduling import catalog
 from coordinator.scheduling.filters import Filter
 from coordinator.scheduling.filters.alive import Alive
-from coordinator.scheduling.filters.breaker_closed import BreakerClosed
-from coordinator.scheduling.filters.embedding_room import EmbeddingRoom
-from coordinator.scheduling.filters.kv_room import KvRoom
-from coordinator.scheduling.filters.not_draining import NotDraining
-from coordinator.scheduling.filters.serves_embeddings import ServesEmbeddings
 from coordinator.scheduling.filters.serves_model import ServesModel
-from coordinator.scheduling.filters.session_room import SessionRoom
 from coordinator.scheduling.pickers import Picker
-from coordinator.scheduling.pickers.least_connections import LeastConnections
-from coordinator.scheduling.pickers.least_latency import LeastLatency
-from coordinator.scheduling.pickers.random_pick import RandomPick
-from coordinator.scheduling.pickers.round_robin import RoundRobin
 from coordinator.scheduling.pickers.score import ByScore
+from coordinator.scheduling.plugin import EMBEDDINGS, GENERATION, Options
 from coordinator.scheduling.scorers import Scorer
-from coordinator.scheduling.scorers.embedding_load import EmbeddingLoad
-from coordinator.scheduling.scorers.kv_load import KvLoad
-from coordinator.scheduling.scorers.prefix import Prefix
-from coordinator.scheduling.scorers.session_load import SessionLoad
 from coordinator.scheduling.view import Decision, Request, WorkerView
 from protocol import reasons
 
-# Every scorer a policy may name in settings, by name.
-SCORERS: dict[str, Callable[[], Scorer]] = {"session_load": SessionLoad, "kv_load": KvLoad, "prefix": Prefix}
 DEFAULT_SCORERS = "session_load:0.6,kv_load:0.4"
 # Embedding requests: half their own queue's load, half the decode loop's (sequences in use), since an
 # embedding batch and a decode step compete for the same cores.
-EMBEDDING_SCORERS: tuple[tuple[Scorer, float], ...] = ((EmbeddingLoad(), 0.5), (SessionLoad(), 0.5))
-# Every named routing policy (`--routing-policy`), by name; `score` is the default.
-PICKERS: dict[str, Callable[[], Picker]] = {"score": ByScore, "round-robin": RoundRobin,
-                                             "least-connections": LeastConnections, "random": RandomPick,
-                                             "least-latency": LeastLatency}
+EMBEDDING_SCORERS = "embedding_load:0.5,session_load:0.5"
 
 
 @dataclass(frozen=True)
@@ -62,21 +44,23 @@ class Policy:
     @classmethod
     def build(cls, *, stale_after: float, scorers: str = DEFAULT_SCORERS, balance_threshold: float = 0.3,
               routing: str = "score", latency_half_life: float = 10.0) -> Policy:
-        filters: tuple[Filter, ...] = (Alive(stale_after), ServesModel(), NotDraining(), BreakerClosed(),
-                                       SessionRoom(), KvRoom())
-        if routing not in PICKERS:
-            raise ValueError(f"unknown routing policy {routing!r} (known: {', '.join(PICKERS)})")
-        picker = LeastLatency(latency_half_life) if routing == "least-latency" else PICKERS[routing]()
-        return cls(filters, parse_scorers(scorers), balance_threshold, picker)
+        """The policy of generations: every filter registered for them, in order (catalog.py), the
+        scorers `scorers` names with their weights, and the picker `routing` names."""
+        options = Options(stale_after=stale_after, latency_half_life=latency_half_life)
+        filters = _filters(GENERATION, options)
+        pickers = catalog.pickers()
+        if routing not in pickers:
+            raise ValueError(f"unknown routing policy {routing!r} (known: {', '.join(pickers)})")
+        return cls(filters, parse_scorers(scorers, options), balance_threshold, pickers[routing].build(options))
 
     @classmethod
     def build_embeddings(cls, *, stale_after: float, routing: str = "score",
                          latency_half_life: float = 10.0) -> Policy:
         """The policy of embedding requests: only workers that embed and have a free embedding slot."""
-        filters: tuple[Filter, ...] = (Alive(stale_after), ServesModel(), ServesEmbeddings(), NotDraining(),
-                                       BreakerClosed(), EmbeddingRoom())
+        options = Options(stale_after=stale_after, latency_half_life=latency_half_life)
         generation = cls.build(stale_after=stale_after, routing=routing, latency_half_life=latency_half_life)
-        return cls(filters, EMBEDDING_SCORERS, picker=generation.picker)
+        return cls(_filters(EMBEDDINGS, options), parse_scorers(EMBEDDING_SCORERS, options, kind=EMBEDDINGS),
+                   picker=generation.picker)
 
     def uses(self, name: str) -> bool:
         return any(s.name == name for s, _ in self.scorers)
@@ -127,7 +111,7 @@ class Policy:
         Only liveness and the model are checked: the session already holds its slot, and the worker
         itself answers 503/413 if the next turn does not fit.
         """
-        alive, model = self.filters[0], ServesModel()
+        alive, model = next(f for f in self.filters if isinstance(f, Alive)), ServesModel()
         for w in workers:
             if w.worker_id == request.session_worker:
                 if alive.keep(request, w, now) and model.keep(request, w, now):
@@ -137,22 +121,29 @@ class Policy:
         return Decision(reason=reasons.UNKNOWN_SESSION)
 
 
-def parse_scorers(spec: str) -> tuple[tuple[Scorer, float], ...]:
+def parse_scorers(spec: str, options: Options | None = None, *,
+                  kind: str = GENERATION) -> tuple[tuple[Scorer, float], ...]:
     """`name:weight,...` -> scorers with their weights; a ValueError names what is wrong."""
+    known = catalog.named(kind, catalog.scorers())
     out: list[tuple[Scorer, float]] = []
     for item in (part.strip() for part in spec.split(",")):
         if not item:
             continue
         name, sep, weight = item.partition(":")
-        if name not in SCORERS:
-            raise ValueError(f"unknown scorer {name!r} (known: {', '.join(SCORERS)})")
+        if name not in known:
+            raise ValueError(f"unknown scorer {name!r} (known: {', '.join(known)})")
         try:
             value = float(weight) if sep else 1.0
         except ValueError:
             raise ValueError(f"scorer {name!r}: weight {weight!r} is not a number") from None
         if not 0.0 <= value <= 100.0:
             raise ValueError(f"scorer {name!r}: weight must be between 0 and 100")
-        out.append((SCORERS[name](), value))
+        out.append((catalog.scorers()[name].build(options or Options()), value))
     if not out:
         raise ValueError("at least one scorer is needed")
     return tuple(out)
+
+
+def _filters(kind: str, options: Options) -> tuple[Filter, ...]:
+    found = catalog.filters()
+    return tuple(found[name].build(options) for name in catalog.named(kind, found))

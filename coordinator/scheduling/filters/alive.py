@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coordinator.scheduling.plugin import BOTH, Plugin
 from coordinator.scheduling.view import Request, WorkerView
 from protocol import reasons
 
@@ -15,3 +16,6 @@ class Alive:
 
     def keep(self, request: Request, worker: WorkerView, now: float) -> bool:
         return now - worker.last_seen < self.stale_after
+
+
+PLUGIN = Plugin("alive", lambda options: Alive(options.stale_after), kinds=BOTH, order=10)

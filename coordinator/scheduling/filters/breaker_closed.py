@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coordinator.scheduling.plugin import BOTH, Plugin
 from coordinator.scheduling.view import Request, WorkerView
 from protocol import reasons
 
@@ -15,3 +16,6 @@ class BreakerClosed:
 
     def keep(self, request: Request, worker: WorkerView, now: float) -> bool:
         return worker.breaker_open_until <= now and not worker.breaker_probing
+
+
+PLUGIN = Plugin("breaker_closed", lambda options: BreakerClosed(), kinds=BOTH, order=40)

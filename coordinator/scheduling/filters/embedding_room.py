@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coordinator.scheduling.plugin import EMBEDDINGS, Plugin
 from coordinator.scheduling.view import Request, WorkerView
 from protocol import reasons
 
@@ -16,3 +17,6 @@ class EmbeddingRoom:
 
     def keep(self, request: Request, worker: WorkerView, now: float) -> bool:
         return worker.embedding_requests < worker.embedding_capacity
+
+
+PLUGIN = Plugin("embedding_room", lambda options: EmbeddingRoom(), kinds=frozenset({EMBEDDINGS}), order=50)

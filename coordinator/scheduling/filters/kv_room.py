@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coordinator.scheduling.plugin import Plugin
 from coordinator.scheduling.view import Request, WorkerView
 from protocol import reasons
 
@@ -17,3 +18,6 @@ class KvRoom:
     def keep(self, request: Request, worker: WorkerView, now: float) -> bool:
         need = request.demand.tokens(worker.session_max_tokens) * worker.bytes_per_token
         return worker.kv_capacity_bytes - worker.kv_reserved_bytes + worker.idle_kv_bytes >= need
+
+
+PLUGIN = Plugin("kv_room", lambda options: KvRoom(), order=60)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coordinator.scheduling.plugin import BOTH, Plugin
 from coordinator.scheduling.view import Request, WorkerView
 from protocol import reasons
 
@@ -14,3 +15,6 @@ class NotDraining:
 
     def keep(self, request: Request, worker: WorkerView, now: float) -> bool:
         return not worker.draining
+
+
+PLUGIN = Plugin("not_draining", lambda options: NotDraining(), kinds=BOTH, order=30)

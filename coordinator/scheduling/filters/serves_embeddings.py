@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coordinator.scheduling.plugin import EMBEDDINGS, Plugin
 from coordinator.scheduling.view import Request, WorkerView
 from protocol import reasons
 
@@ -14,3 +15,6 @@ class ServesEmbeddings:
 
     def keep(self, request: Request, worker: WorkerView, now: float) -> bool:
         return worker.embedding_capacity > 0
+
+
+PLUGIN = Plugin("serves_embeddings", lambda options: ServesEmbeddings(), kinds=frozenset({EMBEDDINGS}), order=25)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coordinator.scheduling.plugin import BOTH, Plugin
 from coordinator.scheduling.view import Request, WorkerView
 from protocol import reasons
 
@@ -14,3 +15,6 @@ class ServesModel:
 
     def keep(self, request: Request, worker: WorkerView, now: float) -> bool:
         return request.model is None or worker.model == request.model
+
+
+PLUGIN = Plugin("serves_model", lambda options: ServesModel(), kinds=BOTH, order=20)

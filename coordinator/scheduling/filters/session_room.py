@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coordinator.scheduling.plugin import Plugin
 from coordinator.scheduling.view import Request, WorkerView
 from protocol import reasons
 
@@ -17,3 +18,6 @@ class SessionRoom:
     def keep(self, request: Request, worker: WorkerView, now: float) -> bool:
         need = request.demand.sessions
         return need == 0 or worker.sessions - worker.idle_sessions + need <= worker.max_sessions
+
+
+PLUGIN = Plugin("session_room", lambda options: SessionRoom(), order=50)

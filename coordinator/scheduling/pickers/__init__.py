@@ -2,8 +2,8 @@
 
 A picker is `rank(request, workers, scores, now) -> workers best first`; `scores` are the weighted
 scorers' totals (lower is better), which only the `score` picker uses. Each named routing policy
-(`--routing-policy`) is one picker in its own module; adding one means adding a module and its name
-to `PICKERS` in policy.py. Pickers are pure: state they need (a turn counter, a random source, counts,
+(`--routing-policy`) is one picker in its own module, which registers it by name (`PLUGIN`, see
+scheduling/plugin.py); adding one is adding its module and its test. Pickers are pure: state they need (a turn counter, a random source, counts,
 latencies) comes in on the request or the worker views.
 """
 

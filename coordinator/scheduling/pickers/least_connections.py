@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from coordinator.scheduling.plugin import Plugin
 from coordinator.scheduling.view import Request, WorkerView
 
 
@@ -16,3 +17,6 @@ class LeastConnections:
     def rank(self, request: Request, workers: Sequence[WorkerView], scores: Mapping[str, float],
              now: float) -> list[WorkerView]:
         return sorted(workers, key=lambda w: (w.in_flight, w.worker_id))
+
+
+PLUGIN = Plugin("least-connections", lambda options: LeastConnections())

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from coordinator.scheduling.plugin import Plugin
 from coordinator.scheduling.view import Request, WorkerView
 
 
@@ -31,3 +32,6 @@ class LeastLatency:
     def rank(self, request: Request, workers: Sequence[WorkerView], scores: Mapping[str, float],
              now: float) -> list[WorkerView]:
         return sorted(workers, key=lambda w: (self.latency(w, now) * (1 + w.in_flight), w.in_flight, w.worker_id))
+
+
+PLUGIN = Plugin("least-latency", lambda options: LeastLatency(options.latency_half_life))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from coordinator.scheduling.plugin import Plugin
 from coordinator.scheduling.view import Request, WorkerView
 
 
@@ -20,3 +21,6 @@ class RandomPick:
             return ordered
         request.rng.shuffle(ordered)
         return ordered
+
+
+PLUGIN = Plugin("random", lambda options: RandomPick())

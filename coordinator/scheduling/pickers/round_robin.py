@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from coordinator.scheduling.plugin import Plugin
 from coordinator.scheduling.view import Request, WorkerView
 
 
@@ -18,3 +19,6 @@ class RoundRobin:
         ordered = sorted(workers, key=lambda w: w.worker_id)
         start = request.turn % len(ordered)
         return ordered[start:] + ordered[:start]
+
+
+PLUGIN = Plugin("round-robin", lambda options: RoundRobin())

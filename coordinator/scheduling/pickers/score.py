@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from coordinator.scheduling.plugin import Plugin
 from coordinator.scheduling.view import Request, WorkerView
 
 
@@ -17,3 +18,6 @@ class ByScore:
     def rank(self, request: Request, workers: Sequence[WorkerView], scores: Mapping[str, float],
              now: float) -> list[WorkerView]:
         return sorted(workers, key=lambda w: (scores[w.worker_id], w.picked_at, w.worker_id))
+
+
+PLUGIN = Plugin("score", lambda options: ByScore())

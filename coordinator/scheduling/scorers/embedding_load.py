@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coordinator.scheduling.plugin import EMBEDDINGS, Plugin
 from coordinator.scheduling.view import Request, WorkerView
 
 
@@ -13,3 +14,6 @@ class EmbeddingLoad:
 
     def score(self, request: Request, worker: WorkerView) -> float:
         return min(1.0, worker.embedding_requests / worker.embedding_capacity) if worker.embedding_capacity else 1.0
+
+
+PLUGIN = Plugin("embedding_load", lambda options: EmbeddingLoad(), kinds=frozenset({EMBEDDINGS}))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coordinator.scheduling.plugin import Plugin
 from coordinator.scheduling.view import Request, WorkerView
 
 
@@ -13,3 +14,6 @@ class KvLoad:
 
     def score(self, request: Request, worker: WorkerView) -> float:
         return min(1.0, worker.kv_reserved_bytes / worker.kv_capacity_bytes)
+
+
+PLUGIN = Plugin("kv_load", lambda options: KvLoad())

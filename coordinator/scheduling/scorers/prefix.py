@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coordinator.scheduling.plugin import Plugin
 from coordinator.scheduling.view import Request, WorkerView
 
 
@@ -15,3 +16,6 @@ class Prefix:
 
     def score(self, request: Request, worker: WorkerView) -> float:
         return 1.0 - request.prefix_match.get(worker.worker_id, 0.0)
+
+
+PLUGIN = Plugin("prefix", lambda options: Prefix())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coordinator.scheduling.plugin import BOTH, Plugin
 from coordinator.scheduling.view import Request, WorkerView
 
 
@@ -13,3 +14,6 @@ class SessionLoad:
 
     def score(self, request: Request, worker: WorkerView) -> float:
         return min(1.0, worker.sessions / worker.max_sessions)
+
+
+PLUGIN = Plugin("session_load", lambda options: SessionLoad(), kinds=BOTH)
