@@ -15,15 +15,21 @@ from protocol.worker import SESSIONS_PATH
 from serving.edge import EdgeLimits, guarded_protocol
 from serving.server import DrainingServer
 from worker.api.app import create_app
+from worker.backends import backends
 from worker.runtime import WorkerRuntime
 from worker.settings import WorkerSettings
 
 
 def main(argv: list[str] | None = None) -> int:
+    engines = list(backends())
     try:
-        settings = WorkerSettings.load(argv)
+        settings = WorkerSettings.load(argv, engines=engines)
     except ValidationError as exc:
         print(f"llm-worker: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    if settings.engine not in engines:  # from the environment, which argparse's choices do not see
+        print(f"llm-worker: invalid settings: engine {settings.engine!r} is none of {', '.join(engines)}",
+              file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     app = create_app(settings, on_load_failure=lambda: os.kill(os.getpid(), signal.SIGTERM))

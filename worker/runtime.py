@@ -21,10 +21,11 @@ from protocol import reasons
 from protocol.health import EmbeddingService, WorkerLoad, session_digest
 from worker.admission import Gate
 from worker.backends import build_embedding_context, build_engine
-from worker.backends.base import EngineBackend, ModelBackend
+from worker.backends.base import EngineBackend, KvTransfer, ModelBackend, PrefixExport
 from worker.engine.embedder import Embedder
 from worker.engine.jobs import EngineConfig, Failed, Job
 from worker.engine.pacing import CPU_CHUNK, GPU_CHUNK
+from worker.errors import WorkerError
 from worker.heartbeat import HeartbeatSender
 from worker.metrics import WorkerMetrics
 from worker.naming import ModelNames
@@ -60,6 +61,9 @@ class WorkerRuntime:
                               prefix_min_tokens=settings.prefix_min_tokens)
         # The table is sized from the context llama.cpp actually made, not from what we asked for.
         self.engine: EngineBackend = build_engine(settings, model, config, observer=metrics, clock=clock)
+        # What it can do beyond every engine's part (backends/base.py), found once.
+        self._cells = self.engine if isinstance(self.engine, KvTransfer) else None
+        self._prefixes = self.engine if isinstance(self.engine, PrefixExport) else None
         limits = KvLimits(capacity_tokens=self.engine.ctx_tokens,
                           session_max_tokens=min(settings.session_max_tokens, self.engine.seq_tokens,
                                                  model.shape.n_ctx_train),
@@ -89,6 +93,21 @@ class WorkerRuntime:
             sessions=lambda: self.table.stats()[0], expired=lambda: self.table.expired_total,
             evicted=lambda: self.table.evicted_total,
             embeddings_held=lambda: self.embedder.held if self.embedder is not None else 0)
+
+    def cells(self) -> KvTransfer:
+        """The engine, as one whose cells can move; 400 when its backend cannot (checked per call, from
+        what `isinstance` found at start)."""
+        if self._cells is None:
+            raise WorkerError(400, reasons.INVALID_REQUEST, f"this worker's engine ({self.settings.engine}) holds no "
+                              "KV cells that can move")
+        return self._cells
+
+    def prefix_cells(self) -> PrefixExport:
+        """The engine, as one that exports a prompt's prefix; 400 when its backend cannot."""
+        if self._prefixes is None:
+            raise WorkerError(400, reasons.INVALID_REQUEST, f"this worker's engine ({self.settings.engine}) exports "
+                              "no prompt prefixes")
+        return self._prefixes
 
     def embedding_service(self) -> EmbeddingService | None:
         """What heartbeats and health say about the embeddings served here; None: none are."""

@@ -12,7 +12,6 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -155,8 +154,10 @@ class WorkerSettings(BaseModel):
                                  description="on SIGTERM: seconds open streams may still run before they are "
                                  "ended with an error event (new requests get 503 draining meanwhile)")
     log_level: str = Field(default="info", pattern="^(debug|info|warning|error)$")
-    engine: Literal["llama", "simulated"] = Field(
-        default="llama", description="llama: the real model; simulated: timed tokens, no model (benchmarks)")
+    engine: str = Field(
+        default="llama", pattern=r"^[a-z][a-z0-9_-]{0,31}$",
+        description="the engine backend, by the name it registers (worker/backends/): llama, the real model; "
+        "simulated, timed tokens and no model (benchmarks)")
     sim_token_rate: float = Field(default=50.0, gt=0, le=10_000, description="simulated tokens/s per stream")
     sim_prefill_rate: float = Field(default=5000.0, gt=0, description="simulated prompt tokens/s")
     sim_bytes_per_token: int = Field(default=23040, ge=1, description="simulated KV bytes per token")
@@ -216,23 +217,25 @@ class WorkerSettings(BaseModel):
         return self
 
     @classmethod
-    def load(cls, argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> WorkerSettings:
+    def load(cls, argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None, *,
+             engines: Sequence[str] = ()) -> WorkerSettings:
+        """`engines`: the backends present (worker/backends' catalog), the choices of `--engine`."""
         environ = os.environ if environ is None else environ
         values: dict[str, object] = {
             field: environ[env] for field, env in ENV_NAMES.items() if environ.get(env, "") != ""
         }
-        flags = _parser().parse_args(argv)
+        flags = _parser(engines).parse_args(argv)
         values.update({k: v for k, v in vars(flags).items() if v is not None})
         return cls.model_validate(values)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(engines: Sequence[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llm-worker", description="A llama.cpp inference worker.")
     for name, info in WorkerSettings.model_fields.items():
         flag = "--" + name.replace("_", "-")
         help_text = f"{info.description or name} (env {ENV_NAMES[name]}, default {info.default!r})"
-        if name == "engine":
-            parser.add_argument(flag, dest=name, default=None, choices=["llama", "simulated"], help=help_text)
+        if name == "engine" and engines:
+            parser.add_argument(flag, dest=name, default=None, choices=list(engines), help=help_text)
         elif info.annotation is bool:
             parser.add_argument(flag, dest=name, default=None, action=argparse.BooleanOptionalAction,
                                 help=help_text)

@@ -115,14 +115,14 @@ async def export_kv(session_id: str, request: Request, tenant: str = _TENANT) ->
                 raise WorkerError(409, reasons.SESSION_BUSY, f"session {session_id!r} is being moved by another "
                                   "coordinator")
             async with asyncio.timeout(runtime.settings.request_timeout):
-                cells = await asyncio.wrap_future(runtime.engine.export_cells(session.seq_id))
+                cells = await asyncio.wrap_future(runtime.cells().export_cells(session.seq_id))
             tokens = list(session.tokens)
             messages = [ChatMessage(role=m.role, content=m.content, tool_calls=m.tool_calls, name=m.name)  # type: ignore[arg-type]
                         for m in session.messages]
             session.handed_over = runtime.gate.draining
         finally:
             runtime.table.release(session, keep_kv=True)
-    blob = pack(runtime.engine.cells_origin(), tokens, messages, cells)
+    blob = pack(runtime.cells().cells_origin(), tokens, messages, cells)
     runtime.metrics.kv_moved("export", "ok", len(blob))
     return Response(blob, media_type=BLOB_TYPE, headers={"x-kv-tokens": str(len(tokens))})
 
@@ -143,7 +143,7 @@ async def import_kv(session_id: str, request: Request, tenant: str = _TENANT) ->
     async with _moving(runtime):
         blob = await _body_at_rate(request)
         try:
-            header, cells = unpack(blob, runtime.engine.cells_origin(),
+            header, cells = unpack(blob, runtime.cells().cells_origin(),
                                    max_tokens=runtime.table.limits.session_max_tokens)
         except TransferRefused as exc:
             runtime.metrics.kv_moved("import", "refused", len(blob))
@@ -156,7 +156,7 @@ async def import_kv(session_id: str, request: Request, tenant: str = _TENANT) ->
         held = 0
         try:
             async with asyncio.timeout(runtime.settings.request_timeout):
-                held = await asyncio.wrap_future(runtime.engine.import_cells(session.seq_id, cells))
+                held = await asyncio.wrap_future(runtime.cells().import_cells(session.seq_id, cells))
         finally:
             if held != len(header.tokens):
                 runtime.engine.free([runtime.table.abandon(session)])
@@ -182,10 +182,11 @@ async def export_prefix(body: PrefixRequest, request: Request) -> Response:
     runtime = runtime_of(request)
     async with _moving(runtime):
         async with asyncio.timeout(runtime.settings.request_timeout):
-            found = await asyncio.wrap_future(runtime.engine.export_prefix(body.tokens, body.tenant, body.at_least))
+            found = await asyncio.wrap_future(runtime.prefix_cells().export_prefix(body.tokens, body.tenant,
+                                                                                   body.at_least))
     if found is None:
         raise WorkerError(404, reasons.NO_PREFIX, f"no sequence here holds {body.at_least} tokens of that prefix")
     tokens, cells = found
-    blob = pack(runtime.engine.cells_origin(), tokens, [], cells)
+    blob = pack(runtime.prefix_cells().cells_origin(), tokens, [], cells)
     runtime.metrics.kv_moved("prefix", "ok", len(blob))
     return Response(blob, media_type=BLOB_TYPE, headers={"x-kv-tokens": str(len(tokens))})

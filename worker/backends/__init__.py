@@ -1,13 +1,20 @@
-"""Engine backends: what runs the jobs. `base` says what every backend offers (the `ModelBackend`,
-`EngineBackend` and `EmbeddingContext` protocols, and the types they share, free of llama.cpp);
-`llama_model`, `llama_engine` and `llama_embedder` are the real one (llama.cpp, CPU or GPU);
-`simulated` paces tokens without a model, for coordinator-scale benchmarks only. The `load_model`
-and `build_*` functions pick one from the settings."""
+"""Engine backends: what runs the jobs. `base` says what every backend offers (the `ModelBackend` and
+`EngineBackend` protocols, and the optional capabilities `KvTransfer` and `PrefixExport`, free of
+llama.cpp); `llama` registers the real one (`llama_model`, `llama_engine`, `llama_embedder`: llama.cpp,
+CPU or GPU); `simulated` paces tokens without a model, for coordinator-scale benchmarks only. Each
+backend registers itself by name (`BACKEND`, plugin.py); `load_model` and the `build_*` functions pick
+the one the settings name (`--engine`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+import functools
+import importlib
+import pkgutil
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from worker.backends.plugin import Backend
 
 if TYPE_CHECKING:
     from worker.backends.base import EngineBackend, ModelBackend
@@ -16,42 +23,44 @@ if TYPE_CHECKING:
     from worker.settings import WorkerSettings
 
 
+@functools.cache
+def backends() -> Mapping[str, Backend]:
+    """Every backend present, by name: the modules of this package that define a `BACKEND`."""
+    found: dict[str, Backend] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        backend = getattr(importlib.import_module(f"{__name__}.{info.name}"), "BACKEND", None)
+        if not isinstance(backend, Backend):
+            continue
+        if backend.name in found:
+            raise RuntimeError(f"two engine backends are named {backend.name!r}")
+        found[backend.name] = backend
+    return MappingProxyType(found)
+
+
+def backend(name: str) -> Backend:
+    found = backends()
+    if name not in found:
+        raise ValueError(f"no engine backend {name!r} (known: {', '.join(found)})")
+    return found[name]
+
+
 def load_model(settings: WorkerSettings) -> ModelBackend:
     """The model of the backend the settings name (`--engine`); llama.cpp unless asked otherwise."""
-    if settings.engine == "simulated":
-        from worker.backends.simulated import SimulatedModel
-
-        return SimulatedModel(bytes_per_token=settings.sim_bytes_per_token)
-    from worker.backends.llama_model import Model
-
-    return Model(settings.model_path, gpu_layers=settings.gpu_layers)
+    return backend(settings.engine).load_model(settings)
 
 
 def build_engine(settings: WorkerSettings, model: ModelBackend, config: EngineConfig, *, observer: EngineObserver,
                  clock: Callable[[], float]) -> EngineBackend:
     """The engine of the same backend as `model` (from `load_model` with the same settings)."""
-    if settings.engine == "simulated":
-        from worker.backends.simulated import SimulatedEngine, SimulatedModel
-
-        return SimulatedEngine(cast(SimulatedModel, model), config, token_rate=settings.sim_token_rate,
-                               prefill_rate=settings.sim_prefill_rate, observer=observer, clock=clock)
-    from worker.backends.llama_engine import Engine
-    from worker.backends.llama_model import Model
-
-    return Engine(cast(Model, model), config, observer=observer, clock=clock)
+    return backend(settings.engine).build_engine(settings, model, config, observer, clock)
 
 
 def build_embedding_context(settings: WorkerSettings, model: ModelBackend) -> EmbeddingContext | None:
     """The embedding context of the same backend as `model`, sharing its weights; None when the
-    settings turn embeddings off."""
+    settings turn embeddings off. A backend that has none is refused here (`--no-embeddings`)."""
     if not settings.embeddings:
         return None
-    if settings.engine == "simulated":
-        from worker.backends.simulated import SimulatedEmbeddingContext
-
-        return SimulatedEmbeddingContext(max_tokens=settings.embedding_ctx, max_inputs=settings.embedding_batch_inputs)
-    from worker.backends.llama_embedder import LlamaEmbeddingContext
-    from worker.backends.llama_model import Model
-
-    return LlamaEmbeddingContext(cast(Model, model), ctx_tokens=settings.embedding_ctx,
-                                 max_inputs=settings.embedding_batch_inputs, threads=settings.embedding_threads)
+    chosen = backend(settings.engine)
+    if chosen.embedding_context is None:
+        raise ValueError(f"the {chosen.name} engine computes no embeddings: start it with --no-embeddings")
+    return chosen.embedding_context(settings, model)

@@ -1,8 +1,9 @@
 """What every engine backend offers, and the types they share: nothing here imports llama.cpp.
 
 Owns: `ModelBackend` (what the edge needs of a model: its name and KV size, tokenizing, the chat
-template), `EngineBackend` (what the runtime and the edge need of an engine: submit a job, free
-and cancel sessions, its sizes and counts), and the model-neutral `ModelShape`. (What the embedder
+template), `EngineBackend` (what the runtime and the edge need of every engine: submit a job, free
+and cancel sessions, its sizes and counts), the optional capabilities `KvTransfer` and `PrefixExport`
+(checked at start with `isinstance`), and the model-neutral `ModelShape`. (What the embedder
 needs is `worker.engine.embedder.EmbeddingContext`; a turn of a chat is `worker.sessions.messages.Message`.)
 Must not: hold behaviour. The real backend is llama.cpp (`llama_model`, `llama_engine`); the
 simulated one (`simulated`) stands behind the same protocols for coordinator-scale benchmarks.
@@ -14,7 +15,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from protocol.worker import ToolUse
 
@@ -149,6 +150,14 @@ class EngineBackend(Protocol):
     def free(self, seq_ids: list[int] | tuple[int, ...]) -> None: ...
     def cancel_session(self, session: Session) -> None: ...
     def poke(self) -> None: ...
+
+
+@runtime_checkable
+class KvTransfer(Protocol):
+    """A capability an engine may have: its sequences' cells leave and arrive as bytes (a session
+    exported, imported, or moved off a draining worker). The runtime looks for it at start; an engine
+    without it answers those routes 400 and is never asked for a peer's prefix."""
+
     def cells_origin(self) -> Origin:
         """What this engine's cells are (model, KV type, llama.cpp build): KV blobs move only between equals."""
         ...
@@ -160,6 +169,13 @@ class EngineBackend(Protocol):
         """Writes exported cells into `seq_id` (its first `keep` positions only, when given): the
         positions it then holds, 0 when refused (left empty)."""
         ...
+
+
+@runtime_checkable
+class PrefixExport(KvTransfer, Protocol):
+    """A capability beyond `KvTransfer`: the cells of the sequence holding a prompt's prefix, for a peer
+    worker that would otherwise prefill it (`POST /worker/prefix`)."""
+
     def export_prefix(self, prompt: list[int], tenant: str, at_least: int
                       ) -> concurrent.futures.Future[tuple[list[int], bytes] | None]:
         """The cells of the sequence holding the longest prefix of `tenant`'s `prompt` (at least

@@ -20,27 +20,30 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
-from protocol import reasons
 from protocol.worker import ToolUse
 from worker.backends.base import ModelShape, plain_turns
+from worker.backends.plugin import Backend
 from worker.backends.tool_format import GENERIC
 from worker.engine.channel import TokenChannel
 from worker.engine.embedder import Pooling
 from worker.engine.endings import Endings, Progress, also_ending, cancel_session
 from worker.engine.jobs import EngineConfig, EngineObserver, Failed, Finished, Job, StreamItem
 from worker.engine.textstream import TextAssembler
-from worker.errors import ConstraintError, WorkerError
+from worker.errors import ConstraintError
 from worker.sessions.messages import Message
 from worker.sessions.table import Session, SessionTable
-from worker.sessions.transfer import Origin
+
+if TYPE_CHECKING:
+    from worker.backends.base import EngineBackend, ModelBackend
+    from worker.engine.embedder import EmbeddingContext
+    from worker.settings import WorkerSettings
 
 T = TypeVar("T")
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "and", "runs", "away")
@@ -150,22 +153,6 @@ class SimulatedEngine:
         self._inbox.append(job)
         self._wake.set()
 
-    def cells_origin(self) -> Origin:
-        return Origin(f"simulated:{self.model.name}", 0, "simulated")
-
-    def export_cells(self, seq_id: int) -> concurrent.futures.Future[bytes]:
-        raise WorkerError(400, reasons.INVALID_REQUEST, "the simulated engine holds no KV cells to move")
-
-    def import_cells(self, seq_id: int, cells: bytes | memoryview, keep: int | None = None
-                     ) -> concurrent.futures.Future[int]:
-        raise WorkerError(400, reasons.INVALID_REQUEST, "the simulated engine holds no KV cells to move")
-
-    def export_prefix(self, prompt: list[int], tenant: str, at_least: int
-                      ) -> concurrent.futures.Future[tuple[list[int], bytes] | None]:
-        done: concurrent.futures.Future[tuple[list[int], bytes] | None] = concurrent.futures.Future()
-        done.set_result(None)  # it holds no cells: never a peer's source
-        return done
-
     def free(self, seq_ids: list[int] | tuple[int, ...]) -> None:
         pass  # no KV cells to clear; the session table already counts them free
 
@@ -236,3 +223,22 @@ class SimulatedEngine:
         self._endings.deliver(run, outcome, touched)
         for other in also_ending(run, outcome, self._running):
             self._end(other, outcome, touched)
+
+
+def _model(settings: WorkerSettings) -> ModelBackend:
+    return SimulatedModel(bytes_per_token=settings.sim_bytes_per_token)
+
+
+def _engine(settings: WorkerSettings, model: ModelBackend, config: EngineConfig, observer: EngineObserver,
+            clock: Callable[[], float]) -> EngineBackend:
+    return SimulatedEngine(cast(SimulatedModel, model), config, token_rate=settings.sim_token_rate,
+                           prefill_rate=settings.sim_prefill_rate, observer=observer, clock=clock)
+
+
+def _embeddings(settings: WorkerSettings, model: ModelBackend) -> EmbeddingContext:
+    return SimulatedEmbeddingContext(max_tokens=settings.embedding_ctx, max_inputs=settings.embedding_batch_inputs)
+
+
+# No KV cells to move (it implements neither KvTransfer nor PrefixExport): the worker answers 400 to
+# those routes and never asks a peer for a prefix.
+BACKEND = Backend("simulated", _model, _engine, _embeddings)
