@@ -1,9 +1,23 @@
-"""Fixtures shared by every test package: the real model, free loopback ports."""
+"""Fixtures shared by every test package: the real model, free loopback ports; and the test ladder.
+
+The ladder: every test is on one rung, the highest that applies, as a marker:
+- `unit`: in-process, with fakes, a manual clock or in-thread servers on loopback; no model, no process;
+- `model`: in-process, with the real GGUF model (llama.cpp);
+- `process`: starts processes of its own (the service, a pool, a peer, a shell, a container);
+- `load`: holds a pool under load for a set time (FAULTS_LONG=1 for the long figures).
+`./test.sh --fast` runs the first two rungs. A test on them that starts a process fails, naming the rung
+to move it to, so the rungs stay what they say. A file's rung is its marker (`pytestmark`), or its
+folder's below.
+"""
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -49,3 +63,48 @@ def gemma_path() -> Path:
 _EXEC_WITH_DEFAULT_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
                              "os.execvp(sys.argv[1], sys.argv[1:])")
 WITH_DEFAULT_SIGINT = [sys.executable, "-c", _EXEC_WITH_DEFAULT_SIGINT]
+
+
+TIERS = ("unit", "model", "process", "load")
+_HERE = Path(__file__).resolve().parent
+# Where a file needs no marker of its own: the folders whose every test starts processes.
+_PROCESS_FOLDERS = ("integration", "faults", "multihost")
+# What the standard library runs for an answer (platform.platform() asks `uname -p`): no process of the test's.
+_PROBES = frozenset({"uname"})
+
+
+def _tier(item: pytest.Item) -> str:
+    """The highest rung its markers or its folder name."""
+    named = [tier for tier in TIERS if item.get_closest_marker(tier) is not None]
+    if Path(str(item.path)).resolve().relative_to(_HERE).parts[0] in _PROCESS_FOLDERS:
+        named.append("process")
+    return max(named, key=TIERS.index, default="unit")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = _tier(item)
+        for other in TIERS:
+            if other != tier:
+                item.own_markers = [m for m in item.own_markers if m.name != other]
+        item.add_marker(tier)
+
+
+@pytest.fixture(autouse=True)
+def _rung_kept(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A `unit` or `model` test that starts a process fails, naming the rung it belongs on."""
+    tier = _tier(request.node)
+    if tier not in ("unit", "model"):
+        yield
+        return
+
+    started = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+    def refused(popen: subprocess.Popen[Any], argv: Any, *args: Any, **kwargs: Any) -> None:
+        program = Path(str(argv[0] if isinstance(argv, list | tuple) else argv).split()[0]).name
+        if program in _PROBES:
+            return started(popen, argv, *args, **kwargs)  # type: ignore[no-any-return]
+        raise AssertionError(f"a {tier} test starts no process ({program}): mark it `process` (tests/conftest.py)")
+
+    with mock.patch.object(subprocess.Popen, "_execute_child", refused):
+        yield

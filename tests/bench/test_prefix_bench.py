@@ -11,6 +11,9 @@ import pytest
 from bench.prefix_bench import SHARED_TENANT, main, user_keys
 from bench.processes import pool
 
+# starts a pool (coordinators and workers) as its own processes
+pytestmark = pytest.mark.process
+
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
 
 

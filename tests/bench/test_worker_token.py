@@ -21,6 +21,9 @@ from tests.threaded_server import serving
 from worker.api.app import create_app
 from worker.settings import WorkerSettings
 
+# starts a pool as its own processes
+pytestmark = pytest.mark.process
+
 TOKEN = "s3cret-token"
 
 

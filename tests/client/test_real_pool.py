@@ -20,7 +20,7 @@ from bench.processes import Pool, pool
 from tests.conftest import WITH_DEFAULT_SIGINT
 from tests.polling import wait_until
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.process]
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = [f"Write one short sentence about the number {i}." for i in range(20)]

@@ -17,6 +17,9 @@ import pytest
 
 from tests.client.fake_coordinator import TOKENS, FakeCoordinator
 
+# runs the batch client as its own process
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

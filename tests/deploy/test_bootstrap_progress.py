@@ -14,6 +14,11 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
+# runs scripts/bootstrap.sh in a shell
+pytestmark = pytest.mark.process
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bootstrap.sh"
 
 # A build that prints a step every 0.3 s the way pip -v shows scikit-build-core's CMake/Ninja output,

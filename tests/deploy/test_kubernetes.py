@@ -33,6 +33,9 @@ from tests.deploy.manifests import (
     render,
 )
 
+# runs kubectl
+pytestmark = pytest.mark.process
+
 # The oldest Kubernetes still widely run and the newest the validator knows.
 VERSIONS = ["1.29.0", kubernetes_validate.latest_version()]
 SECRET = "llm-pool"

@@ -40,7 +40,7 @@ from tests.faults.pool import COORDINATOR_FLAGS, WORKER_FLAGS, FaultPool, pool_f
 from tests.integration.streams import infer
 from tests.polling import wait_until
 
-pytestmark = [pytest.mark.model, pytest.mark.anyio]
+pytestmark = [pytest.mark.model, pytest.mark.load, pytest.mark.anyio]
 LONG_RUN = os.environ.get("FAULTS_LONG") == "1"
 CHURN_SECONDS = 60.0 if LONG_RUN else 15.0
 CLIENTS = 16  # twice the pool's sequences

@@ -26,7 +26,7 @@ from tests.faults.conftest import since
 from tests.faults.pool import FaultPool, periodically, pid
 from tests.integration.streams import infer
 
-pytestmark = [pytest.mark.model, pytest.mark.anyio]
+pytestmark = [pytest.mark.model, pytest.mark.load, pytest.mark.anyio]
 LONG_RUN = os.environ.get("FAULTS_LONG") == "1"
 SOAK_SECONDS = 600.0 if LONG_RUN else 60.0
 USERS = 4
