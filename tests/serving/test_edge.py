@@ -18,6 +18,8 @@ from tests.conftest import free_port
 from tests.integration.conftest import Proc, start_coordinator
 from tests.polling import wait_until
 
+# A coordinator and a worker, each a process of its own.
+pytestmark = pytest.mark.process
 TIMEOUT = 1.5  # header and body deadlines given to both services here
 
 
@@ -174,7 +176,6 @@ def test_well_formed_requests_still_pass(services: tuple[int, int]) -> None:
             time.sleep(0.3)
 
 
-@pytest.mark.process  # the server in a process of its own, to read its log
 def test_a_client_leaving_mid_body_is_logged_as_client_gone_not_a_traceback(tmp_path: Path) -> None:
     """Before: an unhandled ClientDisconnect traceback in the coordinator's log."""
     coordinator, url = start_coordinator(tmp_path, "coordinator-disconnect")

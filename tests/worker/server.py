@@ -7,11 +7,13 @@ Tests talk to it over loopback HTTP like the coordinator does, and can also reac
 from __future__ import annotations
 
 import asyncio
+import functools
 import queue
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,6 +21,7 @@ import uvicorn
 
 from tests.conftest import free_port
 from worker.api.app import create_app
+from worker.backends.llama_model import Model
 from worker.runtime import WorkerRuntime
 from worker.settings import WorkerSettings
 
@@ -50,15 +53,26 @@ class RunningWorker:
         raise KeyError(name)
 
 
+@functools.cache
+def shared_model(path: Path) -> Model:
+    """One load of a model file for the whole test process: every in-thread worker of the real model
+    uses it (each with a context of its own), as one worker process does. Loading it took about as
+    long as many of the tests that use it. Left open until the process ends."""
+    return Model(path)
+
+
 @contextmanager
 def running_worker(model_path: Any, *, transport: httpx.AsyncBaseTransport | None = None,
                    **overrides: Any) -> Iterator[RunningWorker]:
-    """`transport`: where the worker's own HTTP calls (heartbeats) go; the network if None."""
+    """`transport`: where the worker's own HTTP calls (heartbeats) go; the network if None. The real
+    model is the process's `shared_model` unless the settings load it otherwise (GPU layers)."""
     values: dict[str, Any] = {"model_path": model_path, "port": free_port(), "coordinator_url": "", "threads": 2,
                                   "max_sessions": 8, "session_max_tokens": 512, "log_level": "warning"}
     values.update(overrides)
     settings = WorkerSettings(**values)
-    app = create_app(settings, transport=transport)
+    shared = settings.engine == "llama" and settings.gpu_layers < 0 and Path(settings.model_path).is_file()
+    app = create_app(settings, model=shared_model(Path(settings.model_path)) if shared else None,
+                     transport=transport)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="warning",
                                            lifespan="on"))
     loops: queue.Queue[asyncio.AbstractEventLoop] = queue.Queue(1)

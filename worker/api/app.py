@@ -25,6 +25,7 @@ from protocol import reasons
 from worker.api import routes, transfer
 from worker.api.routes import request_id_of
 from worker.backends import load_model
+from worker.backends.base import ModelBackend
 from worker.errors import WorkerError
 from worker.metrics import WorkerMetrics
 from worker.runtime import WorkerRuntime
@@ -33,11 +34,14 @@ from worker.settings import WorkerSettings
 log = logging.getLogger("worker.requests")
 
 
-def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.monotonic,
-               transport: httpx.AsyncBaseTransport | None = None,
+def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
+               clock: Callable[[], float] = time.monotonic, transport: httpx.AsyncBaseTransport | None = None,
                on_load_failure: Callable[[], None] = lambda: None) -> FastAPI:
-    """`on_load_failure`: called once if the model cannot be loaded (the process entry point stops the
-    server, so the worker exits non-zero instead of answering 503 loading forever)."""
+    """`model`: a model already loaded, as the settings' backend would load it, which the app uses and
+    leaves open (tests share one across many apps, as the coordinator's tests share its client); None:
+    the app loads its own from the settings and closes it at shutdown. `on_load_failure`: called once
+    if the model cannot be loaded (the process entry point stops the server, so the worker exits
+    non-zero instead of answering 503 loading forever)."""
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.runtime = None
@@ -53,8 +57,9 @@ def create_app(settings: WorkerSettings, *, clock: Callable[[], float] = time.mo
 
     async def _load(app: FastAPI) -> None:
         try:
-            model = await asyncio.to_thread(load_model, settings)
-            runtime = await asyncio.to_thread(WorkerRuntime, settings, model, app.state.metrics, clock=clock)
+            loaded = model if model is not None else await asyncio.to_thread(load_model, settings)
+            runtime = await asyncio.to_thread(WorkerRuntime, settings, loaded, app.state.metrics, clock=clock,
+                                              owns_model=model is None)
             await runtime.start(transport)
         except Exception as exc:
             # Answering 503 loading forever would hide it: record why and stop the process (non-zero exit).
