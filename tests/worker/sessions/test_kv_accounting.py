@@ -82,7 +82,7 @@ class BuiltEngine:
 
 
 def build_engine(model: Model, *, kv_unified: bool) -> BuiltEngine:
-    """`Engine(model, config)` with the worker's defaults (1 thread here), capturing llama.cpp's
+    """`Engine(model, config)` with the worker's defaults (2 threads here: both cores), capturing llama.cpp's
     INFO lines about the KV caches it allocates while the context is made."""
     lines: list[str] = []
 
@@ -92,7 +92,7 @@ def build_engine(model: Model, *, kv_unified: bool) -> BuiltEngine:
     callback = ll.llama_log_callback(capture)
     ll.llama_log_set(callback, ctypes.c_void_p(0))
     try:
-        config = EngineConfig(ctx_size=MAX_SESSIONS * SESSION_TOKENS, max_sessions=MAX_SESSIONS, threads=1,
+        config = EngineConfig(ctx_size=MAX_SESSIONS * SESSION_TOKENS, max_sessions=MAX_SESSIONS, threads=2,
                               prefill_chunk=CHUNK, kv_unified=kv_unified)
         engine = Engine(model, config)
     finally:
@@ -241,7 +241,7 @@ def test_gemma_second_turn_on_a_session(gemma_path: Path) -> None:
     """Through the worker's HTTP surface: a first turn past the window, a second turn on the same
     session prefills only its new tokens, and the session's KV is what the worker accounts."""
     story = TEXT * 20  # about 700 tokens: past the 512-token window
-    with running_worker(gemma_path, threads=1, max_sessions=2, session_max_tokens=SESSION_TOKENS) as worker:
+    with running_worker(gemma_path, threads=2, max_sessions=2, session_max_tokens=SESSION_TOKENS) as worker:
         first = generate(worker.url, {"prompt": story + "Who is the story about?", "session_id": "g",
                                       "max_tokens": 16, "temperature": 0}, timeout=300)
         assert first.last[0] == "done", first.events[-1:]
