@@ -153,6 +153,7 @@ class Dispatcher:
         worker tried is told it may fetch those cells from there (`GenerateRequest.prefix_peer`)."""
         last: Failover | None = None
         refused_only = True
+        soonest: int | None = None  # the shortest Retry-After a refusing worker sent
         for attempt, worker in enumerate(ranked[: self._max_attempts], start=1):
             reservation = self._admission.reserve(worker, valid.demand)
             if reserved is not None:
@@ -167,6 +168,8 @@ class Dispatcher:
                     self._admission.refused(reservation, failover.reason)
                 judge_failover(failover, worker.worker_id, valid.request_id, self._breakers, self._metrics)
                 last, refused_only = failover, refused_only and failover.refused
+                if failover.retry_after is not None:
+                    soonest = min(failover.retry_after, soonest if soonest is not None else failover.retry_after)
                 continue
             except BaseException:
                 self._admission.release(reservation)
@@ -175,8 +178,9 @@ class Dispatcher:
             stream.attempts = attempt
             return stream
         if last is not None and refused_only:
+            # The soonest any of them expects room; the coordinator's own hint when none said.
             raise CoordinatorError(last.reason, f"every eligible worker refused: {last.reason}",
-                                   retry_after=last.retry_after or self._retry_after)
+                                   retry_after=soonest if soonest is not None else self._retry_after)
         raise CoordinatorError(reasons.WORKER_UNAVAILABLE,
                                f"no worker could start the request ({last.reason if last else 'none tried'})")
 

@@ -149,15 +149,28 @@ async def test_fails_over_when_the_best_worker_refuses_or_is_unreachable(first: 
         assert (await client.get("/coordinator/health")).json()["kv_reserved_bytes"] == 0
 
 
-async def test_all_refusing_is_503_with_their_reason_and_unreachable_is_502() -> None:
+@pytest.mark.parametrize(("hints", "expected"), [((7, None), "7"), ((None, 2), "2"), ((7, 2), "2"), ((2, 7), "2"),
+                                                  ((None, None), "3")])
+async def test_all_refusing_is_503_with_their_reason_and_the_soonest_retry_after_any_of_them_sent(
+        hints: tuple[int | None, int | None], expected: str) -> None:
+    """Before, the last worker's hint (or the coordinator's own): an order of tries decided it."""
+    clock = ManualClock()
+    fakes = FakeWorkers({w: refusing(503, "queue_full", retry_after=h) for w, h in zip(("w1", "w2"), hints, strict=True)})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+        await register(client, heartbeat("w2", timestamp=clock.time(), sessions=1))  # tried second
+        response = await infer(client)
+        assert fakes.hosts_called() == ["w1", "w2"]
+        assert (response.status_code, response.json()["reason"]) == (503, "queue_full")
+        assert response.headers["retry-after"] == expected  # SETTINGS.retry_after is 3
+
+
+async def test_unreachable_is_502() -> None:
     clock = ManualClock()
     fakes = FakeWorkers({"w1": refusing(503, "queue_full", retry_after=7), "w2": refusing(503, "queue_full")})
     async with running_app(SETTINGS, fakes, clock) as client:
         for w in ("w1", "w2"):
             await register(client, heartbeat(w, timestamp=clock.time()))
-        response = await infer(client)
-        assert (response.status_code, response.json()["reason"]) == (503, "queue_full")
-        assert response.headers["retry-after"] in ("3", "7")
         fakes.behaviours.clear()
         response = await infer(client)
         assert (response.status_code, response.json()["reason"]) == (502, "worker_unavailable")

@@ -57,9 +57,20 @@ async def test_a_worker_that_lacks_the_prefix_is_told_which_worker_holds_it() ->
 
 
 async def test_no_hint_for_a_prompt_no_worker_was_sent_before() -> None:
+    """As above (w1 was sent a prompt, then is full, so the next request goes on to w2), but the next
+    prompt is another: no worker was sent any of it, so w2 is told of no peer. (Before, this test had
+    one worker, so no hint could be given whatever the rule.)"""
     clock = ManualClock()
-    fakes = FakeWorkers({"w1": streaming([token(0, "a"), done()])})
+    fakes = FakeWorkers({"w1": first_then_full(), "w2": streaming([token(0, "b"), done(worker_id="w2")],  # type: ignore[dict-item]
+                                                                   worker_id="w2")})
+    other = "A different prompt altogether, about the weather in the hills. " * 40
     async with running_app(SETTINGS, fakes, clock) as client:
-        await register(client, heartbeat("w1", timestamp=clock.time()))
-        assert (await client.post("/coordinator/infer", json={"prompt": PROMPT, "max_tokens": 4})).status_code == 200
-    assert all("prefix_peer" not in json.loads(r.content) for _, r in fakes.calls)
+        assert (await register(client, heartbeat("w1", timestamp=clock.time()))).status_code == 200
+        assert (await register(client, heartbeat("w2", timestamp=clock.time(), sessions=2))).status_code == 200
+        first = await client.post("/coordinator/infer", json={"prompt": PROMPT, "max_tokens": 4})
+        assert first.status_code == 200 and first.headers["x-worker-id"] == "w1"
+        second = await client.post("/coordinator/infer", json={"prompt": other, "max_tokens": 4})
+        assert second.status_code == 200 and second.headers["x-worker-id"] == "w2"
+    bodies = [(host, json.loads(r.content)) for host, r in fakes.calls if r.url.path == "/worker/generate"]
+    assert [host for host, _ in bodies] == ["w1", "w1", "w2"]
+    assert bodies[2][1]["prompt"] == other and "prefix_peer" not in bodies[2][1]

@@ -107,9 +107,9 @@ def test_a_dead_worker_is_restarted_and_the_other_keeps_serving_then_ctrl_c_drai
     victim = worker_pid(worker_port)
     assert victim is not None
     os.kill(victim, signal.SIGKILL)
-    for _ in range(5):  # the other worker serves throughout
+    for _ in range(5):  # the other worker serves throughout (a request sent to the dead one fails over)
         answer = httpx.post(url + "/coordinator/infer", json={"prompt": "Hi", "max_tokens": 4}, timeout=30)
-        assert answer.status_code in (200, 503), answer.text
+        assert answer.status_code == 200 and b"event: done" in answer.content, answer.text
     wait_until(lambda: worker_pid(worker_port) not in (None, victim), 20, "worker-1 restarted")
     wait_until(lambda: {w["worker_id"]: w["state"] for w in httpx.get(url + "/coordinator/health/workers",
                         timeout=5).json()["workers"]}.get("worker-1") == "alive", 60, "worker-1 back")
@@ -122,8 +122,7 @@ def test_a_dead_worker_is_restarted_and_the_other_keeps_serving_then_ctrl_c_drai
         assert any(line.startswith("event: token") for line in lines)
         os.killpg(proc.pid, signal.SIGINT)
         rest = list(lines)
-    assert any(line.startswith("event: done") for line in rest) or any(
-        line.startswith("event: error") for line in rest), rest[-5:]
+    assert any(line.startswith("event: done") for line in rest), rest[-5:]  # as README promises: it finishes
     # 130 when start.sh's own trap ran first, 0 when it saw the coordinator finish its drain first.
     assert proc.wait(timeout=30) in (0, 130)
     out = output.finished()
