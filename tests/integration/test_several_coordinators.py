@@ -41,14 +41,14 @@ def served_by(url: str) -> str:
 
 
 @pytest.fixture
-def pool(model_path: Path, tmp_path: Path) -> Iterator[tuple[Proc, str, Proc, str]]:
+def pool(tiny_model_path: Path, tmp_path: Path) -> Iterator[tuple[Proc, str, Proc, str]]:
     procs: list[Proc] = []
     try:
         c1, url1 = start_coordinator(tmp_path, "c1", "--heartbeat-interval", str(INTERVAL))
         procs.append(c1)
         c2, url2 = start_coordinator(tmp_path, "c2", "--heartbeat-interval", str(INTERVAL))
         procs.append(c2)
-        worker, _ = start_worker(tmp_path, "w1", f"{url1},{url2}", model_path, "--threads", "1",
+        worker, _ = start_worker(tmp_path, "w1", f"{url1},{url2}", tiny_model_path, "--threads", "1",
                                  "--max-sessions", "2", "--heartbeat-interval", str(INTERVAL / 2))
         procs.append(worker)
         yield c1, url1, c2, url2
@@ -74,7 +74,7 @@ def finished(own_url: str) -> float:
                if line.startswith("coordinator_request_finished_total"))
 
 
-def test_two_coordinator_processes_share_one_port_and_outlive_each_other(model_path: Path, tmp_path: Path) -> None:
+def test_two_coordinator_processes_share_one_port_and_outlive_each_other(tiny_model_path: Path, tmp_path: Path) -> None:
     shared, own = free_port(), [free_port(), free_port()]
     procs: list[Proc] = []
     try:
@@ -83,7 +83,7 @@ def test_two_coordinator_processes_share_one_port_and_outlive_each_other(model_p
                                         "--heartbeat-interval", str(INTERVAL), port=shared)
             procs.append(proc)
         own_urls = [f"http://127.0.0.1:{port}" for port in own]
-        worker, _ = start_worker(tmp_path, "w1", ",".join(own_urls), model_path, "--threads", "1",
+        worker, _ = start_worker(tmp_path, "w1", ",".join(own_urls), tiny_model_path, "--threads", "1",
                                  "--max-sessions", "2", "--heartbeat-interval", str(INTERVAL / 2))
         procs.append(worker)
         for url in own_urls:
@@ -112,7 +112,7 @@ def turn(url: str, session_id: str, prompt: str) -> tuple[str, dict[str, int]]:
     return str(done["worker_id"]), done["usage"]
 
 
-def test_a_sessions_turns_alternating_between_coordinators_stay_on_its_worker(model_path: Path,
+def test_a_sessions_turns_alternating_between_coordinators_stay_on_its_worker(tiny_model_path: Path,
                                                                                tmp_path: Path) -> None:
     """Workers beat at the default 10 s: what tells the other coordinator where a new session went is
     the beat a worker sends as soon as it admits one."""
@@ -124,7 +124,7 @@ def test_a_sessions_turns_alternating_between_coordinators_stay_on_its_worker(mo
             procs.append(proc)
             urls.append(url)
         for worker_id in ("w1", "w2"):
-            worker, _ = start_worker(tmp_path, worker_id, ",".join(urls), model_path, "--threads", "1",
+            worker, _ = start_worker(tmp_path, worker_id, ",".join(urls), tiny_model_path, "--threads", "1",
                                      "--max-sessions", "4")
             procs.append(worker)
         for url in urls:
@@ -170,6 +170,7 @@ def stream(url: str, max_tokens: int, started: threading.Event | None = None) ->
 
 
 def test_a_coordinator_killed_under_load_loses_only_its_own_streams(model_path: Path, tmp_path: Path) -> None:
+    # The default model: the streams must still be running when the coordinator is killed.
     procs: list[Proc] = []
     try:
         coordinators: list[tuple[Proc, str]] = []
@@ -228,7 +229,7 @@ def worker_load(worker_url: str) -> dict:  # type: ignore[type-arg]
 
 
 def test_a_prefix_one_coordinator_sent_is_known_to_the_other_from_the_workers_heartbeats(
-        model_path: Path, tmp_path: Path) -> None:
+        tiny_model_path: Path, tmp_path: Path) -> None:
     """c1 sends a long system prompt to a worker; the worker's heartbeats list its blocks, so c2 sends
     the next prompt with that system prompt to the same worker, though by load alone it would pick
     the other (a kept session makes the holder busier)."""
@@ -243,7 +244,7 @@ def test_a_prefix_one_coordinator_sent_is_known_to_the_other_from_the_workers_he
             urls.append(url)
         worker_urls = {}
         for worker_id in ("w1", "w2"):
-            worker, worker_urls[worker_id] = start_worker(tmp_path, worker_id, ",".join(urls), model_path,
+            worker, worker_urls[worker_id] = start_worker(tmp_path, worker_id, ",".join(urls), tiny_model_path,
                                                           "--threads", "1", "--max-sessions", "4",
                                                           "--heartbeat-interval", str(INTERVAL / 2))
             procs.append(worker)
