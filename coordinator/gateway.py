@@ -251,10 +251,16 @@ class Gateway:
         reservation, admission = stream.reservation, state.admission
         breakers, worker_id, cache = state.breakers, stream.worker.worker_id, state.cache
 
-        def final(outcome: Outcome) -> None:
+        def release(outcome: Outcome) -> None:
+            """The reservation back (a second call does nothing); a named session that ended `done`
+            stays counted as kept, with all its tokens, until the worker's heartbeat says otherwise."""
             done = outcome.done
-            kept = done.usage.total_tokens if session_id is not None and done is not None else None
-            admission.release(reservation, kept_tokens=kept)
+            admission.release(reservation, kept_tokens=done.usage.total_tokens
+                              if session_id is not None and done is not None else None)
+
+        def final(outcome: Outcome) -> None:
+            release(outcome)
+            done = outcome.done
             if done is not None:
                 breakers.succeeded(worker_id)
                 if cached is not None and relay.record is not None and done.finish_reason != "cancelled":
@@ -282,9 +288,7 @@ class Gateway:
         def finish(ending: Ending) -> None:
             """Runs once per admitted request, whatever the ending: release, count, log."""
             state.streams.discard(relay)
-            done = relay.outcome.done
-            kept = done.usage.total_tokens if session_id is not None and done is not None else None
-            admission.release(reservation, kept_tokens=kept)  # done already, unless cut short
+            release(relay.outcome)  # done already, unless cut short
             state.requests.finished(relay.request_id, surface, stream, relay.outcome, ending, started)
 
         return Opened(relay, worker_id, model or stream.worker.model, finish)
