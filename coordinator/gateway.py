@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -209,14 +209,18 @@ class Gateway:
         if self._disaggregated(gen, ranked):
             # Prefill on the policy's first worker, decode on the others; without a finished prefill
             # the request goes to all of them as usual.
-            prefilled = await prefill_on(ranked[0], gen, state.dispatcher, state.admission,
-                                         read_timeout=state.settings.worker_read_timeout, reserved=placed)
-            placed = None  # it ran with the prefill's reservation
+            first_placed, placed = placed, None  # the prefill runs with its own reservation
+
+            def opens(part: Generation, workers: Sequence[WorkerRecord]) -> Awaitable[OpenStream]:
+                return state.attempts.open(part, workers, reserved=first_placed)
+
+            prefilled = await prefill_on(ranked[0], gen, opens, state.attempts.release,
+                                         read_timeout=state.settings.worker_read_timeout)
             state.metrics.prefills.labels(outcome="failed" if prefilled is None else "prefilled").inc()
             if prefilled is not None:
                 ranked, peer = ranked[1:], prefilled
         try:
-            stream = await state.dispatcher.open(gen, ranked, reserved=placed,
+            stream = await state.attempts.open(gen, ranked, reserved=placed,
                                                  hints=PrefixHints.of(leaning.hashes, peer))
         except CoordinatorError as exc:
             if exc.reason in (reasons.SESSION_EXPIRED, reasons.UNKNOWN_SESSION):

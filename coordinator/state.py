@@ -20,6 +20,7 @@ from coordinator.affinity.conversations import ConversationTable
 from coordinator.affinity.placement import Affinity
 from coordinator.affinity.prefixes import PrefixIndex
 from coordinator.affinity.sessions import SessionTable
+from coordinator.attempts import Attempts, EmbeddingAttempts
 from coordinator.auth import ApiKeys
 from coordinator.cache import ResponseCache
 from coordinator.clock import Clock
@@ -54,7 +55,7 @@ class CoordinatorState:
     rng: random.Random  # the random policy's seeded source
     metrics: CoordinatorMetrics
     client: WorkerClient
-    dispatcher: Dispatcher
+    attempts: Attempts
     breakers: Breakers
     probe: Probe
     log: logging.Logger
@@ -66,7 +67,7 @@ class CoordinatorState:
     embedding_admission: EmbeddingAdmission
     embedding_queue: AdmissionQueue
     embedding_policy: Policy
-    embedder: EmbeddingDispatcher
+    embedder: EmbeddingAttempts
     mover: SessionMover  # draining workers' kept sessions, moved to the others
     readiness: Readiness  # whether it has heard from the pool (joins a shared port and answers ready then)
     api_keys: ApiKeys | None = None  # None: no client key is needed
@@ -110,9 +111,10 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
                                      connect_timeout=settings.worker_connect_timeout,
                                      read_timeout=settings.worker_read_timeout,
                                      keepalive_expiry=settings.worker_keepalive_expiry)
-    dispatcher = Dispatcher(client, admission, metrics, breakers, max_attempts=settings.max_failover_attempts,
-                            first_event_timeout=settings.worker_first_event_timeout,
-                            retry_after=settings.retry_after, worker_token=settings.worker_token)
+    attempts = Attempts(Dispatcher(client, first_event_timeout=settings.worker_first_event_timeout,
+                                   worker_token=settings.worker_token),
+                        admission, breakers, metrics, max_attempts=settings.max_failover_attempts,
+                        retry_after=settings.retry_after)
     conversations = ConversationTable(settings.conversation_table_size)
     log = logging.getLogger("coordinator.requests")
     return CoordinatorState(
@@ -122,7 +124,7 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
                            balance_threshold=settings.prefix_balance_threshold, routing=settings.routing_policy,
                            latency_half_life=settings.latency_half_life),
         turns=itertools.count(), rng=random.Random(settings.routing_seed), metrics=metrics,
-        client=client, dispatcher=dispatcher, breakers=breakers, log=log,
+        client=client, attempts=attempts, breakers=breakers, log=log,
         probe=Probe(client, timeout=settings.worker_probe_timeout, at_once=PROBES_AT_ONCE),
         affinity=Affinity(sessions, conversations, prefixes, registry),
         requests=RequestLog(metrics, registry, log, now=clock.monotonic, refusal_log_rate=settings.refusal_log_rate),
@@ -130,10 +132,10 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
         embedding_admission=embedding_admission, embedding_queue=embedding_queue,
         embedding_policy=Policy.build_embeddings(stale_after=settings.stale_after, routing=settings.routing_policy,
                                                  latency_half_life=settings.latency_half_life),
-        embedder=EmbeddingDispatcher(client, embedding_admission, metrics, breakers,
-                                     max_attempts=settings.max_failover_attempts, timeout=settings.embedding_timeout,
-                                     now=clock.monotonic, retry_after=settings.retry_after,
-                                     worker_token=settings.worker_token),
+        embedder=EmbeddingAttempts(
+            EmbeddingDispatcher(client, timeout=settings.embedding_timeout, worker_token=settings.worker_token),
+            embedding_admission, breakers, metrics, max_attempts=settings.max_failover_attempts,
+            timeout=settings.embedding_timeout, now=clock.monotonic, retry_after=settings.retry_after),
         mover=SessionMover(registry, sessions.remember, client, metrics, worker_token=settings.worker_token,
                            timeout=settings.session_move_timeout, max_bytes=settings.session_move_max_bytes,
                            deadline=settings.session_move_deadline, now=clock.monotonic),

@@ -6,7 +6,7 @@ worker that serves embeddings offers `capacity` of them, less this coordinator's
 on it, `hold_embedding`); and *corrections*, the
 coordinator's in-flight reservations laid on top of a worker's last reported load until a later
 heartbeat shows them.
-Must not: decide admission, pick workers or do I/O (admission/, scheduling/, relay/dispatch.py do).
+Must not: decide admission, pick workers or do I/O (admission/, scheduling/, relay/ do).
 
 Why corrections: a heartbeat says what a worker held when it was made. A reservation made after
 that is invisible to it, so without a correction two requests in the same interval would both see

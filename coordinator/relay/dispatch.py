@@ -1,13 +1,12 @@
-"""Dispatch: send one admitted request to the ranked workers until one of them starts streaming.
+"""Dispatch: one admitted request sent to one worker, up to the worker's first token.
 
-Owns: the HTTP call to `POST /worker/generate` (protocol.worker) up to the worker's first token,
-failover before it (bounded attempts), reservations made, confirmed at the worker's `admitted` event
-and released per attempt, turning a worker's refusal (a status, or an `error` event before
-`admitted`) into a `CoordinatorError` (400/404/409/413 pass through with the worker's reason; 503
-refusals and unreachable workers move on to the next worker, and a worker that refused as full counts
-so until its next heartbeat: it knows of streams this coordinator does not, another coordinator's),
-and telling the breakers what each attempt said about its worker.
-Must not: relay events after the first one (stream.py) or rank workers (scheduling/).
+Owns: the HTTP call to `POST /worker/generate` (protocol.worker) up to the worker's first token, the
+`admitted` event passed on (`admitted(prompt tokens)`: the reservation's owner confirms it), and
+turning what the worker answered into a `Failover` (503 refusals, unreachable or failing workers: the
+next worker may serve it) or a `CoordinatorError` (400/404/409/413 pass through with the worker's
+reason).
+Must not: hold reservations or judge workers (coordinator/attempts.py tries the ranked workers in
+turn and does both), relay events after the first one (stream.py) or rank workers (scheduling/).
 
 The client's status line waits for the worker's first token, not just its headers, so a worker that
 dies during prefill is still failed over: no byte has reached the client yet.
@@ -29,15 +28,12 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from coordinator.admission.capacity import Admission, Reservation
+from coordinator.admission.capacity import Reservation
 from coordinator.errors import STATUS_BY_REASON, CoordinatorError
 from coordinator.generation import Generation
-from coordinator.metrics import CoordinatorMetrics
-from coordinator.pool.breaker import Breakers
 from coordinator.pool.registry import WorkerRecord
 from coordinator.upstream import (
     WorkerClient,
-    WorkerRefused,
     WorkerResponse,
     WorkerStreamError,
     WorkerUnreachable,
@@ -134,62 +130,19 @@ class PrefixHints:
 
 
 class Dispatcher:
-    def __init__(self, client: WorkerClient, admission: Admission, metrics: CoordinatorMetrics, breakers: Breakers,
-                 *, max_attempts: int, first_event_timeout: float, retry_after: int,
-                 worker_token: str | None = None) -> None:
+    def __init__(self, client: WorkerClient, *, first_event_timeout: float, worker_token: str | None = None) -> None:
         self._client = client
-        self._breakers = breakers
-        self._admission = admission
-        self._metrics = metrics
-        self._max_attempts = max_attempts
         self._first_event_timeout = first_event_timeout
-        self._retry_after = retry_after
         self._auth = {"authorization": f"Bearer {worker_token}"} if worker_token else {}
 
-    async def open(self, valid: Generation, ranked: Sequence[WorkerRecord], *,
-                   reserved: Callable[[], None] | None = None, hints: PrefixHints | None = None) -> OpenStream:
-        """`reserved` runs once, when the first attempt's reservation is made (before any await).
-        `hints`: the prompt's prefix blocks, and the worker that was sent most of its prefix; any other
-        worker tried is told it may fetch those cells from there (`GenerateRequest.prefix_peer`)."""
-        last: Failover | None = None
-        refused_only = True
-        soonest: int | None = None  # the shortest Retry-After a refusing worker sent
-        for attempt, worker in enumerate(ranked[: self._max_attempts], start=1):
-            reservation = self._admission.reserve(worker, valid.demand)
-            if reserved is not None:
-                reserved()
-                reserved = None
-            self._breakers.attempt(worker)
-            try:
-                stream = await self._attempt(worker, valid, reservation, hints)
-            except Failover as failover:
-                self._admission.release(reservation)
-                if failover.refused:
-                    self._admission.refused(reservation, failover.reason)
-                judge_failover(failover, worker.worker_id, valid.request_id, self._breakers, self._metrics)
-                last, refused_only = failover, refused_only and failover.refused
-                if failover.retry_after is not None:
-                    soonest = min(failover.retry_after, soonest if soonest is not None else failover.retry_after)
-                continue
-            except BaseException:
-                self._admission.release(reservation)
-                self._breakers.settled(worker.worker_id)
-                raise
-            stream.attempts = attempt
-            return stream
-        if last is not None and refused_only:
-            # The soonest any of them expects room; the coordinator's own hint when none said.
-            raise CoordinatorError(last.reason, f"every eligible worker refused: {last.reason}",
-                                   retry_after=soonest if soonest is not None else self._retry_after)
-        raise CoordinatorError(reasons.WORKER_UNAVAILABLE,
-                               f"no worker could start the request ({last.reason if last else 'none tried'})")
-
-    async def _attempt(self, worker: WorkerRecord, valid: Generation, res: Reservation,
-                       hints: PrefixHints | None = None) -> OpenStream:
+    async def start(self, worker: WorkerRecord, valid: Generation, res: Reservation, hints: PrefixHints | None,
+                    *, admitted: Callable[[int], None]) -> OpenStream:
+        """The request started on `worker` up to its first token (reserved as `res`), or the `Failover`
+        or `CoordinatorError` that says why not; `admitted` gets the prompt's length in tokens."""
         started = _Started()
         try:
             async with asyncio.timeout(self._first_event_timeout):
-                await self._start(worker, valid, res, hints, started)
+                await self._start(worker, valid, res, hints, started, admitted)
         except BaseException as exc:
             if started.response is not None:
                 await started.response.close()
@@ -206,7 +159,7 @@ class Dispatcher:
         return OpenStream(worker, response, events, first, res, attempts=1)
 
     async def _start(self, worker: WorkerRecord, valid: Generation, res: Reservation, hints: PrefixHints | None,
-                     started: _Started) -> None:
+                     started: _Started, admitted: Callable[[int], None]) -> None:
         """Posts the request and reads up to its first token, noting each step in `started`."""
         body = valid.payload if hints is None else hints.payload_for(worker.worker_id, valid)
         response = await self._client.post(worker.url.rstrip("/") + GENERATE_PATH, body,
@@ -217,7 +170,7 @@ class Dispatcher:
         started.events = events = worker_events(response.chunks())
         first = await anext(events, None)
         if first is not None and first.event == EVENT_ADMITTED:
-            self._admission.confirm(res, AdmittedEvent.model_validate_json(first.data).prompt_tokens)
+            admitted(AdmittedEvent.model_validate_json(first.data).prompt_tokens)
             started.admitted = True
             first = await anext(events, None)
         elif first is not None and first.event == EVENT_ERROR:
@@ -246,22 +199,6 @@ def _failover_for(exc: BaseException, started: _Started) -> Failover | None:
     if isinstance(exc, (WorkerUnreachable, WorkerStreamError, ValidationError, TimeoutError)):
         return Failover(reasons.WORKER_FAILED if answered else reasons.WORKER_UNAVAILABLE, refused=False)
     return None
-
-
-def judge_failover(failover: Failover, worker_id: str, request_id: str, breakers: Breakers,
-                   metrics: CoordinatorMetrics, **logged: object) -> None:
-    """The verdict an attempt that failed over gives its worker, counted and logged: a refusal (capacity,
-    a wait of the request's own) is the worker working; a refused connection means it is gone."""
-    if failover.refused:
-        breakers.settled(worker_id)
-    else:
-        breakers.failed(worker_id)
-    if isinstance(failover.__cause__, WorkerRefused):
-        breakers.gone(worker_id)
-    metrics.failovers.labels(reason=failover.reason).inc()
-    log.warning(json.dumps({"event": "failover", "request_id": request_id, "worker_id": worker_id,
-                            "reason": failover.reason, **logged,
-                            "detail": repr(failover.__cause__) if failover.__cause__ else None}))
 
 
 async def worker_refusal(response: WorkerResponse) -> Exception:

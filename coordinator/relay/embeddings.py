@@ -1,10 +1,10 @@
-"""Dispatch of one embedding request: `POST /worker/embed` to the ranked workers until one answers.
+"""Dispatch of one embedding request to one worker: `POST /worker/embed`, and its answer checked.
 
-Owns: the HTTP call (protocol.worker's `EmbedRequest` and `EmbedResponse`), failover (bounded
-attempts, as for generation), the embedding slot held per attempt and given back once its answer is
-read, the whole request's deadline (`--embedding-timeout`, shared by its attempts), checking that
-an answer has one vector of the announced size per input, and what each attempt tells the breakers.
-Must not: rank workers (scheduling/) or know a public wire format (surfaces/embeddings.py).
+Owns: the HTTP call (protocol.worker's `EmbedRequest` and `EmbedResponse`), within what is left of the
+request's deadline (`--embedding-timeout`, shared by its attempts), and checking that an answer has
+one vector of the announced size per input.
+Must not: hold embedding slots or judge workers (coordinator/attempts.py tries the ranked workers in
+turn and does both), rank workers (scheduling/) or know a public wire format (surfaces/embeddings.py).
 
 A worker's refusals mean what they mean for generation (`dispatch.worker_refusal`): its 4xx goes to
 the client with its reason, a 503 or an unreachable worker moves on to the next one. A deadline is
@@ -18,18 +18,14 @@ deadline at the rate it measures (worker/engine/embedder.py).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from coordinator.admission.embeddings import EmbeddingAdmission
 from coordinator.embedding import Embedding
 from coordinator.errors import CoordinatorError
-from coordinator.metrics import CoordinatorMetrics
-from coordinator.pool.breaker import Breakers
 from coordinator.pool.registry import WorkerRecord
-from coordinator.relay.dispatch import Failover, judge_failover, worker_refusal
+from coordinator.relay.dispatch import Failover, worker_refusal
 from coordinator.upstream import (
     WorkerClient,
     WorkerResponse,
@@ -47,58 +43,13 @@ class EmbedAnswer:
 
 
 class EmbeddingDispatcher:
-    def __init__(self, client: WorkerClient, admission: EmbeddingAdmission, metrics: CoordinatorMetrics,
-                 breakers: Breakers, *, max_attempts: int, timeout: float, now: Callable[[], float],
-                 retry_after: int, worker_token: str | None = None) -> None:
+    def __init__(self, client: WorkerClient, *, timeout: float, worker_token: str | None = None) -> None:
         self._client = client
-        self._admission = admission
-        self._metrics = metrics
-        self._breakers = breakers
-        self._max_attempts = max_attempts
         self._timeout = timeout
-        self._now = now
-        self._retry_after = retry_after
         self._auth = {"authorization": f"Bearer {worker_token}"} if worker_token else {}
 
-    async def embed(self, work: Embedding, ranked: Sequence[WorkerRecord], *,
-                    reserved: Callable[[], None] | None = None) -> EmbedAnswer:
-        """`reserved` runs once, when the first attempt's slot is held (before any await)."""
-        deadline = self._now() + self._timeout
-        last: Failover | None = None
-        refused_only = True
-        for attempt, worker in enumerate(ranked[: self._max_attempts], start=1):
-            left = deadline - self._now()
-            if left <= 0:
-                break
-            slot = self._admission.reserve(worker)
-            if reserved is not None:
-                reserved()
-                reserved = None
-            self._breakers.attempt(worker)
-            try:
-                response = await self._attempt(worker, work, left)
-            except Failover as failover:
-                judge_failover(failover, worker.worker_id, work.request_id, self._breakers, self._metrics,
-                               embeddings=True)
-                last, refused_only = failover, refused_only and failover.refused
-                continue
-            except BaseException:
-                self._breakers.settled(worker.worker_id)
-                raise
-            finally:
-                self._admission.release(slot)
-            self._breakers.succeeded(worker.worker_id)
-            return EmbedAnswer(response, attempt)
-        if self._now() >= deadline:
-            raise CoordinatorError(reasons.DEADLINE_EXCEEDED, f"not embedded within {self._timeout:g} s "
-                                   f"({last.reason if last else 'no worker answered'})")
-        if last is not None and refused_only:
-            raise CoordinatorError(last.reason, f"every eligible worker refused: {last.reason}",
-                                   retry_after=last.retry_after or self._retry_after)
-        raise CoordinatorError(reasons.WORKER_UNAVAILABLE,
-                               f"no worker could embed the request ({last.reason if last else 'none tried'})")
-
-    async def _attempt(self, worker: WorkerRecord, work: Embedding, left: float) -> EmbedResponse:
+    async def send(self, worker: WorkerRecord, work: Embedding, left: float) -> EmbedResponse:
+        """`work` embedded by `worker` within `left` seconds, or the `Failover` or `CoordinatorError` saying why not."""
         url = worker.url.rstrip("/") + EMBED_PATH
         headers = {"content-type": "application/json", REQUEST_ID_HEADER: work.request_id,
                    PROTOCOL_HEADER: str(PROTOCOL_VERSION)} | self._auth

@@ -1,0 +1,155 @@
+"""Attempts: a request tried on its ranked workers in turn until one starts it (failover before the
+first token), for generations and for embeddings.
+
+Owns: the order of each try (a reservation on the worker, or an embedding slot, from admission; the
+worker's breaker told; the request started by the relay; its `admitted` event confirming the
+reservation), and on a failover: the reservation given back, a capacity refusal noted for the worker
+(it knows of streams this coordinator does not, another coordinator's, and counts as full until its
+next heartbeat), and the worker's verdict (`judge`). Also the bound on tries, an embedding request's
+deadline shared by its tries, and the Retry-After of an answer every worker refused.
+Must not: speak to workers (relay/dispatch.py and relay/embeddings.py do), rank them (scheduling/), or
+relay a stream once it has started (relay/stream.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Callable, Sequence
+
+from coordinator.admission.capacity import Admission
+from coordinator.admission.embeddings import EmbeddingAdmission
+from coordinator.embedding import Embedding
+from coordinator.errors import CoordinatorError
+from coordinator.generation import Generation
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.pool.breaker import Breakers
+from coordinator.pool.registry import WorkerRecord
+from coordinator.relay.dispatch import Dispatcher, Failover, OpenStream, PrefixHints
+from coordinator.relay.embeddings import EmbedAnswer, EmbeddingDispatcher
+from coordinator.upstream import WorkerRefused
+from protocol import reasons
+
+log = logging.getLogger("coordinator.requests")
+
+
+class Attempts:
+    def __init__(self, dispatcher: Dispatcher, admission: Admission, breakers: Breakers, metrics: CoordinatorMetrics,
+                 *, max_attempts: int, retry_after: int) -> None:
+        self._dispatcher = dispatcher
+        self._admission = admission
+        self._breakers = breakers
+        self._metrics = metrics
+        self._max_attempts = max_attempts
+        self._retry_after = retry_after
+
+    async def open(self, valid: Generation, ranked: Sequence[WorkerRecord], *,
+                   reserved: Callable[[], None] | None = None, hints: PrefixHints | None = None) -> OpenStream:
+        """`reserved` runs once, when the first attempt's reservation is made (before any await).
+        `hints`: the prompt's prefix blocks, and the worker that was sent most of its prefix; any other
+        worker tried is told it may fetch those cells from there (`GenerateRequest.prefix_peer`)."""
+        last: Failover | None = None
+        refused_only = True
+        soonest: int | None = None  # the shortest Retry-After a refusing worker sent
+        for attempt, worker in enumerate(ranked[: self._max_attempts], start=1):
+            reservation = self._admission.reserve(worker, valid.demand)
+            if reserved is not None:
+                reserved()
+                reserved = None
+            self._breakers.attempt(worker)
+            try:
+                stream = await self._dispatcher.start(worker, valid, reservation, hints,
+                                                      admitted=functools.partial(self._admission.confirm, reservation))
+            except Failover as failover:
+                self._admission.release(reservation)
+                if failover.refused:
+                    self._admission.refused(reservation, failover.reason)
+                judge(failover, worker.worker_id, valid.request_id, self._breakers, self._metrics)
+                last, refused_only = failover, refused_only and failover.refused
+                if failover.retry_after is not None:
+                    soonest = min(failover.retry_after, soonest if soonest is not None else failover.retry_after)
+                continue
+            except BaseException:
+                self._admission.release(reservation)
+                self._breakers.settled(worker.worker_id)
+                raise
+            stream.attempts = attempt
+            return stream
+        if last is not None and refused_only:
+            # The soonest any of them expects room; the coordinator's own hint when none said.
+            raise CoordinatorError(last.reason, f"every eligible worker refused: {last.reason}",
+                                   retry_after=soonest if soonest is not None else self._retry_after)
+        raise CoordinatorError(reasons.WORKER_UNAVAILABLE,
+                               f"no worker could start the request ({last.reason if last else 'none tried'})")
+
+    def release(self, stream: OpenStream) -> None:
+        """A stream this opened, given back before its relay took it (a prefill's, once it is read)."""
+        self._admission.release(stream.reservation)
+
+
+class EmbeddingAttempts:
+    def __init__(self, dispatcher: EmbeddingDispatcher, admission: EmbeddingAdmission, breakers: Breakers,
+                 metrics: CoordinatorMetrics, *, max_attempts: int, timeout: float, now: Callable[[], float],
+                 retry_after: int) -> None:
+        self._dispatcher = dispatcher
+        self._admission = admission
+        self._breakers = breakers
+        self._metrics = metrics
+        self._max_attempts = max_attempts
+        self._timeout = timeout
+        self._now = now
+        self._retry_after = retry_after
+
+    async def embed(self, work: Embedding, ranked: Sequence[WorkerRecord], *,
+                    reserved: Callable[[], None] | None = None) -> EmbedAnswer:
+        """`reserved` runs once, when the first attempt's slot is held (before any await)."""
+        deadline = self._now() + self._timeout
+        last: Failover | None = None
+        refused_only = True
+        for attempt, worker in enumerate(ranked[: self._max_attempts], start=1):
+            left = deadline - self._now()
+            if left <= 0:
+                break
+            slot = self._admission.reserve(worker)
+            if reserved is not None:
+                reserved()
+                reserved = None
+            self._breakers.attempt(worker)
+            try:
+                response = await self._dispatcher.send(worker, work, left)
+            except Failover as failover:
+                judge(failover, worker.worker_id, work.request_id, self._breakers, self._metrics, embeddings=True)
+                last, refused_only = failover, refused_only and failover.refused
+                continue
+            except BaseException:
+                self._breakers.settled(worker.worker_id)
+                raise
+            finally:
+                self._admission.release(slot)
+            self._breakers.succeeded(worker.worker_id)
+            return EmbedAnswer(response, attempt)
+        if self._now() >= deadline:
+            raise CoordinatorError(reasons.DEADLINE_EXCEEDED, f"not embedded within {self._timeout:g} s "
+                                   f"({last.reason if last else 'no worker answered'})")
+        if last is not None and refused_only:
+            raise CoordinatorError(last.reason, f"every eligible worker refused: {last.reason}",
+                                   retry_after=last.retry_after or self._retry_after)
+        raise CoordinatorError(reasons.WORKER_UNAVAILABLE,
+                               f"no worker could embed the request ({last.reason if last else 'none tried'})")
+
+
+def judge(failover: Failover, worker_id: str, request_id: str, breakers: Breakers, metrics: CoordinatorMetrics,
+          **logged: object) -> None:
+    """The verdict an attempt that failed over gives its worker, counted and logged: a refusal (capacity,
+    a wait of the request's own) is the worker working; a refused connection means it is gone."""
+    if failover.refused:
+        breakers.settled(worker_id)
+    else:
+        breakers.failed(worker_id)
+    if isinstance(failover.__cause__, WorkerRefused):
+        breakers.gone(worker_id)
+    metrics.failovers.labels(reason=failover.reason).inc()
+    log.warning(json.dumps({"event": "failover", "request_id": request_id, "worker_id": worker_id,
+                            "reason": failover.reason, **logged,
+                            "detail": repr(failover.__cause__) if failover.__cause__ else None}))
