@@ -17,6 +17,7 @@ import functools
 import json
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from coordinator.admission.capacity import Admission
 from coordinator.admission.embeddings import EmbeddingAdmission
@@ -49,9 +50,7 @@ class Attempts:
         """`reserved` runs once, when the first attempt's reservation is made (before any await).
         `hints`: the prompt's prefix blocks, and the worker that was sent most of its prefix; any other
         worker tried is told it may fetch those cells from there (`GenerateRequest.prefix_peer`)."""
-        last: Failover | None = None
-        refused_only = True
-        soonest: int | None = None  # the shortest Retry-After a refusing worker sent
+        failed = _Failovers()
         for attempt, worker in enumerate(ranked[: self._max_attempts], start=1):
             reservation = self._admission.reserve(worker, valid.demand)
             if reserved is not None:
@@ -66,9 +65,7 @@ class Attempts:
                 if failover.refused:
                     self._admission.refused(reservation, failover.reason)
                 judge(failover, worker.worker_id, valid.request_id, self._breakers, self._metrics)
-                last, refused_only = failover, refused_only and failover.refused
-                if failover.retry_after is not None:
-                    soonest = min(failover.retry_after, soonest if soonest is not None else failover.retry_after)
+                failed.add(failover)
                 continue
             except BaseException:
                 self._admission.release(reservation)
@@ -76,12 +73,7 @@ class Attempts:
                 raise
             stream.attempts = attempt
             return stream
-        if last is not None and refused_only:
-            # The soonest any of them expects room; the coordinator's own hint when none said.
-            raise CoordinatorError(last.reason, f"every eligible worker refused: {last.reason}",
-                                   retry_after=soonest if soonest is not None else self._retry_after)
-        raise CoordinatorError(reasons.WORKER_UNAVAILABLE,
-                               f"no worker could start the request ({last.reason if last else 'none tried'})")
+        raise failed.error("start the request", self._retry_after)
 
     def release(self, stream: OpenStream) -> None:
         """A stream this opened, given back before its relay took it (a prefill's, once it is read)."""
@@ -105,8 +97,7 @@ class EmbeddingAttempts:
                     reserved: Callable[[], None] | None = None) -> EmbedAnswer:
         """`reserved` runs once, when the first attempt's slot is held (before any await)."""
         deadline = self._now() + self._timeout
-        last: Failover | None = None
-        refused_only = True
+        failed = _Failovers()
         for attempt, worker in enumerate(ranked[: self._max_attempts], start=1):
             left = deadline - self._now()
             if left <= 0:
@@ -120,7 +111,7 @@ class EmbeddingAttempts:
                 response = await self._dispatcher.send(worker, work, left)
             except Failover as failover:
                 judge(failover, worker.worker_id, work.request_id, self._breakers, self._metrics, embeddings=True)
-                last, refused_only = failover, refused_only and failover.refused
+                failed.add(failover)
                 continue
             except BaseException:
                 self._breakers.settled(worker.worker_id)
@@ -130,13 +121,34 @@ class EmbeddingAttempts:
             self._breakers.succeeded(worker.worker_id)
             return EmbedAnswer(response, attempt)
         if self._now() >= deadline:
+            last = failed.last
             raise CoordinatorError(reasons.DEADLINE_EXCEEDED, f"not embedded within {self._timeout:g} s "
                                    f"({last.reason if last else 'no worker answered'})")
-        if last is not None and refused_only:
-            raise CoordinatorError(last.reason, f"every eligible worker refused: {last.reason}",
-                                   retry_after=last.retry_after or self._retry_after)
-        raise CoordinatorError(reasons.WORKER_UNAVAILABLE,
-                               f"no worker could embed the request ({last.reason if last else 'none tried'})")
+        raise failed.error("embed the request", self._retry_after)
+
+
+@dataclass(slots=True)
+class _Failovers:
+    """What the tries of one request said so far."""
+
+    last: Failover | None = None
+    refused_only: bool = True  # every try was a refusal (no worker failed)
+    soonest: int | None = None  # the shortest Retry-After a refusing worker sent
+
+    def add(self, failover: Failover) -> None:
+        self.last, self.refused_only = failover, self.refused_only and failover.refused
+        if failover.retry_after is not None:
+            self.soonest = min(failover.retry_after, self.soonest if self.soonest is not None else failover.retry_after)
+
+    def error(self, doing: str, retry_after: int) -> CoordinatorError:
+        """The answer once no try started it: every worker refused, with their reason and the soonest any
+        of them expects room (`retry_after`, the coordinator's own, when none said); else unavailable."""
+        last = self.last
+        if last is not None and self.refused_only:
+            return CoordinatorError(last.reason, f"every eligible worker refused: {last.reason}",
+                                    retry_after=self.soonest if self.soonest is not None else retry_after)
+        return CoordinatorError(reasons.WORKER_UNAVAILABLE,
+                                f"no worker could {doing} ({last.reason if last else 'none tried'})")
 
 
 def judge(failover: Failover, worker_id: str, request_id: str, breakers: Breakers, metrics: CoordinatorMetrics,

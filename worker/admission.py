@@ -70,6 +70,7 @@ class Gate:
     clock: Callable[[], float]
     embedder: Embedder | None = None  # None: this worker does not serve embeddings
     peers: PeerPrefixes | None = None  # None: a prompt's prefix is never fetched from a peer
+    cells: KvTransfer | None = None  # the engine, when its cells can move (the runtime found): else no peer fetch
     draining: bool = False
     # A request refused only for capacity that a cancelled stream still holds (its client left; the
     # engine releases it at its next step) waits for that release, this long at most, instead of
@@ -89,7 +90,6 @@ class Gate:
     # its own deadline, and no more of them than requests open (WORKER_MAX_CONNECTIONS).
     _line: collections.deque[asyncio.Event] = field(default_factory=collections.deque, init=False, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
-    _cells: KvTransfer | None = field(default=None, init=False, repr=False)  # the engine, if its cells move
 
     async def admit(self, request: GenerateRequest, request_id: str, *, session_expected: bool = False,
                     stream_ref: int | None = None) -> Job:
@@ -137,7 +137,7 @@ class Gate:
             self._undo(session, keep_kv=session is known)
             raise WorkerError(409, reasons.SESSION_BUSY, f"session {request.session_id!r} changed meanwhile")
         cached = min(shared_prefix(session.tokens, tokens), len(tokens) - 1)
-        if request.prefix_peer and known is None and self.peers is not None and self._cells is not None:
+        if request.prefix_peer and known is None and self.peers is not None and self.cells is not None:
             try:
                 cached = await self._from_peer(request.prefix_peer, request.tenant, session, tokens, cached)
             except BaseException:  # cancelled (the client left) or a bug: nothing stays reserved
@@ -159,7 +159,7 @@ class Gate:
         `peers.min_tokens` of prefill: its cells written into this request's new sequence (a refusal,
         a slow peer or a blob that does not land leaves the prefill to this worker). The cached tokens
         then."""
-        assert self.peers is not None and self._cells is not None
+        assert self.peers is not None and self.cells is not None
         wanted = tokens[:-1]  # one prompt token is always decoded here, for the first logits
         if len(wanted) - cached < self.peers.min_tokens:
             return cached
@@ -167,20 +167,19 @@ class Gate:
         if blob is None:
             return cached
         try:
-            header, cells = unpack(blob, self._cells.cells_origin(), max_tokens=self.table.limits.session_max_tokens)
+            header, cells = unpack(blob, self.cells.cells_origin(), max_tokens=self.table.limits.session_max_tokens)
         except TransferRefused:
             return cached
         n = shared_prefix(header.tokens, wanted)
         if n < cached + self.peers.min_tokens:
             return cached
         async with asyncio.timeout(self.peers.timeout):  # past it: undone by prepare, as a client's leaving is
-            held = await asyncio.wrap_future(self._cells.import_cells(session.seq_id, cells, keep=n))
+            held = await asyncio.wrap_future(self.cells.import_cells(session.seq_id, cells, keep=n))
         session.tokens[:] = tokens[:held] if held == n else []  # a refused import leaves the sequence empty
         return held if held == n else 0
 
     def __post_init__(self) -> None:
         self._tokenizing = asyncio.Semaphore(self.tokenize_concurrency)
-        self._cells = self.engine if isinstance(self.engine, KvTransfer) else None
 
     async def embed(self, request: EmbedRequest) -> Embedded:
         """The vectors of an embedding request, or its refusal: draining, another model, no embeddings

@@ -81,7 +81,8 @@ class WorkerRuntime:
                                timeout=settings.peer_prefix_timeout, max_bytes=settings.kv_transfer_max_bytes,
                                metrics=metrics)
         self.gate = Gate(model, self.names, self.table, self.engine, stream_buffer=settings.stream_buffer,
-                         clock=clock, embedder=self.embedder, peers=self.peers, room_wait=settings.room_wait_seconds)
+                         clock=clock, embedder=self.embedder, peers=self.peers, cells=self._cells,
+                         room_wait=settings.room_wait_seconds)
         self.table.on_release = self.gate.released
         self.transfer_slots = asyncio.Semaphore(settings.kv_transfers)  # sessions' KV moving at once
         self.handover_seen = 0.0  # loop time the coordinator last moved kept sessions away (`handed_over`)

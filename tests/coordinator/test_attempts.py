@@ -11,7 +11,8 @@ import pytest
 
 from coordinator.admission.capacity import Admission
 from coordinator.admission.demand import Demand
-from coordinator.attempts import Attempts
+from coordinator.admission.embeddings import EmbeddingAdmission
+from coordinator.attempts import Attempts, EmbeddingAttempts
 from coordinator.clock import ManualClock
 from coordinator.errors import CoordinatorError
 from coordinator.metrics import CoordinatorMetrics
@@ -110,3 +111,31 @@ async def test_anything_else_a_try_raises_gives_the_reservation_back_and_stands(
     with pytest.raises(CoordinatorError):
         await attempts.open(Valid(), [registry.get("a")])  # type: ignore[list-item]
     assert admission.in_flight == 0 and registry.get("a").breaker_failures == 0  # type: ignore[union-attr]
+
+
+class Embedders:
+    """The embedding dispatcher: each worker id refuses with its Retry-After."""
+
+    def __init__(self, hints: dict[str, int | None]) -> None:
+        self.hints = hints
+
+    async def send(self, worker: Any, work: Any, left: float) -> Any:
+        raise refused(self.hints[worker.worker_id])
+
+
+@pytest.mark.parametrize(("hints", "expected"), [((5, 2), 2), ((2, None), 2), ((None, None), 9)])
+async def test_an_embedding_every_worker_refused_carries_the_soonest_retry_after_too(
+        hints: tuple[int | None, int | None], expected: int) -> None:
+    """As for generations (protocol/inference.http.md); it was the last worker's."""
+    clock = ManualClock()
+    registry = Registry(stale_after=3.0, dead_after=6.0)
+    for worker_id in "ab":
+        registry.upsert(heartbeat(worker_id, timestamp=clock.time()), clock.monotonic())
+    breakers = Breakers(registry, clock.monotonic, threshold=3, cooldown=2.0, max_cooldown=60.0)
+    attempts = EmbeddingAttempts(Embedders(dict(zip("ab", hints, strict=True))),  # type: ignore[arg-type]
+                                 EmbeddingAdmission(registry, clock, retry_after=2), breakers, CoordinatorMetrics(),
+                                 max_attempts=3,
+                                 timeout=30.0, now=clock.monotonic, retry_after=9)
+    with pytest.raises(CoordinatorError) as caught:
+        await attempts.embed(Valid(), [registry.get("a"), registry.get("b")])  # type: ignore[arg-type, list-item]
+    assert caught.value.reason == reasons.KV_FULL and caught.value.retry_after == expected
