@@ -5,6 +5,7 @@ checks it, so a missing header fails loudly instead of reading zeros."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,6 @@ import httpx
 import pytest
 
 from bench.load.command import main as load_main
-from bench.policy_bench import finished
 from bench.prefix_bench import prompt_counters
 from bench.processes import peer_env, pool
 from bench.worker_token import FILE_NAME, auth_headers, find_token
@@ -25,6 +25,14 @@ from worker.settings import WorkerSettings
 pytestmark = pytest.mark.process
 
 TOKEN = "s3cret-token"
+
+
+def finished(worker_url: str, worker_token: str) -> float:
+    """The worker's finished requests, read with the token (bench/policy_bench.py's read, retired in
+    7737c5b: `git show 7737c5b:bench/policy_bench.py`)."""
+    response = httpx.get(worker_url + "/metrics", headers=auth_headers(worker_token), timeout=5)
+    text = response.raise_for_status().text
+    return sum(float(m.group(1)) for m in re.finditer(r"^worker_requests_finished_total\{[^}]*\} (\S+)", text, re.MULTILINE))
 
 
 @pytest.mark.parametrize("flag,env,file_text,expected", [
