@@ -7,9 +7,9 @@ Must not: know what a request or an event means (relay/ does).
 
 Why aiohttp here when the rest of the project speaks httpx: this client carries every token of every
 stream, so its cost per read is the coordinator's cost per token. `python -m bench.upstream_bench`
-(a loopback server streaming 20,000 SSE chunks, uvloop, server included) measured 12.0 us of CPU per
-chunk for aiohttp against 32.4 us for httpx on this project's 2-core machine. And httpcore's pool
-walks every pooled connection on each request and each release, which showed up in profiles of
+(retired in 7737c5b: `git show 7737c5b:bench/upstream_bench.py`; a loopback server streaming
+20,000 SSE chunks, uvloop, server included) measured 12.0 us of CPU per chunk for aiohttp against
+32.4 us for httpx on this project's 2-core machine. And httpcore's pool walks every pooled connection on each request and each release, which showed up in profiles of
 `bench.scale_bench` at hundreds of open streams; aiohttp keeps a pool per worker.
 """
 

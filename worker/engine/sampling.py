@@ -348,7 +348,8 @@ def support(row: np.ndarray, top_k: int, top_p: float, *, banned: np.ndarray = N
 def _top_k(row: np.ndarray, k: int, banned: np.ndarray) -> np.ndarray:
     """Indices of the k largest values of `row` not `banned`, largest first (ties: lower token id first),
     for one comparison pass over the row instead of a selection over all of it (14.5 us against 39.6
-    for a 32,000-token row here: `python -m bench.sampler_bench`). The threshold is the (k + banned)-th largest value of a strided
+    for a 32,000-token row here: `python -m bench.sampler_bench`, retired in 7737c5b: `git show
+    7737c5b:bench/sampler_bench.py`). The threshold is the (k + banned)-th largest value of a strided
     sample of the row: at least that many of the row's tokens reach it (the sample's own), so every one
     of the k largest allowed tokens does too, and the exact selection is made among the few hundred
     that do. A row whose values mostly tie only makes that set larger, never wrong."""
