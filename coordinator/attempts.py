@@ -3,7 +3,7 @@ first token), for generations and for embeddings.
 
 Owns: the order of each try (a reservation on the worker, or an embedding slot, from admission; the
 worker's breaker told; the request started by the relay; its `admitted` event confirming the
-reservation), and on a failover: the reservation given back, a capacity refusal noted for the worker
+reservation and charging the prompt to the tenant's fair share), and on a failover: the reservation given back, a capacity refusal noted for the worker
 (it knows of streams this coordinator does not, another coordinator's, and counts as full until its
 next heartbeat), and the worker's verdict (`judge`). Also the bound on tries, an embedding request's
 deadline shared by its tries, and the Retry-After of an answer every worker refused.
@@ -19,12 +19,13 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from coordinator.admission.capacity import Admission
+from coordinator.admission.capacity import Admission, Reservation
 from coordinator.admission.embeddings import EmbeddingAdmission
+from coordinator.admission.fairness import FairShares
 from coordinator.embedding import Embedding
 from coordinator.errors import CoordinatorError
 from coordinator.generation import Generation
-from coordinator.metrics import CoordinatorMetrics
+from coordinator.metrics import CoordinatorMetrics, tenant_label
 from coordinator.pool.breaker import Breakers
 from coordinator.pool.registry import WorkerRecord
 from coordinator.relay.dispatch import Dispatcher, Failover, OpenStream, PrefixHints
@@ -37,9 +38,11 @@ log = logging.getLogger("coordinator.requests")
 
 class Attempts:
     def __init__(self, dispatcher: Dispatcher, admission: Admission, breakers: Breakers, metrics: CoordinatorMetrics,
-                 *, max_attempts: int, retry_after: int) -> None:
+                 *, max_attempts: int, retry_after: int, fair: FairShares | None = None) -> None:
+        """`fair`: charged each admitted request's prompt tokens, for its tenant."""
         self._dispatcher = dispatcher
         self._admission = admission
+        self._fair = fair
         self._breakers = breakers
         self._metrics = metrics
         self._max_attempts = max_attempts
@@ -59,7 +62,7 @@ class Attempts:
             self._breakers.attempt(worker)
             try:
                 stream = await self._dispatcher.start(worker, valid, reservation, hints,
-                                                      admitted=functools.partial(self._admission.confirm, reservation))
+                                                      admitted=functools.partial(self._admitted, valid, reservation))
             except Failover as failover:
                 self._admission.release(reservation)
                 if failover.refused:
@@ -74,6 +77,14 @@ class Attempts:
             stream.attempts = attempt
             return stream
         raise failed.error("start the request", self._retry_after)
+
+    def _admitted(self, valid: Generation, reservation: Reservation, prompt_tokens: int) -> None:
+        """The worker took the request: its reservation made exact, its prompt charged to its tenant."""
+        self._admission.confirm(reservation, prompt_tokens)
+        tenant = valid.request.tenant
+        self._metrics.tenant_tokens.labels(tenant=tenant_label(tenant), kind="prompt").inc(prompt_tokens)
+        if self._fair is not None:
+            self._fair.charge_prompt(tenant, prompt_tokens)
 
     def release(self, stream: OpenStream) -> None:
         """A stream this opened, given back before its relay took it (a prefill's, once it is read)."""

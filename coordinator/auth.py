@@ -10,6 +10,8 @@ answers, and on the workers the prompt cache and prefix copies (docs/reliability
 Each key is its own tenant (`k:` and a hash of the key), unless its entry names one: the entries
 `KEY acme` and `OTHER acme` are two keys of tenant `t:acme`, which share those caches on purpose
 (one organisation's keys sharing a system prompt). Without keys every client is tenant "".
+A tenant is also the unit of fair shares under overload (admission/fairness.py): `KEY acme 3` gives
+tenant `t:acme` three times the share of a tenant of weight 1, the default.
 """
 
 from __future__ import annotations
@@ -41,20 +43,23 @@ class Client:
 
 
 class ApiKeys:
-    def __init__(self, entries: Iterable[str]) -> None:
-        """`entries`: `KEY` or `KEY TENANT` each (whitespace between)."""
+    def __init__(self, entries: Iterable[str | tuple[str, str]]) -> None:
+        """`entries`: `KEY`, `KEY TENANT` or `KEY TENANT WEIGHT` each (whitespace between), or
+        `(where, entry)` pairs, `where` naming the entry's place (a file's line) in errors."""
         self._keys: list[tuple[bytes, Client]] = []
+        self.weights: dict[str, float] = {}  # tenant -> its fair-share weight, where an entry gave one
         seen: set[str] = set()
-        for entry in entries:
+        for number, item in enumerate(entries, start=1):
+            where, entry = item if isinstance(item, tuple) else (f"entry {number}", item)
             parts = entry.split()
             if not parts or parts[0] in seen:
                 continue
-            if len(parts) > 2 or (len(parts) == 2 and not TENANT_NAME.fullmatch(parts[1])):
-                raise ValueError("api_keys: each entry is KEY or 'KEY TENANT', a tenant name being 1 to 48 of "
-                                 "A-Z a-z 0-9 . _ -")
-            key = parts[0]
+            key, tenant, weight = parts[0], *_tenant_and_weight(parts, where)
             seen.add(key)
-            tenant = f"t:{parts[1]}" if len(parts) == 2 else own_tenant(key)
+            tenant = tenant or own_tenant(key)
+            if weight is not None and self.weights.setdefault(tenant, weight) != weight:
+                raise ValueError(f"api_keys, {where}: tenant {tenant[2:]!r} was given weight "
+                                 f"{self.weights[tenant]:g} by an earlier key, and {weight:g} here")
             self._keys.append((hashlib.sha256(key.encode()).digest(), Client(key_id(key), tenant)))
         if not self._keys:
             raise ValueError("api_keys: no key given")
@@ -67,8 +72,9 @@ class ApiKeys:
             return None
         path = Path(value)
         if "," not in value and path.is_file():
-            lines = (line.strip() for line in path.read_text().splitlines())
-            return cls(line for line in lines if line and not line.startswith("#"))
+            lines = ((f"{path.name} line {number}", line.strip())
+                     for number, line in enumerate(path.read_text().splitlines(), start=1))
+            return cls((where, line) for where, line in lines if line and not line.startswith("#"))
         return cls(part.strip() for part in value.split(","))
 
     def __len__(self) -> int:
@@ -87,6 +93,23 @@ class ApiKeys:
             if hmac.compare_digest(digest, expected) and presented:
                 found = client
         return found
+
+
+def _tenant_and_weight(parts: list[str], where: str) -> tuple[str | None, float | None]:
+    """An entry's tenant (`t:` and its name; None: the key's own) and weight (None: not given)."""
+    if len(parts) > 3 or (len(parts) >= 2 and not TENANT_NAME.fullmatch(parts[1])):
+        raise ValueError(f"api_keys, {where}: each entry is KEY, 'KEY TENANT' or 'KEY TENANT WEIGHT', a tenant "
+                         "name being 1 to 48 of A-Z a-z 0-9 . _ -")
+    tenant = f"t:{parts[1]}" if len(parts) >= 2 else None
+    if len(parts) < 3:
+        return tenant, None
+    try:
+        weight = float(parts[2])
+    except ValueError:
+        weight = float("nan")
+    if not 0 < weight <= 1_000_000:  # also false for nan and inf
+        raise ValueError(f"api_keys, {where}: the weight {parts[2]!r} is not a number above 0 (and at most 1e6)")
+    return tenant, weight
 
 
 # The key of the request's tenant in the ASGI scope's state, where the app's gate puts it.

@@ -26,6 +26,7 @@ from coordinator.cache import Replay, cache_key
 from coordinator.embedding import Embedding
 from coordinator.errors import CoordinatorError
 from coordinator.generation import Generation
+from coordinator.metrics import tenant_label
 from coordinator.pool.models import resolve_model
 from coordinator.pool.registry import ALIVE, WorkerRecord
 from coordinator.relay.dispatch import OpenStream, PrefixHints, PrefixPeer
@@ -72,7 +73,30 @@ class Gateway:
                    client_gone: Callable[[], Awaitable[None]] | None = None) -> Opened:
         """Admit (waiting in the queue while capacity is short), schedule and dispatch; raises a
         `CoordinatorError` (already counted and logged). `client_gone` returns when the client has
-        disconnected, so a request waiting in the queue leaves it at once."""
+        disconnected, so a request waiting in the queue leaves it at once. From here until its
+        response ends, the request's tenant is active for fair shares (admission/fairness.py)."""
+        state, tenant = self._state, gen.request.tenant
+        state.fair.arrive(tenant)
+        try:
+            opened = await self._open(gen, started, client_gone)
+        except BaseException as exc:
+            state.fair.depart(tenant)
+            if isinstance(exc, CoordinatorError):
+                state.metrics.tenant_refusals.labels(tenant=tenant_label(tenant), reason=exc.reason).inc()
+            raise
+        finish = opened.finish
+
+        def finished(ending: Ending) -> None:
+            try:
+                finish(ending)
+            finally:
+                state.fair.depart(tenant)
+
+        opened.finish = finished
+        return opened
+
+    async def _open(self, gen: Generation, started: float,
+                    client_gone: Callable[[], Awaitable[None]] | None) -> Opened:
         state = self._state
         try:
             self._check_own_limits()
@@ -87,7 +111,7 @@ class Gateway:
             if state.queue.enabled() and model is not None:
                 gen, stream = await in_turn(state.queue, model, lambda placed: self._admit(gen, model, placed),
                                             started=started, now=self.now, metrics=state.metrics,
-                                            client_gone=client_gone)
+                                            client_gone=client_gone, tenant=gen.request.tenant)
             else:
                 gen, stream = await self._admit(gen, model, None)
             try:
@@ -275,10 +299,17 @@ class Gateway:
             else:
                 breakers.settled(worker_id)  # the client left, or read too slowly: no verdict
 
-        settings = state.settings
+        settings, fair, tenant = state.settings, state.fair, gen.request.tenant
+        generated = state.metrics.tenant_tokens.labels(tenant=tenant_label(tenant), kind="generated")
+
+        def token() -> None:
+            """One more token generated: charged to the tenant's fair share as it goes, not at the end."""
+            fair.charge_output(tenant)
+            generated.inc()
+
         relay = Relay(stream, request_id=gen.request_id, buffer_events=settings.relay_buffer_events,
                       write_deadline=settings.relay_write_deadline, metrics=state.metrics, on_final=final,
-                      record_bytes=cache.entry_limit if cached is not None else 0)
+                      record_bytes=cache.entry_limit if cached is not None else 0, on_token=token)
         state.streams.add(relay)
         try:
             state.metrics.admitted()

@@ -16,6 +16,12 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 FILL_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 
 
+def tenant_label(tenant: str) -> str:
+    """A tenant as metrics name it: `t:NAME` for a named one, `k:` and a hash for a key's own, and
+    `default` without keys."""
+    return tenant or "default"
+
+
 class CoordinatorMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -95,6 +101,15 @@ class CoordinatorMetrics:
                                        "prefix, never the key)", ["key_id"], registry=r)
         self.unauthorized = Counter("coordinator_unauthorized_requests", "Requests refused for a missing or wrong "
                                     "API key", registry=r)
+        # Per tenant (one per configured tenant, "default" without keys): what fair shares count.
+        self.tenant_tokens = Counter("coordinator_tenant_tokens", "Tokens served per tenant: prompt (counted when "
+                                     "a worker admits the request) and generated (as relayed)", ["tenant", "kind"],
+                                     registry=r)
+        self.tenant_queue_wait = Histogram("coordinator_tenant_queue_wait_seconds", "Time a tenant's requests "
+                                           "spent in the admission queue", ["tenant"], buckets=LATENCY_BUCKETS,
+                                           registry=r)
+        self.tenant_refusals = Counter("coordinator_tenant_refusals", "Requests refused before their first byte, "
+                                       "per tenant and reason", ["tenant", "reason"], registry=r)
 
     def watch(self, alive: Callable[[], int], stale: Callable[[], int], reserved_kv: Callable[[], int],
               queued: Callable[[], int] = lambda: 0, breakers_open: Callable[[], int] = lambda: 0,
@@ -107,10 +122,11 @@ class CoordinatorMetrics:
         self.queue_length.set_function(queued)
         self.breakers_open.set_function(breakers_open)
 
-    def dequeued(self, outcome: str, waited: float) -> None:
+    def dequeued(self, outcome: str, waited: float, tenant: str = "") -> None:
         """One wait in the queue ended: `admitted`, or the reason it did not."""
         self.queue_outcomes.labels(outcome=outcome).inc()
         self.queue_wait.observe(waited)
+        self.tenant_queue_wait.labels(tenant=tenant_label(tenant)).observe(waited)
 
     def admitted(self) -> None:
         self.admission.labels(outcome="admitted", reason="").inc()

@@ -122,8 +122,15 @@ class Settings(BaseModel):
     breaker_max_cooldown: float = Field(default=60.0, gt=0, description="longest cool-down, seconds")
     queue_size: int = Field(
         default=256, ge=0, le=100_000,
-        description="requests that may wait per model when capacity is short (0: 503 at once, no queue)")
+        description="requests that may wait per model (and per tenant, with fair shares) when capacity is short "
+        "(0: 503 at once, no queue)")
     queue_timeout: float = Field(default=30.0, gt=0, description="seconds a request may wait in the queue")
+    fair_share: bool = Field(default=True, description="with api_keys: the tenant whose weighted tokens served are "
+                             "fewest goes next where requests wait (off: first come, first served)")
+    fair_prompt_weight: float = Field(default=1.0, ge=0, le=1000,
+                                      description="fair shares: what one prompt token counts")
+    fair_output_weight: float = Field(default=2.0, ge=0, le=1000,
+                                      description="fair shares: what one generated token counts")
     embedding_max_inputs: int = Field(default=256, ge=1, le=2_048,
                                       description="inputs one /v1/embeddings request may have (more: 400)")
     embedding_max_bytes: int = Field(default=1_048_576, ge=1, description="UTF-8 bytes of all the inputs of one "

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from coordinator.admission.capacity import Admission
 from coordinator.admission.embeddings import EmbeddingAdmission
+from coordinator.admission.fairness import FairShares
 from coordinator.admission.queue import AdmissionQueue
 from coordinator.affinity.conversations import ConversationTable
 from coordinator.affinity.placement import Affinity
@@ -48,6 +49,7 @@ class CoordinatorState:
     conversations: ConversationTable
     admission: Admission
     queue: AdmissionQueue
+    fair: FairShares  # the tenants' fair-share counters, which order the queue's lines
     prefixes: PrefixIndex
     cache: ResponseCache
     policy: Policy
@@ -83,8 +85,11 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
                         on_removed=lambda record: prefixes.forget_worker(record.worker_id),
                         on_identity_gone=lambda identity: cache.forget_identity(identity))
     sessions = SessionTable(settings.session_table_size, held_by=registry.holder)
+    api_keys = ApiKeys.from_setting(settings.api_keys)
+    fair = FairShares(prompt_weight=settings.fair_prompt_weight, output_weight=settings.fair_output_weight,
+                      weights=api_keys.weights if api_keys is not None else None)
     queue = AdmissionQueue(size=settings.queue_size, timeout=settings.queue_timeout,
-                           retry_after=settings.retry_after)
+                           retry_after=settings.retry_after, fair=fair if settings.fair_share else None)
     admission = Admission(registry, clock, retry_after=settings.retry_after, on_release=queue.wake)
     embedding_queue = AdmissionQueue(size=settings.queue_size, timeout=settings.queue_timeout,
                                      retry_after=settings.retry_after)
@@ -114,7 +119,7 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
     attempts = Attempts(Dispatcher(client, first_event_timeout=settings.worker_first_event_timeout,
                                    worker_token=settings.worker_token),
                         admission, breakers, metrics, max_attempts=settings.max_failover_attempts,
-                        retry_after=settings.retry_after)
+                        retry_after=settings.retry_after, fair=fair)
     conversations = ConversationTable(settings.conversation_table_size)
     log = logging.getLogger("coordinator.requests")
     return CoordinatorState(
@@ -128,7 +133,7 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
         probe=Probe(client, timeout=settings.worker_probe_timeout, at_once=PROBES_AT_ONCE),
         affinity=Affinity(sessions, conversations, prefixes, registry),
         requests=RequestLog(metrics, registry, log, now=clock.monotonic, refusal_log_rate=settings.refusal_log_rate),
-        started_at=clock.time(), api_keys=ApiKeys.from_setting(settings.api_keys),
+        started_at=clock.time(), api_keys=api_keys, fair=fair,
         embedding_admission=embedding_admission, embedding_queue=embedding_queue,
         embedding_policy=Policy.build_embeddings(stale_after=settings.stale_after, routing=settings.routing_policy,
                                                  latency_half_life=settings.latency_half_life),

@@ -1,19 +1,22 @@
 """The admission queue: where a request waits, per model, for capacity that is momentarily short.
 
-Owns: one bounded FIFO of waiters per model, the wait's deadline, and the wake-ups. A request that
-finds no capacity (or finds others already waiting for that model) joins the back of its model's
-queue and waits to be woken or to time out; a woken request tries admission again and, if it still
-does not fit, keeps its place at the head.
-Must not: decide whether a request fits (admission.py and the scheduler do) or hold any worker
-resource while a request waits.
+Owns: per model, one bounded FIFO line of waiters per tenant, which tenant's line goes next (the one
+whose fair-share counter is lowest: fairness.py), the wait's deadline, and the wake-ups. A request
+that finds no capacity (or finds others already waiting for that model) joins the back of its
+tenant's line and waits to be woken or to time out; a woken request tries admission again and, if it
+still does not fit, keeps its place at the head of its line.
+Must not: decide whether a request fits (admission.py and the scheduler do), keep the counters
+(fairness.py does), or hold any worker resource while a request waits.
 
-O(1) throughout: joining and leaving are deque and dict operations; a release or a heartbeat wakes
-only the head of that model's queue (`wake`), never scanning it, and a woken request that is
-admitted wakes the next one (`admitted`), so freed capacity is handed down the line one request at a
-time. A woken request leaves the queue as soon as it holds a reservation on a worker, before the
-worker answers, so the next one tries while the first is still being dispatched; if that dispatch
-is refused it comes back at the head (`rejoin`). A waiter whose client goes away leaves at once (its
-entry is removed from the middle of the deque, which is O(n) in the queue's bound, itself a setting).
+Joining and leaving are deque and dict operations; the next tenant is found in O(log tenants)
+(`Lowest`). A release or a heartbeat wakes only the head of that model's queue (`wake`), never
+scanning it, and a woken request that is admitted wakes the next one (`leave`), so freed capacity is
+handed down the line one request at a time. A woken request leaves the queue as soon as it holds a
+reservation on a worker, before the worker answers, so the next one tries while the first is still
+being dispatched; if that dispatch is refused it comes back at the head of its line (`rejoin`). A
+waiter whose client goes away leaves at once (its entry is removed from the middle of its line, which
+is O(n) in the line's bound, itself a setting). Without fair shares (`fair` None) every request is in
+one line per model: first come, first served.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import collections
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from coordinator.admission.fairness import FairShares, Lowest
 from coordinator.errors import CoordinatorError
 from protocol import reasons
 
@@ -30,7 +34,9 @@ from protocol import reasons
 @dataclass(eq=False, slots=True)
 class Waiter:
     model: str
+    tenant: str = ""
     queued: bool = True  # holds a place in its model's queue
+    woken: bool = False  # has been given a turn at least once
     future: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -38,44 +44,93 @@ class QueueClosed(Exception):
     """The client went away while its request waited."""
 
 
+class _ModelQueue:
+    """One model's waiters: a line per tenant, and the tenant whose line goes next."""
+
+    __slots__ = ("length", "lines", "next")
+
+    def __init__(self, counter: Callable[[str], float]) -> None:
+        self.lines: dict[str, collections.deque[Waiter]] = {}
+        self.next = Lowest(counter)  # the tenants with a waiter, by counter
+        self.length = 0
+
+    def head(self) -> Waiter | None:
+        tenant = self.next.lowest()
+        return self.lines[tenant][0] if tenant is not None else None
+
+    def add(self, waiter: Waiter, *, front: bool = False) -> None:
+        line = self.lines.get(waiter.tenant)
+        if line is None:
+            line = self.lines[waiter.tenant] = collections.deque()
+            self.next.add(waiter.tenant)
+        if front:
+            line.appendleft(waiter)
+        else:
+            line.append(waiter)
+        self.length += 1
+
+    def remove(self, waiter: Waiter) -> None:
+        line = self.lines[waiter.tenant]
+        if line[0] is waiter:
+            line.popleft()
+        else:
+            line.remove(waiter)
+        self.length -= 1
+        if not line:
+            del self.lines[waiter.tenant]
+            self.next.discard(waiter.tenant)
+
+
 class AdmissionQueue:
-    def __init__(self, *, size: int, timeout: float, retry_after: int) -> None:
+    def __init__(self, *, size: int, timeout: float, retry_after: int, fair: FairShares | None = None) -> None:
+        """`size`: waiters per model and tenant. `fair`: the tenants' counters, which order the lines;
+        None: one line per model, whoever the tenant."""
         self.size = size
         self.timeout = timeout
         self._retry_after = retry_after
-        self._queues: dict[str, collections.deque[Waiter]] = {}
+        self._fair = fair
+        self._counter: Callable[[str], float] = fair.counter if fair is not None else (lambda _tenant: 0.0)
+        self._queues: dict[str, _ModelQueue] = {}
         self.length = 0  # waiters over all models
 
     def waiting(self, model: str) -> int:
         queue = self._queues.get(model)
-        return len(queue) if queue else 0
+        return queue.length if queue else 0
 
     def enabled(self) -> bool:
         return self.size > 0
 
-    def join(self, model: str) -> Waiter:
-        """Take a place at the back, or raise 503 `queue_full`."""
-        queue = self._queues.setdefault(model, collections.deque())
-        if len(queue) >= self.size:
-            raise CoordinatorError(reasons.QUEUE_FULL, f"{len(queue)} requests already wait for {model!r}",
+    def join(self, model: str, tenant: str = "") -> Waiter:
+        """Take a place at the back of the tenant's line, or raise 503 `queue_full`."""
+        tenant = tenant if self._fair is not None else ""
+        queue = self._queues.get(model)
+        if queue is None:
+            queue = self._queues[model] = _ModelQueue(self._counter)
+        line = queue.lines.get(tenant)
+        if line is not None and len(line) >= self.size:
+            whose = " of this key's tenant" if tenant else ""
+            raise CoordinatorError(reasons.QUEUE_FULL, f"{len(line)} requests{whose} already wait for {model!r}",
                                    retry_after=self._retry_after)
-        waiter = Waiter(model)
-        queue.append(waiter)
+        waiter = Waiter(model, tenant)
+        queue.add(waiter)
         self.length += 1
         return waiter
 
     def rejoin(self, waiter: Waiter) -> None:
-        """Back at the head: it left when it was placed, and its dispatch was refused. Allowed past
-        the bound: it held a place a moment ago."""
+        """Back at the head of its line: it left when it was placed, and its dispatch was refused.
+        Allowed past the bound: it held a place a moment ago."""
         if waiter.queued:
             return
-        self._queues.setdefault(waiter.model, collections.deque()).appendleft(waiter)
+        queue = self._queues.get(waiter.model)
+        if queue is None:
+            queue = self._queues[waiter.model] = _ModelQueue(self._counter)
+        queue.add(waiter, front=True)
         waiter.queued = True
         self.length += 1
 
     async def wait(self, waiter: Waiter, *, deadline: float, now: Callable[[], float],
                    client_gone: Callable[[], Awaitable[None]] | None) -> None:
-        """Until woken (returns, still at the head), the deadline (503 `queue_timeout`) or the
+        """Until woken (returns, still in its place), the deadline (503 `queue_timeout`) or the
         client leaving (`QueueClosed`). On either failure the waiter has left the queue."""
         if waiter.future.done():  # woken before it started to wait: a wake-up is never lost
             waiter.future = asyncio.get_running_loop().create_future()
@@ -98,33 +153,34 @@ class AdmissionQueue:
                                f"{self.timeout:g} s", retry_after=self._retry_after)
 
     def is_head(self, waiter: Waiter) -> bool:
+        """Whether `waiter` goes next for its model."""
         queue = self._queues.get(waiter.model)
-        return queue is not None and len(queue) > 0 and queue[0] is waiter
+        return queue is not None and queue.head() is waiter
 
     def leave(self, waiter: Waiter) -> None:
-        """Leave the queue (admitted, refused for good, timed out or gone); wakes the next one if it
-        was at the head, so a departure never strands the queue."""
+        """Leave the queue (admitted, refused for good, timed out or gone); passes the turn on if it
+        had it, or was next, so a departure never strands the queue."""
         queue = self._queues.get(waiter.model)
-        if not waiter.queued or not queue:
+        if not waiter.queued or queue is None:
             return
-        was_head = queue[0] is waiter
-        if was_head:
-            queue.popleft()
-        else:
-            queue.remove(waiter)
+        had_turn = waiter.woken or queue.head() is waiter
+        queue.remove(waiter)
         waiter.queued = False
         self.length -= 1
-        if not queue:
+        if not queue.length:
             del self._queues[waiter.model]
-        elif was_head:
+        elif had_turn:
             self.wake(waiter.model)
 
     def wake(self, model: str | None) -> None:
-        """Capacity for `model` may have freed (None: for any model): let the head of its queue try."""
+        """Capacity for `model` may have freed (None: for any model): let the request that goes next
+        for it try."""
         if model is None:
             for name in list(self._queues):
                 self.wake(name)
             return
         queue = self._queues.get(model)
-        if queue and not queue[0].future.done():
-            queue[0].future.set_result(None)
+        head = queue.head() if queue is not None else None
+        if head is not None and not head.future.done():
+            head.woken = True
+            head.future.set_result(None)

@@ -1,8 +1,8 @@
 """Admission in turn: a request tries to be placed behind the requests already waiting for its model,
 and waits in the queue (bounded in length and time) while capacity is short.
 
-Owns: the loop between the queue (queue.py) and a placement attempt: join at the back when others
-wait or when the attempt finds capacity short, wait to be woken, try again, hand the place on as soon
+Owns: the loop between the queue (queue.py) and a placement attempt: join the back of the tenant's
+line when others wait or when the attempt finds capacity short, wait to be woken, try again, hand the place on as soon
 as a worker's capacity is reserved, and come back at the head when that worker refuses after all.
 Must not: decide whether a request fits (the attempt does) or hold a worker resource while it waits.
 """
@@ -27,14 +27,15 @@ Attempt = Callable[[Callable[[], None] | None], Awaitable[T]]
 
 async def in_turn(queue: AdmissionQueue, model: str, attempt: Attempt[T], *, started: float,
                   now: Callable[[], float], metrics: CoordinatorMetrics,
-                  client_gone: Callable[[], Awaitable[None]] | None) -> T:
+                  client_gone: Callable[[], Awaitable[None]] | None, tenant: str = "") -> T:
     """`attempt`'s result, once it succeeds in this request's turn; its `CoordinatorError` when not
-    queueable, or 503 `queue_full` / `queue_timeout`, or `client_gone` if the client left while waiting."""
+    queueable, or 503 `queue_full` / `queue_timeout`, or `client_gone` if the client left while waiting.
+    It waits in `tenant`'s line, which goes next when that tenant's fair-share counter is lowest."""
     waiter = None
     deadline = started + queue.timeout
     try:
         if queue.waiting(model):
-            waiter = queue.join(model)  # FIFO: no overtaking the requests already waiting
+            waiter = queue.join(model, tenant)  # no overtaking the requests already waiting
         while True:
             placed = None
             if waiter is not None:
@@ -46,19 +47,19 @@ async def in_turn(queue: AdmissionQueue, model: str, attempt: Attempt[T], *, sta
                 if exc.reason not in QUEUEABLE:
                     raise
                 if waiter is None:
-                    waiter = queue.join(model)
+                    waiter = queue.join(model, tenant)
                 else:
                     queue.rejoin(waiter)  # placed, then refused by the worker: back at the head
                 continue
             if waiter is not None:
-                metrics.dequeued("admitted", now() - started)
+                metrics.dequeued("admitted", now() - started, tenant)
             return result
     except QueueClosed:
-        metrics.dequeued(reasons.CLIENT_GONE, now() - started)
+        metrics.dequeued(reasons.CLIENT_GONE, now() - started, tenant)
         raise CoordinatorError(reasons.CLIENT_GONE, "the client went away while its request waited") from None
     except CoordinatorError as exc:
         if exc.reason in (reasons.QUEUE_FULL, reasons.QUEUE_TIMEOUT):
-            metrics.dequeued(exc.reason, now() - started)
+            metrics.dequeued(exc.reason, now() - started, tenant)
         raise
     finally:
         if waiter is not None:

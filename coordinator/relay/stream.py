@@ -59,19 +59,21 @@ class Upstream(Protocol):
 
 
 class Relay:
-    __slots__ = ("_abort", "_ended", "_first_ends", "_metrics", "_on_final", "_record_left", "_task", "outcome",
-                 "queue", "record", "request_id", "slow", "stream", "write_deadline")
+    __slots__ = ("_abort", "_ended", "_first_ends", "_metrics", "_on_final", "_on_token", "_record_left", "_task",
+                 "outcome", "queue", "record", "request_id", "slow", "stream", "write_deadline")
 
     def __init__(self, stream: Upstream, *, request_id: str, buffer_events: int, write_deadline: float,
                  metrics: CoordinatorMetrics, on_final: Callable[[Outcome], None] | None = None,
-                 record_bytes: int = 0) -> None:
+                 record_bytes: int = 0, on_token: Callable[[], None] | None = None) -> None:
         """`on_final` runs once, when the stream's final event is read and before it is queued for the
         client: the worker freed the request's slot before sending that event, so whoever learns of
         the end from the client must find the slot free here too (no 503 at the seam). It runs under
         the relay's guard: if it raises, the failure is logged and counted and the client's stream
-        ends with an `internal` error event instead of the worker's final event, never without one."""
+        ends with an `internal` error event instead of the worker's final event, never without one.
+        `on_token` runs for each token event read (its tenant's fair share is charged as it goes)."""
         self.stream = stream
         self._on_final = on_final
+        self._on_token = on_token
         # The events as relayed, for the response cache (`record_bytes` > 0); given up past that size.
         self.record: list[SseEvent] | None = [] if record_bytes > 0 else None
         self._record_left = record_bytes
@@ -170,6 +172,8 @@ class Relay:
                 self.record = None
         if event.event == EVENT_TOKEN:
             self.outcome.tokens += 1
+            if self._on_token is not None:
+                self._on_token()
         elif event.event == EVENT_DONE:
             self.outcome.done = _parse_done(event.data)
         elif event.event == EVENT_ERROR:

@@ -5,6 +5,7 @@ workers' answers."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.anyio
 class Valid:  # what Attempts reads of a Generation
     demand: Demand = field(default_factory=lambda: Demand(prompt_bytes=10, max_tokens=20))
     request_id: str = "r1"
+    request: Any = field(default_factory=lambda: SimpleNamespace(tenant="t:acme"))
 
 
 @dataclass

@@ -54,10 +54,30 @@ def test_each_key_is_its_own_tenant_unless_its_entry_names_one(tmp_path: Path) -
     assert own_tenant("alpha-key-1") != own_tenant("beta-key-2")
 
 
-@pytest.mark.parametrize("entry", ["key a b", "key bad/name", "key " + "x" * 49])
+@pytest.mark.parametrize("entry", ["key a 1 b", "key bad/name", "key " + "x" * 49])
 def test_a_malformed_entry_is_refused_at_start(entry: str) -> None:
     with pytest.raises(ValueError, match="KEY TENANT"):
         ApiKeys([entry])
+
+
+def test_a_tenants_weight_comes_from_its_entries(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    path.write_text("# heavy and light\nheavy-key heavy 1\nlight-key light 3\nlight-key-2 light 3\nplain-key\n")
+    keys = ApiKeys.from_setting(str(path))
+    assert keys is not None and keys.weights == {"t:heavy": 1.0, "t:light": 3.0}
+
+
+@pytest.mark.parametrize("weight", ["0", "-1", "nan", "inf", "heavy", "1e7"])
+def test_a_weight_of_0_or_below_or_not_a_number_is_refused_naming_its_line(tmp_path: Path, weight: str) -> None:
+    path = tmp_path / "keys"
+    path.write_text(f"# keys\ngood-key good 2\n\nbad-key bad {weight}\n")
+    with pytest.raises(ValueError, match=r"keys line 4: the weight"):
+        ApiKeys.from_setting(str(path))
+
+
+def test_two_weights_for_one_tenant_are_refused() -> None:
+    with pytest.raises(ValueError, match="entry 2: tenant 'acme' was given weight 1 .* and 2 here"):
+        ApiKeys(["a-key acme 1", "b-key acme 2"])
 
 
 async def test_generation_surfaces_need_a_key_and_health_does_not(caplog: pytest.LogCaptureFixture) -> None:

@@ -1,0 +1,96 @@
+"""Fair shares through the whole app: where requests wait, the tenant that was served least (in
+weighted tokens, charged as they are relayed) goes next; each tenant's tokens, waits and refusals
+show in /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from coordinator.clock import ManualClock
+from coordinator.settings import Settings
+from tests.coordinator.fakes import FakeWorkers, admitted, done, heartbeat, register, running_app, token
+from tests.coordinator.test_gateway_queue import metric, wait_queued
+
+pytestmark = pytest.mark.anyio
+KEYS = "heavy-key heavy,light-key light"
+
+
+def gated(gate: asyncio.Event, gated_ids: set[str]):  # type: ignore[no-untyped-def]
+    """A worker whose streams for `gated_ids` send one token, wait for `gate`, then three more; the
+    others send one token and end."""
+
+    def behaviour(request: httpx.Request) -> httpx.Response:
+        request_id = request.headers.get("x-request-id", "")
+
+        async def body() -> AsyncIterator[bytes]:
+            yield admitted(5)
+            yield token(0)
+            if request_id in gated_ids:
+                await gate.wait()
+                for i in range(1, 4):
+                    yield token(i)
+            yield done(n=4 if request_id in gated_ids else 1)
+
+        return httpx.Response(200, headers={"content-type": "text/event-stream", "x-worker-id": "w1",
+                                            "x-request-id": request_id}, content=body())
+
+    return behaviour
+
+
+async def infer(client: httpx.AsyncClient, request_id: str, key: str) -> httpx.Response:
+    return await client.post("/coordinator/infer", content=json.dumps({"prompt": "hi", "max_tokens": 5}),
+                             headers={"x-request-id": request_id, "authorization": f"Bearer {key}"})
+
+
+async def started(fakes: FakeWorkers, n: int) -> None:
+    for _ in range(400):
+        if len(fakes.calls) >= n:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"never {n} requests sent to the worker")
+
+
+@pytest.mark.parametrize("fair_share", [True, False])
+async def test_a_light_tenant_goes_before_a_heavy_one_that_queued_first(fair_share: bool) -> None:
+    clock, gate = ManualClock(), asyncio.Event()
+    fakes = FakeWorkers({"w1": gated(gate, {"running"})})
+    settings = Settings(heartbeat_interval=1.0, queue_size=4, queue_timeout=5.0, api_keys=KEYS, open_metrics=True,
+                        fair_share=fair_share)
+    async with running_app(settings, fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=3))  # one of 4 free
+        running = asyncio.create_task(infer(client, "running", "heavy-key"))
+        await started(fakes, 1)
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=4))
+        heavy = [asyncio.create_task(infer(client, f"heavy-{i}", "heavy-key")) for i in range(2)]
+        await wait_queued(client, 2)
+        light = asyncio.create_task(infer(client, "light", "light-key"))
+        await wait_queued(client, 3)
+        # The light tenant returns from idle: lifted to the heavy one's counter, not below it. Then the
+        # heavy tenant's running stream makes three more tokens, charged as they are relayed.
+        gate.set()
+        assert (await running).status_code == 200
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=3))  # room for one
+        await started(fakes, 2)
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=0))
+        for task in [*heavy, light]:
+            assert (await task).status_code == 200
+        order = [request.headers["x-request-id"] for _, request in fakes.calls]
+        assert order[:2] == (["running", "light"] if fair_share else ["running", "heavy-0"]), order
+        assert await metric(client, 'coordinator_tenant_tokens_total{kind="generated",tenant="t:heavy"}') == 6
+        assert await metric(client, 'coordinator_tenant_tokens_total{kind="prompt",tenant="t:light"}') == 5
+        assert await metric(client, 'coordinator_tenant_queue_wait_seconds_count{tenant="t:light"}') == 1
+
+
+async def test_a_refusal_is_counted_for_its_tenant() -> None:
+    clock, fakes = ManualClock(), FakeWorkers({})
+    settings = Settings(heartbeat_interval=1.0, queue_size=0, api_keys=KEYS, open_metrics=True)
+    async with running_app(settings, fakes, clock) as client:
+        response = await infer(client, "r", "light-key")  # no worker at all
+        assert response.status_code == 503
+        reason = response.json()["reason"]
+        assert await metric(client, f'coordinator_tenant_refusals_total{{reason="{reason}",tenant="t:light"}}') == 1
