@@ -55,7 +55,7 @@ class Attempts:
         worker tried is told it may fetch those cells from there (`GenerateRequest.prefix_peer`)."""
         failed = _Failovers()
         for attempt, worker in enumerate(ranked[: self._max_attempts], start=1):
-            reservation = self._admission.reserve(worker, valid.demand)
+            reservation = self._admission.reserve(worker, valid.demand, valid.request.tenant)
             if reserved is not None:
                 reserved()
                 reserved = None

@@ -215,7 +215,7 @@ class Gateway:
         if affinity.session_worker(gen) is not None:
             # It continues a conversation: the worker already holds its sequence slot.
             gen = dataclasses.replace(gen, demand=dataclasses.replace(gen.demand, new_session=False))
-        state.admission.check(gen.demand, model)
+        state.admission.check(gen.demand, model, body.tenant)
         leaning = affinity.lean(gen, model, by_prefix=state.policy.uses("prefix"))
         decision = state.policy.select(
             Request(gen.demand, model, body.session_id, leaning.session_worker, leaning.prefer,

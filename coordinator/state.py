@@ -90,7 +90,8 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
                       weights=api_keys.weights if api_keys is not None else None)
     queue = AdmissionQueue(size=settings.queue_size, timeout=settings.queue_timeout,
                            retry_after=settings.retry_after, fair=fair if settings.fair_share else None)
-    admission = Admission(registry, clock, retry_after=settings.retry_after, on_release=queue.wake)
+    admission = Admission(registry, clock, retry_after=settings.retry_after, on_release=queue.wake,
+                          fair=fair if settings.fair_share and api_keys is not None else None)
     embedding_queue = AdmissionQueue(size=settings.queue_size, timeout=settings.queue_timeout,
                                      retry_after=settings.retry_after)
     embedding_admission = EmbeddingAdmission(registry, clock, retry_after=settings.retry_after,

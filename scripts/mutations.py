@@ -341,6 +341,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("tokens-not-charged", "each generated token is charged to its tenant as it is relayed",
              "coordinator/gateway.py", "            fair.charge_output(tenant)\n", "            pass\n",
              ("tests/coordinator/test_gateway_fairness.py",)),
+    Mutation("headroom-off", "a tenant at its share leaves a free sequence per other active tenant",
+             ADMISSION, "        if others and left < others and ", "        if False and others and left < others and ",
+             (T_ADMISSION,)),
     Mutation("reach-off", "a worker beats to a coordinator it has not reached within REACH_RETRY",
              "worker/heartbeat.py", "                await self.reach()\n", "                pass\n",
              (("tests/worker/test_heartbeat.py::test_a_coordinator_not_reached_is_beaten_to_again_within_reach_"

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import itertools
 import secrets
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from coordinator.admission.demand import Demand
+from coordinator.admission.fairness import FairShares
 from coordinator.clock import Clock
 from coordinator.errors import CoordinatorError
 from coordinator.pool.registry import Correction, Registry, WorkerRecord
@@ -35,12 +37,16 @@ class Reservation:
     kv_bytes: int
     sessions: int
     released: bool = False
+    held: tuple[str, str] | None = None  # (tenant, model) whose sequence count it adds to
 
 
 class Admission:
     def __init__(self, registry: Registry, clock: Clock, *, retry_after: int,
-                 on_release: Callable[[str], None] | None = None) -> None:
+                 on_release: Callable[[str], None] | None = None, fair: FairShares | None = None) -> None:
+        """`fair`: the tenants' shares, for the headroom rule (`check`); None: no rule."""
         self._registry = registry
+        self._fair = fair
+        self._held: Counter[tuple[str, str]] = Counter()  # (tenant, model) -> new sequences reserved here
         self._clock = clock
         self._retry_after = retry_after
         self._on_release = on_release or (lambda model: None)  # capacity for that model may have freed
@@ -50,7 +56,7 @@ class Admission:
         self.in_flight = 0
         self.in_flight_kv_bytes = 0
 
-    def check(self, demand: Demand, model: str | None) -> None:
+    def check(self, demand: Demand, model: str | None, tenant: str = "") -> None:
         """Raise a `CoordinatorError` when no alive worker can possibly take this request. O(1)."""
         self._registry.sweep(self._clock.monotonic())
         if self._registry.alive_count == 0:
@@ -68,14 +74,29 @@ class Admission:
                                    f"in a session of this model (at most {max(longest)} bytes of text)")
         if demand.sessions and totals.free_sessions < demand.sessions:
             raise self._overloaded(reasons.SESSIONS_FULL, "every worker's sessions are in use")
+        if demand.sessions and model is not None and self._fair is not None:
+            self._keep_headroom(tenant, model, totals.free_sessions - demand.sessions, totals.max_sessions)
         # Distinct values, not workers: one per model in practice.
         need = demand.tokens(max(totals.session_max_tokens)) * max(totals.bytes_per_token)
         if totals.free_kv_bytes < need:
             raise self._overloaded(reasons.KV_FULL, "not enough free KV cache on any worker")
 
-    def reserve(self, worker: WorkerRecord, demand: Demand) -> Reservation:
+    def _keep_headroom(self, tenant: str, model: str, left: int, total: int) -> None:
+        """A tenant that already holds its weighted share of the model's sequences here may not take
+        one of the last free ones: one stays free per other active tenant, for its next request.
+        What it costs when those tenants do not use them: that many idle sequences, no more."""
+        assert self._fair is not None
+        others = self._fair.others_active(tenant)
+        if others and left < others and self._held[(tenant, model)] >= self._fair.share(tenant, total):
+            raise self._overloaded(reasons.SESSIONS_FULL, f"the free sequences of {model!r} are kept for other "
+                                   "tenants: this key's tenant holds its share or more")
+
+    def reserve(self, worker: WorkerRecord, demand: Demand, tenant: str = "") -> Reservation:
         kv_bytes = demand.tokens(worker.session_max_tokens) * worker.bytes_per_token
         res = Reservation(next(self._keys), worker.worker_id, demand, kv_bytes, demand.sessions)
+        if demand.sessions:
+            res.held = (tenant, worker.model)
+            self._held[res.held] += demand.sessions
         self._registry.correct(res.worker_id, res.key, Correction(kv_bytes, res.sessions))
         worker.in_flight += 1
         worker.picked_at = self._clock.monotonic()
@@ -103,6 +124,10 @@ class Admission:
         if res.released:
             return
         res.released = True
+        if res.held is not None:
+            self._held[res.held] -= res.sessions
+            if self._held[res.held] <= 0:
+                del self._held[res.held]
         self.in_flight -= 1
         self.in_flight_kv_bytes -= res.kv_bytes
         worker = self._registry.get(res.worker_id)

@@ -12,6 +12,11 @@ weight`. Wherever requests wait, the tenant with the lowest counter goes next, s
 get service in proportion to their weights. A tenant that becomes active again is lifted to the
 lowest counter among the active ones (or, when none is active, to the counter of the last one that
 was), so idling banks no credit. Counters only grow: that is what lets `Lowest` keep its heap lazily.
+
+Order alone is not enough when every sequence is held: the tenant whose turn it is would still wait
+for a sequence to end, and a flood's streams, started together, end together. So admission
+(capacity.py) keeps headroom: a tenant that holds its weighted share of a model's sequences or more
+may not take one of the last free ones while other tenants are active (`others_active`, `share`).
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ class FairShares:
         self._weights = dict(weights or {})
         self._counters: dict[str, float] = {}
         self._active: dict[str, int] = {}  # tenant -> its requests waiting or running here
+        self._active_weight = 0.0  # the active tenants' weights, summed
         self._lowest_active = Lowest(self.counter)
         self._idle_floor = 0.0  # the counter of the last tenant that was active
 
@@ -105,6 +111,7 @@ class FairShares:
             if floor > self.counter(tenant):
                 self._counters[tenant] = floor
             self._lowest_active.add(tenant)
+            self._active_weight += self.weight(tenant)
         self._active[tenant] = held + 1
 
     def depart(self, tenant: str) -> None:
@@ -112,10 +119,22 @@ class FairShares:
         if held > 0:
             self._active[tenant] = held
             return
-        self._active.pop(tenant, None)
+        if self._active.pop(tenant, None) is not None:
+            self._active_weight -= self.weight(tenant)
         self._lowest_active.discard(tenant)
         if not self._active:
+            self._active_weight = 0.0  # no drift from float sums
             self._idle_floor = max(self._idle_floor, self.counter(tenant))
+
+    def others_active(self, tenant: str) -> int:
+        """How many tenants besides `tenant` have a request waiting or running here."""
+        return len(self._active) - (tenant in self._active)
+
+    def share(self, tenant: str, total: int) -> float:
+        """`tenant`'s weighted share of `total` (sequences) among the active tenants, itself included."""
+        weight = self.weight(tenant)
+        active = self._active_weight + (0.0 if tenant in self._active else weight)
+        return total * weight / active
 
     def charge_prompt(self, tenant: str, tokens: int) -> None:
         self._charge(tenant, self.prompt_weight * tokens)

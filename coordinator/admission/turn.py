@@ -36,6 +36,8 @@ async def in_turn(queue: AdmissionQueue, model: str, attempt: Attempt[T], *, sta
     try:
         if queue.waiting(model):
             waiter = queue.join(model, tenant)  # no overtaking the requests already waiting
+            if queue.is_head(waiter):
+                queue.wake(model)  # its tenant goes next (fair shares): it tries at once
         while True:
             placed = None
             if waiter is not None:

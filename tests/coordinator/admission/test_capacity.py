@@ -245,3 +245,33 @@ def test_a_request_of_several_choices_reserves_for_each_and_gives_all_back() -> 
     assert res.kv_bytes == 4 * 25 * worker.bytes_per_token == worker.kv_reserved_bytes == adm.in_flight_kv_bytes
     adm.release(res)
     assert (worker.sessions, worker.kv_reserved_bytes, adm.in_flight_kv_bytes) == (0, 0, 0)
+
+
+# -- headroom for other tenants (fair shares) -------------------------------------------------------------
+
+
+def test_a_tenant_at_its_share_leaves_one_free_sequence_per_other_active_tenant() -> None:
+    from coordinator.admission.fairness import FairShares
+
+    clock = ManualClock()
+    reg = Registry(stale_after=3.0, dead_after=6.0)
+    reg.upsert(heartbeat("w0", timestamp=clock.time(), max_sessions=8), now=clock.monotonic())
+    fair = FairShares()
+    adm = Admission(reg, clock, retry_after=2, fair=fair)
+    worker = reg.get("w0")
+    assert worker is not None
+    fair.arrive("heavy")
+    held = [adm.reserve(worker, SMALL, "heavy") for _ in range(7)]  # alone, it may take every sequence
+    adm.check(SMALL, worker.model, "heavy")
+    fair.arrive("light")  # another tenant is active: heavy holds 7 of 8, its share is 4
+    with pytest.raises(CoordinatorError, match="kept for other tenants") as kept:
+        adm.check(SMALL, worker.model, "heavy")
+    assert kept.value.reason == reasons.SESSIONS_FULL  # queueable: it waits for its turn
+    adm.check(SMALL, worker.model, "light")  # the last free sequence is light's
+    for res in held[:4]:
+        adm.release(res)
+    adm.check(SMALL, worker.model, "heavy")  # under its share again (3 of 8)
+    fair.depart("light")
+    for res in held[4:]:
+        adm.release(res)
+    assert adm._held == {}  # every reservation's count given back
