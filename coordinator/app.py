@@ -20,7 +20,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from coordinator.auth import TENANT
+from coordinator.auth import CLIENT, TENANT
 from coordinator.clock import Clock, SystemClock
 from coordinator.errors import CoordinatorError
 from coordinator.gateway import Gateway
@@ -168,7 +168,8 @@ def _let_in(scope: Scope) -> bool:
         state.metrics.unauthorized.inc()
         return False
     state.metrics.requests_by_key.labels(key_id=found.key_id).inc()
-    scope.setdefault("state", {})[TENANT] = found.tenant
+    scope_state = scope.setdefault("state", {})
+    scope_state[TENANT], scope_state[CLIENT] = found.tenant, found
     return True
 
 

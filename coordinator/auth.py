@@ -10,7 +10,8 @@ answers, and on the workers the prompt cache and prefix copies (docs/reliability
 Each key is its own tenant (`k:` and a hash of the key), unless its entry names one: the entries
 `KEY acme` and `OTHER acme` are two keys of tenant `t:acme`, which share those caches on purpose
 (one organisation's keys sharing a system prompt). Without keys every client is tenant "".
-A tenant is also the unit of fair shares under overload (admission/fairness.py): `KEY acme 3` gives
+An entry may also set the key's limits (`KEY acme 1 rpm=60 tpm=20000 streams=4 budget=1000000/day`):
+admission/limits.py holds each key to them. A tenant is also the unit of fair shares under overload (admission/fairness.py): `KEY acme 3` gives
 tenant `t:acme` three times the share of a tenant of weight 1, the default.
 """
 
@@ -24,6 +25,48 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TENANT_NAME = re.compile(r"[A-Za-z0-9._-]{1,48}")
+
+PERIODS = ("hour", "day", "week", "month")
+OPTIONS = ("streams", "rpm", "tpm", "budget")
+MAX_LIMIT = 10**12
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLimits:
+    """A key's limits (admission/limits.py counts them), from its entry's `name=value` options."""
+    """None: no limit of that kind."""
+
+    streams: int | None = None  # requests of the key running at once
+    rpm: int | None = None  # requests a minute
+    tpm: int | None = None  # tokens (prompt + generated) a minute
+    budget: int | None = None  # tokens a `period`, counted from the period's start (UTC)
+    period: str = "day"
+
+    @property
+    def any(self) -> bool:
+        return any(v is not None for v in (self.streams, self.rpm, self.tpm, self.budget))
+
+    @classmethod
+    def parse(cls, options: Iterable[str], where: str) -> KeyLimits:
+        """`options`: `streams=N`, `rpm=N`, `tpm=N`, `budget=N` or `budget=N/PERIOD` (hour, day,
+        week, month; day by default). A malformed one raises `ValueError` naming `where`."""
+        values: dict[str, int] = {}
+        period = "day"
+        for option in options:
+            name, sep, value = option.partition("=")
+            if not sep or name not in OPTIONS or name in values:
+                raise ValueError(f"api_keys, {where}: {option!r} is not a limit (each once: "
+                                 f"{', '.join(n + '=N' for n in OPTIONS)}, budget=N/{'|'.join(PERIODS)})")
+            if name == "budget" and "/" in value:
+                value, period = value.split("/", 1)
+                if period not in PERIODS:
+                    raise ValueError(f"api_keys, {where}: budget period {period!r} is not one of {', '.join(PERIODS)}")
+            if not value.isdigit() or not 0 < int(value) <= MAX_LIMIT:
+                raise ValueError(f"api_keys, {where}: {name}={value!r} is not a whole number from 1 to {MAX_LIMIT}")
+            values[name] = int(value)
+        return cls(**values, period=period)
+
+
 
 
 def key_id(key: str) -> str:
@@ -40,27 +83,31 @@ def own_tenant(key: str) -> str:
 class Client:
     key_id: str
     tenant: str
+    limits: KeyLimits = KeyLimits()
 
 
 class ApiKeys:
     def __init__(self, entries: Iterable[str | tuple[str, str]]) -> None:
-        """`entries`: `KEY`, `KEY TENANT` or `KEY TENANT WEIGHT` each (whitespace between), or
-        `(where, entry)` pairs, `where` naming the entry's place (a file's line) in errors."""
+        """`entries`: `KEY`, `KEY TENANT` or `KEY TENANT WEIGHT` each, then any limits as `name=value`
+        (`KeyLimits.parse`), whitespace between; or `(where, entry)` pairs, `where` naming the entry's
+        place (a file's line) in errors."""
         self._keys: list[tuple[bytes, Client]] = []
         self.weights: dict[str, float] = {}  # tenant -> its fair-share weight, where an entry gave one
         seen: set[str] = set()
         for number, item in enumerate(entries, start=1):
             where, entry = item if isinstance(item, tuple) else (f"entry {number}", item)
-            parts = entry.split()
+            words = entry.split()
+            parts = [w for w in words if "=" not in w]
             if not parts or parts[0] in seen:
                 continue
             key, tenant, weight = parts[0], *_tenant_and_weight(parts, where)
+            limits = KeyLimits.parse((w for w in words if "=" in w), where)
             seen.add(key)
             tenant = tenant or own_tenant(key)
             if weight is not None and self.weights.setdefault(tenant, weight) != weight:
                 raise ValueError(f"api_keys, {where}: tenant {tenant[2:]!r} was given weight "
                                  f"{self.weights[tenant]:g} by an earlier key, and {weight:g} here")
-            self._keys.append((hashlib.sha256(key.encode()).digest(), Client(key_id(key), tenant)))
+            self._keys.append((hashlib.sha256(key.encode()).digest(), Client(key_id(key), tenant, limits)))
         if not self._keys:
             raise ValueError("api_keys: no key given")
 
@@ -112,11 +159,18 @@ def _tenant_and_weight(parts: list[str], where: str) -> tuple[str | None, float 
     return tenant, weight
 
 
-# The key of the request's tenant in the ASGI scope's state, where the app's gate puts it.
+# The key of the request's tenant in the ASGI scope's state, where the app's gate puts it, and of its client.
 TENANT = "tenant"
+CLIENT = "client"
 
 
 def tenant_of(scope_state: Mapping[str, object]) -> str:
     """The tenant a let-in request belongs to ("" when the pool has no keys)."""
     tenant = scope_state.get(TENANT, "")
     return tenant if isinstance(tenant, str) else ""
+
+
+def client_of(scope_state: Mapping[str, object]) -> Client | None:
+    """The client whose key let the request in (None when the pool has no keys)."""
+    client = scope_state.get(CLIENT)
+    return client if isinstance(client, Client) else None

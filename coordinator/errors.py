@@ -24,6 +24,8 @@ STATUS_BY_REASON: dict[str, int] = {
     reasons.BODY_TOO_LARGE: 413,
     reasons.REQUEST_TIMEOUT: 408,
     reasons.HEADERS_TOO_LARGE: 431,
+    reasons.RATE_LIMITED: 429,
+    reasons.BUDGET_EXCEEDED: 429,
     reasons.NO_WORKERS: 503,
     reasons.MODEL_UNAVAILABLE: 503,
     reasons.SESSIONS_FULL: 503,
@@ -52,8 +54,10 @@ class CoordinatorError(Exception):
     """
 
     def __init__(self, reason: str, message: str, *, status: int | None = None,
-                 retry_after: int | None = None, param: str | None = None) -> None:
+                 retry_after: int | None = None, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
+        self.headers = headers or {}  # more headers for its response (a key's x-ratelimit-* on a 429)
         self.reason = reason
         self.message = message
         self.param = param  # the request field at fault, when one is
@@ -66,7 +70,7 @@ class CoordinatorError(Exception):
 
 def error_headers(exc: CoordinatorError, request_id: str) -> dict[str, str]:
     """The headers every surface's error response carries, whatever its body's shape."""
-    headers = {REQUEST_ID_HEADER: request_id}
+    headers = {**exc.headers, REQUEST_ID_HEADER: request_id}
     if exc.retry_after is not None:
         headers["retry-after"] = str(exc.retry_after)
     if exc.status == 401:

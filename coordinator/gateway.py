@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from coordinator.admission.demand import Demand
 from coordinator.admission.turn import in_turn
 from coordinator.affinity.placement import Leaning
+from coordinator.auth import Client
 from coordinator.cache import Replay, cache_key
 from coordinator.embedding import Embedding
 from coordinator.errors import CoordinatorError
@@ -46,6 +47,7 @@ EMBEDDING_DEMAND = Demand(prompt_bytes=0, max_tokens=0, new_session=False)
 # A stream that ended with one of these counts against its worker's circuit breaker.
 WORKER_FAULTS = frozenset({reasons.WORKER_FAILED, reasons.ENGINE_FAILED})
 Placed = Callable[[], None] | None
+CACHE_HIT = "cache"  # an `Opened`'s worker id when the response cache answered
 
 
 @dataclass(slots=True)
@@ -56,6 +58,17 @@ class Opened:
     worker_id: str
     model: str
     finish: Callable[[Ending], None]  # call exactly once, when the client's response has ended
+
+
+def _tokens_used(opened: Opened) -> int:
+    """What a finished request counts against its key's token limits: prompt and generated tokens as
+    its usage says, or the tokens relayed when it ended without one; nothing for a cached answer."""
+    if opened.worker_id == CACHE_HIT:
+        return 0
+    outcome = opened.relay.outcome
+    if outcome.done is not None:
+        return outcome.done.usage.prompt_tokens + outcome.done.usage.completion_tokens
+    return outcome.tokens
 
 
 class Gateway:
@@ -70,17 +83,27 @@ class Gateway:
         self._state.requests.refused(request_id, exc, started, surface=surface)
 
     async def open(self, gen: Generation, started: float, *,
-                   client_gone: Callable[[], Awaitable[None]] | None = None) -> Opened:
+                   client_gone: Callable[[], Awaitable[None]] | None = None, client: Client | None = None) -> Opened:
         """Admit (waiting in the queue while capacity is short), schedule and dispatch; raises a
         `CoordinatorError` (already counted and logged). `client_gone` returns when the client has
-        disconnected, so a request waiting in the queue leaves it at once. From here until its
-        response ends, the request's tenant is active for fair shares (admission/fairness.py)."""
+        disconnected, so a request waiting in the queue leaves it at once. `client`: the API key that
+        let it in, held to its limits (admission/limits.py). From here until its response ends, the
+        request's tenant is active for fair shares (admission/fairness.py)."""
         state, tenant = self._state, gen.request.tenant
+        if client is not None:
+            try:
+                state.limits.admit(client.key_id, client.limits)
+            except CoordinatorError as exc:
+                self.refused(gen.request_id, exc, started, surface=gen.surface)
+                state.metrics.tenant_refusals.labels(tenant=tenant_label(tenant), reason=exc.reason).inc()
+                raise
         state.fair.arrive(tenant)
         try:
             opened = await self._open(gen, started, client_gone)
         except BaseException as exc:
             state.fair.depart(tenant)
+            if client is not None:
+                state.limits.finished(client.key_id, client.limits, 0)
             if isinstance(exc, CoordinatorError):
                 state.metrics.tenant_refusals.labels(tenant=tenant_label(tenant), reason=exc.reason).inc()
             raise
@@ -91,6 +114,8 @@ class Gateway:
                 finish(ending)
             finally:
                 state.fair.depart(tenant)
+                if client is not None:
+                    state.limits.finished(client.key_id, client.limits, _tokens_used(opened))
 
         opened.finish = finished
         return opened
@@ -335,5 +360,5 @@ class Gateway:
                       buffer_events=settings.relay_buffer_events, write_deadline=settings.relay_write_deadline,
                       metrics=state.metrics)
         surface = gen.surface
-        return Opened(relay, "cache", model or "",
+        return Opened(relay, CACHE_HIT, model or "",
                       lambda ending: state.requests.replayed(relay.request_id, surface, relay.outcome, ending, started))

@@ -16,6 +16,7 @@ from pathlib import Path
 from coordinator.admission.capacity import Admission
 from coordinator.admission.embeddings import EmbeddingAdmission
 from coordinator.admission.fairness import FairShares
+from coordinator.admission.limits import Limits
 from coordinator.admission.queue import AdmissionQueue
 from coordinator.affinity.conversations import ConversationTable
 from coordinator.affinity.placement import Affinity
@@ -50,6 +51,7 @@ class CoordinatorState:
     admission: Admission
     queue: AdmissionQueue
     fair: FairShares  # the tenants' fair-share counters, which order the queue's lines
+    limits: Limits  # each API key's counters against its limits
     prefixes: PrefixIndex
     cache: ResponseCache
     policy: Policy
@@ -134,7 +136,7 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
         probe=Probe(client, timeout=settings.worker_probe_timeout, at_once=PROBES_AT_ONCE),
         affinity=Affinity(sessions, conversations, prefixes, registry),
         requests=RequestLog(metrics, registry, log, now=clock.monotonic, refusal_log_rate=settings.refusal_log_rate),
-        started_at=clock.time(), api_keys=api_keys, fair=fair,
+        started_at=clock.time(), api_keys=api_keys, fair=fair, limits=Limits(clock.time),
         embedding_admission=embedding_admission, embedding_queue=embedding_queue,
         embedding_policy=Policy.build_embeddings(stale_after=settings.stale_after, routing=settings.routing_policy,
                                                  latency_half_life=settings.latency_half_life),

@@ -344,6 +344,12 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("headroom-off", "a tenant at its share leaves a free sequence per other active tenant",
              ADMISSION, "        if others and left < others and ", "        if False and others and left < others and ",
              (T_ADMISSION,)),
+    Mutation("rpm-ignored", "a key over its requests a minute gets 429 rate_limited",
+             "coordinator/admission/limits.py", "if state.requests is not None and state.requests.refill(now) < 1:",
+             "if False:", ("tests/coordinator/admission/test_limits.py",)),
+    Mutation("budget-never-resets", "a key's token budget starts again with its next calendar period",
+             "coordinator/admission/limits.py", "if limits.budget is not None and now >= state.period_end:",
+             "if limits.budget is not None and state.period_end == 0:", ("tests/coordinator/admission/test_limits.py",)),
     Mutation("reach-off", "a worker beats to a coordinator it has not reached within REACH_RETRY",
              "worker/heartbeat.py", "                await self.reach()\n", "                pass\n",
              (("tests/worker/test_heartbeat.py::test_a_coordinator_not_reached_is_beaten_to_again_within_reach_"

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from coordinator.auth import tenant_of
+from coordinator.auth import client_of, tenant_of
 from coordinator.errors import CoordinatorError, error_headers
 from coordinator.gateway import Gateway
 from coordinator.generation import Generation
@@ -112,7 +112,8 @@ async def infer(request: Request) -> Response:
     except CoordinatorError as exc:
         gateway.refused(request_id, exc, started, surface=SURFACE)
         raise
-    opened = await gateway.open(gen, started, client_gone=lambda: client_left_of(request.receive))
+    opened = await gateway.open(gen, started, client_gone=lambda: client_left_of(request.receive),
+                                    client=client_of(request.scope.get("state", {})))
     return RelayResponse(opened.relay, headers={REQUEST_ID_HEADER: request_id, WORKER_ID_HEADER: opened.worker_id},
                          ping_interval=state.settings.ping_interval, clock=state.clock, on_end=opened.finish,
                          encoder=passthrough)

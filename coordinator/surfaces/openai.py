@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from coordinator.auth import tenant_of
+from coordinator.auth import client_of, tenant_of
 from coordinator.errors import CoordinatorError, error_headers
 from coordinator.gateway import Gateway, Opened
 from coordinator.generation import Generation
@@ -175,7 +175,8 @@ async def open_generation(request: Request, surface: str, parse: Callable[[bytes
         gateway.refused(request_id, exc, started, surface=surface)
         return error_response(request_id, exc)
     try:
-        opened = await gateway.open(gen, started, client_gone=lambda: client_left_of(request.receive))
+        opened = await gateway.open(gen, started, client_gone=lambda: client_left_of(request.receive),
+                                    client=client_of(request.scope.get("state", {})))
     except CoordinatorError as exc:
         return error_response(request_id, exc)
     return opened, gen, answer

@@ -94,3 +94,26 @@ async def test_a_refusal_is_counted_for_its_tenant() -> None:
         assert response.status_code == 503
         reason = response.json()["reason"]
         assert await metric(client, f'coordinator_tenant_refusals_total{{reason="{reason}",tenant="t:light"}}') == 1
+
+
+async def test_a_key_over_its_limit_gets_429_with_its_headers_and_the_other_key_is_served() -> None:
+    clock = ManualClock()
+    fakes = FakeWorkers({"w1": gated(asyncio.Event(), set())})
+    settings = Settings(heartbeat_interval=1.0, api_keys="heavy-key heavy 1 rpm=2,light-key light",
+                        open_metrics=True)
+    async with running_app(settings, fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+        for i in range(2):
+            assert (await infer(client, f"h{i}", "heavy-key")).status_code == 200
+        refused = await infer(client, "h2", "heavy-key")
+        assert refused.status_code == 429 and refused.json()["reason"] == "rate_limited"
+        assert refused.headers["retry-after"] == "30" and refused.headers["x-ratelimit-limit-requests"] == "2"
+        assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+        openai = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 5},
+                                   headers={"authorization": "Bearer heavy-key"})
+        assert openai.status_code == 429 and openai.json()["error"]["code"] == "rate_limited"
+        assert (await infer(client, "l0", "light-key")).status_code == 200
+        assert await metric(client, 'coordinator_tenant_refusals_total{reason="rate_limited",tenant="t:heavy"}') == 2
+        clock.advance(30)
+        await register(client, heartbeat("w1", timestamp=clock.time()))  # still alive after those 30 s
+        assert (await infer(client, "h3", "heavy-key")).status_code == 200
