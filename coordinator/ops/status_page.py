@@ -40,6 +40,15 @@ PAGE_FILE = Path(__file__).parent / "static" / "status.html"
 router = APIRouter()
 
 
+class TenantUsage(BaseModel):
+    """One tenant's totals (coordinator/metrics.py's per-tenant counters)."""
+
+    prompt_tokens: int = Field(ge=0, description="prompt tokens of its requests that workers admitted")
+    generated_tokens: int = Field(ge=0, description="tokens generated for it, as relayed")
+    queue_waits: int = Field(ge=0, description="its requests that waited in the admission queue")
+    refused: dict[str, int] = Field(description="its requests refused before their first byte, by reason")
+
+
 class Counters(BaseModel):
     """Totals since the coordinator started; the page takes differences between two snapshots."""
 
@@ -56,6 +65,8 @@ class Counters(BaseModel):
     ttft_sum_s: float = Field(ge=0.0, description="their times to first token, summed")
     e2e_count: int = Field(ge=0, description="streams ended")
     e2e_sum_s: float = Field(ge=0.0, description="their durations, summed")
+    tenants: dict[str, TenantUsage] = Field(default_factory=dict, description="per tenant (`t:NAME`, `k:` and a "
+                                            "key's hash, or `default` without keys): what fair shares count")
 
 
 class StatusSnapshot(BaseModel):
@@ -116,7 +127,30 @@ def counters(state: CoordinatorState) -> Counters:
         failovers=int(sum(_by_label(m.failovers, "reason").values())),
         session_moves={k: int(v) for k, v in _by_label(m.session_moves, "outcome").items()},
         generation_tokens=int(_total(m.generation_tokens)),
-        ttft_count=ttft_count, ttft_sum_s=ttft_sum, e2e_count=e2e_count, e2e_sum_s=e2e_sum)
+        ttft_count=ttft_count, ttft_sum_s=ttft_sum, e2e_count=e2e_count, e2e_sum_s=e2e_sum,
+        tenants=tenants(state))
+
+
+def tenants(state: CoordinatorState) -> dict[str, TenantUsage]:
+    """Each tenant's usage: one pass over the per-tenant counters' label sets (one per configured
+    tenant and kind or reason, never per request)."""
+    m = state.metrics
+    prompt = _by_label(m.tenant_tokens, "tenant", kind="prompt")
+    generated = _by_label(m.tenant_tokens, "tenant", kind="generated")
+    waits: dict[str, int] = {}
+    for metric in m.tenant_queue_wait.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_count"):
+                waits[sample.labels["tenant"]] = int(sample.value)
+    refused: dict[str, dict[str, int]] = {}
+    for metric in m.tenant_refusals.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total"):
+                refused.setdefault(sample.labels["tenant"], {})[sample.labels["reason"]] = int(sample.value)
+    names = set(prompt) | set(generated) | set(waits) | set(refused)
+    return {name: TenantUsage(prompt_tokens=int(prompt.get(name, 0)), generated_tokens=int(generated.get(name, 0)),
+                              queue_waits=waits.get(name, 0), refused=refused.get(name, {}))
+            for name in sorted(names)}
 
 
 def _by_label(counter: Counter, label: str, **where: str) -> dict[str, float]:

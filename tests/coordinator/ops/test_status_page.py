@@ -161,3 +161,16 @@ async def test_the_snapshot_is_json_a_browser_can_poll_with_no_workers() -> None
         assert snap["workers"]["workers"] == [] and snap["health"]["status"] == "no_workers"
         assert snap["counters"]["rejected"] == {} and snap["counters"]["admitted"] == 0
 
+
+
+async def test_the_snapshot_holds_each_tenants_usage() -> None:
+    clock = ManualClock()
+    fakes = FakeWorkers({"w1": streaming(STREAM, prompt_tokens=7)})
+    settings = SETTINGS.model_copy(update={"api_keys": "a-key acme,b-key bravo rpm=1"})
+    async with running_app(settings, fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+        for key in ("a-key", "b-key", "b-key"):  # b's second is over its limit
+            await client.post("/coordinator/infer", json={"prompt": "hi", "max_tokens": 5}, headers={"x-api-key": key})
+        tenants = (await client.get("/coordinator/status", headers={"x-api-key": "a-key"})).json()["counters"]["tenants"]
+        assert tenants["t:acme"] == {"prompt_tokens": 7, "generated_tokens": 3, "queue_waits": 0, "refused": {}}
+        assert tenants["t:bravo"]["refused"] == {"rate_limited": 1} and tenants["t:bravo"]["generated_tokens"] == 3
