@@ -24,23 +24,28 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from protocol.inference import PRIORITY_CLASSES
+
 TENANT_NAME = re.compile(r"[A-Za-z0-9._-]{1,48}")
 
 PERIODS = ("hour", "day", "week", "month")
-OPTIONS = ("streams", "rpm", "tpm", "budget")
+LIMITS = ("streams", "rpm", "tpm", "budget")
+CLASS_OPTIONS = ("priority", "max_priority")
 MAX_LIMIT = 10**12
 
 
 @dataclass(frozen=True, slots=True)
 class KeyLimits:
-    """A key's limits (admission/limits.py counts them), from its entry's `name=value` options."""
-    """None: no limit of that kind."""
+    """A key's limits (admission/limits.py counts them; None: no limit of that kind) and priority
+    classes (admission/priority.py), from its entry's `name=value` options."""
 
     streams: int | None = None  # requests of the key running at once
     rpm: int | None = None  # requests a minute
     tpm: int | None = None  # tokens (prompt + generated) a minute
     budget: int | None = None  # tokens a `period`, counted from the period's start (UTC)
     period: str = "day"
+    priority: str = PRIORITY_CLASSES[-1]  # the class of a request that names none
+    max_priority: str = PRIORITY_CLASSES[-1]  # the highest class it may name
 
     @property
     def any(self) -> bool:
@@ -49,24 +54,37 @@ class KeyLimits:
     @classmethod
     def parse(cls, options: Iterable[str], where: str) -> KeyLimits:
         """`options`: `streams=N`, `rpm=N`, `tpm=N`, `budget=N` or `budget=N/PERIOD` (hour, day,
-        week, month; day by default). A malformed one raises `ValueError` naming `where`."""
-        values: dict[str, int] = {}
-        period = "day"
+        week, month; day by default), `priority=CLASS`, `max_priority=CLASS`. A malformed one raises
+        `ValueError` naming `where`."""
+        values: dict[str, int | str] = {}
         for option in options:
             name, sep, value = option.partition("=")
-            if not sep or name not in OPTIONS or name in values:
+            if not sep or name not in LIMITS + CLASS_OPTIONS or name in values:
                 raise ValueError(f"api_keys, {where}: {option!r} is not a limit (each once: "
-                                 f"{', '.join(n + '=N' for n in OPTIONS)}, budget=N/{'|'.join(PERIODS)})")
+                                 f"{', '.join(n + '=N' for n in LIMITS)}, budget=N/{'|'.join(PERIODS)}, "
+                                 f"priority=CLASS, max_priority=CLASS)")
+            if name in CLASS_OPTIONS:
+                values[name] = _class(name, value, where)
+                continue
             if name == "budget" and "/" in value:
-                value, period = value.split("/", 1)
-                if period not in PERIODS:
-                    raise ValueError(f"api_keys, {where}: budget period {period!r} is not one of {', '.join(PERIODS)}")
+                value, values["period"] = value.split("/", 1)
+                if values["period"] not in PERIODS:
+                    raise ValueError(f"api_keys, {where}: budget period {values['period']!r} is not one of "
+                                     f"{', '.join(PERIODS)}")
             if not value.isdigit() or not 0 < int(value) <= MAX_LIMIT:
                 raise ValueError(f"api_keys, {where}: {name}={value!r} is not a whole number from 1 to {MAX_LIMIT}")
             values[name] = int(value)
-        return cls(**values, period=period)
+        limits = cls(**values)  # type: ignore[arg-type]
+        if PRIORITY_CLASSES.index(limits.priority) > PRIORITY_CLASSES.index(limits.max_priority):
+            raise ValueError(f"api_keys, {where}: priority={limits.priority} is above max_priority={limits.max_priority}")
+        return limits
 
 
+def _class(name: str, value: str, where: str) -> str:
+    if value not in PRIORITY_CLASSES:
+        raise ValueError(f"api_keys, {where}: {name}={value!r} is not a priority class "
+                         f"({', '.join(reversed(PRIORITY_CLASSES))})")
+    return value
 
 
 def key_id(key: str) -> str:

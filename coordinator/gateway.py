@@ -19,10 +19,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from coordinator.admission import priority
 from coordinator.admission.demand import Demand
 from coordinator.admission.turn import in_turn
 from coordinator.affinity.placement import Leaning
-from coordinator.auth import Client
+from coordinator.auth import Client, KeyLimits
 from coordinator.cache import Replay, cache_key
 from coordinator.embedding import Embedding
 from coordinator.errors import CoordinatorError
@@ -90,16 +91,18 @@ class Gateway:
         let it in, held to its limits (admission/limits.py). From here until its response ends, the
         request's tenant is active for fair shares (admission/fairness.py)."""
         state, tenant = self._state, gen.request.tenant
-        if client is not None:
-            try:
-                state.limits.admit(client.key_id, client.limits)
-            except CoordinatorError as exc:
-                self.refused(gen.request_id, exc, started, surface=gen.surface)
-                state.metrics.tenant_refusals.labels(tenant=tenant_label(tenant), reason=exc.reason).inc()
-                raise
+        key = client.limits if client is not None else KeyLimits()
+        try:
+            rank = priority.resolve(gen.priority, key.priority, key.max_priority)
+            if client is not None:
+                state.limits.admit(client.key_id, key)
+        except CoordinatorError as exc:
+            self.refused(gen.request_id, exc, started, surface=gen.surface)
+            state.metrics.tenant_refusals.labels(tenant=tenant_label(tenant), reason=exc.reason).inc()
+            raise
         state.fair.arrive(tenant)
         try:
-            opened = await self._open(gen, started, client_gone)
+            opened = await self._open(gen, started, client_gone, rank)
         except BaseException as exc:
             state.fair.depart(tenant)
             if client is not None:
@@ -120,8 +123,8 @@ class Gateway:
         opened.finish = finished
         return opened
 
-    async def _open(self, gen: Generation, started: float,
-                    client_gone: Callable[[], Awaitable[None]] | None) -> Opened:
+    async def _open(self, gen: Generation, started: float, client_gone: Callable[[], Awaitable[None]] | None,
+                    rank: int) -> Opened:
         state = self._state
         try:
             self._check_own_limits()
@@ -136,7 +139,7 @@ class Gateway:
             if state.queue.enabled() and model is not None:
                 gen, stream = await in_turn(state.queue, model, lambda placed: self._admit(gen, model, placed),
                                             started=started, now=self.now, metrics=state.metrics,
-                                            client_gone=client_gone, tenant=gen.request.tenant)
+                                            client_gone=client_gone, tenant=gen.request.tenant, rank=rank)
             else:
                 gen, stream = await self._admit(gen, model, None)
             try:

@@ -23,6 +23,7 @@ class Generation:
     payload: bytes  # the JSON posted to the worker: only the fields the client set
     demand: Demand
     surface: str  # for the log line: which public API it came through
+    priority: str = ""  # the priority class it asked for; "": its key's default (admission/priority.py)
 
     @property
     def session_key(self) -> SessionKey | None:
@@ -31,8 +32,8 @@ class Generation:
         return (self.request.tenant, session_id) if session_id is not None else None
 
     @classmethod
-    def of(cls, request: GenerateRequest, request_id: str, surface: str) -> Generation:
+    def of(cls, request: GenerateRequest, request_id: str, surface: str, priority: str = "") -> Generation:
         demand = Demand(request.prompt_bytes(), request.max_tokens, messages=len(request.messages or ()),
                         choices=request.n)
         payload = request.model_dump_json(exclude_unset=True).encode()
-        return cls(request, request_id, payload, demand, surface)
+        return cls(request, request_id, payload, demand, surface, priority)

@@ -15,6 +15,8 @@ here: this surface asks for one choice, and a one-choice event leaves both out o
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from protocol.worker import (
@@ -32,11 +34,31 @@ from protocol.worker import (
     Usage,
 )
 
-__all__ = ["EVENT_DONE", "EVENT_ERROR", "EVENT_TOKEN", "DoneEvent", "ErrorBody", "ErrorEvent", "FinishReason",
-           "InferRequest", "Timings", "TokenEvent", "Usage"]
+# Priority classes, lowest first (a key's default and highest class, the X-Priority header, this
+# surface's `priority` field): a higher class goes first where requests wait.
+PRIORITY_CLASSES = ("batch", "interactive")
+
+__all__ = [
+    "EVENT_DONE",
+    "EVENT_ERROR",
+    "EVENT_TOKEN",
+    "PRIORITY_CLASSES",
+    "DoneEvent",
+    "ErrorBody",
+    "ErrorEvent",
+    "FinishReason",
+    "InferRequest",
+    "Timings",
+    "TokenEvent",
+    "Usage",
+]
 
 
 class InferRequest(GenerationFields):
     """`POST /coordinator/infer`'s body: one prompt (a user turn, or raw text with `raw`)."""
 
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    priority: Literal["interactive", "batch"] | None = Field(
+        default=None, description="the request's priority class (as the X-Priority header): interactive goes "
+        "before batch where requests wait; default: the API key's default class (interactive without keys). A "
+        "class above the key's highest is refused with 400. The coordinator's own: not sent to workers")

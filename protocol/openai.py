@@ -149,6 +149,8 @@ class _Common(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=128)
     user: str | None = Field(default=None, max_length=256)
+    # The request's priority class: flex is batch, priority interactive, auto and default the API key's.
+    service_tier: Literal["auto", "default", "flex", "priority"] | None = None
     # Extensions (not in OpenAI's API): the same meaning as on /coordinator/infer.
     session_id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN)
     top_k: int | None = Field(default=None, ge=0, le=100_000)

@@ -350,6 +350,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("budget-never-resets", "a key's token budget starts again with its next calendar period",
              "coordinator/admission/limits.py", "if limits.budget is not None and now >= state.period_end:",
              "if limits.budget is not None and state.period_end == 0:", ("tests/coordinator/admission/test_limits.py",)),
+    Mutation("priority-order-off", "where requests wait, a higher priority class goes first",
+             QUEUE, "for rank in sorted(self.next, reverse=True):", "for rank in sorted(self.next):",
+             ("tests/coordinator/admission/test_priority.py",)),
     Mutation("reach-off", "a worker beats to a coordinator it has not reached within REACH_RETRY",
              "worker/heartbeat.py", "                await self.reach()\n", "                pass\n",
              (("tests/worker/test_heartbeat.py::test_a_coordinator_not_reached_is_beaten_to_again_within_reach_"

@@ -1,7 +1,8 @@
 """The admission queue: where a request waits, per model, for capacity that is momentarily short.
 
-Owns: per model, one bounded FIFO line of waiters per tenant, which tenant's line goes next (the one
-whose fair-share counter is lowest: fairness.py), the wait's deadline, and the wake-ups. A request
+Owns: per model, one bounded FIFO line of waiters per priority class and tenant, which line goes
+next (the highest class waiting; within it, the tenant whose fair-share counter is lowest:
+fairness.py), the wait's deadline, and the wake-ups. A request
 that finds no capacity (or finds others already waiting for that model) joins the back of its
 tenant's line and waits to be woken or to time out; a woken request tries admission again and, if it
 still does not fit, keeps its place at the head of its line.
@@ -35,9 +36,14 @@ from protocol import reasons
 class Waiter:
     model: str
     tenant: str = ""
+    rank: int = 0  # its priority class's rank: a higher one goes first
     queued: bool = True  # holds a place in its model's queue
     woken: bool = False  # has been given a turn at least once
     future: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    @property
+    def line(self) -> tuple[int, str]:
+        return self.rank, self.tenant
 
 
 class QueueClosed(Exception):
@@ -45,24 +51,31 @@ class QueueClosed(Exception):
 
 
 class _ModelQueue:
-    """One model's waiters: a line per tenant, and the tenant whose line goes next."""
+    """One model's waiters: a line per priority class and tenant, and the line that goes next (the
+    highest class with a waiter; within it, the tenant whose counter is lowest)."""
 
-    __slots__ = ("length", "lines", "next")
+    __slots__ = ("_counter", "length", "lines", "next")
 
     def __init__(self, counter: Callable[[str], float]) -> None:
-        self.lines: dict[str, collections.deque[Waiter]] = {}
-        self.next = Lowest(counter)  # the tenants with a waiter, by counter
+        self._counter = counter
+        self.lines: dict[tuple[int, str], collections.deque[Waiter]] = {}
+        self.next: dict[int, Lowest] = {}  # rank -> the tenants with a waiter of that class, by counter
         self.length = 0
 
     def head(self) -> Waiter | None:
-        tenant = self.next.lowest()
-        return self.lines[tenant][0] if tenant is not None else None
+        for rank in sorted(self.next, reverse=True):  # a class or two: O(1)
+            tenant = self.next[rank].lowest()
+            if tenant is not None:
+                return self.lines[(rank, tenant)][0]
+        return None
 
     def add(self, waiter: Waiter, *, front: bool = False) -> None:
-        line = self.lines.get(waiter.tenant)
+        line = self.lines.get(waiter.line)
         if line is None:
-            line = self.lines[waiter.tenant] = collections.deque()
-            self.next.add(waiter.tenant)
+            line = self.lines[waiter.line] = collections.deque()
+            if waiter.rank not in self.next:
+                self.next[waiter.rank] = Lowest(self._counter)
+            self.next[waiter.rank].add(waiter.tenant)
         if front:
             line.appendleft(waiter)
         else:
@@ -70,15 +83,18 @@ class _ModelQueue:
         self.length += 1
 
     def remove(self, waiter: Waiter) -> None:
-        line = self.lines[waiter.tenant]
+        line = self.lines[waiter.line]
         if line[0] is waiter:
             line.popleft()
         else:
             line.remove(waiter)
         self.length -= 1
         if not line:
-            del self.lines[waiter.tenant]
-            self.next.discard(waiter.tenant)
+            del self.lines[waiter.line]
+            tenants = self.next[waiter.rank]
+            tenants.discard(waiter.tenant)
+            if not len(tenants):
+                del self.next[waiter.rank]
 
 
 class AdmissionQueue:
@@ -100,18 +116,18 @@ class AdmissionQueue:
     def enabled(self) -> bool:
         return self.size > 0
 
-    def join(self, model: str, tenant: str = "") -> Waiter:
-        """Take a place at the back of the tenant's line, or raise 503 `queue_full`."""
-        tenant = tenant if self._fair is not None else ""
+    def join(self, model: str, tenant: str = "", rank: int = 0) -> Waiter:
+        """Take a place at the back of the line of the tenant's requests of that class, or raise 503
+        `queue_full`."""
+        waiter = Waiter(model, tenant if self._fair is not None else "", rank)
         queue = self._queues.get(model)
         if queue is None:
             queue = self._queues[model] = _ModelQueue(self._counter)
-        line = queue.lines.get(tenant)
+        line = queue.lines.get(waiter.line)
         if line is not None and len(line) >= self.size:
-            whose = " of this key's tenant" if tenant else ""
+            whose = " of this key's tenant" if waiter.tenant else ""
             raise CoordinatorError(reasons.QUEUE_FULL, f"{len(line)} requests{whose} already wait for {model!r}",
                                    retry_after=self._retry_after)
-        waiter = Waiter(model, tenant)
         queue.add(waiter)
         self.length += 1
         return waiter

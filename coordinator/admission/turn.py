@@ -27,15 +27,16 @@ Attempt = Callable[[Callable[[], None] | None], Awaitable[T]]
 
 async def in_turn(queue: AdmissionQueue, model: str, attempt: Attempt[T], *, started: float,
                   now: Callable[[], float], metrics: CoordinatorMetrics,
-                  client_gone: Callable[[], Awaitable[None]] | None, tenant: str = "") -> T:
+                  client_gone: Callable[[], Awaitable[None]] | None, tenant: str = "", rank: int = 0) -> T:
     """`attempt`'s result, once it succeeds in this request's turn; its `CoordinatorError` when not
     queueable, or 503 `queue_full` / `queue_timeout`, or `client_gone` if the client left while waiting.
-    It waits in `tenant`'s line, which goes next when that tenant's fair-share counter is lowest."""
+    It waits in the line of `tenant`'s requests of its priority class (`rank`): the highest class goes
+    first, and within it the tenant whose fair-share counter is lowest."""
     waiter = None
     deadline = started + queue.timeout
     try:
         if queue.waiting(model):
-            waiter = queue.join(model, tenant)  # no overtaking the requests already waiting
+            waiter = queue.join(model, tenant, rank)  # no overtaking the requests already waiting
             if queue.is_head(waiter):
                 queue.wake(model)  # its tenant goes next (fair shares): it tries at once
         while True:
@@ -49,7 +50,7 @@ async def in_turn(queue: AdmissionQueue, model: str, attempt: Attempt[T], *, sta
                 if exc.reason not in QUEUEABLE:
                     raise
                 if waiter is None:
-                    waiter = queue.join(model, tenant)
+                    waiter = queue.join(model, tenant, rank)
                 else:
                     queue.rejoin(waiter)  # placed, then refused by the worker: back at the head
                 continue

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
+from coordinator.admission import priority
 from coordinator.auth import client_of, tenant_of
 from coordinator.errors import CoordinatorError, error_headers
 from coordinator.gateway import Gateway
@@ -108,29 +109,30 @@ async def infer(request: Request) -> Response:
     request_id = request_id_of(request)
     try:
         gen = parse(await read_body(request, state.settings.max_body_bytes), request_id,
-                    tenant_of(request.scope.get("state", {})))
+                    tenant_of(request.scope.get("state", {})), request.headers.get(priority.HEADER))
     except CoordinatorError as exc:
         gateway.refused(request_id, exc, started, surface=SURFACE)
         raise
     opened = await gateway.open(gen, started, client_gone=lambda: client_left_of(request.receive),
-                                    client=client_of(request.scope.get("state", {})))
+                                client=client_of(request.scope.get("state", {})))
     return RelayResponse(opened.relay, headers={REQUEST_ID_HEADER: request_id, WORKER_ID_HEADER: opened.worker_id},
                          ping_interval=state.settings.ping_interval, clock=state.clock, on_end=opened.finish,
                          encoder=passthrough)
 
 
-def parse(raw: bytes, request_id: str, tenant: str = "") -> Generation:
+def parse(raw: bytes, request_id: str, tenant: str = "", priority_header: str | None = None) -> Generation:
     try:
         body = InferRequest.model_validate_json(raw)
     except ValidationError as exc:
         raise CoordinatorError(reasons.INVALID_REQUEST, describe(exc)) from None
     # Same field names and ranges (both build on GenerationFields): only what the client set goes on,
-    # and the tenant, which no client sets.
+    # and the tenant, which no client sets. The priority class is the coordinator's own.
     fields = body.model_dump(exclude_unset=True)
+    named = priority.asked(priority_header, fields.pop("priority", None))
     if tenant:
         fields["tenant"] = tenant
     internal = GenerateRequest.model_validate(fields)
-    return Generation.of(internal, request_id, SURFACE)
+    return Generation.of(internal, request_id, SURFACE, named)
 
 
 def error_response(request_id: str, exc: CoordinatorError) -> JSONResponse:

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
+from coordinator.admission import priority
 from coordinator.auth import client_of, tenant_of
 from coordinator.errors import CoordinatorError, error_headers
 from coordinator.gateway import Gateway, Opened
@@ -55,6 +56,7 @@ _PARAM_BY_REASON = {reasons.UNKNOWN_MODEL: "model", reasons.MODEL_UNAVAILABLE: "
 router = APIRouter()
 Parse = Callable[[bytes], tuple[dict[str, Any], Options]]
 T = TypeVar("T")
+SERVICE_TIER = "service_tier"  # OpenAI's field for a request's class (admission/priority.py)
 
 
 async def chat_completions(request: Request) -> Response:
@@ -167,10 +169,13 @@ async def open_generation(request: Request, surface: str, parse: Callable[[bytes
     request_id = request_id_of(request)
     try:
         fields, answer = parse(await read_body(request, state.settings.max_body_bytes))
+        tier = fields.pop(SERVICE_TIER, None)
+        named = priority.asked(request.headers.get(priority.HEADER), priority.SERVICE_TIERS.get(tier or "", ""),
+                               param="service_tier" if tier else "priority")
         tenant = tenant_of(request.scope.get("state", {}))
         if tenant:
             fields["tenant"] = tenant
-        gen = Generation.of(internal(fields), request_id, surface)
+        gen = Generation.of(internal(fields), request_id, surface, named)
     except CoordinatorError as exc:
         gateway.refused(request_id, exc, started, surface=surface)
         return error_response(request_id, exc)
@@ -227,14 +232,12 @@ def _common(body: oa.ChatCompletionRequest | oa.CompletionRequest, max_tokens: i
     if body.n > 1 and body.session_id is not None:
         raise _invalid("n: several choices cannot keep a session (which one would the next turn continue?); "
                        "leave out session_id or ask for n=1", "n")
-    for name, value in (body.model_extra or {}).items():
-        harmless = oa.UNSUPPORTED.get(name)
-        if harmless is not None and not harmless(value):
-            raise _invalid(f"{name}: not supported by this pool yet; an answer made without it would not be "
-                           "what the request asks for, so leave it out", name)
+    _refuse_unsupported(body)
     fields: dict[str, Any] = {"max_tokens": max_tokens or oa.MAX_COMPLETION_TOKENS}
     if body.n > 1:
         fields["n"] = body.n
+    if body.service_tier is not None:
+        fields[SERVICE_TIER] = body.service_tier  # the coordinator's: open_generation takes it out
     for name in ("model", "temperature", "top_p", "seed", "stop", "session_id", "top_k", "ignore_eos",
                  "grammar", "json_schema", "logit_bias", "presence_penalty", "frequency_penalty", "repeat_penalty",
                  "repeat_last_n"):
@@ -247,6 +250,15 @@ def _common(body: oa.ChatCompletionRequest | oa.CompletionRequest, max_tokens: i
             raise _invalid("response_format: give it, or grammar / json_schema, not both", "response_format")
         fields["json_schema"] = schema
     return fields
+
+
+def _refuse_unsupported(body: oa.ChatCompletionRequest | oa.CompletionRequest) -> None:
+    """400 for a field OpenAI has and this pool does not serve, unless its value asks for nothing."""
+    for name, value in (body.model_extra or {}).items():
+        harmless = oa.UNSUPPORTED.get(name)
+        if harmless is not None and not harmless(value):
+            raise _invalid(f"{name}: not supported by this pool yet; an answer made without it would not be "
+                           "what the request asks for, so leave it out", name)
 
 
 def _schema_of(response_format: oa.ResponseFormat | None) -> dict[str, Any] | None:

@@ -117,3 +117,47 @@ async def test_a_key_over_its_limit_gets_429_with_its_headers_and_the_other_key_
         clock.advance(30)
         await register(client, heartbeat("w1", timestamp=clock.time()))  # still alive after those 30 s
         assert (await infer(client, "h3", "heavy-key")).status_code == 200
+
+
+async def test_an_interactive_request_goes_before_batch_requests_that_waited_first() -> None:
+    clock, gate = ManualClock(), asyncio.Event()
+    fakes = FakeWorkers({"w1": gated(gate, set())})
+    settings = Settings(heartbeat_interval=1.0, queue_size=4, queue_timeout=5.0, open_metrics=True,
+                        api_keys="jobs-key jobs 1 priority=batch,app-key app")
+    async with running_app(settings, fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=4))  # full
+        batch = [asyncio.create_task(infer(client, f"batch-{i}", "jobs-key")) for i in range(2)]
+        await wait_queued(client, 2)
+        urgent = asyncio.create_task(client.post(
+            "/v1/completions", json={"prompt": "hi", "max_tokens": 5, "service_tier": "priority"},
+            headers={"authorization": "Bearer app-key", "x-request-id": "urgent"}))
+        await wait_queued(client, 3)
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=3))  # room for one
+        await started(fakes, 1)
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=0))
+        assert (await urgent).status_code == 200
+        for task in batch:
+            assert (await task).status_code == 200
+        order = [request.headers["x-request-id"] for _, request in fakes.calls]
+        assert order == ["urgent", "batch-0", "batch-1"], order
+
+
+@pytest.mark.parametrize(("headers", "body", "message"), [
+    ({"x-priority": "urgent"}, {}, "priority: 'urgent' is not a priority class"),
+    ({}, {"priority": "interactive"}, "priority: 'interactive' is above this key's highest class 'batch'"),
+    ({"x-priority": "interactive"}, {}, "priority: 'interactive' is above this key's highest class 'batch'"),
+])
+async def test_a_class_the_key_may_not_ask_for_is_400_naming_it(headers: dict[str, str], body: dict[str, str],
+                                                              message: str) -> None:
+    clock, fakes = ManualClock(), FakeWorkers({"w1": gated(asyncio.Event(), set())})
+    settings = Settings(heartbeat_interval=1.0, api_keys="jobs-key jobs 1 priority=batch max_priority=batch")
+    async with running_app(settings, fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+        refused = await client.post("/coordinator/infer", json={"prompt": "hi", "max_tokens": 5, **body},
+                                    headers={"authorization": "Bearer jobs-key", **headers})
+        assert refused.status_code == 400 and refused.json()["error"].startswith(message)
+        openai = await client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "service_tier": "priority"},
+            headers={"authorization": "Bearer jobs-key"})
+        assert openai.status_code == 400 and openai.json()["error"]["param"] == "priority"
+        assert fakes.calls == []
