@@ -61,15 +61,15 @@ class Opened:
     finish: Callable[[Ending], None]  # call exactly once, when the client's response has ended
 
 
-def _tokens_used(opened: Opened) -> int:
-    """What a finished request counts against its key's token limits: prompt and generated tokens as
-    its usage says, or the tokens relayed when it ended without one; nothing for a cached answer."""
+def _usage(opened: Opened) -> tuple[int, int]:
+    """What a finished request used, (prompt, generated) tokens: as its usage says, or the tokens
+    relayed when it ended without one; nothing for a cached answer."""
     if opened.worker_id == CACHE_HIT:
-        return 0
+        return 0, 0
     outcome = opened.relay.outcome
     if outcome.done is not None:
-        return outcome.done.usage.prompt_tokens + outcome.done.usage.completion_tokens
-    return outcome.tokens
+        return outcome.done.usage.prompt_tokens, outcome.done.usage.completion_tokens
+    return 0, outcome.tokens
 
 
 class Gateway:
@@ -116,9 +116,11 @@ class Gateway:
             try:
                 finish(ending)
             finally:
+                prompt, generated = _usage(opened)
                 state.fair.depart(tenant)
+                state.fair.ended(opened.worker_id, tenant, prompt, generated)  # the worker reports it too
                 if client is not None:
-                    state.limits.finished(client.key_id, client.limits, _tokens_used(opened))
+                    state.limits.finished(client.key_id, client.limits, prompt + generated)
 
         opened.finish = finished
         return opened
@@ -318,6 +320,8 @@ class Gateway:
             release(outcome)
             done = outcome.done
             if done is not None:
+                # A token event may carry several tokens (a character split across them): the rest now.
+                token(max(0, done.usage.completion_tokens - outcome.tokens))
                 breakers.succeeded(worker_id)
                 if cached is not None and relay.record is not None and done.finish_reason != "cancelled":
                     key, identity = cached
@@ -330,10 +334,11 @@ class Gateway:
         settings, fair, tenant = state.settings, state.fair, gen.request.tenant
         generated = state.metrics.tenant_tokens.labels(tenant=tenant_label(tenant), kind="generated")
 
-        def token() -> None:
-            """One more token generated: charged to the tenant's fair share as it goes, not at the end."""
-            fair.charge_output(tenant)
-            generated.inc()
+        def token(tokens: int = 1) -> None:
+            """Tokens generated: charged to the tenant's fair share as they come, not at the end."""
+            if tokens:
+                fair.charge_output(tenant, tokens)
+                generated.inc(tokens)
 
         relay = Relay(stream, request_id=gen.request_id, buffer_events=settings.relay_buffer_events,
                       write_deadline=settings.relay_write_deadline, metrics=state.metrics, on_final=final,

@@ -80,16 +80,22 @@ class CoordinatorState:
     draining: bool = False
 
 
+def _forget(worker_id: str, prefixes: PrefixIndex, fair: FairShares) -> None:
+    """A worker removed from the registry: what it held or ran no longer counts."""
+    prefixes.forget_worker(worker_id)
+    fair.forget(worker_id)
+
+
 def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -> CoordinatorState:
     """Runs inside the event loop (the app's lifespan): the worker client's pool belongs to it."""
     prefixes = PrefixIndex(block_chars=settings.prefix_block_chars, capacity=settings.prefix_index_blocks)
-    registry = Registry(stale_after=settings.stale_after, dead_after=settings.dead_after,
-                        on_removed=lambda record: prefixes.forget_worker(record.worker_id),
-                        on_identity_gone=lambda identity: cache.forget_identity(identity))
-    sessions = SessionTable(settings.session_table_size, held_by=registry.holder)
     api_keys = ApiKeys.from_setting(settings.api_keys)
     fair = FairShares(prompt_weight=settings.fair_prompt_weight, output_weight=settings.fair_output_weight,
                       weights=api_keys.weights if api_keys is not None else None)
+    registry = Registry(stale_after=settings.stale_after, dead_after=settings.dead_after,
+                        on_removed=lambda record: _forget(record.worker_id, prefixes, fair),
+                        on_identity_gone=lambda identity: cache.forget_identity(identity))
+    sessions = SessionTable(settings.session_table_size, held_by=registry.holder)
     queue = AdmissionQueue(size=settings.queue_size, timeout=settings.queue_timeout,
                            retry_after=settings.retry_after, fair=fair if settings.fair_share else None)
     admission = Admission(registry, clock, retry_after=settings.retry_after, on_release=queue.wake,

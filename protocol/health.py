@@ -19,6 +19,7 @@ from protocol.worker import (
     MODEL_NAME_PATTERN,
     PREFIX_BLOCK_PATTERN,
     PROTOCOL_VERSION,
+    TENANT_PATTERN,
 )
 
 ModelName = Annotated[str, StringConstraints(pattern=MODEL_NAME_PATTERN)]
@@ -38,6 +39,9 @@ MAX_HELD_PREFIX_BLOCKS = 2048
 # or refusing), instead of waiting its whole interval. A coordinator takes client traffic only once it
 # has heard from the pool, and waits about two of these for the rest of the workers after the first.
 REACH_RETRY = 0.5
+# Tenants a heartbeat lists at most (those with the most running, then the most served): about 100
+# bytes each as JSON, so it stays well inside the 64 KiB limit on a heartbeat's body with the rest.
+MAX_HEARTBEAT_TENANTS = 64
 MAX_POOL_WORKERS = 1_000_000  # the workers a coordinator may say it knows (HeartbeatAck, Heartbeat)
 JOIN_SETTLE = 2 * REACH_RETRY
 
@@ -47,6 +51,19 @@ def session_digest(tenant: str, session_id: str) -> str:
     """What a heartbeat says of a session it holds: 8 bytes of BLAKE2b over its tenant and id, so
     every coordinator can find a session's worker without the ids crossing in the clear."""
     return hashlib.blake2b(f"{tenant}\0{session_id}".encode(), digest_size=8).hexdigest()
+
+
+class TenantUse(BaseModel):
+    """What one tenant has running on a worker, and what the worker has served it since it started."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    tenant: str = Field(pattern=TENANT_PATTERN)
+    running: int = Field(default=0, ge=0, le=MAX_SESSIONS, description="its requests generating now")
+    prompt_tokens: int = Field(default=0, ge=0, le=1 << 62, description="prompt tokens of its requests that "
+                               "ended here, in all (a counter: it only grows while the worker runs)")
+    generated_tokens: int = Field(default=0, ge=0, le=1 << 62, description="tokens generated for its requests "
+                                  "that ended here, in all")
 
 
 class WorkerLoad(BaseModel):
@@ -87,6 +104,10 @@ class WorkerLoad(BaseModel):
         description="`session_digest` of every named session it holds (streaming or kept), so that every "
                     "coordinator knows where a session is, whichever one served its last turn")
 
+    tenants: list[TenantUse] = Field(
+        default_factory=list, max_length=MAX_HEARTBEAT_TENANTS,
+        description="each tenant it serves: running now and served in all, those with the most running first; "
+                    "every coordinator adds what the others gave a tenant to its fair-share counter")
     prefixes: list[Annotated[str, StringConstraints(pattern=PREFIX_BLOCK_PATTERN)]] = Field(
         default_factory=list, max_length=MAX_HELD_PREFIX_BLOCKS,
         description="the prefix blocks (`GenerateRequest.prefix_blocks`) of the prompts its sequences' cells "
@@ -103,6 +124,8 @@ class WorkerLoad(BaseModel):
             raise ValueError(f"{len(self.held)} sessions held > sessions {self.sessions}")
         if self.idle_sessions > self.sessions:
             raise ValueError(f"idle_sessions {self.idle_sessions} > sessions {self.sessions}")
+        if sum(t.running for t in self.tenants) > self.sessions:
+            raise ValueError(f"tenants run {sum(t.running for t in self.tenants)} sequences > sessions {self.sessions}")
         # What the context allows: one session cannot hold more than the whole context's cells.
         if self.session_max_tokens * self.bytes_per_token > self.kv_capacity_bytes:
             raise ValueError(f"session_max_tokens {self.session_max_tokens} x bytes_per_token "

@@ -1,4 +1,4 @@
-"""The internal coordinator <-> worker contract, version 6: what a coordinator posts to a worker's
+"""The internal coordinator <-> worker contract, version 8: what a coordinator posts to a worker's
 `POST /worker/generate` and the SSE events the worker streams back, and the embedding request a
 coordinator posts to `POST /worker/embed` with its one JSON answer.
 
@@ -25,6 +25,9 @@ added `GenerateRequest.prefix_peer` (a worker that may hold the prompt's prefix,
 Version 6 lists the sessions a worker holds in its heartbeats (`protocol.health.WorkerLoad.held`, by
 digest), so every coordinator of a pool knows where each session is (an older coordinator would
 refuse the unknown field).
+Version 7 lists the prefix blocks a worker's cells hold (`WorkerLoad.prefixes`); version 8 what each
+tenant has running and has been served there (`WorkerLoad.tenants`), from which every coordinator of
+a pool counts the service the others gave each tenant (fair shares across coordinators).
 Embeddings need no version of their own: a worker that does not serve them never says so in its
 heartbeat (`protocol.health.Heartbeat.embeddings`), so no coordinator sends it an `EmbedRequest`.
 """
@@ -36,7 +39,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 GENERATE_PATH = "/worker/generate"
 # Open even with a worker token (probes cannot send one); the coordinator reads it before it registers
 # a new worker (coordinator/pool/probe.py).

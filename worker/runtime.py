@@ -18,15 +18,23 @@ from collections.abc import Awaitable, Callable
 import httpx
 
 from protocol import reasons
-from protocol.health import EmbeddingService, WorkerLoad, session_digest
+from protocol.health import (
+    MAX_HEARTBEAT_TENANTS,
+    MAX_SESSIONS,
+    EmbeddingService,
+    TenantUse,
+    WorkerLoad,
+    session_digest,
+)
 from worker.admission import Gate
 from worker.backends import build_embedding_context, build_engine
 from worker.backends.base import EngineBackend, KvTransfer, ModelBackend, PrefixExport
 from worker.engine.embedder import Embedder
-from worker.engine.jobs import EngineConfig, Failed, Job
+from worker.engine.jobs import EngineConfig, Failed, Job, Observers
 from worker.engine.pacing import CPU_CHUNK, GPU_CHUNK
 from worker.errors import WorkerError
 from worker.heartbeat import HeartbeatSender
+from worker.ledger import TenantLedger
 from worker.metrics import WorkerMetrics
 from worker.naming import ModelNames
 from worker.peers import HttpPeers
@@ -62,7 +70,9 @@ class WorkerRuntime:
                               request_timeout=settings.request_timeout, prompt_cache=settings.prompt_cache,
                               prefix_min_tokens=settings.prefix_min_tokens)
         # The table is sized from the context llama.cpp actually made, not from what we asked for.
-        self.engine: EngineBackend = build_engine(settings, model, config, observer=metrics, clock=clock)
+        self.ledger = TenantLedger()  # what each tenant was served here, for the heartbeats
+        self.engine: EngineBackend = build_engine(settings, model, config, observer=Observers(metrics, self.ledger),
+                                                  clock=clock)
         # What it can do beyond every engine's part (backends/base.py), found once.
         self._cells = self.engine if isinstance(self.engine, KvTransfer) else None
         self._prefixes = self.engine if isinstance(self.engine, PrefixExport) else None
@@ -131,10 +141,17 @@ class WorkerRuntime:
             bytes_per_token=limits.bytes_per_token, session_max_tokens=limits.session_max_tokens,
             idle_sessions=table.idle_sessions, idle_kv_bytes=table.idle_reserved_tokens * limits.bytes_per_token,
             streams=list(table.stream_refs), held=[session_digest(tenant, sid) for tenant, sid in table.held],
-            prefixes=list(table.prefixes),
+            prefixes=list(table.prefixes), tenants=self._tenants(table.running_by_tenant),
             max_prompt_bytes=min(limits.session_max_tokens * self.model.max_token_bytes, 1 << 50),
             draining=self.gate.draining, backend="gpu" if self.model.backend == "gpu" else "cpu",
             gpu_layers=min(self.model.gpu_layers, self.model.shape.n_layer + 1))  # "all" is a huge number
+
+    def _tenants(self, running: dict[str, int]) -> list[TenantUse]:
+        """Each tenant's use here, those with the most running first, then the most served; bounded."""
+        served = self.ledger.totals()
+        names = sorted(set(running) | set(served), key=lambda t: (-running.get(t, 0), -sum(served.get(t, (0, 0)))))
+        return [TenantUse(tenant=t, running=min(running.get(t, 0), MAX_SESSIONS), prompt_tokens=served.get(t, (0, 0))[0],
+                          generated_tokens=served.get(t, (0, 0))[1]) for t in names[:MAX_HEARTBEAT_TENANTS]]
 
     async def start(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.engine.start(asyncio.get_running_loop())

@@ -87,7 +87,8 @@ class Admission:
         What it costs when those tenants do not use them: that many idle sequences, no more."""
         assert self._fair is not None
         others = self._fair.others_active(tenant)
-        if others and left < others and self._held[(tenant, model)] >= self._fair.share(tenant, total):
+        held = max(self._held[(tenant, model)], self._fair.running(tenant, model))  # ours, or the pool's
+        if others and left < others and held >= self._fair.share(tenant, total):
             raise self._overloaded(reasons.SESSIONS_FULL, f"the free sequences of {model!r} are kept for other "
                                    "tenants: this key's tenant holds its share or more")
 

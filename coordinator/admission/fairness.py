@@ -13,6 +13,17 @@ get service in proportion to their weights. A tenant that becomes active again i
 lowest counter among the active ones (or, when none is active, to the counter of the last one that
 was), so idling banks no credit. Counters only grow: that is what lets `Lowest` keep its heap lazily.
 
+With several coordinators the counters must not split by coordinator: each would be fair over its
+own share of a tenant's traffic only. So every worker reports, in each heartbeat, what each tenant has
+running there and what it has served each tenant in all (`protocol.health.TenantUse`). A coordinator
+adds to a tenant's counter what that worker served it since its last beat, less what this
+coordinator's own requests that ended there were served (`beat`, `ended`): the service the others
+gave. And a tenant running anywhere counts as active here (for the lift and for headroom), and holds
+the sequences the workers say it holds (`running`). The bound, per tenant: a counter lags the pool's
+by what the others served it since each worker's last beat (a worker beats at once when a sequence
+frees, with several coordinators); a request of ours whose end a worker reports before we read it, or
+that we stopped reading (its client gone), is counted twice, its tokens once more, and no more.
+
 Order alone is not enough when every sequence is held: the tenant whose turn it is would still wait
 for a sequence to end, and a flood's streams, started together, end together. So admission
 (capacity.py) keeps headroom: a tenant that holds its weighted share of a model's sequences or more
@@ -23,7 +34,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from protocol.health import TenantUse
 
 # A heap may hold this many entries per member, plus a few, before it is rebuilt: stale entries (of
 # members that left) are otherwise dropped only when they reach the top.
@@ -78,6 +93,17 @@ class Lowest:
         return None
 
 
+@dataclass(slots=True)
+class _WorkerReport:
+    """What one worker last said of each tenant, and what our own requests that ended there since
+    were served (not yet seen in its counters)."""
+
+    model: str
+    served: dict[str, tuple[int, int]]  # tenant -> (prompt, generated) tokens, in all
+    running: dict[str, int]
+    ours: Counter[tuple[str, int]]  # (tenant, 0 prompt | 1 generated) -> tokens
+
+
 class FairShares:
     """The tenants' counters. Without keys there is one tenant (""), and every order is arrival order."""
 
@@ -88,12 +114,19 @@ class FairShares:
         self._weights = dict(weights or {})
         self._counters: dict[str, float] = {}
         self._active: dict[str, int] = {}  # tenant -> its requests waiting or running here
-        self._active_weight = 0.0  # the active tenants' weights, summed
-        self._lowest_active = Lowest(self.counter)
+        self._elsewhere: dict[str, int] = {}  # tenant -> sequences the workers say it runs (ours too)
+        self._active_weight = 0.0  # the weights of the tenants active here or running elsewhere, summed
+        self._lowest_active = Lowest(self.counter)  # those same tenants
         self._idle_floor = 0.0  # the counter of the last tenant that was active
+        self._reports: dict[str, _WorkerReport] = {}  # by worker id
+        self._running: Counter[tuple[str, str]] = Counter()  # (tenant, model) -> running, by the reports
 
     def counter(self, tenant: str) -> float:
         return self._counters.get(tenant, 0.0)
+
+    def counters(self) -> dict[str, float]:
+        """Every tenant's counter (one per tenant served: bounded by the keys)."""
+        return dict(self._counters)
 
     def weight(self, tenant: str) -> float:
         return self._weights.get(tenant, 1.0)
@@ -101,40 +134,127 @@ class FairShares:
     def active(self, tenant: str) -> int:
         return self._active.get(tenant, 0)
 
+    def _is_active(self, tenant: str) -> bool:
+        return tenant in self._active or tenant in self._elsewhere
+
     def arrive(self, tenant: str) -> None:
-        """A request of `tenant` is here (it waits or runs until `depart`). A tenant that had none is
-        lifted to the lowest active counter: what it did not use while idle is not saved up."""
-        held = self._active.get(tenant, 0)
-        if held == 0:
-            other = self._lowest_active.lowest()
-            floor = self._idle_floor if other is None else self.counter(other)
-            if floor > self.counter(tenant):
-                self._counters[tenant] = floor
-            self._lowest_active.add(tenant)
-            self._active_weight += self.weight(tenant)
-        self._active[tenant] = held + 1
+        """A request of `tenant` is here (it waits or runs until `depart`). A tenant that was active
+        nowhere is lifted to the lowest active counter: what it did not use while idle is not saved up."""
+        if not self._is_active(tenant):
+            self._lift(tenant)
+            self._activate(tenant)
+        self._active[tenant] = self._active.get(tenant, 0) + 1
+
+    def _lift(self, tenant: str) -> None:
+        """`tenant` becomes active (here, or on a worker for another coordinator): up to the lowest
+        active counter, or, when none is active, to the last active one's."""
+        other = self._lowest_active.lowest()
+        floor = self._idle_floor if other is None else self.counter(other)
+        if floor > self.counter(tenant):
+            self._counters[tenant] = floor
 
     def depart(self, tenant: str) -> None:
         held = self._active.get(tenant, 0) - 1
         if held > 0:
             self._active[tenant] = held
             return
-        if self._active.pop(tenant, None) is not None:
-            self._active_weight -= self.weight(tenant)
+        self._active.pop(tenant, None)
+        if tenant not in self._elsewhere:
+            self._deactivate(tenant)
+
+    def _activate(self, tenant: str) -> None:
+        self._lowest_active.add(tenant)
+        self._active_weight += self.weight(tenant)
+
+    def _deactivate(self, tenant: str) -> None:
         self._lowest_active.discard(tenant)
-        if not self._active:
+        self._active_weight -= self.weight(tenant)
+        if not len(self._lowest_active):
             self._active_weight = 0.0  # no drift from float sums
             self._idle_floor = max(self._idle_floor, self.counter(tenant))
 
     def others_active(self, tenant: str) -> int:
-        """How many tenants besides `tenant` have a request waiting or running here."""
-        return len(self._active) - (tenant in self._active)
+        """How many tenants besides `tenant` have a request waiting or running here, or run elsewhere."""
+        return len(self._lowest_active) - (tenant in self._lowest_active)
 
     def share(self, tenant: str, total: int) -> float:
         """`tenant`'s weighted share of `total` (sequences) among the active tenants, itself included."""
         weight = self.weight(tenant)
-        active = self._active_weight + (0.0 if tenant in self._active else weight)
+        active = self._active_weight + (0.0 if tenant in self._lowest_active else weight)
         return total * weight / active
+
+    def running(self, tenant: str, model: str) -> int:
+        """The sequences of `model` the workers last said `tenant` runs (any coordinator's requests)."""
+        return self._running[(tenant, model)]
+
+    def ended(self, worker_id: str, tenant: str, prompt_tokens: int, generated_tokens: int) -> None:
+        """One of our requests ended on that worker, with that usage: its next beat counts it too, and
+        it is not service the others gave."""
+        report = self._reports.get(worker_id)
+        if report is not None:
+            report.ours[(tenant, 0)] += prompt_tokens
+            report.ours[(tenant, 1)] += generated_tokens
+
+    def beat(self, worker_id: str, model: str, tenants: Iterable[TenantUse]) -> None:
+        """A worker's heartbeat: charge each tenant what the others' requests were served there since
+        its last one, and take what each tenant runs there now."""
+        report = self._reports.get(worker_id)
+        served = {t.tenant: (t.prompt_tokens, t.generated_tokens) for t in tenants}
+        running = {t.tenant: t.running for t in tenants if t.running}
+        if report is not None:
+            for tenant, (prompt, generated) in served.items():
+                before = report.served.get(tenant, (0, 0))
+                if prompt < before[0] or generated < before[1]:
+                    before = (0, 0)  # the worker restarted: its counters began again
+                others = (self._others(report, tenant, 0, prompt - before[0]),
+                          self._others(report, tenant, 1, generated - before[1]))
+                idle = any(others) and not self._is_active(tenant)
+                if idle:
+                    self._lift(tenant)  # it came back from idle at another coordinator, and was served there
+                self.charge_prompt(tenant, others[0])
+                self.charge_output(tenant, others[1])
+                if idle and not len(self._lowest_active):  # and went idle again: as it left there
+                    self._idle_floor = max(self._idle_floor, self.counter(tenant))
+        else:
+            report = self._reports[worker_id] = _WorkerReport(model, {}, {}, Counter())
+        self._update_running(report.running, report.model, running, model)
+        report.model, report.served, report.running = model, served, running
+
+    def forget(self, worker_id: str) -> None:
+        """The worker is gone: what it ran no longer counts."""
+        report = self._reports.pop(worker_id, None)
+        if report is not None:
+            self._update_running(report.running, report.model, {}, report.model)
+
+    @staticmethod
+    def _others(report: _WorkerReport, tenant: str, kind: int, tokens: int) -> int:
+        """Of `tokens` a worker served `tenant`, those not ours; ours not yet seen are kept for later."""
+        ours = report.ours.pop((tenant, kind), 0)
+        if ours > tokens:
+            report.ours[(tenant, kind)] = ours - tokens
+        return max(0, tokens - ours)
+
+    def _update_running(self, old: Mapping[str, int], old_model: str, new: Mapping[str, int], new_model: str) -> None:
+        """One worker's report of what runs there, replaced: the totals per tenant and model, and which
+        tenants run anywhere."""
+        for tenant, n in old.items():
+            self._running[(tenant, old_model)] -= n
+            if self._running[(tenant, old_model)] <= 0:
+                del self._running[(tenant, old_model)]
+        for tenant, n in new.items():
+            self._running[(tenant, new_model)] += n
+        for tenant in set(old) | set(new):
+            total = self._elsewhere.get(tenant, 0) - old.get(tenant, 0) + new.get(tenant, 0)
+            was = tenant in self._elsewhere
+            if total > 0:
+                if not was and tenant not in self._active:
+                    self._lift(tenant)  # back from idle at another coordinator: lifted there too
+                    self._activate(tenant)
+                self._elsewhere[tenant] = total
+            elif was:
+                del self._elsewhere[tenant]
+                if tenant not in self._active:
+                    self._deactivate(tenant)
 
     def charge_prompt(self, tenant: str, tokens: int) -> None:
         self._charge(tenant, self.prompt_weight * tokens)

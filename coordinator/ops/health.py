@@ -94,6 +94,7 @@ async def _take(request: Request) -> HeartbeatAck:
         _check_identity(state, beat, now, quiet=True)  # what another heartbeat changed meanwhile
     record = state.registry.upsert(beat.model_copy(update={"load": beat.load.clamped()}), now)
     state.prefixes.report(record.worker_id, beat.load.prefixes)  # the prompts its cells hold now
+    state.fair.beat(record.worker_id, record.model, beat.load.tenants)  # what it served each tenant
     state.registry.sweep(now)
     state.readiness.heard(beat.pool_workers)
     state.queue.wake(record.model)  # it may have room now (and catches any wake-up missed before)

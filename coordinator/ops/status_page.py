@@ -29,6 +29,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from prometheus_client import Counter, Histogram
 from pydantic import BaseModel, Field
 
+from coordinator.metrics import tenant_label
 from coordinator.ops import health
 from coordinator.state import CoordinatorState
 from protocol.coordinator import CoordinatorHealth, WorkerStatusList
@@ -47,6 +48,8 @@ class TenantUsage(BaseModel):
     generated_tokens: int = Field(ge=0, description="tokens generated for it, as relayed")
     queue_waits: int = Field(ge=0, description="its requests that waited in the admission queue")
     refused: dict[str, int] = Field(description="its requests refused before their first byte, by reason")
+    counter: float = Field(default=0.0, ge=0.0, description="its fair-share counter: weighted tokens the pool "
+                           "served it (every coordinator's requests), divided by its weight; the lowest goes next")
 
 
 class Counters(BaseModel):
@@ -132,8 +135,8 @@ def counters(state: CoordinatorState) -> Counters:
 
 
 def tenants(state: CoordinatorState) -> dict[str, TenantUsage]:
-    """Each tenant's usage: one pass over the per-tenant counters' label sets (one per configured
-    tenant and kind or reason, never per request)."""
+    """Each tenant's usage here and its fair-share counter: one pass over the per-tenant counters'
+    label sets (one per configured tenant and kind or reason, never per request)."""
     m = state.metrics
     prompt = _by_label(m.tenant_tokens, "tenant", kind="prompt")
     generated = _by_label(m.tenant_tokens, "tenant", kind="generated")
@@ -147,9 +150,11 @@ def tenants(state: CoordinatorState) -> dict[str, TenantUsage]:
         for sample in metric.samples:
             if sample.name.endswith("_total"):
                 refused.setdefault(sample.labels["tenant"], {})[sample.labels["reason"]] = int(sample.value)
-    names = set(prompt) | set(generated) | set(waits) | set(refused)
+    counters = {tenant_label(tenant): value for tenant, value in state.fair.counters().items()}
+    names = set(prompt) | set(generated) | set(waits) | set(refused) | set(counters)
     return {name: TenantUsage(prompt_tokens=int(prompt.get(name, 0)), generated_tokens=int(generated.get(name, 0)),
-                              queue_waits=waits.get(name, 0), refused=refused.get(name, {}))
+                              queue_waits=waits.get(name, 0), refused=refused.get(name, {}),
+                              counter=round(counters.get(name, 0.0), 3))
             for name in sorted(names)}
 
 

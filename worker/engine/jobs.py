@@ -103,11 +103,34 @@ class Job:
 
 
 class EngineObserver:
-    """Hooks the metrics module implements; the default does nothing."""
+    """Hooks the metrics module (and the tenants' ledger) implement; the default does nothing."""
 
     def step(self, sequences: int, prefill_tokens: int, seconds: float, decoding: int = 0) -> None: ...
     def token_gap(self, seconds: float) -> None: ...
     def finished(self, job: Job, item: Finished | Failed) -> None: ...
     def internal_error(self, task: str) -> None: ...
+
+
+class Observers(EngineObserver):
+    """Several observers as one: each hook reaches each of them, in order."""
+
+    def __init__(self, *observers: EngineObserver) -> None:
+        self._observers = observers
+
+    def step(self, sequences: int, prefill_tokens: int, seconds: float, decoding: int = 0) -> None:
+        for observer in self._observers:
+            observer.step(sequences, prefill_tokens, seconds, decoding)
+
+    def token_gap(self, seconds: float) -> None:
+        for observer in self._observers:
+            observer.token_gap(seconds)
+
+    def finished(self, job: Job, item: Finished | Failed) -> None:
+        for observer in self._observers:
+            observer.finished(job, item)
+
+    def internal_error(self, task: str) -> None:
+        for observer in self._observers:
+            observer.internal_error(task)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import heapq
 import threading
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -87,6 +88,7 @@ class TableLoad:
     stream_refs: tuple[int, ...]  # the coordinator's references of the streams running now
     held: tuple[tuple[str, str], ...] = ()  # (tenant, session id) of every named session
     prefixes: tuple[str, ...] = ()  # prefix blocks the cells hold, most recently used first, bounded
+    running_by_tenant: dict[str, int] = field(default_factory=dict)  # sequences streaming now, per tenant
 
 
 @dataclass(frozen=True)
@@ -466,7 +468,7 @@ class SessionTable:
                              # a request of several choices holds several sessions: listed once
                              tuple(dict.fromkeys(s.stream_ref for s in self._live if s.stream_ref is not None)),
                              tuple(key for key, s in self._named.items() if s in self._live),
-                             self._prefixes())
+                             self._prefixes(), dict(Counter(s.tenant for s in self._live if s.busy)))
 
     def _prefixes(self) -> tuple[str, ...]:
         """The prefix blocks of every sequence's cells, running or kept sessions by their last use, then

@@ -221,3 +221,86 @@ def test_first_come_first_served_breaks_the_bound_when_one_tenant_arrives_first(
     bound = 2 * max(fair.prompt_weight * MAX_PROMPT, fair.output_weight * SLOTS * MAX_OUTPUT)
     gaps = simulate(fair, workload(7, 40), slots=SLOTS, rounds=400, fair_order=False)
     assert max(gaps) > 2 * bound, (max(gaps), bound)
+
+
+# -- several coordinators: what the workers report ----------------------------------------------------------
+
+
+def use(tenant: str, running: int = 0, prompt: int = 0, generated: int = 0):  # type: ignore[no-untyped-def]
+    from protocol.health import TenantUse
+
+    return TenantUse(tenant=tenant, running=running, prompt_tokens=prompt, generated_tokens=generated)
+
+
+def test_what_the_others_requests_were_served_is_charged_and_ours_is_not_twice() -> None:
+    fair = FairShares()
+    fair.beat("w1", "m", [use("a", prompt=100, generated=50)])  # the first beat: a baseline, nothing charged
+    assert fair.counter("a") == 0
+    fair.charge_prompt("a", 10)  # one of ours: charged as it ran (10 + 2 x 5)
+    fair.charge_output("a", 5)
+    fair.ended("w1", "a", 10, 5)
+    fair.beat("w1", "m", [use("a", prompt=100 + 10 + 30, generated=50 + 5 + 20)])  # and the others': 30, 20
+    assert fair.counter("a") == 20 + 30 + 2 * 20
+
+
+def test_our_request_reported_after_its_beat_is_kept_for_the_next() -> None:
+    fair = FairShares()
+    fair.beat("w1", "m", [use("a")])
+    fair.ended("w1", "a", 10, 0)  # ours ended, but the worker's beat did not count it yet
+    fair.beat("w1", "m", [use("a", prompt=4)])  # 4 of the others'? No: 4 of our 10, the rest to come
+    assert fair.counter("a") == 0
+    fair.beat("w1", "m", [use("a", prompt=4 + 6 + 7)])  # our other 6, then 7 of the others'
+    assert fair.counter("a") == 7
+
+
+def test_a_restarted_workers_counters_start_again() -> None:
+    fair = FairShares()
+    fair.beat("w1", "m", [use("a", prompt=1000)])
+    fair.beat("w1", "m", [use("a", prompt=40)])  # lower: the worker restarted, and served 40 since
+    assert fair.counter("a") == 40
+
+
+def test_a_tenant_running_elsewhere_is_active_here_and_holds_what_it_runs() -> None:
+    fair = FairShares()
+    fair.arrive("light")
+    assert fair.others_active("light") == 0
+    fair.beat("w1", "m", [use("heavy", running=3)])  # another coordinator's requests
+    fair.beat("w2", "m", [use("heavy", running=2)])
+    assert fair.others_active("light") == 1 and fair.running("heavy", "m") == 5
+    assert fair.share("light", 10) == 5.0
+    fair.charge_output("heavy", 40)
+    fair.arrive("newcomer")  # lifted to the lowest active counter: light's 0, not heavy's 80
+    assert fair.counter("newcomer") == 0
+    fair.beat("w1", "m", [use("heavy")])
+    assert fair.running("heavy", "m") == 2 and fair.others_active("light") == 2  # heavy (w2), newcomer
+    fair.forget("w2")
+    assert fair.running("heavy", "m") == 0 and fair.others_active("light") == 1
+
+
+def test_a_tenant_active_nowhere_but_elsewhere_returns_lifted() -> None:
+    fair = FairShares()
+    fair.beat("w1", "m", [use("heavy", running=4)])
+    fair.charge_output("heavy", 50)
+    fair.arrive("light")  # heavy runs on another coordinator's behalf: light starts level with it
+    assert fair.counter("light") == 100
+
+
+def test_a_tenant_back_from_idle_at_another_coordinator_is_lifted_here_too() -> None:
+    """Where it arrived it was lifted to the lowest active counter; here it must be too, or the two
+    coordinators' counters for it would differ by that lift for ever."""
+    fair = FairShares()
+    fair.beat("w1", "m", [use("heavy"), use("light")])
+    fair.arrive("heavy")
+    fair.charge_output("heavy", 50)  # 100
+    fair.beat("w1", "m", [use("heavy"), use("light", prompt=10)])  # light served elsewhere, not running now
+    assert fair.counter("light") == 100 + 10
+
+
+def test_a_tenant_served_only_elsewhere_sets_the_floor_as_it_did_there() -> None:
+    """At the coordinator it went through, its departure made its counter the floor for the next one
+    back from idle; here, where it was never seen running, its service does the same."""
+    fair = FairShares()
+    fair.beat("w1", "m", [use("heavy")])
+    fair.beat("w1", "m", [use("heavy", prompt=60, generated=20)])  # 100, while no one is active here
+    fair.arrive("light")
+    assert fair.counter("light") == 100

@@ -172,5 +172,6 @@ async def test_the_snapshot_holds_each_tenants_usage() -> None:
         for key in ("a-key", "b-key", "b-key"):  # b's second is over its limit
             await client.post("/coordinator/infer", json={"prompt": "hi", "max_tokens": 5}, headers={"x-api-key": key})
         tenants = (await client.get("/coordinator/status", headers={"x-api-key": "a-key"})).json()["counters"]["tenants"]
-        assert tenants["t:acme"] == {"prompt_tokens": 7, "generated_tokens": 3, "queue_waits": 0, "refused": {}}
+        assert tenants["t:acme"] == {"prompt_tokens": 7, "generated_tokens": 3, "queue_waits": 0, "refused": {},
+                                     "counter": 7 + 2 * 3}
         assert tenants["t:bravo"]["refused"] == {"rate_limited": 1} and tenants["t:bravo"]["generated_tokens"] == 3

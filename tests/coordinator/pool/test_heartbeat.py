@@ -175,16 +175,24 @@ async def test_idle_kept_sessions_do_not_make_a_full_worker_refuse_new_requests(
 
 def test_the_largest_heartbeat_the_protocol_allows_fits_the_coordinators_body_limit() -> None:
     """Every list in a heartbeat has a ceiling: all of them full (the sessions and streams a context can
-    hold, the prefix blocks listed, the longest names) still fit HEARTBEAT_MAX_BYTES."""
+    hold, the prefix blocks and tenants listed, the longest names) still fit HEARTBEAT_MAX_BYTES."""
     from coordinator.app import HEARTBEAT_MAX_BYTES
-    from protocol.health import MAX_HELD_PREFIX_BLOCKS, MAX_SESSIONS, Heartbeat
+    from protocol.health import (
+        MAX_HEARTBEAT_TENANTS,
+        MAX_HELD_PREFIX_BLOCKS,
+        MAX_SESSIONS,
+        Heartbeat,
+        TenantUse,
+    )
     from protocol.worker import MAX_STREAM_REF
 
     name = "m" * 128  # MODEL_NAME_PATTERN: at most 128 characters
     load = heartbeat("w" * 128, timestamp=1.0, sessions=MAX_SESSIONS, max_sessions=MAX_SESSIONS,
                      streams=[MAX_STREAM_REF - i for i in range(MAX_SESSIONS)],
                      held=[f"{i:016x}" for i in range(MAX_SESSIONS)],
-                     prefixes=[f"{i:016x}" for i in range(MAX_HELD_PREFIX_BLOCKS)]).load
+                     prefixes=[f"{i:016x}" for i in range(MAX_HELD_PREFIX_BLOCKS)],
+                     tenants=[TenantUse(tenant=f"t:{i:062d}", running=MAX_SESSIONS // MAX_HEARTBEAT_TENANTS, prompt_tokens=1 << 62,
+                                        generated_tokens=1 << 62) for i in range(MAX_HEARTBEAT_TENANTS)]).load
     beat = Heartbeat(worker_id="w" * 128, url="http://" + "h" * 480 + ":3001", model=name, aliases=[name] * 16,
                      model_identity="gguf:" + "0" * 64, load=load, timestamp=1.0)
     size = len(beat.model_dump_json().encode())

@@ -122,3 +122,15 @@ def test_deleting_a_busy_session_cancels_only_that_tenants_stream(model_path: Pa
         assert a["finish_reason"] == "length" and a["usage"]["completion_tokens"] == 400
         listed = httpx.get(worker.url + "/worker/sessions", timeout=5).json()["sessions"]
         assert [(s["tenant"], s["session_id"]) for s in listed] == [("A", "talk")]
+
+
+def test_the_heartbeat_says_what_each_tenant_runs_and_was_served(tmp_path: Path) -> None:
+    with running_worker(tmp_path / "none.gguf", engine="simulated", sim_token_rate=500.0) as worker:
+        for tenant, tokens in (("t:a", 3), ("t:b", 5), ("t:a", 2)):
+            done = generate(worker.url, {"prompt": "hello there", "max_tokens": tokens, "tenant": tenant,
+                                         "ignore_eos": True})
+            assert done.last[0] == "done", done.events[-1:]
+        wait_until(lambda: {t.tenant: t.generated_tokens for t in worker.runtime.load().tenants} == {"t:a": 5, "t:b": 5},
+                   5, "both tenants' tokens in the load")
+        load = worker.runtime.load()
+        assert all(t.running == 0 and t.prompt_tokens > 0 for t in load.tenants)

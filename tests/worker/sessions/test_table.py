@@ -535,3 +535,13 @@ def test_the_listed_prefix_blocks_are_bounded() -> None:
     for i in range(3):
         t.admit(None, 10, [i], prefix_blocks=tuple(f"{i}-{j}" for j in range(MAX_HELD_PREFIX_BLOCKS)))
     assert len(t.load().prefixes) == MAX_HELD_PREFIX_BLOCKS
+
+
+def test_a_load_counts_the_sequences_each_tenant_runs_now() -> None:
+    t, _ = table(sessions=4)
+    a1, a2 = t.admit(None, 10, tenant="t:a"), t.admit("chat", 10, tenant="t:a")
+    t.admit(None, 10, tenant="t:b")
+    assert t.load().running_by_tenant == {"t:a": 2, "t:b": 1}
+    t.release(a1.session, keep_kv=False)
+    t.release(a2.session, keep_kv=True)  # kept for a next turn: idle, not running
+    assert t.load().running_by_tenant == {"t:b": 1}
