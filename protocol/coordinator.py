@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from protocol.health import MAX_POOL_WORKERS, EmbeddingService
+from protocol.health import MAX_HEARTBEAT_TENANTS, MAX_POOL_WORKERS, EmbeddingService, TenantName
 
 WorkerState = Literal["alive", "stale"]
 
@@ -24,6 +24,10 @@ class HeartbeatAck(BaseModel):
     workers: int = Field(default=0, ge=0, le=MAX_POOL_WORKERS, description="alive workers this coordinator knows: "
                          "the worker passes "
                          "the most it was told on to every coordinator (`Heartbeat.pool_workers`)")
+    waiting: list[TenantName] = Field(default_factory=list, max_length=MAX_HEARTBEAT_TENANTS,
+                                      description="tenants with requests waiting in this coordinator's queue for "
+                                      "the worker's model: the worker passes them on to every coordinator "
+                                      "(`WorkerLoad.waiting`)")
 
 
 class WorkerCounts(BaseModel):

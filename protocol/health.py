@@ -23,6 +23,7 @@ from protocol.worker import (
 )
 
 ModelName = Annotated[str, StringConstraints(pattern=MODEL_NAME_PATTERN)]
+TenantName = Annotated[str, StringConstraints(pattern=TENANT_PATTERN)]
 # Ids and URLs end up in logs, metrics labels and headers: no whitespace, no control characters.
 WORKER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 WORKER_URL_PATTERN = r"^https?://[A-Za-z0-9._~%:\[\]-]+(/[A-Za-z0-9._~%/-]*)?$"
@@ -108,6 +109,10 @@ class WorkerLoad(BaseModel):
         default_factory=list, max_length=MAX_HEARTBEAT_TENANTS,
         description="each tenant it serves: running now and served in all, those with the most running first; "
                     "every coordinator adds what the others gave a tenant to its fair-share counter")
+    waiting: list[TenantName] = Field(
+        default_factory=list, max_length=MAX_HEARTBEAT_TENANTS,
+        description="tenants some coordinator said (`HeartbeatAck.waiting`, its last answer) have requests waiting "
+                    "for this worker's model: each coordinator sees the others' waiting demand")
     prefixes: list[Annotated[str, StringConstraints(pattern=PREFIX_BLOCK_PATTERN)]] = Field(
         default_factory=list, max_length=MAX_HELD_PREFIX_BLOCKS,
         description="the prefix blocks (`GenerateRequest.prefix_blocks`) of the prompts its sequences' cells "

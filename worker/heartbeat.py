@@ -25,7 +25,7 @@ import httpx
 from pydantic import ValidationError
 
 from protocol.coordinator import HeartbeatAck
-from protocol.health import REACH_RETRY, EmbeddingService, Heartbeat, WorkerLoad
+from protocol.health import MAX_HEARTBEAT_TENANTS, REACH_RETRY, EmbeddingService, Heartbeat, WorkerLoad
 from worker.naming import ModelNames
 from worker.settings import MAX_COORDINATORS
 
@@ -67,12 +67,15 @@ class HeartbeatSender:
         self._nudged: asyncio.Event | None = None  # made in run(), on the event loop
         self._room = False  # the nudge is for a freed sequence: beat without NUDGE_GAP
         self._pool: dict[str, int] = {}  # by heartbeat URL: the alive workers its last answer counted
+        self._waiting: dict[str, list[str]] = {}  # by heartbeat URL: the tenants its last answer said wait
         self.sent = 0
 
     def heartbeat(self, *, leaving: bool = False) -> Heartbeat:
+        waiting = sorted({tenant for tenants in self._waiting.values() for tenant in tenants})
+        load = self._load().model_copy(update={"waiting": waiting[:MAX_HEARTBEAT_TENANTS]})
         return Heartbeat(worker_id=self._worker_id, url=self._worker_url, model=self._names.name,
                          aliases=list(self._names.aliases), model_identity=self._identity,
-                         embeddings=self._embeddings, load=self._load(), timestamp=self._wall_clock(),
+                         embeddings=self._embeddings, load=load, timestamp=self._wall_clock(),
                          pool_workers=max(self._pool.values(), default=0), leaving=leaving)
 
     async def targets(self) -> list[str]:
@@ -104,6 +107,7 @@ class HeartbeatSender:
         for gone in set(self._healthy) - set(urls) - set(self._bases):
             del self._healthy[gone]  # an address the name no longer has: bounded by what it resolves to
             self._pool.pop(gone, None)
+            self._waiting.pop(gone, None)
         return bool(results) and all(results)
 
     async def _send(self, url: str, body: str) -> bool:
@@ -115,9 +119,10 @@ class HeartbeatSender:
             ok, problem = False, f"{type(exc).__name__}: {exc}"
         if ok:
             self.sent += 1
-            self._pool[url] = _workers_counted(response.content)
+            self._pool[url], self._waiting[url] = _answer(response.content)
         else:
             self._pool.pop(url, None)
+            self._waiting.pop(url, None)
         self._changed(url, ok, problem)
         return ok
 
@@ -182,10 +187,11 @@ class HeartbeatSender:
         await self._client.aclose()
 
 
-def _workers_counted(answer: bytes) -> int:
-    """The alive workers a coordinator's answer counts (`HeartbeatAck.workers`); 0 when it says none or
-    is not an answer of this protocol."""
+def _answer(answer: bytes) -> tuple[int, list[str]]:
+    """What a coordinator's answer says: the alive workers it counts (`HeartbeatAck.workers`) and the
+    tenants waiting in its queue; (0, []) when it is not an answer of this protocol."""
     try:
-        return HeartbeatAck.model_validate_json(answer).workers
+        ack = HeartbeatAck.model_validate_json(answer)
     except ValidationError:
-        return 0
+        return 0, []
+    return ack.workers, list(ack.waiting)

@@ -82,15 +82,25 @@ class Admission:
             raise self._overloaded(reasons.KV_FULL, "not enough free KV cache on any worker")
 
     def _keep_headroom(self, tenant: str, model: str, left: int, total: int) -> None:
-        """A tenant that already holds its weighted share of the model's sequences here may not take
-        one of the last free ones: one stays free per other active tenant, for its next request.
-        What it costs when those tenants do not use them: that many idle sequences, no more."""
+        """A tenant that already holds its weighted share of the model's sequences may not take one of
+        the last free ones (one stays free per other active tenant, for its next request: that many
+        idle sequences at most, when those tenants do not use them), nor any while a tenant below its
+        share has requests waiting for the model at any coordinator (which that coordinator places as
+        soon as the worker tells it of the free sequence). O(tenants waiting)."""
         assert self._fair is not None
-        others = self._fair.others_active(tenant)
-        held = max(self._held[(tenant, model)], self._fair.running(tenant, model))  # ours, or the pool's
-        if others and left < others and held >= self._fair.share(tenant, total):
+        fair = self._fair
+        if self._holds(tenant, model) < fair.share(tenant, total):
+            return
+        others = fair.others_active(tenant)
+        if (others and left < others) or any(other != tenant and self._holds(other, model) < fair.share(other, total)
+                                             for other in fair.waiting(model)):
             raise self._overloaded(reasons.SESSIONS_FULL, f"the free sequences of {model!r} are kept for other "
                                    "tenants: this key's tenant holds its share or more")
+
+    def _holds(self, tenant: str, model: str) -> int:
+        """The sequences of `model` `tenant` holds: ours reserved, or what the workers say, if more."""
+        assert self._fair is not None
+        return max(self._held[(tenant, model)], self._fair.running(tenant, model))
 
     def reserve(self, worker: WorkerRecord, demand: Demand, tenant: str = "") -> Reservation:
         kv_bytes = demand.tokens(worker.session_max_tokens) * worker.bytes_per_token

@@ -102,6 +102,7 @@ class _WorkerReport:
     served: dict[str, tuple[int, int]]  # tenant -> (prompt, generated) tokens, in all
     running: dict[str, int]
     ours: Counter[tuple[str, int]]  # (tenant, 0 prompt | 1 generated) -> tokens
+    waiting: frozenset[str] = frozenset()  # tenants some coordinator said wait for its model
 
 
 class FairShares:
@@ -120,6 +121,7 @@ class FairShares:
         self._idle_floor = 0.0  # the counter of the last tenant that was active
         self._reports: dict[str, _WorkerReport] = {}  # by worker id
         self._running: Counter[tuple[str, str]] = Counter()  # (tenant, model) -> running, by the reports
+        self._waiting: dict[str, Counter[str]] = {}  # model -> tenant -> the workers saying it waits for it
 
     def counter(self, tenant: str) -> float:
         return self._counters.get(tenant, 0.0)
@@ -195,9 +197,14 @@ class FairShares:
             report.ours[(tenant, 0)] += prompt_tokens
             report.ours[(tenant, 1)] += generated_tokens
 
-    def beat(self, worker_id: str, model: str, tenants: Iterable[TenantUse]) -> None:
+    def waiting(self, model: str) -> Iterable[str]:
+        """The tenants some coordinator has requests of waiting for `model` (by the workers' last beats,
+        which pass on what each coordinator answered them): at most MAX_HEARTBEAT_TENANTS."""
+        return self._waiting.get(model, Counter()).keys()
+
+    def beat(self, worker_id: str, model: str, tenants: Iterable[TenantUse], waiting: Iterable[str] = ()) -> None:
         """A worker's heartbeat: charge each tenant what the others' requests were served there since
-        its last one, and take what each tenant runs there now."""
+        its last one, and take what each tenant runs there now, and who waits for its model."""
         report = self._reports.get(worker_id)
         served = {t.tenant: (t.prompt_tokens, t.generated_tokens) for t in tenants}
         running = {t.tenant: t.running for t in tenants if t.running}
@@ -218,13 +225,15 @@ class FairShares:
         else:
             report = self._reports[worker_id] = _WorkerReport(model, {}, {}, Counter())
         self._update_running(report.running, report.model, running, model)
-        report.model, report.served, report.running = model, served, running
+        self._update_waiting(report.waiting, report.model, frozenset(waiting), model)
+        report.model, report.served, report.running, report.waiting = model, served, running, frozenset(waiting)
 
     def forget(self, worker_id: str) -> None:
         """The worker is gone: what it ran no longer counts."""
         report = self._reports.pop(worker_id, None)
         if report is not None:
             self._update_running(report.running, report.model, {}, report.model)
+            self._update_waiting(report.waiting, report.model, frozenset(), report.model)
 
     @staticmethod
     def _others(report: _WorkerReport, tenant: str, kind: int, tokens: int) -> int:
@@ -233,6 +242,17 @@ class FairShares:
         if ours > tokens:
             report.ours[(tenant, kind)] = ours - tokens
         return max(0, tokens - ours)
+
+    def _update_waiting(self, old: frozenset[str], old_model: str, new: frozenset[str], new_model: str) -> None:
+        for tenant in old:
+            by_tenant = self._waiting[old_model]
+            by_tenant[tenant] -= 1
+            if by_tenant[tenant] <= 0:
+                del by_tenant[tenant]
+                if not by_tenant:
+                    del self._waiting[old_model]
+        for tenant in new:
+            self._waiting.setdefault(new_model, Counter())[tenant] += 1
 
     def _update_running(self, old: Mapping[str, int], old_model: str, new: Mapping[str, int], new_model: str) -> None:
         """One worker's report of what runs there, replaced: the totals per tenant and model, and which

@@ -113,6 +113,13 @@ class AdmissionQueue:
         queue = self._queues.get(model)
         return queue.length if queue else 0
 
+    def waiting_tenants(self, model: str, limit: int) -> list[str]:
+        """The tenants with a request waiting for `model` (at most `limit`): O(their number)."""
+        queue = self._queues.get(model)
+        if queue is None:
+            return []
+        return list(dict.fromkeys(tenant for _rank, tenant in queue.lines))[:limit]
+
     def enabled(self) -> bool:
         return self.size > 0
 

@@ -33,7 +33,7 @@ from protocol.coordinator import (
     WorkerStatus,
     WorkerStatusList,
 )
-from protocol.health import Heartbeat
+from protocol.health import MAX_HEARTBEAT_TENANTS, Heartbeat
 from protocol.openapi import inlined
 from protocol.worker import PROTOCOL_VERSION, ErrorBody
 
@@ -94,7 +94,8 @@ async def _take(request: Request) -> HeartbeatAck:
         _check_identity(state, beat, now, quiet=True)  # what another heartbeat changed meanwhile
     record = state.registry.upsert(beat.model_copy(update={"load": beat.load.clamped()}), now)
     state.prefixes.report(record.worker_id, beat.load.prefixes)  # the prompts its cells hold now
-    state.fair.beat(record.worker_id, record.model, beat.load.tenants)  # what it served each tenant
+    # What it served each tenant, what runs there, and who waits for its model at any coordinator.
+    state.fair.beat(record.worker_id, record.model, beat.load.tenants, beat.load.waiting)
     state.registry.sweep(now)
     state.readiness.heard(beat.pool_workers)
     state.queue.wake(record.model)  # it may have room now (and catches any wake-up missed before)
@@ -105,7 +106,8 @@ async def _take(request: Request) -> HeartbeatAck:
         state.mover.draining(record)  # its kept sessions go to the model's other workers, once
     state.metrics.heartbeats.labels(outcome="accepted").inc()
     return HeartbeatAck(worker_id=record.worker_id, state="alive",
-                        heartbeat_interval=settings.heartbeat_interval, workers=state.registry.alive_count)
+                        heartbeat_interval=settings.heartbeat_interval, workers=state.registry.alive_count,
+                        waiting=state.queue.waiting_tenants(record.model, MAX_HEARTBEAT_TENANTS))
 
 
 def _left(state: CoordinatorState, beat: Heartbeat, now: float) -> HeartbeatAck:

@@ -74,7 +74,10 @@ async def test_a_light_tenant_goes_before_a_heavy_one_that_queued_first(fair_sha
         # heavy tenant's running stream makes three more tokens, charged as they are relayed.
         gate.set()
         assert (await running).status_code == 200
-        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=3))  # room for one
+        ack = await register(client, heartbeat("w1", timestamp=clock.time(), sessions=3))  # room for one
+        # The answer tells the worker who waits for its model here, which it passes on to every coordinator.
+        expected = ["t:heavy", "t:light"] if fair_share else [""]
+        assert sorted(ack.json()["waiting"]) == expected
         await started(fakes, 2)
         await register(client, heartbeat("w1", timestamp=clock.time(), sessions=0))
         for task in [*heavy, light]:

@@ -244,3 +244,25 @@ def test_only_the_last_beat_says_leaving() -> None:
 
     asyncio.run(stop())
     assert seen == [False, False, True, True]
+
+
+def test_each_beat_passes_on_the_tenants_every_coordinator_said_wait() -> None:
+    waiting = {"c1": ["t:light"], "c2": ["t:heavy", "t:light"]}
+    seen: list[list[str]] = []
+
+    def coordinators(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "c1":
+            seen.append(Heartbeat(**json.loads(request.content)).load.waiting)
+        return httpx.Response(200, json={**ACK, "waiting": waiting[request.url.host]})
+
+    beats = sender(["http://c1:1337", "http://c2:1337"], coordinators)
+
+    async def three() -> None:
+        await beats.send_once()
+        await beats.send_once()
+        waiting["c2"] = []  # c2's queue emptied
+        await beats.send_once()
+        await beats.send_once()
+
+    asyncio.run(three())
+    assert seen == [[], ["t:heavy", "t:light"], ["t:heavy", "t:light"], ["t:light"]]

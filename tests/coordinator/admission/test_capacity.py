@@ -275,3 +275,28 @@ def test_a_tenant_at_its_share_leaves_one_free_sequence_per_other_active_tenant(
     for res in held[4:]:
         adm.release(res)
     assert adm._held == {}  # every reservation's count given back
+
+
+def test_a_tenant_at_its_share_defers_to_one_below_it_waiting_at_any_coordinator() -> None:
+    from coordinator.admission.fairness import FairShares
+    from protocol.health import TenantUse
+
+    clock = ManualClock()
+    reg = Registry(stale_after=3.0, dead_after=6.0)
+    reg.upsert(heartbeat("w0", timestamp=clock.time(), max_sessions=8), now=clock.monotonic())
+    fair = FairShares()
+    adm = Admission(reg, clock, retry_after=2, fair=fair)
+    worker = reg.get("w0")
+    assert worker is not None
+    fair.arrive("heavy")
+    held = [adm.reserve(worker, SMALL, "heavy") for _ in range(4)]  # its share of 8 with light active: 4
+    light = [TenantUse(tenant="light", running=1)]  # light runs one, through another coordinator
+    fair.beat("w0", worker.model, light)
+    adm.check(SMALL, worker.model, "heavy")  # 3 free sequences: no one else waits for them
+    fair.beat("w0", worker.model, light, waiting=["light"])  # another coordinator has light waiting
+    with pytest.raises(CoordinatorError, match="kept for other tenants"):
+        adm.check(SMALL, worker.model, "heavy")
+    adm.check(SMALL, worker.model, "light")
+    fair.beat("w0", worker.model, light, waiting=["heavy", "light"])
+    adm.release(held.pop())  # heavy below its share: it defers to no one
+    adm.check(SMALL, worker.model, "heavy")
