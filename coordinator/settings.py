@@ -131,6 +131,10 @@ class Settings(BaseModel):
                                       description="fair shares: what one prompt token counts")
     fair_output_weight: float = Field(default=2.0, ge=0, le=1000,
                                       description="fair shares: what one generated token counts")
+    fair_idle_grace: float = Field(default=1.0, ge=0, le=60,
+                                   description="fair shares: seconds a tenant whose last request ended still counts "
+                                   "as active, so its next request (a closed-loop client's, a chat's next turn) finds "
+                                   "a free sequence kept for it")
     embedding_max_inputs: int = Field(default=256, ge=1, le=2_048,
                                       description="inputs one /v1/embeddings request may have (more: 400)")
     embedding_max_bytes: int = Field(default=1_048_576, ge=1, description="UTF-8 bytes of all the inputs of one "

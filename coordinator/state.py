@@ -91,7 +91,8 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
     prefixes = PrefixIndex(block_chars=settings.prefix_block_chars, capacity=settings.prefix_index_blocks)
     api_keys = ApiKeys.from_setting(settings.api_keys)
     fair = FairShares(prompt_weight=settings.fair_prompt_weight, output_weight=settings.fair_output_weight,
-                      weights=api_keys.weights if api_keys is not None else None)
+                      weights=api_keys.weights if api_keys is not None else None,
+                      idle_grace=settings.fair_idle_grace, now=clock.monotonic)
     registry = Registry(stale_after=settings.stale_after, dead_after=settings.dead_after,
                         on_removed=lambda record: _forget(record.worker_id, prefixes, fair),
                         on_identity_gone=lambda identity: cache.forget_identity(identity))

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import Counter
+import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -109,9 +110,15 @@ class FairShares:
     """The tenants' counters. Without keys there is one tenant (""), and every order is arrival order."""
 
     def __init__(self, *, prompt_weight: float = 1.0, output_weight: float = 2.0,
-                 weights: Mapping[str, float] | None = None) -> None:
+                 weights: Mapping[str, float] | None = None, idle_grace: float = 0.0,
+                 now: Callable[[], float] = time.monotonic) -> None:
+        """`idle_grace`: seconds a tenant whose last request here ended still counts as active (its
+        next request, a closed-loop client's or a chat's next turn, finds the headroom kept for it)."""
         self.prompt_weight = prompt_weight
         self.output_weight = output_weight
+        self._idle_grace = idle_grace
+        self._now = now
+        self._lingering: OrderedDict[str, float] = OrderedDict()  # tenant -> when its last request here ended
         self._weights = dict(weights or {})
         self._counters: dict[str, float] = {}
         self._active: dict[str, int] = {}  # tenant -> its requests waiting or running here
@@ -137,12 +144,25 @@ class FairShares:
         return self._active.get(tenant, 0)
 
     def _is_active(self, tenant: str) -> bool:
-        return tenant in self._active or tenant in self._elsewhere
+        return tenant in self._active or tenant in self._lingering or tenant in self._elsewhere
+
+    def _expire(self) -> None:
+        """Tenants whose grace after their last request ran out are active no longer (unless they run
+        elsewhere). O(those expiring): the lingering are kept in the order they left."""
+        deadline = self._now() - self._idle_grace
+        while self._lingering:
+            tenant, left = next(iter(self._lingering.items()))
+            if left > deadline:
+                return
+            del self._lingering[tenant]
+            if tenant not in self._elsewhere:
+                self._deactivate(tenant)
 
     def arrive(self, tenant: str) -> None:
         """A request of `tenant` is here (it waits or runs until `depart`). A tenant that was active
         nowhere is lifted to the lowest active counter: what it did not use while idle is not saved up."""
-        if not self._is_active(tenant):
+        self._expire()
+        if self._lingering.pop(tenant, None) is None and not self._is_active(tenant):
             self._lift(tenant)
             self._activate(tenant)
         self._active[tenant] = self._active.get(tenant, 0) + 1
@@ -161,7 +181,9 @@ class FairShares:
             self._active[tenant] = held
             return
         self._active.pop(tenant, None)
-        if tenant not in self._elsewhere:
+        if self._idle_grace > 0:
+            self._lingering[tenant] = self._now()
+        elif tenant not in self._elsewhere:
             self._deactivate(tenant)
 
     def _activate(self, tenant: str) -> None:
@@ -176,7 +198,9 @@ class FairShares:
             self._idle_floor = max(self._idle_floor, self.counter(tenant))
 
     def others_active(self, tenant: str) -> int:
-        """How many tenants besides `tenant` have a request waiting or running here, or run elsewhere."""
+        """How many tenants besides `tenant` have a request waiting or running here (or had one within
+        the grace), or run elsewhere."""
+        self._expire()
         return len(self._lowest_active) - (tenant in self._lowest_active)
 
     def share(self, tenant: str, total: int) -> float:
@@ -267,13 +291,13 @@ class FairShares:
             total = self._elsewhere.get(tenant, 0) - old.get(tenant, 0) + new.get(tenant, 0)
             was = tenant in self._elsewhere
             if total > 0:
-                if not was and tenant not in self._active:
+                if not was and tenant not in self._active and tenant not in self._lingering:
                     self._lift(tenant)  # back from idle at another coordinator: lifted there too
                     self._activate(tenant)
                 self._elsewhere[tenant] = total
             elif was:
                 del self._elsewhere[tenant]
-                if tenant not in self._active:
+                if tenant not in self._active and tenant not in self._lingering:
                     self._deactivate(tenant)
 
     def charge_prompt(self, tenant: str, tokens: int) -> None:

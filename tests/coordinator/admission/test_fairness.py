@@ -304,3 +304,21 @@ def test_a_tenant_served_only_elsewhere_sets_the_floor_as_it_did_there() -> None
     fair.beat("w1", "m", [use("heavy", prompt=60, generated=20)])  # 100, while no one is active here
     fair.arrive("light")
     assert fair.counter("light") == 100
+
+
+def test_a_tenant_stays_active_for_the_grace_after_its_last_request_ends() -> None:
+    now = [0.0]
+    fair = FairShares(idle_grace=1.0, now=lambda: now[0])
+    fair.arrive("heavy")
+    fair.arrive("light")
+    fair.depart("light")  # a closed-loop client between two requests
+    now[0] = 0.5
+    assert fair.others_active("heavy") == 1  # still kept in mind: headroom stays for its next request
+    fair.charge_output("heavy", 100)
+    fair.arrive("light")  # back within the grace: not lifted
+    assert fair.counter("light") == 0
+    fair.depart("light")
+    now[0] = 1.6
+    assert fair.others_active("heavy") == 0
+    fair.arrive("light")  # back after it: lifted as any tenant back from idle
+    assert fair.counter("light") == 200
