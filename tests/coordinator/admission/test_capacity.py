@@ -10,10 +10,12 @@ import pytest
 
 from coordinator.admission.capacity import Admission
 from coordinator.admission.demand import TEMPLATE_TOKENS, Demand
+from coordinator.admission.fairness import FairShares
 from coordinator.clock import ManualClock
 from coordinator.errors import CoordinatorError
-from coordinator.pool.registry import ENDED, Registry
+from coordinator.pool.registry import ENDED, Registry, WorkerRecord
 from protocol import reasons
+from protocol.health import TenantUse
 from tests.coordinator.fakes import heartbeat
 
 if TYPE_CHECKING:
@@ -250,17 +252,20 @@ def test_a_request_of_several_choices_reserves_for_each_and_gives_all_back() -> 
 # -- headroom for other tenants (fair shares) -------------------------------------------------------------
 
 
-def test_a_tenant_at_its_share_leaves_one_free_sequence_per_other_active_tenant() -> None:
-    from coordinator.admission.fairness import FairShares
-
+def fair_worker() -> tuple[Admission, FairShares, WorkerRecord]:
+    """One worker of 8 sequences, admission with fair shares, and heavy active."""
     clock = ManualClock()
     reg = Registry(stale_after=3.0, dead_after=6.0)
     reg.upsert(heartbeat("w0", timestamp=clock.time(), max_sessions=8), now=clock.monotonic())
     fair = FairShares()
-    adm = Admission(reg, clock, retry_after=2, fair=fair)
     worker = reg.get("w0")
     assert worker is not None
     fair.arrive("heavy")
+    return Admission(reg, clock, retry_after=2, fair=fair), fair, worker
+
+
+def test_a_tenant_at_its_share_leaves_one_free_sequence_per_other_active_tenant() -> None:
+    adm, fair, worker = fair_worker()
     held = [adm.reserve(worker, SMALL, "heavy") for _ in range(7)]  # alone, it may take every sequence
     adm.check(SMALL, worker.model, "heavy")
     fair.arrive("light")  # another tenant is active: heavy holds 7 of 8, its share is 4
@@ -278,17 +283,7 @@ def test_a_tenant_at_its_share_leaves_one_free_sequence_per_other_active_tenant(
 
 
 def test_a_tenant_at_its_share_defers_to_one_below_it_waiting_at_any_coordinator() -> None:
-    from coordinator.admission.fairness import FairShares
-    from protocol.health import TenantUse
-
-    clock = ManualClock()
-    reg = Registry(stale_after=3.0, dead_after=6.0)
-    reg.upsert(heartbeat("w0", timestamp=clock.time(), max_sessions=8), now=clock.monotonic())
-    fair = FairShares()
-    adm = Admission(reg, clock, retry_after=2, fair=fair)
-    worker = reg.get("w0")
-    assert worker is not None
-    fair.arrive("heavy")
+    adm, fair, worker = fair_worker()
     held = [adm.reserve(worker, SMALL, "heavy") for _ in range(4)]  # its share of 8 with light active: 4
     light = [TenantUse(tenant="light", running=1)]  # light runs one, through another coordinator
     fair.beat("w0", worker.model, light)
