@@ -27,8 +27,10 @@ def pool(tiny_model_path: Path, tmp_path: Path) -> Iterator[tuple[str, str]]:
     try:
         urls = []
         for name in ("c1", "c2"):
+            # No idle grace: a tenant lingers as active only at the coordinator it left, which would
+            # make the next lift differ by design (docs/reliability.md).
             proc, url = start_coordinator(tmp_path, name, "--heartbeat-interval", str(INTERVAL), "--api-keys", KEYS,
-                                          "--open-metrics", "true")
+                                          "--open-metrics", "true", "--fair-idle-grace", "0")
             procs.append(proc)
             urls.append(url)
         worker, _ = start_worker(tmp_path, "w1", ",".join(urls), tiny_model_path, "--threads", "1",
