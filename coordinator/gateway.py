@@ -14,6 +14,7 @@ a `Generation` and turn the relay's internal events (protocol.worker) into their
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ EMBEDDING_DEMAND = Demand(prompt_bytes=0, max_tokens=0, new_session=False)
 WORKER_FAULTS = frozenset({reasons.WORKER_FAILED, reasons.ENGINE_FAILED})
 Placed = Callable[[], None] | None
 CACHE_HIT = "cache"  # an `Opened`'s worker id when the response cache answered
+NO_LIMITS = KeyLimits()  # a request without an API key: no limits, every class
 
 
 @dataclass(slots=True)
@@ -79,9 +81,13 @@ class Gateway:
     def now(self) -> float:
         return self._state.clock.monotonic()
 
-    def refused(self, request_id: str, exc: CoordinatorError, started: float, *, surface: str) -> None:
-        """Count and log a request refused before its first byte (a surface's parse errors too)."""
+    def refused(self, request_id: str, exc: CoordinatorError, started: float, *, surface: str,
+                tenant: str | None = None) -> None:
+        """Count and log a request refused before its first byte (a surface's parse errors too); a
+        generation's also for its tenant."""
         self._state.requests.refused(request_id, exc, started, surface=surface)
+        if tenant is not None:
+            self._state.metrics.tenant_refusals.labels(tenant=tenant_label(tenant), reason=exc.reason).inc()
 
     async def open(self, gen: Generation, started: float, *,
                    client_gone: Callable[[], Awaitable[None]] | None = None, client: Client | None = None) -> Opened:
@@ -91,24 +97,21 @@ class Gateway:
         let it in, held to its limits (admission/limits.py). From here until its response ends, the
         request's tenant is active for fair shares (admission/fairness.py)."""
         state, tenant = self._state, gen.request.tenant
-        key = client.limits if client is not None else KeyLimits()
+        key = client.limits if client is not None else NO_LIMITS
         try:
             rank = priority.resolve(gen.priority, key.priority, key.max_priority)
             if client is not None:
                 state.limits.admit(client.key_id, key)
         except CoordinatorError as exc:
-            self.refused(gen.request_id, exc, started, surface=gen.surface)
-            state.metrics.tenant_refusals.labels(tenant=tenant_label(tenant), reason=exc.reason).inc()
+            self.refused(gen.request_id, exc, started, surface=gen.surface, tenant=tenant)
             raise
         state.fair.arrive(tenant)
         try:
             opened = await self._open(gen, started, client_gone, rank)
-        except BaseException as exc:
+        except BaseException:
             state.fair.depart(tenant)
             if client is not None:
                 state.limits.finished(client.key_id, client.limits, 0)
-            if isinstance(exc, CoordinatorError):
-                state.metrics.tenant_refusals.labels(tenant=tenant_label(tenant), reason=exc.reason).inc()
             raise
         finish = opened.finish
 
@@ -151,14 +154,14 @@ class Gateway:
                 await stream.close()  # the worker cancels the request and frees its sequence
                 raise
         except CoordinatorError as exc:
-            self.refused(gen.request_id, exc, started, surface=gen.surface)
+            self.refused(gen.request_id, exc, started, surface=gen.surface, tenant=gen.request.tenant)
             raise
         except Exception as exc:  # a bug before the first byte: the client gets a 500 naming no detail
             state.log.error(json.dumps({"event": "internal_error", "task": "open", "request_id": gen.request_id,
                                         "error": repr(exc)}), exc_info=exc)
             state.metrics.internal_errors.labels(task="open").inc()
             internal = CoordinatorError(reasons.INTERNAL, "internal error")
-            self.refused(gen.request_id, internal, started, surface=gen.surface)
+            self.refused(gen.request_id, internal, started, surface=gen.surface, tenant=gen.request.tenant)
             raise internal from None
 
     async def embed(self, work: Embedding, started: float, *,
@@ -308,6 +311,8 @@ class Gateway:
         session_id = gen.request.session_id
         reservation, admission = stream.reservation, state.admission
         breakers, worker_id, cache = state.breakers, stream.worker.worker_id, state.cache
+        fair, tenant = state.fair, gen.request.tenant
+        generated = state.metrics.tenant_tokens.labels(tenant=tenant_label(tenant), kind="generated")
 
         def release(outcome: Outcome) -> None:
             """The reservation back (a second call does nothing); a named session that ended `done`
@@ -319,9 +324,12 @@ class Gateway:
         def final(outcome: Outcome) -> None:
             release(outcome)
             done = outcome.done
+            # A token event may carry several tokens (a character split across them): the rest now.
+            made = max(done.usage.completion_tokens, outcome.tokens) if done is not None else outcome.tokens
+            if made > outcome.tokens:
+                fair.charge_output(tenant, made - outcome.tokens)
+            generated.inc(made)
             if done is not None:
-                # A token event may carry several tokens (a character split across them): the rest now.
-                token(max(0, done.usage.completion_tokens - outcome.tokens))
                 breakers.succeeded(worker_id)
                 if cached is not None and relay.record is not None and done.finish_reason != "cancelled":
                     key, identity = cached
@@ -331,18 +339,12 @@ class Gateway:
             else:
                 breakers.settled(worker_id)  # the client left, or read too slowly: no verdict
 
-        settings, fair, tenant = state.settings, state.fair, gen.request.tenant
-        generated = state.metrics.tenant_tokens.labels(tenant=tenant_label(tenant), kind="generated")
-
-        def token(tokens: int = 1) -> None:
-            """Tokens generated: charged to the tenant's fair share as they come, not at the end."""
-            if tokens:
-                fair.charge_output(tenant, tokens)
-                generated.inc(tokens)
-
+        settings = state.settings
+        # Each token event is charged to the tenant's fair share as it comes, not at the end.
         relay = Relay(stream, request_id=gen.request_id, buffer_events=settings.relay_buffer_events,
                       write_deadline=settings.relay_write_deadline, metrics=state.metrics, on_final=final,
-                      record_bytes=cache.entry_limit if cached is not None else 0, on_token=token)
+                      record_bytes=cache.entry_limit if cached is not None else 0,
+                      on_token=functools.partial(fair.charge_output, tenant))
         state.streams.add(relay)
         try:
             state.metrics.admitted()

@@ -40,8 +40,9 @@ MAX_HELD_PREFIX_BLOCKS = 2048
 # or refusing), instead of waiting its whole interval. A coordinator takes client traffic only once it
 # has heard from the pool, and waits about two of these for the rest of the workers after the first.
 REACH_RETRY = 0.5
-# Tenants a heartbeat lists at most (those with the most running, then the most served): about 100
-# bytes each as JSON, so it stays well inside the 64 KiB limit on a heartbeat's body with the rest.
+# Tenants a heartbeat lists at most (those with the most running, then the most served): at most about
+# 160 bytes each as JSON, so the largest heartbeat stays inside the 64 KiB limit on its body
+# (tests/coordinator/pool/test_heartbeat.py).
 MAX_HEARTBEAT_TENANTS = 64
 MAX_POOL_WORKERS = 1_000_000  # the workers a coordinator may say it knows (HeartbeatAck, Heartbeat)
 JOIN_SETTLE = 2 * REACH_RETRY

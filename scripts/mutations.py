@@ -339,7 +339,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "coordinator/admission/fairness.py", "        if floor > self.counter(tenant):\n",
              "        if False:\n", ("tests/coordinator/admission/test_fairness.py",)),
     Mutation("tokens-not-charged", "each generated token is charged to its tenant as it is relayed",
-             "coordinator/gateway.py", "                fair.charge_output(tenant, tokens)\n", "                pass\n",
+             "coordinator/gateway.py", "on_token=functools.partial(fair.charge_output, tenant))",
+             "on_token=None)",
              ("tests/coordinator/test_gateway_fairness.py",)),
     Mutation("headroom-off", "a tenant at its share leaves a free sequence per other active tenant",
              ADMISSION, "        if (others and left < others) or ", "        if (False and others and left < others) or ",
@@ -360,9 +361,9 @@ MUTATIONS: tuple[Mutation, ...] = (
              "                pass\n", ("tests/coordinator/admission/test_fairness.py",)),
     Mutation("elsewhere-not-active", "a tenant running on any worker counts as active here",
              "coordinator/admission/fairness.py",
-             "                    self._lift(tenant)  # back from idle at another coordinator: lifted there too\n"
-             "                    self._activate(tenant)\n",
-             "                    pass\n", ("tests/coordinator/admission/test_fairness.py",)),
+             "                self._lift(tenant)  # back from idle at another coordinator: lifted there too\n"
+             "                self._activate(tenant)\n",
+             "                pass\n", ("tests/coordinator/admission/test_fairness.py",)),
     Mutation("reach-off", "a worker beats to a coordinator it has not reached within REACH_RETRY",
              "worker/heartbeat.py", "                await self.reach()\n", "                pass\n",
              (("tests/worker/test_heartbeat.py::test_a_coordinator_not_reached_is_beaten_to_again_within_reach_"

@@ -149,9 +149,11 @@ class WorkerRuntime:
     def _tenants(self, running: dict[str, int]) -> list[TenantUse]:
         """Each tenant's use here, those with the most running first, then the most served; bounded."""
         served = self.ledger.totals()
-        names = sorted(set(running) | set(served), key=lambda t: (-running.get(t, 0), -sum(served.get(t, (0, 0)))))
-        return [TenantUse(tenant=t, running=min(running.get(t, 0), MAX_SESSIONS), prompt_tokens=served.get(t, (0, 0))[0],
-                          generated_tokens=served.get(t, (0, 0))[1]) for t in names[:MAX_HEARTBEAT_TENANTS]]
+        uses = [TenantUse(tenant=t, running=min(running.get(t, 0), MAX_SESSIONS), prompt_tokens=prompt,
+                          generated_tokens=generated)
+                for t, (prompt, generated) in ((t, served.get(t, (0, 0))) for t in set(running) | set(served))]
+        uses.sort(key=lambda u: (-u.running, -(u.prompt_tokens + u.generated_tokens)))
+        return uses[:MAX_HEARTBEAT_TENANTS]
 
     async def start(self, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.engine.start(asyncio.get_running_loop())

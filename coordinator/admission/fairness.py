@@ -122,12 +122,12 @@ class FairShares:
         self._weights = dict(weights or {})
         self._counters: dict[str, float] = {}
         self._active: dict[str, int] = {}  # tenant -> its requests waiting or running here
-        self._elsewhere: dict[str, int] = {}  # tenant -> sequences the workers say it runs (ours too)
         self._active_weight = 0.0  # the weights of the tenants active here or running elsewhere, summed
         self._lowest_active = Lowest(self.counter)  # those same tenants
         self._idle_floor = 0.0  # the counter of the last tenant that was active
         self._reports: dict[str, _WorkerReport] = {}  # by worker id
-        self._running: Counter[tuple[str, str]] = Counter()  # (tenant, model) -> running, by the reports
+        # tenant -> model -> the sequences the workers say it runs (ours too): a tenant in it runs somewhere
+        self._running: dict[str, Counter[str]] = {}
         self._waiting: dict[str, Counter[str]] = {}  # model -> tenant -> the workers saying it waits for it
 
     def counter(self, tenant: str) -> float:
@@ -140,11 +140,8 @@ class FairShares:
     def weight(self, tenant: str) -> float:
         return self._weights.get(tenant, 1.0)
 
-    def active(self, tenant: str) -> int:
-        return self._active.get(tenant, 0)
-
     def _is_active(self, tenant: str) -> bool:
-        return tenant in self._active or tenant in self._lingering or tenant in self._elsewhere
+        return tenant in self._active or tenant in self._lingering or tenant in self._running
 
     def _expire(self) -> None:
         """Tenants whose grace after their last request ran out are active no longer (unless they run
@@ -155,7 +152,7 @@ class FairShares:
             if left > deadline:
                 return
             del self._lingering[tenant]
-            if tenant not in self._elsewhere:
+            if tenant not in self._running:
                 self._deactivate(tenant)
 
     def arrive(self, tenant: str) -> None:
@@ -183,7 +180,7 @@ class FairShares:
         self._active.pop(tenant, None)
         if self._idle_grace > 0:
             self._lingering[tenant] = self._now()
-        elif tenant not in self._elsewhere:
+        elif tenant not in self._running:
             self._deactivate(tenant)
 
     def _activate(self, tenant: str) -> None:
@@ -205,13 +202,15 @@ class FairShares:
 
     def share(self, tenant: str, total: int) -> float:
         """`tenant`'s weighted share of `total` (sequences) among the active tenants, itself included."""
+        self._expire()
         weight = self.weight(tenant)
         active = self._active_weight + (0.0 if tenant in self._lowest_active else weight)
         return total * weight / active
 
     def running(self, tenant: str, model: str) -> int:
         """The sequences of `model` the workers last said `tenant` runs (any coordinator's requests)."""
-        return self._running[(tenant, model)]
+        models = self._running.get(tenant)
+        return models[model] if models is not None else 0
 
     def ended(self, worker_id: str, tenant: str, prompt_tokens: int, generated_tokens: int) -> None:
         """One of our requests ended on that worker, with that usage: its next beat counts it too, and
@@ -248,9 +247,10 @@ class FairShares:
                     self._idle_floor = max(self._idle_floor, self.counter(tenant))
         else:
             report = self._reports[worker_id] = _WorkerReport(model, {}, {}, Counter())
+        waits = frozenset(waiting)
         self._update_running(report.running, report.model, running, model)
-        self._update_waiting(report.waiting, report.model, frozenset(waiting), model)
-        report.model, report.served, report.running, report.waiting = model, served, running, frozenset(waiting)
+        self._update_waiting(report.waiting, report.model, waits, model)
+        report.model, report.served, report.running, report.waiting = model, served, running, waits
 
     def forget(self, worker_id: str) -> None:
         """The worker is gone: what it ran no longer counts."""
@@ -279,25 +279,22 @@ class FairShares:
             self._waiting.setdefault(new_model, Counter())[tenant] += 1
 
     def _update_running(self, old: Mapping[str, int], old_model: str, new: Mapping[str, int], new_model: str) -> None:
-        """One worker's report of what runs there, replaced: the totals per tenant and model, and which
-        tenants run anywhere."""
-        for tenant, n in old.items():
-            self._running[(tenant, old_model)] -= n
-            if self._running[(tenant, old_model)] <= 0:
-                del self._running[(tenant, old_model)]
-        for tenant, n in new.items():
-            self._running[(tenant, new_model)] += n
+        """One worker's report of what runs there, replaced; a tenant that starts running somewhere
+        becomes active here, and one that runs nowhere any more idle (unless it is active here)."""
         for tenant in set(old) | set(new):
-            total = self._elsewhere.get(tenant, 0) - old.get(tenant, 0) + new.get(tenant, 0)
-            was = tenant in self._elsewhere
-            if total > 0:
-                if not was and tenant not in self._active and tenant not in self._lingering:
-                    self._lift(tenant)  # back from idle at another coordinator: lifted there too
-                    self._activate(tenant)
-                self._elsewhere[tenant] = total
-            elif was:
-                del self._elsewhere[tenant]
-                if tenant not in self._active and tenant not in self._lingering:
+            was = tenant in self._running
+            models = self._running.setdefault(tenant, Counter())
+            models[old_model] -= old.get(tenant, 0)
+            models[new_model] += new.get(tenant, 0)
+            for model in [m for m, n in models.items() if n <= 0]:
+                del models[model]
+            local = tenant in self._active or tenant in self._lingering
+            if models and not was and not local:
+                self._lift(tenant)  # back from idle at another coordinator: lifted there too
+                self._activate(tenant)
+            elif not models:
+                del self._running[tenant]
+                if was and not local:
                     self._deactivate(tenant)
 
     def charge_prompt(self, tenant: str, tokens: int) -> None:

@@ -121,13 +121,6 @@ class Limits:
         self._roll(state, limits, now)
         state.used += tokens
 
-    def headers(self, key_id: str, limits: KeyLimits) -> dict[str, str]:
-        """OpenAI's `x-ratelimit-*` headers for the key's minute limits, as they stand now."""
-        state = self._keys.get(key_id)
-        if state is None:
-            return {}
-        return _ratelimit_headers(limits, state)
-
     def _state(self, key_id: str, limits: KeyLimits, now: float) -> _KeyState:
         state = self._keys.get(key_id)
         if state is None:

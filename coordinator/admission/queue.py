@@ -114,9 +114,10 @@ class AdmissionQueue:
         return queue.length if queue else 0
 
     def waiting_tenants(self, model: str, limit: int) -> list[str]:
-        """The tenants with a request waiting for `model` (at most `limit`): O(their number)."""
+        """The tenants with a request waiting for `model` (at most `limit`): O(their number). None
+        without fair shares: the one line is no tenant's."""
         queue = self._queues.get(model)
-        if queue is None:
+        if queue is None or self._fair is None:
             return []
         return list(dict.fromkeys(tenant for _rank, tenant in queue.lines))[:limit]
 
@@ -127,9 +128,7 @@ class AdmissionQueue:
         """Take a place at the back of the line of the tenant's requests of that class, or raise 503
         `queue_full`."""
         waiter = Waiter(model, tenant if self._fair is not None else "", rank)
-        queue = self._queues.get(model)
-        if queue is None:
-            queue = self._queues[model] = _ModelQueue(self._counter)
+        queue = self._queue(model)
         line = queue.lines.get(waiter.line)
         if line is not None and len(line) >= self.size:
             whose = " of this key's tenant" if waiter.tenant else ""
@@ -144,12 +143,15 @@ class AdmissionQueue:
         Allowed past the bound: it held a place a moment ago."""
         if waiter.queued:
             return
-        queue = self._queues.get(waiter.model)
-        if queue is None:
-            queue = self._queues[waiter.model] = _ModelQueue(self._counter)
-        queue.add(waiter, front=True)
+        self._queue(waiter.model).add(waiter, front=True)
         waiter.queued = True
         self.length += 1
+
+    def _queue(self, model: str) -> _ModelQueue:
+        queue = self._queues.get(model)
+        if queue is None:
+            queue = self._queues[model] = _ModelQueue(self._counter)
+        return queue
 
     async def wait(self, waiter: Waiter, *, deadline: float, now: Callable[[], float],
                    client_gone: Callable[[], Awaitable[None]] | None) -> None:

@@ -64,7 +64,7 @@ def test_when_no_one_is_active_the_last_one_s_counter_is_the_floor() -> None:
     fair.depart("a")
     fair.arrive("b")  # arrives after a left: it does not get 1000 tokens' head start on a's return
     assert fair.counter("b") == 1000.0
-    assert fair.active("b") == 1 and fair.active("a") == 0
+    assert fair.others_active("a") == 1 and fair.others_active("b") == 0  # b is, a is not
 
 
 def test_lowest_finds_the_lowest_counter_as_counters_grow_and_ties_go_to_the_first_added() -> None:
