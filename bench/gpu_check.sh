@@ -15,6 +15,7 @@
 #   bench/gpu_check.sh baseline       # there: bench.tiny_bench, this worker against that one
 #   bench/gpu_check.sh sampling       # there: issue 18's in-graph sampling probe, and default against greedy
 #   bench/gpu_check.sh scale          # there, needing only prepare's wheels: issue 20's relay scaling
+#   bench/gpu_check.sh diagnose       # there: where the worker's model load crashes on the CUDA build
 #
 # `run` prints llama-batched-bench's table (-npp 32 -ntg 64 -npl 1,16,64: one process, no HTTP, the
 # device's ceiling for this shape) and bench.worker_bench's (worker, in-process ceiling and llama-server,
@@ -39,7 +40,7 @@ PY=${GPU_CHECK_PYTHON:-python3}  # the GPU machine's Python 3.12; a rehearsal he
 SHAPE=${GPU_CHECK_SHAPE:-tinyllama}  # a rehearsal on a CPU: tiny
 STREAMS=${GPU_CHECK_STREAMS:-1,16,64}
 WHEELS=(fastapi starlette pydantic pydantic_core annotated-types typing-inspection uvicorn httptools diskcache
-        gguf typing_extensions opentelemetry-api)  # fastapi needs opentelemetry-api
+        gguf typing_extensions opentelemetry-api llguidance)  # fastapi needs opentelemetry-api; llguidance: grammars
 
 prepare() {
   local py=.venv/bin/python
@@ -47,7 +48,7 @@ prepare() {
   local pins=()
   for name in "${WHEELS[@]}"; do pins+=("$name==$($py -c "import importlib.metadata as m; print(m.version('$name'))")"); done
   $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform manylinux1_x86_64 -d "$G/wheels" "${pins[@]}"
   local pkg src
   pkg=$($py -c "import llama_cpp, os; print(os.path.dirname(llama_cpp.__file__))")
@@ -120,7 +121,8 @@ tiny_rounds() {
       [[ $run == baseline-* ]] && tree=(--worker-tree .gpu-baseline)
       echo "round $round: $run at +$((SECONDS - started)) s"
       timeout 60 $PY -m bench.tiny_bench "${common[@]}" --sampling "$sampling" "${tree[@]}" \
-        --out "$OUT/tiny_bench_${run}_$round.json" 2>&1 | grep -v "^$" || echo "tiny_bench $run failed"
+        --out "$OUT/tiny_bench_${run}_$round.json" 2>&1 | grep -v "^$" \
+        || { echo "tiny_bench $run failed"; cp bench/results/tiny_worker.log "$OUT/" 2>/dev/null || true; }
     done
   done
   echo "all done at +$((SECONDS - started)) s"
@@ -139,6 +141,31 @@ sampling() {
       2>&1 | tee -a "$OUT/device_sampling_probe.txt" || echo "the probe failed"
   done
   tiny_rounds "$started" ours-default ours-greedy
+}
+
+diagnose() {
+  # Where the worker dies on the CUDA build (SIGSEGV right after llama.cpp's init_tokenizer, 2026-11-27,
+  # where 5792c30's worker ran on the same build): the model loaded by llama.cpp's calls alone, then by
+  # the worker's Model, with Python's faulthandler naming the line that crashed, on the GPU and off it.
+  local started=$SECONDS
+  setup
+  short_build "$started" || return 1
+  for layers in 999 0; do
+    echo "load with $layers GPU layers at +$((SECONDS - started)) s"
+    timeout 60 $PY -X faulthandler - "$layers" "$PWD/$G/tiny.gguf" <<'PY' 2>&1 | grep -v "^llama_model_loader\|^print_info\|^load" | tail -40
+import sys
+from pathlib import Path
+import llama_cpp as ll
+ll.llama_backend_init()
+params = ll.llama_model_default_params()
+params.n_gpu_layers = int(sys.argv[1])
+print("raw load:", bool(ll.llama_model_load_from_file(sys.argv[2].encode(), params)), flush=True)
+from worker.backends.llama_model import Model
+model = Model(Path(sys.argv[2]), gpu_layers=int(sys.argv[1]))
+print("Model: loaded,", model.backend, flush=True)
+PY
+  done
+  echo "all done at +$((SECONDS - started)) s"
 }
 
 scale() {
@@ -219,5 +246,6 @@ case ${1:-} in
   baseline) baseline ;;
   sampling) sampling ;;
   scale) scale ;;
-  *) echo "usage: bench/gpu_check.sh prepare|run|prepare-baseline COMMIT|baseline|sampling|scale" >&2; exit 2 ;;
+  diagnose) diagnose ;;
+  *) echo "usage: bench/gpu_check.sh prepare|run|prepare-baseline COMMIT|baseline|sampling|scale|diagnose" >&2; exit 2 ;;
 esac

@@ -100,6 +100,7 @@ class Gateway:
         key = client.limits if client is not None else NO_LIMITS
         try:
             rank = priority.resolve(gen.priority, key.priority, key.max_priority)
+            gen = gen.classed(priority.CLASSES[rank])
             if client is not None:
                 state.limits.admit(client.key_id, key)
         except CoordinatorError as exc:

@@ -7,6 +7,7 @@ Must not: parse any public wire format (surfaces do) or admit anything (gateway.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from coordinator.admission.demand import Demand
@@ -30,6 +31,16 @@ class Generation:
         """The session this request continues or starts, as its tenant knows it; None: one-shot."""
         session_id = self.request.session_id
         return (self.request.tenant, session_id) if session_id is not None else None
+
+    def classed(self, name: str) -> Generation:
+        """Itself at priority class `name` (admission/priority.py): a batch request is sent as such (a
+        worker may park it for an interactive one); an interactive one may park one
+        (`Demand.preempts`)."""
+        if name == "batch":
+            request = self.request.model_copy(update={"priority": name})
+            return dataclasses.replace(self, request=request,
+                                       payload=request.model_dump_json(exclude_unset=True).encode())
+        return dataclasses.replace(self, demand=dataclasses.replace(self.demand, preempts=True))
 
     @classmethod
     def of(cls, request: GenerateRequest, request_id: str, surface: str, priority: str = "") -> Generation:

@@ -98,14 +98,19 @@ class WorkerLoad(BaseModel):
                                            "layer is offloaded (then the KV of those layers lives on the device)")
     gpu_layers: int = Field(default=0, ge=0, le=1 << 20, description="layers offloaded to the GPU")
     streams: list[Annotated[int, Field(ge=0, le=MAX_STREAM_REF)]] = Field(
-        default_factory=list, max_length=MAX_SESSIONS,
-        description="the coordinators' references (`X-Stream-Ref`) of the streams holding a session now; "
-                    "`sessions` counts each of them")
+        default_factory=list, max_length=2 * MAX_SESSIONS,
+        description="the coordinators' references (`X-Stream-Ref`) of the streams holding a session now, which "
+                    "`sessions` counts, and of those parked (`parked`)")
     held: list[Annotated[str, StringConstraints(pattern=SESSION_DIGEST_PATTERN)]] = Field(
         default_factory=list, max_length=MAX_SESSIONS,
         description="`session_digest` of every named session it holds (streaming or kept), so that every "
                     "coordinator knows where a session is, whichever one served its last turn")
 
+    parkable: int = Field(default=0, ge=0, le=MAX_SESSIONS,
+                          description="batch requests running now that an interactive request could park")
+    parked: int = Field(default=0, ge=0, le=MAX_SESSIONS,
+                        description="batch requests parked now (their cells in host memory, no sequence held): "
+                        "`streams` lists them, `sessions` does not count them")
     tenants: list[TenantUse] = Field(
         default_factory=list, max_length=MAX_HEARTBEAT_TENANTS,
         description="each tenant it serves: running now and served in all, those with the most running first; "
@@ -124,8 +129,10 @@ class WorkerLoad(BaseModel):
     def _consistent(self) -> WorkerLoad:
         if self.sessions > self.max_sessions:
             raise ValueError(f"sessions {self.sessions} > max_sessions {self.max_sessions}")
-        if len(self.streams) > self.sessions:
-            raise ValueError(f"{len(self.streams)} streams listed > sessions {self.sessions}")
+        if len(self.streams) > self.sessions + self.parked:
+            raise ValueError(f"{len(self.streams)} streams listed > sessions {self.sessions} + parked {self.parked}")
+        if self.parkable > self.sessions:
+            raise ValueError(f"parkable {self.parkable} > sessions {self.sessions}")
         if len(self.held) > self.sessions:
             raise ValueError(f"{len(self.held)} sessions held > sessions {self.sessions}")
         if self.idle_sessions > self.sessions:

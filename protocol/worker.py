@@ -27,7 +27,9 @@ digest), so every coordinator of a pool knows where each session is (an older co
 refuse the unknown field).
 Version 7 lists the prefix blocks a worker's cells hold (`WorkerLoad.prefixes`); version 8 what each
 tenant has running and has been served there (`WorkerLoad.tenants`), from which every coordinator of
-a pool counts the service the others gave each tenant (fair shares across coordinators).
+a pool counts the service the others gave each tenant (fair shares across coordinators), and each
+request's priority class (`GenerateRequest.priority`): an interactive request may park a batch one's
+sequence on a full worker (`WorkerLoad.parkable`, `WorkerLoad.parked`).
 Embeddings need no version of their own: a worker that does not serve them never says so in its
 heartbeat (`protocol.health.Heartbeat.embeddings`), so no coordinator sends it an `EmbedRequest`.
 """
@@ -288,6 +290,12 @@ class GenerateRequest(GenerationFields):
     tools: ToolUse | None = Field(default=None, description="functions the answer may call; the worker tells "
                                   "the model about them and holds a call to their schemas (unless `grammar` "
                                   "or `json_schema` holds the answer, which a forced call does not allow)")
+    # Internal only: the class the coordinator resolved for the request (its key's default, or what it asked).
+    priority: Literal["interactive", "batch"] = Field(
+        default="interactive", description="its priority class: on a worker whose every sequence is taken, an "
+        "interactive request parks a running batch request (its cells to host memory, its sequence freed), "
+        "which resumes where it stopped once a sequence is free; batch requests never park anything, and "
+        "never take a sequence a parked one waits for")
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> GenerateRequest:

@@ -8,6 +8,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from protocol.health import WorkerLoad
 from protocol.worker import (
     MAX_CHOICES,
     ChoiceEnd,
@@ -76,3 +77,13 @@ def test_tools_are_checked_where_the_worker_would_misread_them() -> None:
     GenerateRequest.model_validate({"messages": asked, "tools": {"functions": [f]}, "json_schema": {"type": "object"}})
     with pytest.raises(ValidationError, match="only an assistant"):
         ChatMessage.model_validate({"role": "user", "content": "", "tool_calls": [{"name": "f", "arguments": "{}"}]})
+
+
+def test_a_heartbeat_lists_parked_streams_beyond_its_sessions_and_no_more() -> None:
+    base = {"sessions": 2, "max_sessions": 2, "active_streams": 2, "queue_depth": 0, "kv_used_bytes": 0,
+            "kv_reserved_bytes": 0, "kv_capacity_bytes": 1000, "bytes_per_token": 1, "session_max_tokens": 500}
+    assert WorkerLoad(**base, streams=[1, 2, 3], parked=1, parkable=1).parked == 1
+    with pytest.raises(ValidationError):
+        WorkerLoad(**base, streams=[1, 2, 3])  # a third stream is neither running nor parked
+    with pytest.raises(ValidationError):
+        WorkerLoad(**base, parkable=3)  # it cannot park more than it runs

@@ -11,13 +11,15 @@ with `n` > 1 choices reserves n sequences, each `min(session limit, prompt + max
 all or none, and brings a grammar state per choice. An embedding request passes the same draining
 and model checks, then whether this worker embeds, and at that size, before it joins the embedder's
 bounded queue (worker/engine/embedder.py).
+Priority: an interactive request refused for capacity has the engine park a running batch request
+(`Preemption`), one at a time while it is refused and one can be parked, and waits in line before
+every batch request; a batch request never takes a sequence that a parked one waits for.
 Must not: run inference or free KV itself; it hands jobs and frees to the engine in FIFO order.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +27,7 @@ from typing import Protocol
 
 from protocol import reasons
 from protocol.worker import EmbedRequest, GenerateRequest
-from worker.backends.base import EngineBackend, KvTransfer, ModelBackend
+from worker.backends.base import EngineBackend, KvTransfer, ModelBackend, Preemption
 from worker.backends.chat_template import TemplateRefusal
 from worker.engine.channel import TokenChannel
 from worker.engine.embedder import Embedded, Embedder
@@ -60,6 +62,13 @@ class Ticket:
     turns: int  # that session's turns when checked: another turn meanwhile makes this prompt stale
 
 
+@dataclass(eq=False, slots=True)
+class _InLine:
+    """A request's place in the room-wait line."""
+    turn: asyncio.Event
+    interactive: bool
+
+
 @dataclass(eq=False)
 class Gate:
     model: ModelBackend
@@ -71,6 +80,7 @@ class Gate:
     embedder: Embedder | None = None  # None: this worker does not serve embeddings
     peers: PeerPrefixes | None = None  # None: a prompt's prefix is never fetched from a peer
     cells: KvTransfer | None = None  # the engine, when its cells can move (the runtime found): else no peer fetch
+    preemption: Preemption | None = None  # the engine, when it parks batch requests: else none is parked
     draining: bool = False
     # A request refused only for capacity that a cancelled stream still holds (its client left; the
     # engine releases it at its next step) waits for that release, this long at most, instead of
@@ -86,9 +96,9 @@ class Gate:
     # burst of long prompts cannot take every core from the decode loop.
     tokenize_concurrency: int = 2
     _tokenizing: asyncio.Semaphore = field(init=False, repr=False)
-    # Requests refused for capacity, waiting for a release, in the order they began to wait: each for
-    # its own deadline, and no more of them than requests open (WORKER_MAX_CONNECTIONS).
-    _line: collections.deque[asyncio.Event] = field(default_factory=collections.deque, init=False, repr=False)
+    # Requests refused for capacity, waiting for a release, interactive ones first, then in the order they
+    # began to wait: each for its own deadline, and no more of them than requests open (WORKER_MAX_CONNECTIONS).
+    _line: list[_InLine] = field(default_factory=list, init=False, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, init=False, repr=False)
 
     async def admit(self, request: GenerateRequest, request_id: str, *, session_expected: bool = False,
@@ -202,7 +212,7 @@ class Gate:
 
     def _wake_first(self) -> None:
         if self._line:
-            self._line[0].set()
+            self._line[0].turn.set()
 
     async def _reserve(self, request: GenerateRequest, need: int, tokens: list[int],
                        stream_ref: int | None) -> Admission:
@@ -214,36 +224,79 @@ class Gate:
         sent by the coordinator whose own stream had just ended, and the others came before it."""
         loop = self._loop = asyncio.get_running_loop()
         started = loop.time()
-        turn: asyncio.Event | None = None
+        interactive = request.priority == "interactive"
+
+        def attempt() -> Admission:
+            return self.table.admit(request.session_id, need, tokens, tenant=request.tenant, stream_ref=stream_ref,
+                                    choices=request.n, prefix_blocks=tuple(request.prefix_blocks or ()),
+                                    yields=not interactive)
+        place: _InLine | None = None
         refused: WorkerError | None = None
         try:
             while True:
-                if turn is not None:
-                    turn.clear()  # before the attempt: a release after it is not missed
-                if turn is not None or not (self.room_wait > 0 and self._line):
-                    try:
-                        return self.table.admit(request.session_id, need, tokens, tenant=request.tenant,
-                                                stream_ref=stream_ref, choices=request.n,
-                                                prefix_blocks=tuple(request.prefix_blocks or ()))
-                    except WorkerError as exc:
-                        if exc.reason not in WAITABLE:
-                            raise
-                        refused = exc
+                if place is not None:
+                    place.turn.clear()  # before the attempt: a release after it is not missed
+                if place is not None or not (self.room_wait > 0 and self._ahead(interactive)):
+                    tried = await self._try(attempt, interactive)
+                    if isinstance(tried, Admission):
+                        return tried
+                    refused = tried
                 limit = max(self.room_wait, self.ending_wait if self.table.ending else 0.0)
                 left = started + limit - loop.time()
                 if left <= 0 and refused is not None:
                     raise refused
-                if turn is None:
-                    turn = asyncio.Event()
-                    self._line.append(turn)
+                if place is None:
+                    place = self._join(interactive)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(turn.wait(), max(left, 0.0))
+                    await asyncio.wait_for(place.turn.wait(), max(left, 0.0))
         finally:
-            if turn is not None:
-                first = self._line[0] is turn
-                self._line.remove(turn)
+            if place is not None:
+                first = self._line[0] is place
+                self._line.remove(place)
                 if first:
                     self._wake_first()  # there may be room for the next one too
+
+    async def _try(self, attempt: Callable[[], Admission], interactive: bool) -> Admission | WorkerError:
+        """The admission, or the capacity refusal to wait on (another refusal is raised); an interactive
+        request refused has batch requests parked for it first (`_park`)."""
+        try:
+            return attempt()
+        except WorkerError as exc:
+            if exc.reason not in WAITABLE:
+                raise
+            refused = exc
+        if interactive and (admitted := await self._park(attempt)) is not None:
+            return admitted
+        return refused
+
+    def _ahead(self, interactive: bool) -> bool:
+        """Whether a request of this class finds others in line before it (any, for a batch request)."""
+        return bool(self._line) and (not interactive or self._line[0].interactive)
+
+    def _join(self, interactive: bool) -> _InLine:
+        """A place in line: behind every request of its class or above, before every one below."""
+        place = _InLine(asyncio.Event(), interactive)
+        at = len(self._line)
+        if interactive:
+            at = next((i for i, other in enumerate(self._line) if not other.interactive), at)
+        self._line.insert(at, place)
+        return place
+
+    async def _park(self, attempt: Callable[[], Admission]) -> Admission | None:
+        """For an interactive request refused for capacity: the engine parks running batch requests, one
+        at a time, and tries the admission after each until it is admitted (its admission) or none is left
+        to park (None). A refusal of another kind is raised."""
+        while self.preemption is not None and self.preemption.parkable > 0:
+            try:
+                admitted = await asyncio.wrap_future(self.preemption.park(attempt))
+            except WorkerError as exc:
+                if exc.reason not in WAITABLE:
+                    raise
+                continue  # one parked was not enough (KV): park another
+            if admitted is None:
+                return None
+            return admitted
+        return None
 
     def _known_session(self, request: GenerateRequest, session_expected: bool) -> Session | None:
         """The session this request continues, if any, after the refusals that need no tokenizing."""

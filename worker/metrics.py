@@ -70,6 +70,13 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
                                     "outcome (ok, refused)", ["direction", "outcome"], registry=r)
         self.kv_transfer_bytes = Counter("worker_kv_transfer_bytes", "Bytes of KV blobs exported or imported "
                                          "(refused ones included)", ["direction"], registry=r)
+        self.parks = Counter("worker_preemptions", "Batch requests parked for an interactive request (their "
+                             "cells saved to host memory, their sequence freed)", registry=r)
+        self.park_bytes = Counter("worker_preempted_kv_bytes", "Bytes of KV saved to host memory by parking",
+                                  registry=r)
+        self.park_seconds = histogram("worker_preempted_seconds", "A parked request's pause, parked to resumed",
+                                      LATENCY_BUCKETS)
+        self.parked_now = Gauge("worker_num_requests_parked", "Batch requests parked now", registry=r)
 
     def _embeddings(self, r: CollectorRegistry) -> None:
         self.embedding_requests = Counter("worker_embedding_requests", "Embedding requests answered (ok) or "
@@ -86,7 +93,7 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
     def bind(self, *, running: Callable[[], float], waiting: Callable[[], float],
              kv_usage: Callable[[], float], kv_reserved: Callable[[], float], sessions: Callable[[], float],
              expired: Callable[[], float], evicted: Callable[[], float],
-             embeddings_held: Callable[[], float] = lambda: 0) -> None:
+             embeddings_held: Callable[[], float] = lambda: 0, parked: Callable[[], float] = lambda: 0) -> None:
         self.running.set_function(running)
         self.waiting.set_function(waiting)
         self.kv_usage.set_function(kv_usage)
@@ -95,6 +102,7 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
         self.sessions_expired.set_function(expired)
         self.sessions_evicted.set_function(evicted)
         self.embeddings_held.set_function(embeddings_held)
+        self.parked_now.set_function(parked)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -141,3 +149,10 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
 
     def internal_error(self, task: str) -> None:
         self.internal_errors.labels(task=task).inc()
+
+    def parked(self, cell_bytes: int) -> None:
+        self.parks.inc()
+        self.park_bytes.inc(cell_bytes)
+
+    def resumed(self, paused_s: float) -> None:
+        self.park_seconds.observe(paused_s)

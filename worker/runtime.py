@@ -28,7 +28,7 @@ from protocol.health import (
 )
 from worker.admission import Gate
 from worker.backends import build_embedding_context, build_engine
-from worker.backends.base import EngineBackend, KvTransfer, ModelBackend, PrefixExport
+from worker.backends.base import EngineBackend, KvTransfer, ModelBackend, Preemption, PrefixExport
 from worker.engine.embedder import Embedder
 from worker.engine.jobs import EngineConfig, Failed, Job, Observers
 from worker.engine.pacing import CPU_CHUNK, GPU_CHUNK
@@ -76,6 +76,7 @@ class WorkerRuntime:
         # What it can do beyond every engine's part (backends/base.py), found once.
         self._cells = self.engine if isinstance(self.engine, KvTransfer) else None
         self._prefixes = self.engine if isinstance(self.engine, PrefixExport) else None
+        self._preemption = self.engine if isinstance(self.engine, Preemption) else None
         limits = KvLimits(capacity_tokens=self.engine.ctx_tokens,
                           session_max_tokens=min(settings.session_max_tokens, self.engine.seq_tokens,
                                                  model.shape.n_ctx_train),
@@ -92,7 +93,7 @@ class WorkerRuntime:
                                metrics=metrics)
         self.gate = Gate(model, self.names, self.table, self.engine, stream_buffer=settings.stream_buffer,
                          clock=clock, embedder=self.embedder, peers=self.peers, cells=self._cells,
-                         room_wait=settings.room_wait_seconds)
+                         room_wait=settings.room_wait_seconds, preemption=self._preemption)
         self.table.on_release = self.gate.released
         self.transfer_slots = asyncio.Semaphore(settings.kv_transfers)  # sessions' KV moving at once
         self.handover_seen = 0.0  # loop time the coordinator last moved kept sessions away (`handed_over`)
@@ -105,7 +106,8 @@ class WorkerRuntime:
             kv_reserved=lambda: self.table.stats()[2] / limits.capacity_tokens,
             sessions=lambda: self.table.stats()[0], expired=lambda: self.table.expired_total,
             evicted=lambda: self.table.evicted_total,
-            embeddings_held=lambda: self.embedder.held if self.embedder is not None else 0)
+            embeddings_held=lambda: self.embedder.held if self.embedder is not None else 0,
+            parked=lambda: self.table.parked)
 
     def cells(self) -> KvTransfer:
         """The engine, as one whose cells can move; 400 when its backend cannot (checked per call, from
@@ -141,6 +143,8 @@ class WorkerRuntime:
             bytes_per_token=limits.bytes_per_token, session_max_tokens=limits.session_max_tokens,
             idle_sessions=table.idle_sessions, idle_kv_bytes=table.idle_reserved_tokens * limits.bytes_per_token,
             streams=list(table.stream_refs), held=[session_digest(tenant, sid) for tenant, sid in table.held],
+            parkable=min(self._preemption.parkable, table.sessions) if self._preemption is not None else 0,
+            parked=table.parked,
             prefixes=list(table.prefixes), tenants=self._tenants(table.running_by_tenant),
             max_prompt_bytes=min(limits.session_max_tokens * self.model.max_token_bytes, 1 << 50),
             draining=self.gate.draining, backend="gpu" if self.model.backend == "gpu" else "cpu",

@@ -25,7 +25,7 @@ from coordinator.admission.demand import Demand
 from coordinator.admission.fairness import FairShares
 from coordinator.clock import Clock
 from coordinator.errors import CoordinatorError
-from coordinator.pool.registry import Correction, Registry, WorkerRecord
+from coordinator.pool.registry import Correction, Registry, Totals, WorkerRecord
 from protocol import reasons
 
 
@@ -72,13 +72,19 @@ class Admission:
             # session, and a worker would spend seconds tokenizing it to say so.
             raise CoordinatorError(reasons.PROMPT_TOO_LONG, f"the prompt's {demand.prompt_bytes} bytes cannot fit "
                                    f"in a session of this model (at most {max(longest)} bytes of text)")
-        if demand.sessions and totals.free_sessions < demand.sessions:
+        self._check_room(demand, model, tenant, totals)
+
+    def _check_room(self, demand: Demand, model: str | None, tenant: str, totals: Totals) -> None:
+        """A free sequence and the KV the request may need, or for an interactive request a batch
+        request that some worker can park; the headroom rule with fair shares."""
+        parking = demand.preempts and totals.preemptible >= max(1, demand.sessions)  # worker checks the KV
+        if demand.sessions and totals.free_sessions < demand.sessions and not parking:
             raise self._overloaded(reasons.SESSIONS_FULL, "every worker's sessions are in use")
         if demand.sessions and model is not None and self._fair is not None:
             self._keep_headroom(tenant, model, totals.free_sessions - demand.sessions, totals.max_sessions)
         # Distinct values, not workers: one per model in practice.
         need = demand.tokens(max(totals.session_max_tokens)) * max(totals.bytes_per_token)
-        if totals.free_kv_bytes < need:
+        if totals.free_kv_bytes < need and not parking:
             raise self._overloaded(reasons.KV_FULL, "not enough free KV cache on any worker")
 
     def _keep_headroom(self, tenant: str, model: str, left: int, total: int) -> None:

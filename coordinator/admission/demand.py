@@ -27,6 +27,9 @@ class Demand:
     new_session: bool = True  # False when it continues a session that already holds its sequence slot
     messages: int = 0  # chat messages the worker renders with its template (0: a single prompt)
     choices: int = 1  # sequences generated from the prompt (OpenAI's `n`; only ever one-shot)
+    # An interactive request: a worker whose every sequence is taken may park a batch request for it
+    # (WorkerLoad.parkable), so it needs no free sequence or KV where one can be parked.
+    preempts: bool = False
 
     @property
     def sessions(self) -> int:

@@ -124,6 +124,15 @@ class WorkerRecord:
         return 0 if self.sessions_refused else min(self.load.idle_sessions, self.sessions)
 
     @property
+    def preemptible(self) -> int:
+        """Batch requests an interactive one may still park here: what the worker said it could park, less
+        the requests placed here beyond its sequences since (this coordinator's, not yet reported)."""
+        if self.sessions_refused:
+            return 0
+        over = max(0, self.sessions - self.idle_sessions - self.max_sessions)
+        return max(0, self.load.parkable - over)
+
+    @property
     def idle_kv_bytes(self) -> int:
         return 0 if self.kv_free_below is not None else min(self.load.idle_kv_bytes, self.kv_reserved_bytes)
 
@@ -159,12 +168,13 @@ class WorkerRecord:
     def contribution(self) -> tuple[int, ...]:
         """What this worker adds to the sums: (workers, free sessions, session capacity, free KV
         bytes, KV capacity, bytes per token, session max tokens, longest prompt in bytes, workers
-        serving embeddings, free embedding slots)."""
+        serving embeddings, free embedding slots, batch requests an interactive one may park)."""
         free_sessions = max(0, self.max_sessions - self.sessions + self.idle_sessions)
         free_kv = max(0, self.kv_capacity_bytes - self.kv_reserved_bytes + self.idle_kv_bytes)
         return (1, free_sessions, self.max_sessions, free_kv, self.kv_capacity_bytes,
                 self.bytes_per_token, self.session_max_tokens, self.load.max_prompt_bytes,
-                int(self.embeddings is not None), max(0, self.embedding_capacity - self.embedding_requests))
+                int(self.embeddings is not None), max(0, self.embedding_capacity - self.embedding_requests),
+                self.preemptible)
 
 
 @dataclass(slots=True)
@@ -182,6 +192,7 @@ class Totals:
     max_prompt_bytes: Counter[int] = field(default_factory=Counter)  # 0: a worker that reports none
     embedding_workers: int = 0  # of `workers`, those serving embeddings
     free_embedding_slots: int = 0
+    preemptible: int = 0  # batch requests that interactive ones may park
 
     def apply(self, values: tuple[int, ...], sign: int) -> None:
         self.workers += sign * values[0]
@@ -191,6 +202,7 @@ class Totals:
         self.kv_capacity_bytes += sign * values[4]
         self.embedding_workers += sign * values[8]
         self.free_embedding_slots += sign * values[9]
+        self.preemptible += sign * values[10]
         for counter, key in ((self.bytes_per_token, values[5]), (self.session_max_tokens, values[6]),
                              (self.max_prompt_bytes, values[7])):
             counter[key] += sign

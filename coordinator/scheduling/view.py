@@ -34,6 +34,8 @@ class WorkerView(Protocol):
     @property
     def idle_kv_bytes(self) -> int: ...  # of `kv_reserved_bytes`: held by those idle sessions
     @property
+    def preemptible(self) -> int: ...  # batch requests an interactive one may still park there
+    @property
     def kv_reserved_bytes(self) -> int: ...
     @property
     def kv_capacity_bytes(self) -> int: ...

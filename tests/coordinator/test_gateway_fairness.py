@@ -164,3 +164,22 @@ async def test_a_class_the_key_may_not_ask_for_is_400_naming_it(headers: dict[st
             headers={"authorization": "Bearer jobs-key"})
         assert openai.status_code == 400 and openai.json()["error"]["param"] == "priority"
         assert fakes.calls == []
+
+
+async def test_a_worker_is_told_of_batch_requests_and_gets_an_interactive_one_when_full_if_it_can_park() -> None:
+    clock = ManualClock()
+    fakes = FakeWorkers({"w1": gated(asyncio.Event(), set())})
+    settings = Settings(heartbeat_interval=1.0, queue_size=4, queue_timeout=0.2,
+                        api_keys="jobs-key jobs 1 priority=batch,app-key app")
+    async with running_app(settings, fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+        assert (await infer(client, "batch", "jobs-key")).status_code == 200
+        assert (await infer(client, "app", "app-key")).status_code == 200
+        sent = {request.headers["x-request-id"]: json.loads(request.content) for _, request in fakes.calls}
+        assert sent["batch"]["priority"] == "batch" and "priority" not in sent["app"]  # interactive: the default
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=4, parkable=1))  # full
+        assert (await infer(client, "urgent", "app-key")).status_code == 200  # the worker parks a batch request
+        refused = await client.post("/coordinator/infer", json={"prompt": "hi", "max_tokens": 5},
+                                    headers={"authorization": "Bearer jobs-key", "x-request-id": "more"})
+        assert refused.status_code == 503  # a batch request waits for a free sequence, whatever can be parked
+        assert "more" not in {request.headers["x-request-id"] for _, request in fakes.calls}

@@ -2,8 +2,8 @@
 
 Owns: `ModelBackend` (what the edge needs of a model: its name and KV size, tokenizing, the chat
 template), `EngineBackend` (what the runtime and the edge need of every engine: submit a job, free
-and cancel sessions, its sizes and counts), the optional capabilities `KvTransfer` and `PrefixExport`
-(checked at start with `isinstance`), and the model-neutral `ModelShape`. (What the embedder
+and cancel sessions, its sizes and counts), the optional capabilities `KvTransfer`, `PrefixExport` and
+`Preemption` (checked at start with `isinstance`), and the model-neutral `ModelShape`. (What the embedder
 needs is `worker.engine.embedder.EmbeddingContext`; a turn of a chat is `worker.sessions.messages.Message`.)
 Must not: hold behaviour. The real backend is llama.cpp (`llama_model`, `llama_engine`); the
 simulated one (`simulated`) stands behind the same protocols for coordinator-scale benchmarks.
@@ -12,10 +12,10 @@ simulated one (`simulated`) stands behind the same protocols for coordinator-sca
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from protocol.worker import ToolUse
 
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from worker.sessions.table import Session, SessionTable
     from worker.sessions.transfer import Origin
 
+
+T = TypeVar("T")
 
 # No chat template in the GGUF (a base model): plain `role: text` turns, so chat requests still work,
 # and the next `user:` turn the model starts to write ends the answer.
@@ -168,6 +170,23 @@ class KvTransfer(Protocol):
                      ) -> concurrent.futures.Future[int]:
         """Writes exported cells into `seq_id` (its first `keep` positions only, when given): the
         positions it then holds, 0 when refused (left empty)."""
+        ...
+
+
+@runtime_checkable
+class Preemption(Protocol):
+    """A capability an engine may have: a running batch request parks (its cells to host memory, its
+    sequence freed) for an interactive one, and resumes where it stopped when a sequence is free."""
+
+    @property
+    def parkable(self) -> int:
+        """Batch requests running now that `park` could park."""
+        ...
+    @property
+    def parked(self) -> int: ...
+    def park(self, then: Callable[[], T]) -> concurrent.futures.Future[T | None]:
+        """Parks one, frees its sequence and calls `then` (an admission) before any parked request can
+        take the sequence back: what `then` returns or raises; None when none could be parked."""
         ...
 
 

@@ -12,6 +12,15 @@ Must not: block on a consumer or touch asyncio objects other than through `Token
 tokens of joining sequences (the shortest remaining prompt first, up to `prefill_chunk`), into a single
 `llama_decode` call; beside decoding rows only when they are owed no time (worker/engine/pacing.py),
 so that a long prompt slows the streams beside it by at most `prefill_stall` times.
+
+Parking (preemption, `park`): for an interactive request that finds every sequence taken, one running
+batch request (one choice, one-shot, its prompt prefilled: the latest started of those) has its cells
+saved to host memory as llama.cpp saves a sequence (the bytes a session move sends), its sequence
+cleared and given back to the table. It keeps everything else it had (its sampled next token, its
+sampler and grammar state, its text), so when a sequence is free again and no newer batch request
+may take it first (worker/sessions/table.py, parking), its cells are written into that sequence and
+it goes on from the token it stopped at: its client sees a pause, and its output is what it would
+have been. Parked requests resume first parked, first resumed, before each step.
 """
 
 from __future__ import annotations
@@ -56,6 +65,14 @@ class _Running(Progress):
     copied: bool = field(default=True, kw_only=True)  # False while a further choice waits for its copy
 
 
+@dataclass(eq=False)
+class _Parked:
+    run: _Running
+    cells: bytes  # the sequence as llama.cpp saved it
+    positions: int  # the positions those cells hold
+    at: float  # when it was parked (engine clock)
+
+
 class Engine:
     def __init__(self, model: Model, config: EngineConfig, *,
                  observer: EngineObserver | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -89,6 +106,9 @@ class Engine:
         # DELETE request; the loop drains it whole at every step.
         self._inbox: collections.deque[Job | tuple[str, Any]] = collections.deque()
         self._running: list[_Running] = []
+        # Parked batch requests, the first parked first: at most one per interactive request admitted
+        # in its place, so no more than the sequences (each held one when it was parked).
+        self._parked: collections.deque[_Parked] = collections.deque()
         self._loop: Any = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -120,6 +140,15 @@ class Engine:
     @property
     def active(self) -> int:
         return self.running + self.queue_depth
+
+    @property
+    def parkable(self) -> int:
+        """Batch requests running now that `park` could park (a reading for heartbeats: approximate)."""
+        return sum(1 for run in list(self._running) if self._can_park(run))
+
+    @property
+    def parked(self) -> int:
+        return len(self._parked)
 
     def bind(self, table: SessionTable) -> None:
         self.table = table
@@ -166,6 +195,12 @@ class Engine:
         """A consumer cancelled or drained its channel: look again now rather than at the next poll."""
         with self._cond:
             self._cond.notify()
+
+    def park(self, then: Callable[[], T]) -> concurrent.futures.Future[T | None]:
+        """Parks one running batch request between two steps, freeing its sequence, and calls `then` (the
+        interactive request's admission) on this thread before any parked request could take the sequence
+        back: what it returns (or raises), or None when none could be parked."""
+        return self.call(lambda ctx: then() if self._park_one(ctx) else None)
 
     def cells_origin(self) -> Origin:
         return Origin(self.model.identity, self.model.kv_type, ll.__version__, self.model.shape.n_vocab)
@@ -219,17 +254,15 @@ class Engine:
         while True:
             with self._cond:
                 if not self._inbox and not self._running and not self._stopping:
-                    self._cond.wait(timeout=1.0)
+                    # A parked request waits for a sequence that the event loop may free (a request
+                    # that never started): look again soon.
+                    self._cond.wait(timeout=0.02 if self._parked else 1.0)
                 if self._stopping:
                     break
                 inbox, self._inbox = self._inbox, collections.deque()
             touched: set[TokenChannel[StreamItem]] = set()
             try:
-                for item in inbox:
-                    self._take(item, touched)
-                if self._running and not self._step(touched):
-                    with self._cond:  # every sequence waits for its consumer: poll gently
-                        self._cond.wait(timeout=0.005)
+                self._cycle(inbox, touched)
             except Exception:  # a bug or llama.cpp failure must not leave streams hanging
                 log.exception("engine step failed")  # the exception's text goes here, not to clients
                 self._observer.internal_error("engine_step")
@@ -239,6 +272,18 @@ class Engine:
                 self._loop.call_soon_threadsafe(_wake_all, list(touched))
         for run in list(self._running):
             self._end(run, Failed(reasons.DRAINING, "worker is shutting down"), set())
+        while self._parked:
+            self._end_parked(self._parked.popleft(), Failed(reasons.DRAINING, "worker is shutting down"), set())
+
+    def _cycle(self, inbox: collections.deque[Job | tuple[str, Any]], touched: set[TokenChannel[StreamItem]]) -> None:
+        """One turn of the loop: what came in, the parked requests that can resume, then a step."""
+        for item in inbox:
+            self._take(item, touched)
+        if self._parked:
+            self._resume(touched)
+        if self._running and not self._step(touched):
+            with self._cond:  # every sequence waits for its consumer: poll gently
+                self._cond.wait(timeout=0.005)
 
     def _take(self, item: Job | tuple[str, Any], touched: set[TokenChannel[StreamItem]]) -> None:
         if isinstance(item, Job):
@@ -251,7 +296,7 @@ class Engine:
             # mutate mid-iteration (RuntimeError) and end every running stream as an engine failure.
             with self._cond:
                 queued = [job for job in self._inbox if isinstance(job, Job)]
-            cancel_session(item[1], (run.job for run in self._running), queued)
+            cancel_session(item[1], (run.job for run in (*self._running, *(p.run for p in self._parked))), queued)
         elif item[0] == "call":
             fn, future = item[1]
             if future.set_running_or_notify_cancel():
@@ -295,6 +340,72 @@ class Engine:
             # Kept in sequence-id order so each step's decode rows reach llama.cpp ascending (one pass).
             # A waiting choice has neither prompt left nor a token: no step puts it in the batch.
             bisect.insort(self._running, each, key=lambda r: r.session.seq_id)
+
+    # -- parking (engine thread) --------------------------------------------------------------------
+
+    @staticmethod
+    def _can_park(run: _Running) -> bool:
+        """A batch request of one choice and no kept session, its prompt in its cells."""
+        job = run.job
+        return (job.request.priority == "batch" and job.n == 1 and job.session.session_id is None
+                and not run.ended and not run.todo)
+
+    def _park_one(self, ctx: Any) -> bool:
+        assert self.table is not None
+        # Between two steps, also with its next token sampled (nothing half done), and its cells no copy
+        # still to be made.
+        candidates = [run for run in self._running if self._can_park(run) and run.next_token is not None
+                      and run.session.seq_id not in self._copied]
+        if not candidates:
+            return False
+        run = max(candidates, key=lambda r: r.started_at)  # the latest started: the least to save
+        session = run.session
+        cells = _read_cells(ctx, session.seq_id)
+        ll.llama_memory_seq_rm(self._mem, session.seq_id, -1, -1)
+        self._running.remove(run)
+        self._parked.append(_Parked(run, cells, len(session.tokens), self._clock()))
+        self.table.park(session)  # its release hooks wake the request waiting for this sequence
+        self._observer.parked(len(cells))
+        return True
+
+    def _resume(self, touched: set[TokenChannel[StreamItem]]) -> None:
+        """Ends the parked requests cancelled or past their deadline, then resumes the others in the
+        order they were parked while the table finds each a sequence."""
+        assert self.table is not None
+        now = self._clock()
+        for parked in [p for p in self._parked if self._endings.interrupted(p.run, now) is not None]:
+            self._parked.remove(parked)
+            ending = self._endings.interrupted(parked.run, now)
+            assert ending is not None
+            self._end_parked(parked, ending, touched)
+        while self._parked:
+            parked = self._parked[0]
+            session = parked.run.session
+            freed = self.table.unpark(session)
+            if freed is None:
+                return
+            self._parked.popleft()
+            for seq_id in (*freed, session.seq_id):
+                ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+            buffer = (ctypes.c_uint8 * len(parked.cells)).from_buffer_copy(parked.cells)
+            written = int(ll.llama_state_seq_set_data(self._ctx, buffer, len(parked.cells),
+                                                      ctypes.c_int32(session.seq_id)))
+            held = int(ll.llama_memory_seq_pos_max(self._mem, session.seq_id)) + 1
+            bisect.insort(self._running, parked.run, key=lambda r: r.session.seq_id)
+            if written != len(parked.cells) or held != parked.positions:
+                self._end(parked.run, Failed(reasons.ENGINE_FAILED, "a parked request's cells did not come back"),
+                          touched)
+                continue
+            self._observer.resumed(now - parked.at)
+
+    def _end_parked(self, parked: _Parked, outcome: Finished | Failed, touched: set[TokenChannel[StreamItem]]) -> None:
+        """Ends a parked request (it holds no sequence: nothing to clear)."""
+        assert self.table is not None
+        run = parked.run
+        run.ended = True
+        self._endings.completed(run, outcome, touched)
+        self.table.drop_parked(run.session)
+        self._endings.deliver(run, outcome, touched)
 
     def _prefix_source(self, job: Job) -> tuple[int, int] | None:
         """(sequence, tokens) of another sequence holding a longer prefix of the prompt, worth a copy."""

@@ -109,6 +109,8 @@ class EngineObserver:
     def token_gap(self, seconds: float) -> None: ...
     def finished(self, job: Job, item: Finished | Failed) -> None: ...
     def internal_error(self, task: str) -> None: ...
+    def parked(self, cell_bytes: int) -> None: ...
+    def resumed(self, paused_s: float) -> None: ...
 
 
 class Observers(EngineObserver):
@@ -132,5 +134,13 @@ class Observers(EngineObserver):
     def internal_error(self, task: str) -> None:
         for observer in self._observers:
             observer.internal_error(task)
+
+    def parked(self, cell_bytes: int) -> None:
+        for observer in self._observers:
+            observer.parked(cell_bytes)
+
+    def resumed(self, paused_s: float) -> None:
+        for observer in self._observers:
+            observer.resumed(paused_s)
 
 

@@ -16,6 +16,12 @@ prompt cache (a freed sequence's leftover cells) and the prefix copy between seq
 the tenant whose prompt filled those cells: otherwise `cached_tokens`, and the time to first token,
 would tell a tenant whether its guess of another tenant's prompt is right.
 
+Parking (preemption): a one-shot batch request's session may be parked by the engine for an
+interactive request. Its sequence goes back to the free ones and its reservation is returned, so the
+interactive request is admitted in its place; the engine keeps its cells in host memory. It comes
+back with `unpark` on any free sequence. Until then a batch admission leaves room for every parked
+session (`admit(..., yields=True)`): a parked request resumes before a newer batch request starts.
+
 Thread safety: admission runs on the event loop, release on the engine thread; one lock guards all.
 """
 
@@ -89,6 +95,7 @@ class TableLoad:
     held: tuple[tuple[str, str], ...] = ()  # (tenant, session id) of every named session
     prefixes: tuple[str, ...] = ()  # prefix blocks the cells hold, most recently used first, bounded
     running_by_tenant: dict[str, int] = field(default_factory=dict)  # sequences streaming now, per tenant
+    parked: int = 0  # sessions parked (no sequence; `stream_refs` lists them after the running ones)
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,7 @@ class SessionTable:
         self._leftover: dict[int, _Leftover] = {}
         self._named: dict[tuple[str, str], Session] = {}  # by (tenant, session id)
         self._live: set[Session] = set()
+        self._parked: dict[Session, None] = {}  # parked one-shot sessions, the first parked first
         self._idle_lru: collections.OrderedDict[int, Session] = collections.OrderedDict()  # by seq_id
         self._reserved_tokens = 0
         self._expired: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
@@ -156,7 +164,7 @@ class SessionTable:
 
     def admit(self, session_id: str | None, need_tokens: int, prompt: list[int] | tuple[int, ...] = (), *,
               tenant: str = "", stream_ref: int | None = None, choices: int = 1,
-              prefix_blocks: tuple[str, ...] = ()) -> Admission:
+              prefix_blocks: tuple[str, ...] = (), yields: bool = False) -> Admission:
         """Reserves a sequence and `need_tokens` of KV for one request of `tenant`, or raises 409/503.
 
         `stream_ref`: the coordinator's reference of the request (`X-Stream-Ref`); heartbeats list it
@@ -173,6 +181,8 @@ class SessionTable:
 
         `prefix_blocks`: the coordinator's hashes of the request's text; every sequence of the request
         keeps them while its cells hold the prompt (`load().prefixes`).
+
+        `yields` (a batch request): it is admitted only with room left for every parked session too.
         """
         if need_tokens > self.limits.session_max_tokens:
             raise ValueError("need_tokens is above the session limit; validate before admitting")
@@ -183,7 +193,9 @@ class SessionTable:
             if session is not None and session.busy:
                 raise WorkerError(409, reasons.SESSION_BUSY, f"session {session_id!r} is generating")
             freed: list[int] = []
-            self._make_room(session, need_tokens * choices, 0 if session else choices, freed)
+            owed = list(self._parked) if yields else []
+            self._make_room(session, need_tokens * choices + sum(p.reserved_tokens for p in owed),
+                            (0 if session else choices) + len(owed), freed)
             extra: list[Session] = []
             if session is None:
                 session = self._new_session(session_id, prompt, tenant)  # first: choice 0 may find its prompt
@@ -376,6 +388,59 @@ class SessionTable:
             while len(self._expired) > self._tombstone_limit:
                 self._expired.popitem(last=False)
 
+    # -- parking (engine thread) --------------------------------------------------------------------
+
+    def park(self, session: Session) -> int:
+        """A running one-shot session gives up its sequence and reservation while the engine keeps its
+        cells in host memory; the freed sequence id (its cells are the engine's to clear)."""
+        if session.session_id is not None:
+            raise ValueError("only one-shot sessions are parked")
+        try:
+            with self._lock:
+                if session not in self._live or not session.busy:
+                    raise ValueError("only a running session is parked")
+                reserved = session.reserved_tokens
+                self._give_up(session, tombstone=False)
+                session.reserved_tokens = reserved  # what it takes back when it resumes
+                self._parked[session] = None
+                return session.seq_id
+        finally:
+            self._released()
+
+    def unpark(self, session: Session) -> tuple[int, ...] | None:
+        """A parked session takes a free sequence (evicting idle kept sessions as an admission would) and
+        its reservation again: the evicted sequences' ids, for the engine to clear first; None while
+        there is no room (it stays parked). `session.seq_id` is then its new sequence."""
+        with self._lock:
+            if session not in self._parked:
+                raise ValueError("the session is not parked")
+            idle_tokens = sum(s.reserved_tokens for s in self._idle_lru.values())
+            if (not self._free_seq_ids and not self._idle_lru) or \
+                    self._reserved_tokens - idle_tokens + session.reserved_tokens > self.limits.capacity_tokens:
+                return None  # checked first: no idle session is evicted for nothing
+            freed: list[int] = []
+            self._make_room(None, session.reserved_tokens, 1, freed)
+            session.seq_id = self._take_seq((), session.tenant)
+            self._leftover.pop(session.seq_id, None)
+            del self._parked[session]
+            self._live.add(session)
+            self._reserved_tokens += session.reserved_tokens
+            return tuple(freed)
+
+    def drop_parked(self, session: Session) -> None:
+        """A parked session's request ended (cancelled, past its deadline, the worker stopping): it is
+        forgotten; it holds nothing here."""
+        with self._lock:
+            self._parked.pop(session, None)
+            self._ending.discard(session)
+            session.busy = False
+            session.stream_ref = None
+            session.reserved_tokens = 0
+
+    @property
+    def parked(self) -> int:
+        return len(self._parked)
+
     # -- expiry and deletion -----------------------------------------------------------------------
 
     def expire_idle(self) -> list[int]:
@@ -466,9 +531,11 @@ class SessionTable:
             return TableLoad(len(self._live), sum(len(s.tokens) for s in self._live), self._reserved_tokens,
                              len(idle), sum(s.reserved_tokens for s in idle),
                              # a request of several choices holds several sessions: listed once
-                             tuple(dict.fromkeys(s.stream_ref for s in self._live if s.stream_ref is not None)),
+                             tuple(dict.fromkeys(s.stream_ref for s in (*self._live, *self._parked)
+                                                 if s.stream_ref is not None)),
                              tuple(key for key, s in self._named.items() if s in self._live),
-                             self._prefixes(), dict(Counter(s.tenant for s in self._live if s.busy)))
+                             self._prefixes(), dict(Counter(s.tenant for s in self._live if s.busy)),
+                             len(self._parked))
 
     def _prefixes(self) -> tuple[str, ...]:
         """The prefix blocks of every sequence's cells, running or kept sessions by their last use, then

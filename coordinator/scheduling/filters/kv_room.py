@@ -1,6 +1,7 @@
 """KV room: the worker's free KV bytes cover the request's reservation (`Demand.tokens`, capped by
 the worker's session limit, times its bytes per token); KV held by idle kept sessions counts as free,
-since the worker evicts them to admit a request."""
+since the worker evicts them to admit a request. For an interactive request, a worker with a batch
+request it can park passes: parking returns that request's KV, and the worker checks what it needs."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ class KvRoom:
 
     def keep(self, request: Request, worker: WorkerView, now: float) -> bool:
         need = request.demand.tokens(worker.session_max_tokens) * worker.bytes_per_token
-        return worker.kv_capacity_bytes - worker.kv_reserved_bytes + worker.idle_kv_bytes >= need
+        return (worker.kv_capacity_bytes - worker.kv_reserved_bytes + worker.idle_kv_bytes >= need
+                or (request.demand.preempts and worker.preemptible > 0))
 
 
 PLUGIN = Plugin("kv_room", lambda options: KvRoom(), order=60)

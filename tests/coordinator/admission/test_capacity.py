@@ -39,6 +39,7 @@ def reason_of(adm: Admission, demand: Demand, model: str | None = None) -> str |
 
 
 SMALL = Demand(prompt_bytes=10, max_tokens=100)
+URGENT = Demand(prompt_bytes=10, max_tokens=100, preempts=True)
 
 
 @pytest.mark.parametrize(("beats", "demand", "model", "expected"), [
@@ -59,6 +60,12 @@ SMALL = Demand(prompt_bytes=10, max_tokens=100)
     ([{"sessions": 2}], Demand(10, 100, choices=3), None, reasons.SESSIONS_FULL),
     ([{"kv_reserved_bytes": 1_000_000 - 3 * 17_400}], Demand(10, 100, choices=3), None, None),
     ([{"kv_reserved_bytes": 1_000_000 - 3 * 17_400 + 1}], Demand(10, 100, choices=3), None, reasons.KV_FULL),
+    # An interactive request passes a full pool where a worker can park a batch request; nothing else does.
+    ([{"sessions": 4, "parkable": 1}], URGENT, None, None),
+    ([{"sessions": 4, "kv_reserved_bytes": 1_000_000, "parkable": 1}], URGENT, None, None),
+    ([{"sessions": 4, "parkable": 1}], SMALL, None, reasons.SESSIONS_FULL),
+    ([{"sessions": 4}], URGENT, None, reasons.SESSIONS_FULL),
+    ([{"sessions": 4, "parkable": 1}], Demand(10, 100, choices=2, preempts=True), None, reasons.SESSIONS_FULL),
 ])
 def test_check(beats: list[dict], demand: Demand, model: str | None, expected: str | None) -> None:  # type: ignore[type-arg]
     _, adm, _ = setup(*beats)
@@ -295,3 +302,13 @@ def test_a_tenant_at_its_share_defers_to_one_below_it_waiting_at_any_coordinator
     fair.beat("w0", worker.model, light, waiting=["heavy", "light"])
     adm.release(held.pop())  # heavy below its share: it defers to no one
     adm.check(SMALL, worker.model, "heavy")
+
+
+def test_each_interactive_request_placed_over_a_full_worker_uses_up_one_batch_request_it_can_park() -> None:
+    reg, adm, _clock = setup({"sessions": 4, "parkable": 2})
+    worker = reg.get("w0")
+    assert worker is not None and worker.preemptible == 2
+    adm.reserve(worker, URGENT)
+    assert worker.preemptible == 1 and reason_of(adm, URGENT) is None
+    adm.reserve(worker, URGENT)
+    assert worker.preemptible == 0 and reason_of(adm, URGENT) == reasons.SESSIONS_FULL

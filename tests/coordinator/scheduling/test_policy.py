@@ -23,6 +23,7 @@ class W:
     max_sessions: int = 10
     idle_sessions: int = 0
     idle_kv_bytes: int = 0
+    preemptible: int = 0
     kv_reserved_bytes: int = 0
     kv_capacity_bytes: int = 10_000
     bytes_per_token: int = 10

@@ -22,6 +22,7 @@ from tests.coordinator.scheduling.test_policy import NOW, SMALL, W
 
 CONTINUING = Request(Demand(10, 26, new_session=False))
 CHOICES = Demand(10, 26, choices=3)
+URGENT = Request(Demand(10, 26, preempts=True))  # an interactive request: it may park a batch one
 FILTERS = [
     (Alive(3.0), Request(SMALL), W("a", last_seen=NOW - 2.99), True),
     (Alive(3.0), Request(SMALL), W("a", last_seen=NOW - 3.0), False),
@@ -47,6 +48,14 @@ FILTERS = [
     (KvRoom(), Request(CHOICES), W("a", kv_reserved_bytes=7_001), False),
     (KvRoom(), Request(Demand(10_000, 26, choices=2)), W("a"), True),  # each capped at 500 tokens
     (KvRoom(), Request(Demand(10_000, 26, choices=2)), W("a", kv_reserved_bytes=1), False),
+    # Parking: a full worker passes for an interactive request when it can park a batch one, never otherwise.
+    (SessionRoom(), URGENT, W("a", sessions=10, preemptible=1), True),
+    (SessionRoom(), URGENT, W("a", sessions=10), False),
+    (SessionRoom(), Request(SMALL), W("a", sessions=10, preemptible=1), False),
+    (SessionRoom(), Request(Demand(10, 26, choices=2, preempts=True)), W("a", sessions=10, preemptible=1), False),
+    (KvRoom(), URGENT, W("a", kv_reserved_bytes=10_000, preemptible=1), True),
+    (KvRoom(), URGENT, W("a", kv_reserved_bytes=10_000), False),
+    (KvRoom(), Request(SMALL), W("a", kv_reserved_bytes=10_000, preemptible=1), False),
     (ServesEmbeddings(), Request(SMALL), W("a", embedding_capacity=1), True),
     (ServesEmbeddings(), Request(SMALL), W("a"), False),
     (EmbeddingRoom(), Request(SMALL), W("a", embedding_capacity=2, embedding_requests=1), True),

@@ -264,3 +264,31 @@ def test_the_room_wait_defaults_to_two_seconds_with_several_coordinators_only() 
     assert WorkerSettings(coordinator_url="http://c1:1337,http://c2:1337").room_wait_seconds == 2.0
     assert WorkerSettings(coordinator_url="http://c:1337", coordinator_resolve_all=True).room_wait_seconds == 2.0
     assert WorkerSettings(coordinator_url="http://c1:1337,http://c2:1337", room_wait=0.5).room_wait_seconds == 0.5
+
+
+def test_an_interactive_request_waits_in_line_before_batch_requests_that_came_first() -> None:
+    """The room-wait line by class: a release goes to the interactive request that came last before the
+    batch ones that waited longer; within a class, first come, first served."""
+    assert asyncio.run(line_order()) == ["urgent", "batch-0", "batch-1"]
+
+
+async def line_order() -> list[str]:
+    gate = simulated_gate(SimulatedModel(), sessions=1)
+    gate.room_wait = 5.0
+    served: list[str] = []
+
+    async def admit(name: str, priority: str) -> None:
+        job = await gate.admit(GenerateRequest(prompt=name, max_tokens=4, priority=priority), name)  # type: ignore[arg-type]
+        served.append(name)
+        gate.table.release(job.session, keep_kv=False)
+        gate.released()
+
+    held = gate.table.admit(None, 8).session
+    tasks = []
+    for name, priority in (("batch-0", "batch"), ("batch-1", "batch"), ("urgent", "interactive")):
+        tasks.append(asyncio.create_task(admit(name, priority)))
+        await asyncio.sleep(0.05)
+    gate.table.release(held, keep_kv=False)
+    gate.released()
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    return served

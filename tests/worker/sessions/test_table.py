@@ -545,3 +545,70 @@ def test_a_load_counts_the_sequences_each_tenant_runs_now() -> None:
     t.release(a1.session, keep_kv=False)
     t.release(a2.session, keep_kv=True)  # kept for a next turn: idle, not running
     assert t.load().running_by_tenant == {"t:b": 1}
+
+
+def test_a_parked_session_gives_back_its_sequence_and_reservation_and_takes_them_again() -> None:
+    t, _ = table(capacity=100, sessions=2)
+    batch = t.admit(None, 40, stream_ref=7).session
+    batch.tokens[:] = [1, 2, 3]
+    t.admit(None, 30, stream_ref=8)
+    released: list[int] = []
+    t.on_release = lambda: released.append(1)
+    freed = t.park(batch)
+    assert freed == batch.seq_id and released  # the interactive request waiting in line is woken
+    assert t.stats() == (1, 0, 30) and t.parked == 1
+    load = t.load()
+    assert load.sessions == 1 and load.parked == 1 and set(load.stream_refs) == {7, 8}  # a parked stream is listed
+    interactive = t.admit(None, 50).session  # takes the parked one's sequence
+    assert interactive.seq_id == freed
+    assert t.unpark(batch) is None and t.parked == 1  # no sequence free: it stays parked
+    t.release(interactive, keep_kv=False)
+    assert t.unpark(batch) == () and t.parked == 0
+    assert t.stats() == (2, 3, 70) and batch.tokens == [1, 2, 3] and batch.busy
+
+
+def test_a_batch_admission_leaves_room_for_the_parked_but_an_interactive_one_does_not() -> None:
+    t, _ = table(capacity=100, sessions=2)
+    batch = t.admit(None, 40).session
+    t.admit(None, 30)
+    t.park(batch)
+    with pytest.raises(WorkerError) as refused:
+        t.admit(None, 10, yields=True)  # a newer batch request: the parked one resumes first
+    assert refused.value.reason == "sessions_full"
+    t.admit(None, 10)
+
+
+def test_unparking_evicts_an_idle_kept_session_only_when_that_makes_room() -> None:
+    t, _ = table(capacity=100, sessions=3)
+    batch = t.admit(None, 50).session
+    kept = t.admit("chat", 30).session
+    kept.tokens[:] = list(range(30))
+    t.release(kept, keep_kv=True)  # idle, holding 30 tokens and a sequence
+    t.park(batch)
+    t.admit(None, 50)
+    blocker = t.admit(None, 20).session  # 100 reserved: even without the kept session, no room for 50
+    assert t.unpark(batch) is None and t.lookup("chat") is kept  # nothing evicted for nothing
+    t.release(blocker, keep_kv=False)
+    assert t.unpark(batch) == (kept.seq_id,) and t.lookup("chat", continuation=False) is None
+
+
+def test_a_parked_session_dropped_holds_nothing() -> None:
+    t, _ = table(capacity=100, sessions=2)
+    batch = t.admit(None, 40, stream_ref=3).session
+    t.park(batch)
+    t.mark_ending(batch)
+    t.drop_parked(batch)
+    assert t.parked == 0 and t.ending == 0 and t.stats() == (0, 0, 0) and t.load().stream_refs == ()
+    t.admit(None, 50, yields=True)
+    t.admit(None, 50, yields=True)
+
+
+def test_only_a_running_one_shot_session_is_parked() -> None:
+    t, _ = table()
+    named = t.admit("chat", 10).session
+    with pytest.raises(ValueError):
+        t.park(named)
+    one_shot = t.admit(None, 10).session
+    t.release(one_shot, keep_kv=False)
+    with pytest.raises(ValueError):
+        t.park(one_shot)
