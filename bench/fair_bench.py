@@ -11,10 +11,17 @@ on and off (the coordinator's `FAIR_SHARE`):
 - `shares`: both keys flood with the same load for `--duration` seconds; each key's share of the
   weighted tokens (prompt + 2 x generated, read from the coordinator's per-tenant token counters)
   in each `--window`-second window, and over the whole run. `--weights` sets the tenants' weights.
+- `preempt`: the light key's requests one at a time (`--probes` of them) on the idle pool, then
+  while the heavy key's `--batch-clients` clients hold every sequence with long answers
+  (`--batch-tokens`), first with the heavy key's requests in the batch class (an interactive request
+  parks one of them), then in the interactive class (no parking: it waits for a sequence to end).
+  Printed: the light key's TTFT per probe, idle and busy, one decode step of the busy pool (the batch
+  streams' median gap between tokens), the target (2 x the idle TTFT + one step), and the batch
+  requests' answers and refusals (a parked one must still complete).
 
 Every client is closed-loop (its next request when the last one ends), streams `POST
 /coordinator/infer` with `ignore_eos` (exact lengths), and stops by itself at the deadline.
-Usage: python -m bench.fair_bench [--scenario flood|shares] [--fair on|off|both] [--coordinators N]
+Usage: python -m bench.fair_bench [--scenario flood|shares|preempt] [--fair on|off|both] [--coordinators N]
 """
 
 from __future__ import annotations
@@ -148,9 +155,48 @@ async def shares(urls: Sequence[str], args: argparse.Namespace) -> dict[str, Any
             "answers": {s.name: s.answers() for s in sides}, "refused": {s.name: dict(s.refusals()) for s in sides}}
 
 
+async def probes(url: str, n: int, max_tokens: int, http: httpx.AsyncClient) -> list[RequestRecord]:
+    """`n` interactive requests of the light key, one at a time, half a second apart."""
+    client = InferClient(url, Sampling(max_tokens=max_tokens, ignore_eos=True), timeout=120,
+                         headers={"authorization": f"Bearer {KEYS['light']}"})
+    records = []
+    for i in range(n):
+        records.append(await client.send(http, WorkItem(index=i, prompt=PROMPTS[i % len(PROMPTS)], seed=i)))
+        await asyncio.sleep(0.5)
+    return records
+
+
+async def preempt(urls: Sequence[str], args: argparse.Namespace) -> dict[str, Any]:
+    """The light key's probes on the idle pool, then while the heavy key's clients hold every sequence."""
+    heavy = Side("heavy", args.batch_clients, args.batch_tokens)
+    async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=args.batch_clients + 8)) as http:
+        idle = await probes(urls[-1], args.probes, args.light_tokens, http)
+        deadline = time.perf_counter() + args.duration
+        batch = asyncio.create_task(run_side(urls[0], heavy, KEYS["heavy"], deadline, http))
+        await asyncio.sleep(args.settle)  # every sequence taken
+        busy = await probes(urls[-1], args.probes, args.light_tokens, http)
+        await batch
+    gaps = sorted(gap for r in heavy.records if r.ok for gap in r.itl)
+    step = gaps[len(gaps) // 2] if gaps else 0.0
+
+    def ms(records: list[RequestRecord]) -> list[float | None]:
+        return [round(1000 * r.ttft) if r.ok and r.ttft is not None else None for r in records]
+
+    idle_ms = sorted(t for t in ms(idle) if t is not None)
+    idle_p50 = idle_ms[len(idle_ms) // 2] if idle_ms else None
+    return {"idle_ttft_ms": ms(idle), "busy_ttft_ms": ms(busy), "idle_ttft_p50_ms": idle_p50,
+            "step_ms": round(1000 * step, 1),
+            "target_ms": round(2 * idle_p50 + 1000 * step) if idle_p50 is not None else None,
+            "light_refused": dict(Side("light", 1, 0, busy).refusals()),
+            "batch_answers": heavy.answers(), "batch_refused": dict(heavy.refusals())}
+
+
+SCENARIOS = {"flood": flood, "shares": shares, "preempt": preempt}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
-    p.add_argument("--scenario", choices=("flood", "shares"), default="flood")
+    p.add_argument("--scenario", choices=tuple(SCENARIOS), default="flood")
     p.add_argument("--fair", choices=("on", "off", "both"), default="both")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--max-sessions", type=int, default=16, help="sequences per worker")
@@ -166,7 +212,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--share-clients", type=int, default=48, help="shares: clients per key")
     p.add_argument("--weights", default="1,1", help="the heavy and light tenants' weights")
     p.add_argument("--window", type=float, default=20.0, help="shares: seconds per window")
+    p.add_argument("--probes", type=int, default=10, help="preempt: interactive requests, idle and busy")
+    p.add_argument("--batch-clients", type=int, default=32, help="preempt: the heavy key's clients")
+    p.add_argument("--batch-tokens", type=int, default=256, help="preempt: tokens a batch answer")
+    p.add_argument("--settle", type=float, default=5.0, help="preempt: seconds before the busy probes")
     args = p.parse_args(argv)
+    if args.scenario == "preempt":
+        args.duration = max(args.duration, args.settle + args.probes * 3.0)
     heavy_weight, light_weight = (float(w) for w in args.weights.split(","))
     keys = f"{KEYS['heavy']} heavy {heavy_weight:g},{KEYS['light']} light {light_weight:g}"
     model = args.model or DEFAULT_MODEL_PATH
@@ -174,14 +226,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"code: {code_version()}; {args.workers} workers x {args.max_sessions} sequences, {args.threads} "
           f"thread(s) each; {args.coordinators} coordinator(s); scenario {args.scenario}; weights "
           f"heavy {heavy_weight:g} light {light_weight:g}", flush=True)
-    for fair in (("on", "off") if args.fair == "both" else (args.fair,)):
+    runs = [(fair, keys) for fair in (("on", "off") if args.fair == "both" else (args.fair,))]
+    if args.scenario == "preempt":  # the heavy key's requests in the batch class, then in the interactive one
+        runs = [("on", keys.replace(" heavy ", " heavy priority=batch ", 1).replace(
+                    f"heavy {heavy_weight:g}", f"heavy {heavy_weight:g} priority=batch", 1)), ("on", keys)]
+    for fair, api_keys in runs:
         flags = ["--fair-share", "true" if fair == "on" else "false"]
         with tempfile.TemporaryDirectory() as logs, pool(Path(logs), workers=[worker] * args.workers,
-                                                          coordinator=flags, api_keys=keys, timeout=180,
+                                                          coordinator=flags, api_keys=api_keys, timeout=180,
                                                           coordinators=args.coordinators) as running:
             urls = running.urls or (running.url,)
-            result = asyncio.run((flood if args.scenario == "flood" else shares)(urls, args))
-        print(f"fair shares {fair}: {result}", flush=True)
+            result = asyncio.run(SCENARIOS[args.scenario](urls, args))
+        label = ("heavy key batch" if "priority=batch" in api_keys else "heavy key interactive") \
+            if args.scenario == "preempt" else f"fair shares {fair}"
+        print(f"{label}: {result}", flush=True)
         if args.scenario == "flood" and result["light_ttft_p99_ms"] and result["light_ttft_p99_alone_ms"]:
             ratio = result["light_ttft_p99_ms"] / result["light_ttft_p99_alone_ms"]
             print(f"  light TTFT p99 under the flood / alone: {ratio:.1f}x", flush=True)

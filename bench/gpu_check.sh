@@ -146,7 +146,9 @@ sampling() {
 diagnose() {
   # Where the worker dies on the CUDA build (SIGSEGV right after llama.cpp's init_tokenizer, 2026-11-27,
   # where 5792c30's worker ran on the same build): the model loaded by llama.cpp's calls alone, then by
-  # the worker's Model, with Python's faulthandler naming the line that crashed, on the GPU and off it.
+  # the worker's Model, then a prompt tokenized and the engine's context made, with Python's
+  # faulthandler naming the line that crashed, on the GPU and off it. On an H200 on 2026-11-27 both
+  # loads passed (the crash is later than the model's load).
   local started=$SECONDS
   setup
   short_build "$started" || return 1
@@ -163,6 +165,11 @@ print("raw load:", bool(ll.llama_model_load_from_file(sys.argv[2].encode(), para
 from worker.backends.llama_model import Model
 model = Model(Path(sys.argv[2]), gpu_layers=int(sys.argv[1]))
 print("Model: loaded,", model.backend, flush=True)
+print("tokens:", model.tokenize("Hello, world.", add_special=True), flush=True)
+from worker.backends.llama_engine import Engine
+from worker.engine.jobs import EngineConfig
+Engine(model, EngineConfig(ctx_size=2048, max_sessions=4, threads=1))
+print("Engine: context made", flush=True)
 PY
   done
   echo "all done at +$((SECONDS - started)) s"
