@@ -20,7 +20,9 @@ cleared and given back to the table. It keeps everything else it had (its sample
 sampler and grammar state, its text), so when a sequence is free again and no newer batch request
 may take it first (worker/sessions/table.py, parking), its cells are written into that sequence and
 it goes on from the token it stopped at: its client sees a pause, and its output is what it would
-have been. Parked requests resume first parked, first resumed, before each step.
+have been. Parked requests resume first parked, first resumed, before each step. While an interactive
+request's prompt is prefilled, batch sequences sit out those steps: its first token does not wait for
+a batch-wide decode.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ from worker.sessions.table import Session, SessionTable
 from worker.sessions.transfer import Origin
 
 log = logging.getLogger("worker.backends.llama_engine")
+# Seconds the step after a park waits, at most, for the request admitted in the parked one's place
+# (the event loop builds its job and submits it): its prefill joins that step instead of the next.
+PARK_HANDOVER = 0.05
 T = TypeVar("T")
 
 
@@ -109,6 +114,9 @@ class Engine:
         # Parked batch requests, the first parked first: at most one per interactive request admitted
         # in its place, so no more than the sequences (each held one when it was parked).
         self._parked: collections.deque[_Parked] = collections.deque()
+        # After a park, until this time (engine clock): the request admitted in its place is on its way,
+        # and the next step waits for it rather than leave its prefill to the step after (a whole step).
+        self._awaited = 0.0
         self._loop: Any = None
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -279,11 +287,24 @@ class Engine:
         """One turn of the loop: what came in, the parked requests that can resume, then a step."""
         for item in inbox:
             self._take(item, touched)
+        if self._awaited:
+            self._hand_over(touched)
         if self._parked:
             self._resume(touched)
         if self._running and not self._step(touched):
             with self._cond:  # every sequence waits for its consumer: poll gently
                 self._cond.wait(timeout=0.005)
+
+    def _hand_over(self, touched: set[TokenChannel[StreamItem]]) -> None:
+        """After a park: waits (`PARK_HANDOVER` at most) for the job admitted in the parked request's
+        place, and takes what came in meanwhile, so that its prefill joins the coming step."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._stopping or any(isinstance(i, Job) for i in self._inbox),
+                                timeout=max(0.0, self._awaited - self._clock()))
+            self._awaited = 0.0
+            inbox, self._inbox = self._inbox, collections.deque()
+        for item in inbox:
+            self._take(item, touched)
 
     def _take(self, item: Job | tuple[str, Any], touched: set[TokenChannel[StreamItem]]) -> None:
         if isinstance(item, Job):
@@ -366,6 +387,7 @@ class Engine:
         self._parked.append(_Parked(run, cells, len(session.tokens), self._clock()))
         self.table.park(session)  # its release hooks wake the request waiting for this sequence
         self._observer.parked(len(cells))
+        self._awaited = self._clock() + PARK_HANDOVER
         return True
 
     def _resume(self, touched: set[TokenChannel[StreamItem]]) -> None:
@@ -493,6 +515,9 @@ class Engine:
         ending the cancelled, the timed-out and those whose consumer stopped reading; the rows added."""
         now, endings = self._clock(), self._endings
         n = 0
+        # An interactive request's prompt goes in alone, beside interactive decoding only: batch
+        # sequences sit its prefill out (its first token comes a batch step sooner).
+        urgent = any(r.todo and r.job.request.priority == "interactive" for r in self._running)
         for run in list(self._running):
             if run.ended:
                 continue  # ended with another choice of its request, earlier in this loop
@@ -500,8 +525,8 @@ class Engine:
             if ended is not None:
                 self._end(run, ended, touched)
                 continue
-            if run.next_token is None:
-                continue  # still prefilling
+            if run.next_token is None or (urgent and run.job.request.priority == "batch"):
+                continue  # still prefilling, or sitting out an interactive prompt's prefill
             ready = endings.consumer(run, now)
             if ready is not True:
                 if ready is not False:
