@@ -61,4 +61,5 @@ class InferRequest(GenerationFields):
     priority: Literal["interactive", "batch"] | None = Field(
         default=None, description="the request's priority class (as the X-Priority header): interactive goes "
         "before batch where requests wait; default: the API key's default class (interactive without keys). A "
-        "class above the key's highest is refused with 400. The coordinator's own: not sent to workers")
+        "class above the key's highest is refused with 400. An interactive request that finds every sequence "
+        "taken may park a running batch request, which resumes where it stopped: its stream pauses, never fails")
