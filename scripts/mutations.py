@@ -106,7 +106,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("admission-loops-dict", "admission's check is O(1): it never walks the registry's own dict",
              ADMISSION, CHECK_SUMS, loop_in_check("self._registry._workers.values()"), (T_ADMISSION,)),
     Mutation("admission-kv-off-by-one", "admission admits a request whose KV need equals the free KV",
-             ADMISSION, "if totals.free_kv_bytes < need:", "if totals.free_kv_bytes <= need:", (T_ADMISSION,)),
+             ADMISSION, "if totals.free_kv_bytes < need and not parking:",
+             "if totals.free_kv_bytes <= need and not parking:", (T_ADMISSION,)),
     Mutation("release-keeps-correction", "a released reservation stops counting against its worker",
              ADMISSION, "self._registry.end(res.worker_id, res.key, self._clock.time(), kept_kv_bytes=kept)",
              "pass", (T_ADMISSION,)),
@@ -276,7 +277,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "coordinator/cache.py", "            self._put(key, events, identity)\n        except Exception as exc:",
              "            self._put(key, events, identity)\n        except ZeroDivisionError as exc:", (T_SUPERVISION,)),
     Mutation("room-wait-newcomer-first", "with a room wait, a newcomer waits behind the requests already in line",
-             "worker/admission.py", "if turn is not None or not (self.room_wait > 0 and self._line):",
+             "worker/admission.py", "if place is not None or not (self.room_wait > 0 and self._ahead(interactive)):",
              "if True:", (T_SIMULATED + "::test_with_a_room_wait_a_newcomer_takes_its_place_behind_the_requests_"
                           "already_waiting",)),
     Mutation("room-beat-off", "with several coordinators, a full worker that frees a sequence beats to all at once",
