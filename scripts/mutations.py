@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("coordinator", "worker", "protocol", "serving", "bench", "client", "tests", "pyproject.toml")
 PYTEST_FLAGS = ("-x", "-q", "-p", "no:cacheprovider", "-p", "mutation_guard")
 TIMEOUT = 60.0  # seconds per pytest run: a mutation that hangs a test is an error, not a kill
+# The unmutated run takes every mutation's tests at once (each mutation runs only its own).
+UNMUTATED_TIMEOUT = 240.0
 # Loaded by every pytest run (-p): refuses to run unless the snapshot's packages are the ones imported,
 # since the project is installed editable into .venv and would otherwise shadow the copy.
 GUARD = '''\
@@ -404,16 +406,16 @@ def snapshot(into: Path) -> Path:
     return base
 
 
-def run_pytest(copy: Path, tests: Sequence[str]) -> tuple[int, str, float]:
+def run_pytest(copy: Path, tests: Sequence[str], timeout: float = TIMEOUT) -> tuple[int, str, float]:
     """Run pytest on `tests` in `copy`, with the copy first on the import path: (exit code, output, seconds)."""
     env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
     started = time.monotonic()
     try:
         result = subprocess.run([sys.executable, "-m", "pytest", *PYTEST_FLAGS, *tests], cwd=copy, env=env,
-                              capture_output=True, text=True, timeout=TIMEOUT, check=False)
+                              capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout if isinstance(exc.stdout, str) else (exc.stdout or b"").decode(errors="replace")
-        return -1, out + f"\ntimed out after {TIMEOUT:g} s", time.monotonic() - started
+        return -1, out + f"\ntimed out after {timeout:g} s", time.monotonic() - started
     return result.returncode, result.stdout + result.stderr, time.monotonic() - started
 
 
@@ -474,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         scratch = Path(tmp)
         base = snapshot(scratch)
         tests = list(dict.fromkeys(t for m in mutations for t in m.tests))
-        code, output, seconds = run_pytest(base, tests)
+        code, output, seconds = run_pytest(base, tests, UNMUTATED_TIMEOUT)
         if code != 0:
             print(f"the unmutated tests do not pass (pytest exited {code}): no mutation can be judged\n"
                   + tail(output, 30))
