@@ -28,7 +28,7 @@ from coordinator.ops import health, status_page
 from coordinator.ops.cors import Cors, parse_origins
 from coordinator.settings import Settings
 from coordinator.state import CoordinatorState, build_state
-from coordinator.surfaces import embeddings, infer, openai, responses, sessions
+from coordinator.surfaces import embeddings, infer, openai, responses, sessions, tokenizer
 from coordinator.surfaces.sessions import PREFIX as SESSIONS_PREFIX
 from coordinator.upstream import WorkerClient
 from coordinator.validate import request_id_of
@@ -64,6 +64,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     app.include_router(embeddings.router)
     app.include_router(responses.router)
     app.include_router(sessions.router)
+    app.include_router(tokenizer.router)
     app.include_router(status_page.router)
     app.add_middleware(FastPaths)
     app.add_middleware(Cors, origins=parse_origins(settings.cors_origins))  # outermost: before the keys

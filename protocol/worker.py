@@ -49,6 +49,10 @@ HEALTH_PATH = "/worker/health"
 # `DELETE {SESSIONS_PATH}/{session_id}?tenant=...`: end a kept session (204, or 404 when that tenant has none).
 SESSIONS_PATH = "/worker/sessions"
 EMBED_PATH = "/worker/embed"
+# The model's tokenizer (`TokenizeWork` -> protocol.tokens.TokenizeResponse; protocol.tokens.DetokenizeRequest ->
+# DetokenizeResponse): no sequence, no KV, only the text.
+TOKENIZE_PATH = "/worker/tokenize"
+DETOKENIZE_PATH = "/worker/detokenize"
 # A peer worker asks for the cells of the longest prefix of a prompt held here (worker/api/transfer.py).
 PREFIX_PATH = "/worker/prefix"
 # A session's KV blob, as `GET`/`PUT {SESSIONS_PATH}/{id}/kv` and PREFIX_PATH carry it (its own format:
@@ -458,3 +462,19 @@ class EmbedResponse(BaseModel):
     prompt_tokens: list[int] = Field(max_length=MAX_EMBED_INPUTS, description="each input's length in tokens")
     request_id: str
     worker_id: str
+
+
+class TokenizeWork(BaseModel):
+    """A prompt, or a chat conversation (rendered as a generation's prompt is), to tokenize."""
+
+    model: str | None = Field(default=None, max_length=256)
+    prompt: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=MAX_MESSAGES)
+    add_special: bool = Field(description="the model's begin-of-text token(s) added by the tokenizer")
+    token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeWork:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        return self

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from protocol import reasons
-from protocol.worker import EmbedRequest, GenerateRequest
+from protocol.tokens import DetokenizeRequest, TokenizeResponse
+from protocol.worker import EmbedRequest, GenerateRequest, TokenizeWork
 from worker.backends.base import EngineBackend, KvTransfer, ModelBackend, Preemption
 from worker.backends.chat_template import TemplateRefusal
 from worker.engine.channel import TokenChannel
@@ -203,6 +204,41 @@ class Gate:
             raise WorkerError(400, reasons.INVALID_REQUEST, f"dimensions: {self.names.name} embeds into {size} "
                               f"dimensions, the only size served")
         return await self.embedder.embed(request.inputs)
+
+    async def tokenize(self, work: TokenizeWork) -> TokenizeResponse:
+        """A prompt's tokens, or a conversation's as a generation's prompt would have them (the model's
+        template, the assistant's turn opened); 400 when the template refuses the conversation. Off the
+        event loop, among the prompts being tokenized (`tokenize_concurrency`)."""
+        self._serving(work.model)
+        async with self._tokenizing:
+            return await asyncio.to_thread(self._tokenize_thread, work)
+
+    def _tokenize_thread(self, work: TokenizeWork) -> TokenizeResponse:
+        if work.prompt is not None:
+            tokens = self.model.tokenize(work.prompt, add_special=work.add_special)
+        else:
+            assert work.messages is not None
+            history = [Message(m.role, m.content, m.tool_calls, m.name) for m in work.messages]
+            try:
+                tokens = self.model.tokenize(self.model.render_chat(history), add_special=work.add_special)
+            except TemplateRefusal as refused:
+                raise WorkerError(400, reasons.INVALID_REQUEST, str(refused)) from None
+        strs = [self.model.piece(t).decode("utf-8", errors="replace") for t in tokens] if work.token_strs else None
+        return TokenizeResponse(count=len(tokens), max_model_len=self.table.limits.session_max_tokens, tokens=tokens,
+                                token_strs=strs)
+
+    async def detokenize(self, request: DetokenizeRequest) -> str:
+        """The tokens' text; 400 naming the first id that is not in the model's vocabulary."""
+        self._serving(request.model)
+        return await asyncio.to_thread(self._detokenize_thread, request)
+
+    def _detokenize_thread(self, request: DetokenizeRequest) -> str:
+        vocabulary = self.model.shape.n_vocab
+        for i, token in enumerate(request.tokens):
+            if token >= vocabulary:
+                raise WorkerError(400, reasons.INVALID_REQUEST, f"tokens.{i}: {token} is not a token of "
+                                  f"{self.names.name} (its vocabulary has {vocabulary})")
+        return b"".join(self.model.piece(t) for t in request.tokens).decode("utf-8", errors="replace")
 
     def released(self) -> None:
         """Any thread (the engine's): a session was released; the first request in line tries again."""

@@ -282,7 +282,7 @@ def _parse_chat(raw: bytes, max_choices: int = 1) -> tuple[dict[str, Any], Optio
                        "top_logprobs")
     fields = _common(body, body.max_completion_tokens or body.max_tokens, max_choices)
     tools = tools_of(body)
-    fields["messages"] = _messages(body.messages)
+    fields["messages"] = internal_messages(body.messages)
     top = body.top_logprobs or 0
     if tools is not None:
         if body.logprobs or top:
@@ -292,7 +292,7 @@ def _parse_chat(raw: bytes, max_choices: int = 1) -> tuple[dict[str, Any], Optio
     return _probabilities(fields, options), options
 
 
-def _messages(messages: list[oa.ChatMessageIn]) -> list[dict[str, Any]]:
+def internal_messages(messages: list[oa.ChatMessageIn]) -> list[dict[str, Any]]:
     """The conversation as internal chat messages: an assistant's calls as it made them, a tool's
     result naming the function whose call it answers; the worker writes both in its model's tool
     format."""

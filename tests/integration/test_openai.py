@@ -220,3 +220,28 @@ async def test_n_past_the_pools_bound_is_a_bad_request(sdk: openai.AsyncOpenAI) 
     with pytest.raises(openai.BadRequestError) as refused:
         await sdk.chat.completions.create(model=MODEL, messages=[USER], n=9, max_tokens=4)  # type: ignore[list-item]
     assert isinstance(refused.value.body, dict) and refused.value.body["param"] == "n"
+
+
+async def test_tokenize_counts_what_a_generation_counts_and_detokenize_gives_the_text_back(
+        cluster: Cluster, sdk: openai.AsyncOpenAI) -> None:
+    """vLLM's /tokenize and /detokenize through the coordinator, answered by a worker's own tokenizer and
+    chat template: a chat's count is the prompt tokens its completion reports, a prompt's tokens read back
+    as its text, and an id outside the vocabulary is refused by name."""
+    chat = await sdk.chat.completions.create(model=MODEL, messages=[USER], max_tokens=1)  # type: ignore[list-item]
+    completion = await sdk.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=1)
+    assert chat.usage is not None and completion.usage is not None
+    async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as http:
+        by_chat = (await http.post("/tokenize", json={"model": MODEL, "messages": [USER]})).json()
+        assert by_chat["count"] == len(by_chat["tokens"]) == chat.usage.prompt_tokens
+        by_prompt = (await http.post("/tokenize", json={"prompt": "The capital of France is",
+                                                        "return_token_strs": True})).json()
+        assert by_prompt["count"] == completion.usage.prompt_tokens and by_prompt["max_model_len"] > 0
+        assert "".join(by_prompt["token_strs"]).endswith("The capital of France is")
+        back = (await http.post("/detokenize", json={"model": MODEL, "tokens": by_prompt["tokens"]})).json()
+        assert back["prompt"].endswith("The capital of France is")
+        refused = await http.post("/detokenize", json={"tokens": [1, 10_000_000]})
+        assert refused.status_code == 400 and "tokens.1" in refused.json()["error"]["message"]
+        unsupported = await http.post("/tokenize", json={"messages": [USER], "add_generation_prompt": False})
+        assert unsupported.status_code == 400 and unsupported.json()["error"]["param"] == "add_generation_prompt"
+        unknown = await http.post("/tokenize", json={"model": "no-such-model", "prompt": "hi"})
+        assert unknown.status_code == 404

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from protocol import reasons
-from worker.api import routes, transfer
+from worker.api import routes, tokenizer, transfer
 from worker.api.routes import request_id_of
 from worker.backends import load_model
 from worker.backends.base import ModelBackend
@@ -81,6 +81,7 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.include_router(routes.router)
     app.include_router(transfer.router)
+    app.include_router(tokenizer.router)
     return app
 
 

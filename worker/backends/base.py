@@ -115,6 +115,9 @@ class ModelBackend(Protocol):
         """How this model is told about tools, and what holds its calls (worker/backends/tool_format.py)."""
         ...
     def tokenize(self, text: str, *, add_special: bool) -> list[int]: ...
+    def piece(self, token: int) -> bytes:
+        """One token's bytes (maybe part of a UTF-8 character; a special token's are empty)."""
+        ...
     def render_chat(self, messages: list[Message], tools: ToolUse | None = None) -> str:
         """The conversation (with the request's tools, in this model's tool format), the assistant's
         turn opened."""

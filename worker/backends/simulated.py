@@ -66,6 +66,9 @@ class SimulatedModel:
         data = text.encode()
         return [1] * int(add_special) + [data[i] % len(WORDS) for i in range(0, len(data), 4)]
 
+    def piece(self, token: int) -> bytes:
+        return (" " + WORDS[token]).encode() if 0 <= token < len(WORDS) else b""
+
     def meta_str(self, key: str) -> str | None:
         return None
 

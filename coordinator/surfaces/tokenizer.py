@@ -1,0 +1,160 @@
+"""`POST /tokenize` and `POST /detokenize`, in vLLM's shapes: a prompt's or a chat's tokens as the model's
+own tokenizer and chat template make them (what a generation's prompt would count), and token ids back
+to text.
+
+Owns: parsing protocol/tokens.py's bodies (a chat's messages as the chat surface reads them), choosing a
+worker of the model (alive, not draining, its breaker closed; the one with the fewest of this
+coordinator's streams first), one call to it with the worker token within WORKER_READ_TIMEOUT, the
+next worker when one does not answer or refuses with 503, and OpenAI's error body (vLLM answers these
+routes with it).
+Must not: admit, queue or reserve anything: tokenizing holds no sequence and no KV.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+
+from coordinator.errors import CoordinatorError
+from coordinator.pool.models import resolve_model
+from coordinator.pool.registry import WorkerRecord
+from coordinator.relay.dispatch import Failover, worker_refusal
+from coordinator.state import CoordinatorState
+from coordinator.surfaces.infer import json_body
+from coordinator.surfaces.openai import error_response, internal_messages
+from coordinator.upstream import WorkerStreamError, WorkerUnreachable
+from coordinator.validate import describe, read_body, request_id_of
+from protocol import reasons
+from protocol.openai import ErrorResponse
+from protocol.openapi import inlined
+from protocol.tokens import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from protocol.worker import (
+    DETOKENIZE_PATH,
+    PROTOCOL_HEADER,
+    PROTOCOL_VERSION,
+    REQUEST_ID_HEADER,
+    TOKENIZE_PATH,
+    WORKER_ID_HEADER,
+    ChatMessage,
+    TokenizeWork,
+)
+
+router = APIRouter()
+ATTEMPTS = 2  # workers asked at most: a tokenizer answers fast or its worker is in trouble
+
+
+async def tokenize(request: Request) -> Response:
+    """The tokens of `prompt`, or of `messages` rendered as a chat completion's prompt is."""
+    request_id = request_id_of(request)
+    try:
+        body = await _parsed(request, TokenizeRequest)
+        assert isinstance(body, TokenizeRequest)
+        if not body.add_generation_prompt:
+            raise CoordinatorError(reasons.INVALID_REQUEST, "add_generation_prompt: only true is supported (the "
+                                   "prompt a chat completion would have)", param="add_generation_prompt")
+        add_special = body.add_special_tokens if body.add_special_tokens is not None else body.messages is None
+        try:
+            messages = None if body.messages is None else [ChatMessage.model_validate(m)
+                                                           for m in internal_messages(body.messages)]
+            work = TokenizeWork(model=body.model, prompt=body.prompt, messages=messages, add_special=add_special,
+                                token_strs=body.return_token_strs)
+        except ValidationError as exc:
+            raise CoordinatorError(reasons.INVALID_REQUEST, describe(exc)) from None
+        return await _ask(request, request_id, TOKENIZE_PATH, body.model, work, TokenizeResponse)
+    except CoordinatorError as exc:
+        return error_response(request_id, exc)
+
+
+async def detokenize(request: Request) -> Response:
+    """The text of `tokens` (400 naming the first id outside the model's vocabulary)."""
+    request_id = request_id_of(request)
+    try:
+        body = await _parsed(request, DetokenizeRequest)
+        assert isinstance(body, DetokenizeRequest)
+        return await _ask(request, request_id, DETOKENIZE_PATH, body.model, body, DetokenizeResponse)
+    except CoordinatorError as exc:
+        return error_response(request_id, exc)
+
+
+async def _parsed(request: Request, model: type[BaseModel]) -> BaseModel:
+    state: CoordinatorState = request.app.state.coordinator
+    raw = await read_body(request, state.settings.max_body_bytes)
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise CoordinatorError(reasons.INVALID_REQUEST, describe(exc)) from None
+
+
+async def _ask(request: Request, request_id: str, path: str, named: str | None, work: BaseModel,
+               answer: type[BaseModel]) -> Response:
+    """`work` posted to the first worker of the model that answers; its answer, checked, as it came."""
+    state: CoordinatorState = request.app.state.coordinator
+    model = resolve_model(state.registry, state.settings.default_model, named)
+    candidates = _workers(state, model)
+    if not candidates:
+        raise CoordinatorError(reasons.NO_WORKERS if model is None else reasons.MODEL_UNAVAILABLE,
+                               "no alive worker serves this model now", retry_after=state.settings.retry_after)
+    payload = work.model_dump_json(exclude_none=True).encode()
+    token = state.settings.worker_token
+    headers = {"content-type": "application/json", REQUEST_ID_HEADER: request_id,
+               PROTOCOL_HEADER: str(PROTOCOL_VERSION)} | ({"authorization": f"Bearer {token}"} if token else {})
+    failed = reasons.WORKER_UNAVAILABLE
+    for worker in candidates[:ATTEMPTS]:
+        try:
+            body = await _post(state, worker, path, payload, headers)
+        except Failover as exc:
+            failed = exc.reason
+            continue
+        try:
+            checked: dict[str, Any] = answer.model_validate_json(body).model_dump()
+        except ValidationError:
+            failed = reasons.WORKER_FAILED
+            continue
+        return JSONResponse(checked, headers={REQUEST_ID_HEADER: request_id, WORKER_ID_HEADER: worker.worker_id})
+    raise CoordinatorError(reasons.WORKER_UNAVAILABLE, f"no worker of the model answered ({failed}); try again",
+                           retry_after=state.settings.retry_after)
+
+
+async def _post(state: CoordinatorState, worker: WorkerRecord, path: str, payload: bytes,
+                headers: dict[str, str]) -> bytes:
+    """The worker's 200 body, or `Failover` (no answer, a 503, a 5xx) or the `CoordinatorError` it refused with."""
+    try:
+        response = await state.client.post(worker.url.rstrip("/") + path, payload, headers,
+                                           read_timeout=state.settings.worker_read_timeout)
+    except WorkerUnreachable as exc:
+        raise Failover(reasons.WORKER_UNAVAILABLE, refused=False) from exc
+    try:
+        if response.status != 200:
+            raise await worker_refusal(response)
+        return await response.read()
+    except WorkerStreamError as exc:
+        raise Failover(reasons.WORKER_FAILED, refused=False) from exc
+    finally:
+        await response.close()
+
+
+def _workers(state: CoordinatorState, model: str | None) -> list[WorkerRecord]:
+    """The model's alive workers that take requests now, the least busy (this coordinator's streams) first."""
+    now = state.clock.monotonic()
+    usable = [w for w in state.registry.alive(model) if not w.draining and w.breaker_open_until <= now]
+    return sorted(usable, key=lambda w: w.in_flight)
+
+
+def _described(body: type[BaseModel], answer: type[BaseModel], summary: str) -> dict[str, Any]:
+    """The route's OpenAPI description: it reads its own body (OpenAI's errors, as vLLM answers)."""
+    refusals = {400: "`invalid_request` (the field named)", 401: "`unauthorized`", 404: "`unknown_model`",
+                502: "`worker_unavailable`: no worker of the model answered",
+                503: "`no_workers` or `model_unavailable`"}
+    return {"summary": summary, "response_model": None, "response_class": JSONResponse,
+            "responses": {200: {"model": answer}} | {status: {"model": ErrorResponse, "description": text}
+                                                      for status, text in refusals.items()},
+            "openapi_extra": json_body(inlined(body), body.__name__)}
+
+
+router.add_api_route("/tokenize", tokenize, methods=["POST"],
+                     **_described(TokenizeRequest, TokenizeResponse, "A prompt's or a chat's tokens (vLLM's shape)"))
+router.add_api_route("/detokenize", detokenize, methods=["POST"],
+                     **_described(DetokenizeRequest, DetokenizeResponse, "Token ids back to text (vLLM's shape)"))

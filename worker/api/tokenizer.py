@@ -1,0 +1,43 @@
+"""The model's tokenizer over HTTP: `POST /worker/tokenize` and `POST /worker/detokenize` (what the
+coordinator's `/tokenize` and `/detokenize` ask of one worker of the model).
+
+Owns: the two routes (worker token required, as on every route but health) and their answers.
+Must not: tokenize itself (worker/admission.py's `Gate` does, as it tokenizes a generation's prompt:
+the same template, off the event loop, among the prompts being tokenized).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from protocol.tokens import DetokenizeRequest, DetokenizeResponse, TokenizeResponse
+from protocol.worker import DETOKENIZE_PATH, REQUEST_ID_HEADER, TOKENIZE_PATH, ErrorBody, TokenizeWork
+from worker.api.routes import authorize, request_id_of, runtime_of
+
+router = APIRouter()
+_REFUSALS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "`invalid_request`: a conversation the template refuses, or a token id "
+          "outside the vocabulary (named)"},
+    401: {"model": ErrorBody, "description": "`unauthorized`"},
+    404: {"model": ErrorBody, "description": "`unknown_model`"},
+    503: {"model": ErrorBody, "description": "`draining`"},
+}
+
+
+@router.post(TOKENIZE_PATH, response_model=TokenizeResponse, responses=_REFUSALS)
+async def tokenize(body: TokenizeWork, request: Request) -> JSONResponse:
+    authorize(request)
+    request_id = request.state.request_id = request_id_of(request)
+    answer = await runtime_of(request).gate.tokenize(body)
+    return JSONResponse(answer.model_dump(), headers={REQUEST_ID_HEADER: request_id})
+
+
+@router.post(DETOKENIZE_PATH, response_model=DetokenizeResponse, responses=_REFUSALS)
+async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
+    authorize(request)
+    request_id = request.state.request_id = request_id_of(request)
+    text = await runtime_of(request).gate.detokenize(body)
+    return JSONResponse(DetokenizeResponse(prompt=text).model_dump(), headers={REQUEST_ID_HEADER: request_id})
