@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
 from coordinator.errors import STATUS_BY_REASON
-from coordinator.surfaces.tools import Tools, read_calls
+from coordinator.surfaces.tools import Tools, may_be_call, read_calls
 from protocol import openai as oa
 from protocol.sse import SseEvent
 from protocol.worker import EVENT_DONE, EVENT_ERROR, EVENT_TOKEN, DoneEvent, ErrorEvent
@@ -99,17 +99,19 @@ class ChunkEncoder:
         self._first = [True] * options.n
         self._offset = [0] * options.n
         self._request_id = request_id
-        # With tools, each answer is held until it ends: only then is it known to be a call or text.
+        # With tools, each answer is held (its pieces and their probabilities) while it may be a call; one
+        # whose start rules a call out goes out at once and streams from then on (None: not held).
         calling = options.tools is not None and options.tools.calling
-        self._held: list[list[str]] | None = [[] for _ in range(options.n)] if calling else None
+        self._held: list[list[tuple[str, float]] | None] = [[] if calling else None for _ in range(options.n)]
 
     def __call__(self, event: SseEvent) -> bytes:
         if event.event == EVENT_TOKEN:
             data = json.loads(event.data)
             i = data.get("choice", 0)
-            if self._held is not None:
-                self._held[i].append(data["token"])
-                return self._opening(i)
+            held = self._held[i]
+            if held is not None:
+                held.append((data["token"], data["probability"]))
+                return self._opening(i) + self._release(i, held)
             return self._opening(i) + self._frame(i, self._piece(i, data["token"], data["probability"]))
         if event.event == EVENT_DONE:
             return self._done(DoneEvent.model_validate_json(event.data))
@@ -117,6 +119,14 @@ class ChunkEncoder:
             error = json.dumps(error_detail(ErrorEvent.model_validate_json(event.data)))
             return b"data: " + error.encode() + b"\n\n" + DONE_FRAME
         return b""
+
+    def _release(self, i: int, held: list[tuple[str, float]]) -> bytes:
+        """Choice i's held pieces, once its start shows it is no call: as they would have streamed."""
+        assert self._options.tools is not None
+        if may_be_call("".join(text for text, _ in held), self._options.tools):
+            return b""
+        self._held[i] = None
+        return b"".join(self._frame(i, self._piece(i, text, probability)) for text, probability in held)
 
     def _piece(self, i: int, text: str, probability: float) -> str:
         options, quoted = self._options, json.dumps(text)
@@ -153,11 +163,13 @@ class ChunkEncoder:
     def _close(self, i: int, ending: str) -> bytes:
         """Choice i's last chunks: its held answer (a tool call, or text) if any, then its finish reason."""
         reason = json.dumps(finish_reason(ending))
-        if self._held is not None and self._options.tools is not None:
-            text = "".join(self._held[i])
+        held = self._held[i]
+        if held is not None and self._options.tools is not None:
+            text = "".join(piece for piece, _ in held)
             calls = read_calls(text, self._options.tools, self._request_id, choice=i)
-            if calls is None:
-                return self._opening(i) + self._frame(i, self._piece(i, text, 1.0)) + self._finish(i, reason)
+            if calls is None:  # text after all (a start like a call's that did not become one): as it came
+                pieces = b"".join(self._frame(i, self._piece(i, piece, p)) for piece, p in held)
+                return self._opening(i) + pieces + self._finish(i, reason)
             frames = self._opening(i)
             for k, call in enumerate(calls):  # each call: its id and name, then its arguments in pieces
                 head = {"index": k, "id": call.id, "type": "function",

@@ -4,9 +4,10 @@ whole `response` object.
 Owns: the `response` object built from a generation (its status from the finish reason, its output:
 one message, or with function tools the calls the answer makes, usage, and the request fields it
 repeats), the order and sequence numbers of the streamed events, and the `response.failed` event
-that ends a stream that has started. With function tools an answer is held until it ends (only then
-is it known to be calls or text), then sent as a message's events or, per call, its item, its
-arguments in pieces and their end, as chat streams a held answer (openai_format.py).
+that ends a stream that has started. With function tools an answer is held while it may be calls
+(`tools.may_be_call`): text whose start rules a call out streams from then on; a held answer goes out
+at its end as a message's events or, per call, its item, its arguments in pieces and their end, as
+chat streams a held answer (openai_format.py).
 Must not: parse requests or touch the relay; `EventEncoder` is a `response.Encoder`, and `assemble`
 turns a collected stream into a response.
 
@@ -29,7 +30,7 @@ from starlette.responses import Response
 
 from coordinator.errors import STATUS_BY_REASON
 from coordinator.surfaces.openai_format import ARGUMENT_PIECE
-from coordinator.surfaces.tools import Tools, read_calls
+from coordinator.surfaces.tools import Tools, may_be_call, read_calls
 from protocol import openai as oa
 from protocol import openai_responses as rs
 from protocol.sse import SseEvent
@@ -132,7 +133,8 @@ class EventEncoder:
     """One stream's events. The opening events (`created`, `in_progress`, the message item and its
     text part) go out with the first token; `done` closes the part, the item and the response, and an
     `error` at any point ends it with `response.failed`. With tools that are called, the first token
-    sends only `created` and `in_progress`; the answer is held and goes out whole with `done`."""
+    sends only `created` and `in_progress`, and the answer is held while it may be a call: one whose
+    start rules a call out goes out at once and streams from then on; a call goes out with `done`."""
 
     __slots__ = ("_delta", "_held", "_now", "_opened", "_pieces", "_sequence", "_shape", "_started")
 
@@ -151,11 +153,11 @@ class EventEncoder:
         # One call may build several events; if it raises, none of them reaches the client, so the
         # encoder goes back to where it was and the `response.failed` that the relay then asks for
         # still follows the events the client did get (created first, sequence numbers unbroken).
-        before = (self._started, self._opened, self._sequence, len(self._pieces))
+        before = (self._started, self._opened, self._sequence, self._held, len(self._pieces))
         try:
             return self._encode(event)
         except Exception:
-            self._started, self._opened, self._sequence, pieces = before
+            self._started, self._opened, self._sequence, self._held, pieces = before
             del self._pieces[pieces:]
             raise
 
@@ -163,6 +165,10 @@ class EventEncoder:
         if event.event == EVENT_TOKEN:
             if self._held:
                 self._pieces.append(json.loads(event.data)["token"])
+                tools = self._shape.echo.tools
+                if tools is not None and not may_be_call("".join(self._pieces), tools):
+                    self._held = False  # text: what was held goes out as it came, the rest as it comes
+                    return self._open() + b"".join(self._delta_frame(piece) for piece in self._pieces)
                 return self._start()
             return self._open() + self._text(json.loads(event.data)["token"])
         if event.event == EVENT_DONE:
@@ -220,7 +226,7 @@ class EventEncoder:
         text = "".join(self._pieces)
         calls = self._shape.calls(text)
         if calls is None:
-            return self._open() + (self._delta_frame(text) if text else b"") + self._close(done)
+            return self._open() + b"".join(self._delta_frame(piece) for piece in self._pieces if piece) + self._close(done)
         frames = self._start()
         for index, call in enumerate(calls):
             item = call.model_copy(update={"arguments": "", "status": "in_progress"})

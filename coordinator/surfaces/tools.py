@@ -90,6 +90,15 @@ def called(calls: list[oa.ToolCall]) -> list[dict[str, str]]:
     return [{"name": call.function.name, "arguments": call.function.arguments} for call in calls]
 
 
+def may_be_call(text: str, tools: Tools) -> bool:
+    """Whether an answer that begins with `text` may still be calls: nothing but whitespace yet, or the
+    start of a JSON object, of a JSON list (with `parallel`) or of a `<tool_call>` block. An answer that
+    cannot be is text from its first letters on: it streams as it comes."""
+    head = text.lstrip()
+    starts = ("{", OPEN_TAG, "[") if tools.parallel else ("{", OPEN_TAG)
+    return not head or any(head.startswith(start) or start.startswith(head) for start in starts)
+
+
 def read_calls(text: str, tools: Tools, request_id: str, *, choice: int = 0) -> list[oa.ToolCall] | None:
     """The calls in an answer, in either of the workers' tool formats: exactly one `{"name", "arguments"}`
     object naming a tool, or (with `parallel`) a JSON list of 1 to MAX_PARALLEL_CALLS of them; or one

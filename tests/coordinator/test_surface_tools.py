@@ -204,3 +204,30 @@ async def test_bad_tool_requests_are_refused_naming_the_field(extra: dict, param
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
     assert fakes.calls == []
+
+
+async def test_with_auto_text_streams_as_it_comes_once_its_start_rules_out_a_call() -> None:
+    """Before: with tools offered, a text answer came whole in one delta at its end (a chat UI showed
+    nothing for seconds; llama.cpp's own suite checks for this). Now each piece goes out as it comes once
+    the answer's start cannot begin a call, and the streamed text equals the whole answer."""
+    text = "  Bonjour ! Comment allez-vous aujourd'hui ?"
+    fakes = FakeWorkers({"w1": streaming(answer(text))})
+    async with pool(fakes, ONE) as (_, sdk):
+        whole = await sdk.chat.completions.create(model="smol", messages=ASK, tools=[WEATHER])  # type: ignore[list-item]
+        stream = await sdk.chat.completions.create(model="smol", messages=ASK, tools=[WEATHER], stream=True)  # type: ignore[list-item]
+        chunks = [c async for c in stream]
+    deltas = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert "".join(deltas) == whole.choices[0].message.content == text
+    assert len(deltas) == len(answer(text)) - 1  # one delta per worker piece, not one at the end
+
+
+@pytest.mark.parametrize("text", ['{"not": "a call"}', "[1, 2, 3] are numbers", "<tool_call>oops"])
+async def test_with_auto_an_answer_that_starts_like_a_call_but_is_none_comes_out_as_text(text: str) -> None:
+    fakes = FakeWorkers({"w1": streaming(answer(text))})
+    async with pool(fakes, ONE) as (_, sdk):
+        whole = await sdk.chat.completions.create(model="smol", messages=ASK, tools=[WEATHER])  # type: ignore[list-item]
+        stream = await sdk.chat.completions.create(model="smol", messages=ASK, tools=[WEATHER], stream=True)  # type: ignore[list-item]
+        chunks = [c async for c in stream]
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole.choices[0].message.content == text
+    assert not any(c.choices and c.choices[0].delta.tool_calls for c in chunks)
