@@ -108,8 +108,9 @@ async def user(client: httpx.AsyncClient, url: str, systems: list[str], rng: ran
 
 
 def run_mode(mode: str, args: argparse.Namespace, log_dir: Path, systems: list[str],
-             coordinators: int = 1) -> tuple[float, list[float], list[str], float]:
+             coordinators: int = 1, fair: str = "on") -> tuple[float, list[float], list[str], float]:
     coordinator_extra, worker_extra = MODES[mode]
+    coordinator_extra = [*coordinator_extra, "--fair-share", "true" if fair == "on" else "false"]
     if mode == "prefix" and args.balance_threshold is not None:
         coordinator_extra = [*coordinator_extra, "--prefix-balance-threshold", str(args.balance_threshold)]
     worker = ["--threads", str(args.threads), "--max-sessions", str(args.sessions), "--session-max-tokens", "1024",
@@ -128,7 +129,7 @@ def run_mode(mode: str, args: argparse.Namespace, log_dir: Path, systems: list[s
         return sum(counts) / elapsed, ttfts, errors
 
     with pool(log_dir, workers=[worker, worker], coordinator=coordinator_extra, api_keys=api_keys,
-              name=f"{mode}-{coordinators}", coordinators=coordinators) as running:
+              name=f"{mode}-{coordinators}-{fair}", coordinators=coordinators) as running:
         if args.warmup > 0:  # the same load, not measured: the caches fill as they would in service
             asyncio.run(load(running.urls, args.warmup, args.seed + 1))
         before = [prompt_counters(w, running.worker_token) for w in running.worker_urls]
@@ -172,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="coordinator counts to run each mode with, e.g. 1,2 (users split over them)")
     parser.add_argument("--balance-threshold", type=float, default=None,
                         help="the coordinator's --prefix-balance-threshold in the prefix mode (its default otherwise)")
+    parser.add_argument("--fair", default="on", help="on, off or on,off: the coordinator's FAIR_SHARE (it orders "
+                        "tenants only with keys: --keys per-user or shared); with both, each mode runs twice")
     args = parser.parse_args(argv)
     systems = [system_prompt(i, args.system_tokens) for i in range(args.prompts)]
     print(f"{args.users} users, {args.duration:g} s per mode after {args.warmup:g} s of warm-up, {args.prompts} system prompts of ~{args.system_tokens} "
@@ -180,16 +183,21 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, tuple[float, float, float]] = {}  # by mode, and coordinators when more than one count
     counts = [int(n) for n in args.coordinators.split(",")]
     with tempfile.TemporaryDirectory(prefix="prefix-bench-") as tmp:
-        for mode in args.modes.split(","):
-            for n in counts:
-                label = mode if counts == [1] else f"{mode}/{n}c"
-                rps, ttfts, errors, hit_rate = run_mode(mode, args, Path(tmp), systems, n)
-                p50 = statistics.median(ttfts) * 1e3 if ttfts else float("nan")
-                p90 = statistics.quantiles(ttfts, n=10)[-1] * 1e3 if len(ttfts) >= 10 else float("nan")
-                results[label] = (rps, p50, hit_rate)
-                print(f"{label:>9}: {rps:6.2f} requests/s  TTFT p50 {p50:8.1f} ms  p90 {p90:8.1f} ms  hit rate "
-                      f"{hit_rate:.3f}  ({len(ttfts)} requests, {len(errors)} errors"
-                      f"{': ' + ', '.join(sorted(set(errors))) if errors else ''})")
+        fairs = args.fair.split(",")
+        for mode, n, fair in [(m, n, f) for m in args.modes.split(",") for n in counts for f in fairs]:
+            label = (mode if counts == [1] else f"{mode}/{n}c") + (f"/fair-{fair}" if len(fairs) > 1 else "")
+            rps, ttfts, errors, hit_rate = run_mode(mode, args, Path(tmp), systems, n, fair)
+            p50 = statistics.median(ttfts) * 1e3 if ttfts else float("nan")
+            p90 = statistics.quantiles(ttfts, n=10)[-1] * 1e3 if len(ttfts) >= 10 else float("nan")
+            results[label] = (rps, p50, hit_rate)
+            print(f"{label:>9}: {rps:6.2f} requests/s  TTFT p50 {p50:8.1f} ms  p90 {p90:8.1f} ms  hit rate "
+                  f"{hit_rate:.3f}  ({len(ttfts)} requests, {len(errors)} errors"
+                  f"{': ' + ', '.join(sorted(set(errors))) if errors else ''})")
+    for mode in args.modes.split(","):
+        on, off = results.get(f"{mode}/fair-on"), results.get(f"{mode}/fair-off")
+        if on is not None and off is not None:
+            print(f"{mode}, fair shares on against off: hit rate {on[2] / max(off[2], 1e-9):.2f}x, requests/s "
+                  f"{on[0] / off[0]:.2f}x, TTFT p50 {off[1] / on[1]:.2f}x lower")
     if "prefix" in results:
         for base in ("load", "none"):
             if base in results:
