@@ -178,7 +178,7 @@ class ChatCompletionRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] = Field(max_length=MAX_PROMPT_CHARS)
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(max_length=MAX_PROMPT_CHARS)
     max_tokens: int | None = Field(default=16, ge=1, le=MAX_COMPLETION_TOKENS)  # OpenAI's default here
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False

@@ -29,7 +29,8 @@ Version 7 lists the prefix blocks a worker's cells hold (`WorkerLoad.prefixes`);
 tenant has running and has been served there (`WorkerLoad.tenants`), from which every coordinator of
 a pool counts the service the others gave each tenant (fair shares across coordinators), and each
 request's priority class (`GenerateRequest.priority`): an interactive request may park a batch one's
-sequence on a full worker (`WorkerLoad.parkable`, `WorkerLoad.parked`).
+sequence on a full worker (`WorkerLoad.parkable`, `WorkerLoad.parked`), and a raw prompt given as
+token ids (`GenerateRequest.prompt_tokens`).
 Embeddings need no version of their own: a worker that does not serve them never says so in its
 heartbeat (`protocol.health.Heartbeat.embeddings`), so no coordinator sends it an `EmbedRequest`.
 """
@@ -262,6 +263,10 @@ class GenerateRequest(GenerationFields):
 
     prompt: str | None = Field(default=None, min_length=1, max_length=MAX_PROMPT_CHARS)
     messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=MAX_MESSAGES)
+    # A raw prompt given as token ids (OpenAI's `prompt: [1, 2, 3]`), in place of `prompt`: taken as given
+    # (no begin-of-text token added); each id is checked against the model's vocabulary.
+    prompt_tokens: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, min_length=1,
+                                                                     max_length=MAX_PROMPT_CHARS)
     probabilities: bool = Field(default=True, description="False: token events carry `probability: null` and "
                                 "the worker skips the softmax over the vocabulary that a probability needs "
                                 "(a surface whose client did not ask for them)")
@@ -303,8 +308,10 @@ class GenerateRequest(GenerationFields):
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> GenerateRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of prompt and messages")
+        if sum(given is not None for given in (self.prompt, self.prompt_tokens, self.messages)) != 1:
+            raise ValueError("give exactly one of prompt, prompt_tokens and messages")
+        if self.prompt_tokens is not None and not self.raw:
+            raise ValueError("prompt_tokens: a prompt of token ids is raw (raw: true)")
         if self.raw and self.messages is not None:
             raise ValueError("raw applies to a prompt, not to messages")
         if self.n > 1 and self.session_id is not None:
@@ -321,6 +328,8 @@ class GenerateRequest(GenerationFields):
         """UTF-8 bytes of the text the worker will template and tokenize (an upper bound on tokens)."""
         if self.prompt is not None:
             return len(self.prompt.encode())
+        if self.prompt_tokens is not None:
+            return len(self.prompt_tokens)  # exact: one token each
         listed = self.tools.text_bytes() if self.tools is not None else 0
         return listed + sum(len(m.said().encode()) for m in self.messages or ())
 

@@ -87,3 +87,12 @@ def test_a_heartbeat_lists_parked_streams_beyond_its_sessions_and_no_more() -> N
         WorkerLoad(**base, streams=[1, 2, 3])  # a third stream is neither running nor parked
     with pytest.raises(ValidationError):
         WorkerLoad(**base, parkable=3)  # it cannot park more than it runs
+
+
+def test_a_prompt_of_token_ids_is_raw_and_the_only_prompt() -> None:
+    request = GenerateRequest(prompt_tokens=[1, 2, 3], raw=True)
+    assert request.prompt_bytes() == 3
+    for bad in ({"prompt_tokens": [1, 2]}, {"prompt_tokens": [1], "prompt": "x", "raw": True},
+                {"prompt_tokens": [-1], "raw": True}, {"prompt_tokens": [], "raw": True}):
+        with pytest.raises(ValidationError):
+            GenerateRequest(**bad)  # type: ignore[arg-type]

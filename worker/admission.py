@@ -375,6 +375,13 @@ class Gate:
         return self._prompt_tokens(request, history, cached), constraints
 
     def _prompt_tokens(self, request: GenerateRequest, history: list[Message], cached: list[int]) -> list[int]:
+        if request.prompt_tokens is not None:
+            vocabulary = self.model.shape.n_vocab
+            for i, token in enumerate(request.prompt_tokens):
+                if token >= vocabulary:
+                    raise WorkerError(400, reasons.INVALID_REQUEST, f"prompt.{i}: {token} is not a token of "
+                                      f"{self.names.name} (its vocabulary has {vocabulary})")
+            return [*cached, *request.prompt_tokens]  # as given; a raw session continues where its KV ends
         if request.raw and request.prompt is not None:
             if cached:  # a raw session continues exactly where its KV ends
                 return cached + self.model.tokenize(request.prompt, add_special=False)

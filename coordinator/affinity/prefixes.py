@@ -27,6 +27,8 @@ from protocol.worker import MAX_PREFIX_BLOCKS, GenerateRequest
 def request_text(request: GenerateRequest) -> str:
     if request.prompt is not None:
         return request.prompt
+    if request.prompt_tokens is not None:  # ids as text: a prefix of ids is a prefix of this text
+        return "".join(f"{token}," for token in request.prompt_tokens)
     tools = request.tools.model_dump_json() + "\0" if request.tools is not None else ""
     return tools + "".join(f"{m.role}\0{m.said()}\0" for m in request.messages or ())
 

@@ -322,15 +322,16 @@ def _parse_completion(raw: bytes, max_choices: int = 1) -> tuple[dict[str, Any],
         raise _invalid("suffix: not supported", "suffix")
     if (body.logprobs or 0) > 1:
         raise _invalid("logprobs: at most 1 (the chosen token's); alternatives are not computed", "logprobs")
-    prompt = body.prompt
-    if isinstance(prompt, list):
-        if len(prompt) != 1:
-            raise _invalid("prompt: give one prompt per request", "prompt")
-        prompt = prompt[0]
+    prompts: list[Any] = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
+    if prompts and all(isinstance(token, int) for token in prompts):
+        prompts = [prompts]  # one prompt of token ids
+    if len(prompts) != 1:
+        raise _invalid("prompt: give one prompt per request", "prompt")
+    prompt: str | list[int] = prompts[0]
     if not prompt:
         raise _invalid("prompt: must not be empty", "prompt")
     fields = _common(body, body.max_tokens, max_choices)
-    fields.update(prompt=prompt, raw=True)
+    fields.update({"prompt_tokens" if isinstance(prompt, list) else "prompt": prompt, "raw": True})
     top = body.logprobs or 0
     options = Options("text", body.stream, _usage(body), body.logprobs is not None, top, n=body.n)
     return _probabilities(fields, options), options

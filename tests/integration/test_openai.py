@@ -245,3 +245,18 @@ async def test_tokenize_counts_what_a_generation_counts_and_detokenize_gives_the
         assert unsupported.status_code == 400 and unsupported.json()["error"]["param"] == "add_generation_prompt"
         unknown = await http.post("/tokenize", json={"model": "no-such-model", "prompt": "hi"})
         assert unknown.status_code == 404
+
+
+async def test_a_prompt_of_token_ids_is_served_as_its_text_would_be(cluster: Cluster, sdk: openai.AsyncOpenAI) -> None:
+    """`prompt: [ids]` on /v1/completions (as OpenAI's API and vLLM take it): the ids of a text, as
+    /tokenize gives them, answer as the text does; an id outside the vocabulary is a 400 naming it."""
+    text = "The capital of France is"
+    async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as http:
+        ids = (await http.post("/tokenize", json={"prompt": text})).json()["tokens"]
+    by_text = await sdk.completions.create(model=MODEL, prompt=text, max_tokens=8, temperature=0)
+    by_ids = await sdk.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0)
+    assert by_ids.choices[0].text == by_text.choices[0].text and by_ids.choices[0].text
+    assert by_ids.usage is not None and by_text.usage is not None
+    assert by_ids.usage.prompt_tokens == by_text.usage.prompt_tokens == len(ids)
+    with pytest.raises(openai.BadRequestError, match=r"prompt\.1: 10000000 is not a token"):
+        await sdk.completions.create(model=MODEL, prompt=[ids[0], 10_000_000], max_tokens=1)
