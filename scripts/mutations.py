@@ -223,7 +223,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "coordinator/relay/dispatch.py", "    if isinstance(exc, TimeoutError) and answered and not started.admitted:",
              "    if False:", ("tests/coordinator/test_app.py",)),
     Mutation("tokenizing-unbounded", "a worker tokenizes a bounded number of prompts at once",
-             "worker/admission.py", "        async with self._tokenizing:", "        if True:",
+             "worker/admission.py", "        async with self._tokenizing:  # bounded", "        if True:  # bounded",
              ("tests/worker/backends/test_simulated.py",)),
     Mutation("surface-drops-tenant", "the infer surface sends the key's tenant to the worker",
              "coordinator/surfaces/infer.py", '        fields["tenant"] = tenant\n', "        pass\n", (T_TENANCY,)),
