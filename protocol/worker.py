@@ -90,6 +90,7 @@ Role = Literal["system", "user", "assistant", "tool"]
 MAX_STOP_STRINGS = 8
 MAX_STOP_LENGTH = 64
 MAX_PROMPT_CHARS = 1_000_000
+MAX_ALTERNATIVES = 20  # OpenAI's top_logprobs at most
 MAX_MESSAGES = 1_024
 MAX_GRAMMAR_CHARS = 65_536
 MAX_LOGIT_BIAS = 300  # OpenAI's bound on logit_bias entries
@@ -267,6 +268,9 @@ class GenerateRequest(GenerationFields):
     # (no begin-of-text token added); each id is checked against the model's vocabulary.
     prompt_tokens: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, min_length=1,
                                                                      max_length=MAX_PROMPT_CHARS)
+    alternatives: int = Field(default=0, ge=0, le=MAX_ALTERNATIVES,
+                              description="the most likely tokens to report at each generated token, with their "
+                              "log-probabilities (OpenAI's `top_logprobs`; `TokenEvent.top`), 0: none")
     probabilities: bool = Field(default=True, description="False: token events carry `probability: null` and "
                                 "the worker skips the softmax over the vocabulary that a probability needs "
                                 "(a surface whose client did not ask for them)")
@@ -358,6 +362,10 @@ class TokenEvent(BaseModel):
     index: int = Field(ge=0)
     probability: float | None = Field(ge=0.0, le=1.0)
     finished: Literal[False] = False
+    top: list[tuple[str, float]] | None = Field(
+        default=None, max_length=MAX_ALTERNATIVES, exclude_if=lambda v: v is None,
+        description="with `alternatives`: the most likely tokens at the first token of this text, most likely "
+        "first, each with its log-probability under the raw logits; left out otherwise")
     choice: int = Field(default=0, ge=0, lt=MAX_CHOICES, exclude_if=lambda v: v == 0,
                         description="which of the request's `n` choices the text belongs to; left out when 0 (so "
                         "always with n = 1, as before `n` existed)")

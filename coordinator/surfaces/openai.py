@@ -277,9 +277,6 @@ def _schema_of(response_format: oa.ResponseFormat | None) -> dict[str, Any] | No
 
 def _parse_chat(raw: bytes, max_choices: int = 1) -> tuple[dict[str, Any], Options]:
     body: oa.ChatCompletionRequest = _validated(oa.ChatCompletionRequest, raw)
-    if (body.top_logprobs or 0) > 1:
-        raise _invalid("top_logprobs: at most 1 (the chosen token's); alternatives are not computed",
-                       "top_logprobs")
     fields = _common(body, body.max_completion_tokens or body.max_tokens, max_choices)
     tools = tools_of(body)
     fields["messages"] = internal_messages(body.messages)
@@ -320,8 +317,6 @@ def _parse_completion(raw: bytes, max_choices: int = 1) -> tuple[dict[str, Any],
         raise _invalid("echo: not supported", "echo")
     if body.suffix:
         raise _invalid("suffix: not supported", "suffix")
-    if (body.logprobs or 0) > 1:
-        raise _invalid("logprobs: at most 1 (the chosen token's); alternatives are not computed", "logprobs")
     prompts: list[Any] = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
     if prompts and all(isinstance(token, int) for token in prompts):
         prompts = [prompts]  # one prompt of token ids
@@ -342,6 +337,8 @@ def _probabilities(fields: dict[str, Any], options: Options) -> dict[str, Any]:
     softmax over the whole vocabulary that each token's probability needs."""
     if not options.logprobs:
         fields["probabilities"] = False
+    elif options.top_logprobs:  # the most likely tokens at each step, from the worker (TokenEvent.top)
+        fields["alternatives"] = options.top_logprobs
     return fields
 
 

@@ -112,7 +112,8 @@ class ChunkEncoder:
             if held is not None:
                 held.append((data["token"], data["probability"]))
                 return self._opening(i) + self._release(i, held)
-            return self._opening(i) + self._frame(i, self._piece(i, data["token"], data["probability"]))
+            return self._opening(i) + self._frame(i, self._piece(i, data["token"], data["probability"],
+                                                                 data.get("top")))
         if event.event == EVENT_DONE:
             return self._done(DoneEvent.model_validate_json(event.data))
         if event.event == EVENT_ERROR:
@@ -128,9 +129,9 @@ class ChunkEncoder:
         self._held[i] = None
         return b"".join(self._frame(i, self._piece(i, text, probability)) for text, probability in held)
 
-    def _piece(self, i: int, text: str, probability: float) -> str:
+    def _piece(self, i: int, text: str, probability: float, top: Top | None = None) -> str:
         options, quoted = self._options, json.dumps(text)
-        lp = self._logprobs(i, text, probability) if options.logprobs else "null"
+        lp = self._logprobs(i, text, probability, top) if options.logprobs else "null"
         if options.kind == "text":
             self._offset[i] += len(text)
             return f'"text":{quoted},"logprobs":{lp},"finish_reason":null'
@@ -143,15 +144,13 @@ class ChunkEncoder:
         self._first[i] = False
         return self._frame(i, '"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null')
 
-    def _logprobs(self, i: int, text: str, probability: float) -> str:
-        value = logprob(probability)
+    def _logprobs(self, i: int, text: str, probability: float, top: Top | None) -> str:
+        value, k = logprob(probability), self._options.top_logprobs
         if self._options.kind == "text":
-            top = [{text: value}] if self._options.top_logprobs > 0 else []
-            return json.dumps({"tokens": [text], "token_logprobs": [value], "top_logprobs": top,
+            return json.dumps({"tokens": [text], "token_logprobs": [value], "top_logprobs": text_top(text, value, top, k),
                                "text_offset": [self._offset[i] - len(text)]})
         entry: dict[str, Any] = {"token": text, "logprob": value, "bytes": list(text.encode())}
-        top = [entry] if self._options.top_logprobs > 0 else []
-        return json.dumps({"content": [{**entry, "top_logprobs": top}]})
+        return json.dumps({"content": [{**entry, "top_logprobs": [t.model_dump() for t in chat_top(text, value, top, k)]}]})
 
     def _done(self, done: DoneEvent) -> bytes:
         frames = b"".join(self._close(i, reason) for i, reason in enumerate(choice_endings(done)))
@@ -197,6 +196,23 @@ class ChunkEncoder:
         return b"data: " + (self._choice[i] + choice + self._tail).encode() + b"\n\n"
 
 
+Top = list[tuple[str, float]]  # a token event's alternatives: (text, log-probability), most likely first
+
+
+def chat_top(text: str, value: float, top: Top | None, k: int) -> list[oa.TopLogprob]:
+    """A chat token's `top_logprobs`: the worker's alternatives (at most `k`), or with none the chosen
+    token alone when any were asked for."""
+    found = top[:k] if top else ([(text, value)] if k > 0 else [])
+    return [oa.TopLogprob(token=t, logprob=lp, bytes=list(t.encode())) for t, lp in found]
+
+
+def text_top(text: str, value: float, top: Top | None, k: int) -> list[dict[str, float]]:
+    """A completion token's `top_logprobs` entry (one dict of text -> log-probability), or none."""
+    if top:
+        return [dict(top[:k])]
+    return [{text: value}] if k > 0 else []
+
+
 def choice_endings(done: DoneEvent) -> list[str]:
     """Each choice's finish reason, in index order (a one-choice `done` carries only its own)."""
     return [done.finish_reason] if done.choices is None else [end.finish_reason for end in done.choices]
@@ -206,12 +222,12 @@ def assemble(options: Options, events: list[SseEvent], *, request_id: str, creat
              headers: dict[str, str], fingerprint: str = oa.FINGERPRINT_UNKNOWN) -> Response:
     """The whole answer of a non-streaming request from its collected events: one choice per index,
     each with its own text (or tool call) and finish reason; the usage counts them all."""
-    pieces: list[list[tuple[str, float]]] = [[] for _ in range(options.n)]
+    pieces: list[list[tuple[str, float, Top | None]]] = [[] for _ in range(options.n)]
     done: DoneEvent | None = None
     for event in events:
         if event.event == EVENT_TOKEN:
             data = json.loads(event.data)
-            pieces[data.get("choice", 0)].append((data["token"], data["probability"]))
+            pieces[data.get("choice", 0)].append((data["token"], data["probability"], data.get("top")))
         elif event.event == EVENT_DONE:
             done = DoneEvent.model_validate_json(event.data)
         elif event.event == EVENT_ERROR:
@@ -230,17 +246,17 @@ def assemble(options: Options, events: list[SseEvent], *, request_id: str, creat
                                           for i in range(len(endings))])
     else:
         body = oa.Completion(id=ident, created=created, model=model, usage=usage, system_fingerprint=fingerprint,
-                             choices=[oa.CompletionChoice(index=i, text="".join(t for t, _ in pieces[i]),
+                             choices=[oa.CompletionChoice(index=i, text="".join(t for t, _, _ in pieces[i]),
                                                           logprobs=_text_logprobs(options, pieces[i]),
                                                           finish_reason=finish_reason(endings[i]))
                                       for i in range(len(endings))])
     return JSONResponse(body.model_dump(mode="json"), headers=headers)
 
 
-def _chat_choice(options: Options, i: int, pieces: list[tuple[str, float]], ending: str,
+def _chat_choice(options: Options, i: int, pieces: list[tuple[str, float, Top | None]], ending: str,
                  request_id: str) -> oa.ChatChoice:
     """One choice of a chat answer: a tool call when it is one (with tools), else its text."""
-    text = "".join(t for t, _ in pieces)
+    text = "".join(t for t, _, _ in pieces)
     calls = read_calls(text, options.tools, request_id, choice=i) if options.tools and options.tools.calling else None
     if calls is not None:
         return oa.ChatChoice(index=i, message=oa.AssistantMessage(content=None, tool_calls=calls),
@@ -249,22 +265,22 @@ def _chat_choice(options: Options, i: int, pieces: list[tuple[str, float]], endi
                          logprobs=_chat_logprobs(options, pieces))
 
 
-def _chat_logprobs(options: Options, pieces: list[tuple[str, float]]) -> oa.ChoiceLogprobs | None:
+def _chat_logprobs(options: Options, pieces: list[tuple[str, float, Top | None]]) -> oa.ChoiceLogprobs | None:
     if not options.logprobs:
         return None
     return oa.ChoiceLogprobs(content=[
         oa.TokenLogprob(token=t, logprob=logprob(p), bytes=list(t.encode()),
-                        top_logprobs=[oa.TopLogprob(token=t, logprob=logprob(p), bytes=list(t.encode()))]
-                        if options.top_logprobs > 0 else []) for t, p in pieces])
+                        top_logprobs=chat_top(t, logprob(p), top, options.top_logprobs)) for t, p, top in pieces])
 
 
-def _text_logprobs(options: Options, pieces: list[tuple[str, float]]) -> oa.CompletionLogprobs | None:
+def _text_logprobs(options: Options, pieces: list[tuple[str, float, Top | None]]) -> oa.CompletionLogprobs | None:
     if not options.logprobs:
         return None
     offsets, at = [], 0
-    for t, _ in pieces:
+    for t, _, _ in pieces:
         offsets.append(at)
         at += len(t)
-    return oa.CompletionLogprobs(tokens=[t for t, _ in pieces], token_logprobs=[logprob(p) for _, p in pieces],
-                                 top_logprobs=[{t: logprob(p)} for t, p in pieces] if options.top_logprobs > 0 else [],
+    k = options.top_logprobs
+    return oa.CompletionLogprobs(tokens=[t for t, _, _ in pieces], token_logprobs=[logprob(p) for _, p, _ in pieces],
+                                 top_logprobs=[e for t, p, top in pieces for e in text_top(t, logprob(p), top, k)],
                                  text_offset=offsets)

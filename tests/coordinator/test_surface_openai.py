@@ -158,7 +158,7 @@ async def test_an_error_after_the_first_token_is_an_error_chunk_then_done() -> N
     *[({"messages": [{"role": "user", "content": "x"}], field: value}, 400, field, "invalid_request")
       for field, value in [
           ("tool_choice", "required"), ("typical_p", 0.5), ("min_p", 0.1), ("modalities", ["audio"]),
-          ("top_logprobs", 5)]],
+          ("top_logprobs", 21)]],
     ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}, 400,
      "response_format.type", "invalid_request"),
     ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}, 400,
@@ -296,3 +296,25 @@ async def test_structured_output_and_sampling_fields_reach_the_worker(extra: dic
     body = sent_body(fakes)
     keys = ("grammar", "json_schema", "logit_bias", "presence_penalty", "frequency_penalty")
     assert {k: body[k] for k in keys if k in body} == sent
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_alternatives_come_from_the_worker_as_top_logprobs_on_both_routes(stream: bool) -> None:
+    """top_logprobs (chat, up to 20) and logprobs (completions, up to 5) ask the worker for the most likely
+    tokens at each step (`alternatives`); its `top` lists become OpenAI's shapes, whole and streamed."""
+    top = [["Hi", -0.1], ["Hello", -2.5], ["Hey", -3.0]]
+    event = sse("token", {"token": "Hi", "index": 0, "probability": 0.9, "finished": False, "top": top})
+    fakes = FakeWorkers({"w1": streaming([event, done(n=1, reason="length")])})
+    async with pool(fakes, ONE) as (_, sdk):
+        chat = await sdk.chat.completions.create(model="smol", messages=[{"role": "user", "content": "x"}],  # type: ignore[call-overload]
+                                                 logprobs=True, top_logprobs=2, max_completion_tokens=1, stream=stream)
+        entries = ([e for c in [c async for c in chat] if c.choices and c.choices[0].logprobs
+                    for e in c.choices[0].logprobs.content or []] if stream else chat.choices[0].logprobs.content)
+        assert sent_body(fakes, -1)["alternatives"] == 2
+        text = await sdk.completions.create(model="smol", prompt="x", logprobs=3, max_tokens=1, stream=stream)  # type: ignore[call-overload]
+        tops = ([t for c in [c async for c in text] if c.choices and c.choices[0].logprobs
+                 for t in c.choices[0].logprobs.top_logprobs or []] if stream else text.choices[0].logprobs.top_logprobs)
+        assert sent_body(fakes, -1)["alternatives"] == 3
+    (entry,) = entries
+    assert [(t.token, t.logprob) for t in entry.top_logprobs] == [("Hi", -0.1), ("Hello", -2.5)]  # at most 2
+    assert tops == [{"Hi": -0.1, "Hello": -2.5, "Hey": -3.0}]

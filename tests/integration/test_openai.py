@@ -260,3 +260,23 @@ async def test_a_prompt_of_token_ids_is_served_as_its_text_would_be(cluster: Clu
     assert by_ids.usage.prompt_tokens == by_text.usage.prompt_tokens == len(ids)
     with pytest.raises(openai.BadRequestError, match=r"prompt\.1: 10000000 is not a token"):
         await sdk.completions.create(model=MODEL, prompt=[ids[0], 10_000_000], max_tokens=1)
+
+
+async def test_top_logprobs_are_the_models_most_likely_tokens_the_greedy_pick_first(sdk: openai.AsyncOpenAI) -> None:
+    """Up to 20 alternatives on chat and 5 on completions, computed by the worker from the raw logits:
+    sorted, and with greedy decoding the chosen token first, at the chosen token's own log-probability."""
+    chat = await sdk.chat.completions.create(model=MODEL, messages=[USER], max_tokens=6, temperature=0,  # type: ignore[list-item]
+                                             logprobs=True, top_logprobs=20)
+    content = chat.choices[0].logprobs.content if chat.choices[0].logprobs else None
+    assert content
+    for entry in content:
+        values = [t.logprob for t in entry.top_logprobs]
+        assert len(values) == 20 and values == sorted(values, reverse=True)
+        assert entry.top_logprobs[0].token == entry.token and entry.top_logprobs[0].logprob == pytest.approx(
+            entry.logprob, abs=1e-3)
+    text = await sdk.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0,
+                                        logprobs=5)
+    logprobs = text.choices[0].logprobs
+    assert logprobs is not None and logprobs.top_logprobs and logprobs.tokens
+    for chosen, top in zip(logprobs.tokens, logprobs.top_logprobs, strict=True):
+        assert len(top) == 5 and max(top, key=top.__getitem__) == chosen

@@ -29,10 +29,11 @@ PING = b": ping\r\n\r\n"
 _HEAD = {"cache-control": "no-store", "x-accel-buffering": "no"}
 
 
-def token_event(text: str, index: int, probability: float | None, choice: int = 0) -> bytes:
+def token_event(text: str, index: int, probability: float | None, choice: int = 0,
+                top: tuple[tuple[str, float], ...] = ()) -> bytes:
     """`protocol.worker.TokenEvent`'s JSON, written without building the model: it is the one event
     sent per generated token. `probability` None: not asked for (null). `choice` 0 is left out, as
-    the model leaves it out."""
+    the model leaves it out; so is `top` when empty (no alternatives asked for)."""
     if probability is None:
         p = "null"
     elif 0.0 <= probability <= 1.0:
@@ -40,6 +41,8 @@ def token_event(text: str, index: int, probability: float | None, choice: int = 
     else:
         raise ValueError(f"probability {probability!r} is not in [0, 1]")
     tail = f',"choice":{int(choice)}}}' if choice else "}"
+    if top:
+        tail = f',"top":{json.dumps([[t, float(lp)] for t, lp in top], ensure_ascii=False)}' + tail
     return encode(EVENT_TOKEN, f'{{"token":{json.dumps(text, ensure_ascii=False)},"index":{int(index)},'
                                f'"probability":{p},"finished":false' + tail)
 

@@ -313,7 +313,7 @@ async def _events(runtime: WorkerRuntime, ticket: Ticket, request_id: str,
                 yield encode(EVENT_ERROR, error.model_dump_json())
             else:
                 yield token_event(item.text, item.index, item.probability if probabilities else None,
-                                  item.choice)
+                                  item.choice, item.alternatives)
     finally:
         runtime.jobs.discard(job)
         if outcome is None:

@@ -48,7 +48,7 @@ from worker.engine.channel import TokenChannel
 from worker.engine.endings import Endings, Progress, also_ending, cancel_session
 from worker.engine.jobs import EngineConfig, EngineObserver, Failed, Finished, Job, StreamItem
 from worker.engine.pacing import PrefillPace
-from worker.engine.sampling import RequestSampling, SamplingParams, StepSampler, choice_seed
+from worker.engine.sampling import RequestSampling, SamplingParams, StepSampler, choice_seed, top_alternatives
 from worker.engine.textstream import TextAssembler
 from worker.sessions.table import Session, SessionTable
 from worker.sessions.transfer import Origin
@@ -476,9 +476,9 @@ class Engine:
             if any(run.waiting for run in rows):
                 rows, logits = self._with_choices(rows, logits)
             picks = self._sampler.sample(logits, [run.sampling for run in rows])
-            for run, (token, probability) in zip(rows, picks, strict=True):
+            for i, (run, (token, probability)) in enumerate(zip(rows, picks, strict=True)):
                 if not run.ended:
-                    self._accept(run, token, probability, touched)
+                    self._accept(run, token, probability, touched, self._alternatives(run, logits[i]))
         return True
 
     def _with_choices(self, rows: list[_Running], logits: np.ndarray) -> tuple[list[_Running], np.ndarray]:
@@ -576,10 +576,19 @@ class Engine:
         batch.seq_id[i][0] = seq_id
         batch.logits[i] = logits
 
+    def _alternatives(self, run: _Running, row: np.ndarray) -> tuple[tuple[str, float], ...]:
+        """The most likely tokens of this row, as text, when the request asks for them (else none)."""
+        k = run.job.request.alternatives
+        if not k:
+            return ()
+        return tuple((self.model.piece(t).decode("utf-8", errors="replace"), logprob)
+                     for t, logprob in top_alternatives(row, k))
+
     def _accept(self, run: _Running, token: int, probability: float,
-                touched: set[TokenChannel[StreamItem]]) -> None:
+                touched: set[TokenChannel[StreamItem]], alternatives: tuple[tuple[str, float], ...] = ()) -> None:
         model = self.model
-        reason = self._endings.accept(run, model.piece(token), probability, touched, eog=model.is_eog(token))
+        reason = self._endings.accept(run, model.piece(token), probability, touched, eog=model.is_eog(token),
+                                      alternatives=alternatives)
         if reason is None:
             run.next_token = token
         else:

@@ -81,7 +81,7 @@ class Endings:
         return False
 
     def accept(self, run: Progress, piece: bytes, probability: float, touched: Touched, *,
-               eog: bool = False) -> str | None:
+               eog: bool = False, alternatives: tuple[tuple[str, float], ...] = ()) -> str | None:
         """A generated token: its text goes to the consumer (held while it may begin a stop string);
         the finish reason when the sequence ends with it (`stop`, `length`), else None."""
         now = self._clock()
@@ -95,7 +95,7 @@ class Endings:
             return "stop"
         index = run.generated
         run.generated += 1
-        for out in run.text.push(piece, index, probability):
+        for out in run.text.push(piece, index, probability, alternatives):
             run.output.append(out.text)
             job.channel.push(out)
             touched.add(job.channel)

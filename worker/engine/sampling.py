@@ -194,6 +194,18 @@ def _agrees(exp_sum: ExpSum) -> bool:
     return abs(got - expected) <= 1e-6 * expected and bool(np.allclose(scratch, exps, rtol=1e-5, atol=0))
 
 
+def top_alternatives(row: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """The `k` most likely tokens of a row of raw logits, most likely first, each with its log-probability
+    (log-softmax over the whole row): OpenAI's `top_logprobs`. Two passes over the row."""
+    k = min(k, row.shape[0])
+    ids = np.argpartition(row, -k)[-k:]
+    ids = ids[np.argsort(-row[ids], kind="stable")]
+    top = float(row[ids[0]])
+    log_z = top + math.log(float(np.exp(row - top, dtype=np.float64).sum()))
+    # A token the model rules out (-inf) reads -9999.0, as OpenAI's API reports one: JSON has no infinity.
+    return [(int(t), max(float(row[t]) - log_z, -9999.0)) for t in ids]
+
+
 class StepSampler:
     """Samples one token for every row of a step's logits; holds only scratch space between steps."""
 

@@ -17,6 +17,8 @@ class Piece:
     index: int  # position of the last generated token the text includes
     probability: float  # product of the included tokens' probabilities
     choice: int = 0  # which of the request's choices generated it
+    # When asked for: the most likely tokens at the first token the text includes, with log-probabilities.
+    alternatives: tuple[tuple[str, float], ...] = ()
 
 
 class TextAssembler:
@@ -26,13 +28,18 @@ class TextAssembler:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""
         self._probability = 1.0
+        self._alternatives: tuple[tuple[str, float], ...] = ()
         self._last_index = -1
         self.stopped = False
 
-    def push(self, data: bytes, index: int, probability: float) -> list[Piece]:
-        """Adds one token's bytes; returns the text that is now safe to send (maybe none)."""
+    def push(self, data: bytes, index: int, probability: float,
+             alternatives: tuple[tuple[str, float], ...] = ()) -> list[Piece]:
+        """Adds one token's bytes (and, when asked for, the most likely tokens at it); returns the text
+        that is now safe to send (maybe none)."""
         if self.stopped:
             return []
+        if not self._alternatives:  # the first token since the last piece went out
+            self._alternatives = alternatives
         self._pending += self._decoder.decode(data)
         self._probability *= probability
         self._last_index = index
@@ -63,8 +70,9 @@ class TextAssembler:
         self._pending = keep
         if not text:
             return []
-        piece = Piece(text, self._last_index, self._probability, self._choice)
+        piece = Piece(text, self._last_index, self._probability, self._choice, self._alternatives)
         self._probability = 1.0
+        self._alternatives = ()
         return [piece]
 
     def _first_stop(self, text: str) -> int | None:

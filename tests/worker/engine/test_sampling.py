@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from worker.engine.sampling import (
     choice_seed,
     ggml_exp_sum,
     numpy_exp_sum,
+    top_alternatives,
 )
 
 VOCAB = 49152  # SmolLM2's vocabulary: the size the worker really samples from
@@ -276,3 +278,16 @@ def test_each_choice_of_a_seeded_request_has_its_own_seed_and_keeps_it() -> None
         return [sampler.sample(row[None, :], [request])[0][0] for _ in range(6)]
 
     assert draws(choice_seed(42, 1)) == draws(choice_seed(42, 1)) != draws(choice_seed(42, 2))
+
+
+def test_top_alternatives_are_the_most_likely_tokens_with_their_log_softmax() -> None:
+    row = np.random.default_rng(3).standard_normal(1000).astype(np.float32) * 4
+    row[7] = -np.inf  # a token the model rules out
+    found = top_alternatives(row, 20)
+    shifted = row.astype(np.float64) - row.max()
+    log_softmax = shifted - np.log(np.exp(shifted).sum())
+    expected = np.argsort(-log_softmax, kind="stable")[:20]
+    assert [t for t, _ in found] == expected.tolist()
+    assert np.allclose([lp for _, lp in found], log_softmax[expected], atol=1e-5)
+    assert all(a >= b for (_, a), (_, b) in itertools.pairwise(found))
+    assert top_alternatives(np.array([0.0, -np.inf], dtype=np.float32), 2)[1] == (1, -9999.0)

@@ -60,3 +60,15 @@ def test_real_tokenizer_pieces_rejoin_to_the_original(model) -> None:  # type: i
     assert any(len(p) and p.decode("utf-8", errors="ignore").encode() != p for p in pieces), \
         "the sample must contain a token that splits a character"
     assert "".join(p.text for p in feed(TextAssembler(), pieces)) == text
+
+
+def test_a_piece_carries_the_alternatives_of_its_first_token_and_the_next_piece_its_own() -> None:
+    assembler = TextAssembler()
+    first = (("é", -0.1), ("e", -2.0))
+    assert assembler.push("é".encode()[:1], 0, 0.5, first) == []  # half a character: held
+    (piece,) = assembler.push("é".encode()[1:], 1, 0.5, (("x", -9.0),))
+    assert (piece.text, piece.alternatives) == ("é", first)
+    (after,) = assembler.push(b"a", 2, 1.0, (("a", -0.01),))
+    assert after.alternatives == (("a", -0.01),)
+    (plain,) = assembler.push(b"b", 3, 1.0)
+    assert plain.alternatives == ()
