@@ -8,28 +8,18 @@ Must not: build a policy (policy.py does) or know any plugin by name.
 from __future__ import annotations
 
 import functools
-import importlib
-import pkgutil
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
 from coordinator.scheduling.filters import Filter
 from coordinator.scheduling.pickers import Picker
 from coordinator.scheduling.plugin import Plugin
 from coordinator.scheduling.scorers import Scorer
+from serving.plugins import discover
 
 
 def _found(package: str) -> Mapping[str, Plugin[Any]]:
-    found: dict[str, Plugin[Any]] = {}
-    for info in sorted(pkgutil.iter_modules(importlib.import_module(package).__path__), key=lambda i: i.name):
-        plugin = getattr(importlib.import_module(f"{package}.{info.name}"), "PLUGIN", None)
-        if not isinstance(plugin, Plugin):
-            continue
-        if plugin.name in found:
-            raise RuntimeError(f"two {package} plugins are named {plugin.name!r}")
-        found[plugin.name] = plugin
-    return MappingProxyType(found)
+    return discover(package, "PLUGIN", Plugin, f"{package} plugins")
 
 
 @functools.cache

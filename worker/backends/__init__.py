@@ -8,12 +8,10 @@ the one the settings name (`--engine`)."""
 from __future__ import annotations
 
 import functools
-import importlib
-import pkgutil
 from collections.abc import Callable, Mapping
-from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from serving.plugins import discover
 from worker.backends.plugin import Backend
 
 if TYPE_CHECKING:
@@ -26,15 +24,7 @@ if TYPE_CHECKING:
 @functools.cache
 def backends() -> Mapping[str, Backend]:
     """Every backend present, by name: the modules of this package that define a `BACKEND`."""
-    found: dict[str, Backend] = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
-        backend = getattr(importlib.import_module(f"{__name__}.{info.name}"), "BACKEND", None)
-        if not isinstance(backend, Backend):
-            continue
-        if backend.name in found:
-            raise RuntimeError(f"two engine backends are named {backend.name!r}")
-        found[backend.name] = backend
-    return MappingProxyType(found)
+    return discover(__name__, "BACKEND", Backend, "engine backends")
 
 
 def backend(name: str) -> Backend:
