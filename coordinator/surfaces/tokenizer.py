@@ -5,8 +5,8 @@ to text.
 Owns: parsing protocol/tokens.py's bodies (a chat's messages as the chat surface reads them), choosing a
 worker of the model (alive, not draining, its breaker closed; the one with the fewest of this
 coordinator's streams first), one call to it with the worker token within WORKER_READ_TIMEOUT, the
-next worker when one does not answer or refuses with 503, and OpenAI's error body (vLLM answers these
-routes with it).
+next worker when one does not answer or refuses with 503; a refusal is the coordinator's own error body, as on
+its other routes outside /v1/.
 Must not: admit, queue or reserve anything: tokenizing holds no sequence and no KV.
 """
 
@@ -24,11 +24,11 @@ from coordinator.pool.registry import WorkerRecord
 from coordinator.relay.dispatch import Failover, worker_refusal
 from coordinator.state import CoordinatorState
 from coordinator.surfaces.infer import json_body
-from coordinator.surfaces.openai import error_response, internal_messages
+from coordinator.surfaces.openai import internal_messages
 from coordinator.upstream import WorkerStreamError, WorkerUnreachable
 from coordinator.validate import describe, read_body, request_id_of
 from protocol import reasons
-from protocol.openai import ErrorResponse
+from protocol.inference import ErrorBody
 from protocol.openapi import inlined
 from protocol.tokens import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from protocol.worker import (
@@ -48,35 +48,27 @@ ATTEMPTS = 2  # workers asked at most: a tokenizer answers fast or its worker is
 
 async def tokenize(request: Request) -> Response:
     """The tokens of `prompt`, or of `messages` rendered as a chat completion's prompt is."""
-    request_id = request_id_of(request)
+    body = await _parsed(request, TokenizeRequest)
+    assert isinstance(body, TokenizeRequest)
+    if not body.add_generation_prompt:
+        raise CoordinatorError(reasons.INVALID_REQUEST, "add_generation_prompt: only true is supported (the prompt "
+                               "a chat completion would have)", param="add_generation_prompt")
+    add_special = body.add_special_tokens if body.add_special_tokens is not None else body.messages is None
     try:
-        body = await _parsed(request, TokenizeRequest)
-        assert isinstance(body, TokenizeRequest)
-        if not body.add_generation_prompt:
-            raise CoordinatorError(reasons.INVALID_REQUEST, "add_generation_prompt: only true is supported (the "
-                                   "prompt a chat completion would have)", param="add_generation_prompt")
-        add_special = body.add_special_tokens if body.add_special_tokens is not None else body.messages is None
-        try:
-            messages = None if body.messages is None else [ChatMessage.model_validate(m)
-                                                           for m in internal_messages(body.messages)]
-            work = TokenizeWork(model=body.model, prompt=body.prompt, messages=messages, add_special=add_special,
-                                token_strs=body.return_token_strs)
-        except ValidationError as exc:
-            raise CoordinatorError(reasons.INVALID_REQUEST, describe(exc)) from None
-        return await _ask(request, request_id, TOKENIZE_PATH, body.model, work, TokenizeResponse)
-    except CoordinatorError as exc:
-        return error_response(request_id, exc)
+        messages = None if body.messages is None else [ChatMessage.model_validate(m)
+                                                       for m in internal_messages(body.messages)]
+        work = TokenizeWork(model=body.model, prompt=body.prompt, messages=messages, add_special=add_special,
+                            token_strs=body.return_token_strs)
+    except ValidationError as exc:
+        raise CoordinatorError(reasons.INVALID_REQUEST, describe(exc)) from None
+    return await _ask(request, TOKENIZE_PATH, body.model, work, TokenizeResponse)
 
 
 async def detokenize(request: Request) -> Response:
     """The text of `tokens` (400 naming the first id outside the model's vocabulary)."""
-    request_id = request_id_of(request)
-    try:
-        body = await _parsed(request, DetokenizeRequest)
-        assert isinstance(body, DetokenizeRequest)
-        return await _ask(request, request_id, DETOKENIZE_PATH, body.model, body, DetokenizeResponse)
-    except CoordinatorError as exc:
-        return error_response(request_id, exc)
+    body = await _parsed(request, DetokenizeRequest)
+    assert isinstance(body, DetokenizeRequest)
+    return await _ask(request, DETOKENIZE_PATH, body.model, body, DetokenizeResponse)
 
 
 async def _parsed(request: Request, model: type[BaseModel]) -> BaseModel:
@@ -88,10 +80,10 @@ async def _parsed(request: Request, model: type[BaseModel]) -> BaseModel:
         raise CoordinatorError(reasons.INVALID_REQUEST, describe(exc)) from None
 
 
-async def _ask(request: Request, request_id: str, path: str, named: str | None, work: BaseModel,
-               answer: type[BaseModel]) -> Response:
+async def _ask(request: Request, path: str, named: str | None, work: BaseModel, answer: type[BaseModel]) -> Response:
     """`work` posted to the first worker of the model that answers; its answer, checked, as it came."""
     state: CoordinatorState = request.app.state.coordinator
+    request_id = request_id_of(request)
     model = resolve_model(state.registry, state.settings.default_model, named)
     candidates = _workers(state, model)
     if not candidates:
@@ -144,12 +136,14 @@ def _workers(state: CoordinatorState, model: str | None) -> list[WorkerRecord]:
 
 
 def _described(body: type[BaseModel], answer: type[BaseModel], summary: str) -> dict[str, Any]:
-    """The route's OpenAPI description: it reads its own body (OpenAI's errors, as vLLM answers)."""
-    refusals = {400: "`invalid_request` (the field named)", 401: "`unauthorized`", 404: "`unknown_model`",
-                502: "`worker_unavailable`: no worker of the model answered",
-                503: "`no_workers` or `model_unavailable`"}
+    """The route's OpenAPI description: it reads its own body; refusals in the coordinator's error body."""
+    refusals: dict[int | str, str] = {
+        400: "`invalid_request` (the field named)", 401: "`unauthorized`", 404: "`unknown_model`",
+        408: "`request_timeout`: the headers or the body did not arrive in time", 413: "`body_too_large`",
+        431: "`headers_too_large`", 500: "`internal`", 502: "`worker_unavailable`: no worker of the model answered",
+        503: "`no_workers` or `model_unavailable`, with Retry-After"}
     return {"summary": summary, "response_model": None, "response_class": JSONResponse,
-            "responses": {200: {"model": answer}} | {status: {"model": ErrorResponse, "description": text}
+            "responses": {200: {"model": answer}} | {status: {"model": ErrorBody, "description": text}
                                                       for status, text in refusals.items()},
             "openapi_extra": json_body(inlined(body), body.__name__)}
 

@@ -1,5 +1,5 @@
 """`/tokenize` and `/detokenize` at the coordinator: the work a worker is sent, the next worker when one
-does not answer, and a worker's refusal passed on as it was (OpenAI's error body)."""
+does not answer, and a worker's refusal passed on as it was (the coordinator's error body)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ async def test_tokenize_sends_the_work_to_a_worker_of_the_model_and_passes_its_a
         assert seen[0]["add_special"] is True and seen[1]["add_special"] is False and seen[1]["token_strs"] is True
         assert [(m["role"], m["content"]) for m in seen[1]["messages"]] == [("user", "ab")]  # parts joined, as in a chat
         both = await client.post("/tokenize", json={"prompt": "x", "messages": [{"role": "user", "content": "y"}]})
-        assert both.status_code == 400 and "exactly one" in both.json()["error"]["message"]
+        assert both.status_code == 400 and "exactly one" in both.json()["error"]
 
 
 async def test_a_worker_that_does_not_answer_is_passed_over_and_a_refusal_comes_back_as_it_was() -> None:
@@ -57,6 +57,6 @@ async def test_a_worker_that_does_not_answer_is_passed_over_and_a_refusal_comes_
         back = await client.post("/detokenize", json={"tokens": [1, 2]})
         assert back.status_code == 200 and back.json() == {"prompt": "1 2"}
         refused = await client.post("/detokenize", json={"tokens": [100]})
-        assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_request"
+        assert refused.status_code == 400 and refused.json()["reason"] == "invalid_request"
         negative = await client.post("/detokenize", json={"tokens": [-1]})
         assert negative.status_code == 400 and len(seen) == 2  # refused here, never sent

@@ -240,9 +240,9 @@ async def test_tokenize_counts_what_a_generation_counts_and_detokenize_gives_the
         back = (await http.post("/detokenize", json={"model": MODEL, "tokens": by_prompt["tokens"]})).json()
         assert back["prompt"].endswith("The capital of France is")
         refused = await http.post("/detokenize", json={"tokens": [1, 10_000_000]})
-        assert refused.status_code == 400 and "tokens.1" in refused.json()["error"]["message"]
+        assert refused.status_code == 400 and "tokens.1" in refused.json()["error"]
         unsupported = await http.post("/tokenize", json={"messages": [USER], "add_generation_prompt": False})
-        assert unsupported.status_code == 400 and unsupported.json()["error"]["param"] == "add_generation_prompt"
+        assert unsupported.status_code == 400 and "add_generation_prompt" in unsupported.json()["error"]
         unknown = await http.post("/tokenize", json={"model": "no-such-model", "prompt": "hi"})
         assert unknown.status_code == 404
 

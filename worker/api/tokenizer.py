@@ -18,13 +18,16 @@ from protocol.worker import DETOKENIZE_PATH, REQUEST_ID_HEADER, TOKENIZE_PATH, E
 from worker.api.routes import authorize, request_id_of, runtime_of
 
 router = APIRouter()
-_REFUSALS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorBody, "description": "`invalid_request`: a conversation the template refuses, or a token id "
-          "outside the vocabulary (named)"},
-    401: {"model": ErrorBody, "description": "`unauthorized`"},
-    404: {"model": ErrorBody, "description": "`unknown_model`"},
-    503: {"model": ErrorBody, "description": "`draining`"},
+_REFUSED: dict[int | str, str] = {
+    400: "`invalid_request`: a conversation the template refuses, or a token id outside the vocabulary (named)",
+    401: "`unauthorized`",
+    404: "`unknown_model`",
+    413: "`body_too_large`",
+    503: "`draining`",
+    "4XX": "any other refusal (`request_timeout`, `headers_too_large`, an unknown method)",
 }
+_REFUSALS: dict[int | str, dict[str, Any]] = {status: {"model": ErrorBody, "description": text}
+                                              for status, text in _REFUSED.items()}
 
 
 @router.post(TOKENIZE_PATH, response_model=TokenizeResponse, responses=_REFUSALS)
