@@ -13,7 +13,9 @@ and model checks, then whether this worker embeds, and at that size, before it j
 bounded queue (worker/engine/embedder.py).
 Priority: an interactive request refused for capacity has the engine park a running batch request
 (`Preemption`), one at a time while it is refused and one can be parked, and waits in line before
-every batch request; a batch request never takes a sequence that a parked one waits for.
+every batch request; a batch request never takes a sequence that a parked one waits for. Within a
+class, a release goes to the waiting request whose tenant holds the fewest of this worker's sequences,
+then to the first to wait.
 Must not: run inference or free KV itself; it hands jobs and frees to the engine in FIFO order.
 """
 
@@ -68,6 +70,7 @@ class _InLine:
     """A request's place in the room-wait line."""
     turn: asyncio.Event
     interactive: bool
+    tenant: str = ""
 
 
 @dataclass(eq=False)
@@ -248,14 +251,22 @@ class Gate:
 
     def _wake_first(self) -> None:
         if self._line:
-            self._line[0].turn.set()
+            self._first().turn.set()
+
+    def _first(self) -> _InLine:
+        """Who goes next: of the highest class waiting, the request whose tenant holds the fewest of this
+        worker's sequences (a share between tenants, whichever coordinators sent them), then the first to
+        wait. O(line + sequences)."""
+        interactive = self._line[0].interactive  # the line keeps interactive requests first
+        running = self.table.running_by_tenant()
+        return min((p for p in self._line if p.interactive == interactive), key=lambda p: running.get(p.tenant, 0))
 
     async def _reserve(self, request: GenerateRequest, need: int, tokens: list[int],
                        stream_ref: int | None) -> Admission:
         """The table's admission; while it refuses for capacity, the request waits in line for a
         release and tries again in its turn: up to `ending_wait` while cancelled streams still hold
-        capacity, up to `room_wait` in any case. A release wakes the first in line; one that is
-        admitted or leaves wakes the next. With a room wait (several coordinators), a request that
+        capacity, up to `room_wait` in any case. A release wakes the one that goes next (`_first`);
+        one that is admitted or leaves wakes the next. With a room wait (several coordinators), a request that
         finds others in line takes its place behind them instead of trying first: it was most likely
         sent by the coordinator whose own stream had just ended, and the others came before it."""
         loop = self._loop = asyncio.get_running_loop()
@@ -282,15 +293,13 @@ class Gate:
                 if left <= 0 and refused is not None:
                     raise refused
                 if place is None:
-                    place = self._join(interactive)
+                    place = self._join(interactive, request.tenant)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(place.turn.wait(), max(left, 0.0))
         finally:
             if place is not None:
-                first = self._line[0] is place
                 self._line.remove(place)
-                if first:
-                    self._wake_first()  # there may be room for the next one too
+                self._wake_first()  # there may be room for the next one too (a spurious wake only retries)
 
     async def _try(self, attempt: Callable[[], Admission], interactive: bool) -> Admission | WorkerError:
         """The admission, or the capacity refusal to wait on (another refusal is raised); an interactive
@@ -309,9 +318,9 @@ class Gate:
         """Whether a request of this class finds others in line before it (any, for a batch request)."""
         return bool(self._line) and (not interactive or self._line[0].interactive)
 
-    def _join(self, interactive: bool) -> _InLine:
+    def _join(self, interactive: bool, tenant: str) -> _InLine:
         """A place in line: behind every request of its class or above, before every one below."""
-        place = _InLine(asyncio.Event(), interactive)
+        place = _InLine(asyncio.Event(), interactive, tenant)
         at = len(self._line)
         if interactive:
             at = next((i for i, other in enumerate(self._line) if not other.interactive), at)

@@ -537,6 +537,11 @@ class SessionTable:
                              self._prefixes(), dict(Counter(s.tenant for s in self._live if s.busy)),
                              len(self._parked))
 
+    def running_by_tenant(self) -> Counter[str]:
+        """Sequences streaming now, per tenant."""
+        with self._lock:
+            return Counter(s.tenant for s in self._live if s.busy)
+
     def _prefixes(self) -> tuple[str, ...]:
         """The prefix blocks of every sequence's cells, running or kept sessions by their last use, then
         leftovers, the most recent first, each block once, at most MAX_HELD_PREFIX_BLOCKS. Under the lock."""

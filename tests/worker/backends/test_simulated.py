@@ -292,3 +292,36 @@ async def line_order() -> list[str]:
     gate.released()
     await asyncio.wait_for(asyncio.gather(*tasks), 5)
     return served
+
+
+def test_within_a_class_a_release_goes_to_the_tenant_holding_the_fewest_sequences_here() -> None:
+    """Several coordinators send to one worker: its line gives a freed sequence to the waiting tenant that
+    holds the fewest here, then to the first to wait, whichever coordinator sent it."""
+    assert asyncio.run(tenant_order()) == ["light", "heavy-0", "heavy-1"]
+
+
+async def tenant_order() -> list[str]:
+    gate = simulated_gate(SimulatedModel(), sessions=3)
+    gate.room_wait = 5.0
+    served: list[str] = []
+    held = [gate.table.admit(None, 8, tenant="heavy").session for _ in range(2)]
+    held.append(gate.table.admit(None, 8, tenant="light").session)
+
+    async def admit(name: str, tenant: str) -> None:
+        job = await gate.admit(GenerateRequest(prompt=name, max_tokens=4, tenant=tenant), name)
+        served.append(name)
+        gate.table.release(job.session, keep_kv=False)
+        gate.released()
+
+    tasks = []
+    for name, tenant in (("heavy-0", "heavy"), ("heavy-1", "heavy"), ("light", "light")):
+        tasks.append(asyncio.create_task(admit(name, tenant)))
+        await asyncio.sleep(0.05)
+    gate.table.release(held.pop(), keep_kv=False)  # light's own: now heavy holds 2 here, light none
+    gate.released()
+    await asyncio.sleep(0.2)
+    for session in held:
+        gate.table.release(session, keep_kv=False)
+        gate.released()
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    return served
