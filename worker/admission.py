@@ -70,7 +70,7 @@ class _InLine:
     """A request's place in the room-wait line."""
     turn: asyncio.Event
     interactive: bool
-    tenant: str = ""
+    tenant: str
 
 
 @dataclass(eq=False)
@@ -236,12 +236,16 @@ class Gate:
         return await asyncio.to_thread(self._detokenize_thread, request)
 
     def _detokenize_thread(self, request: DetokenizeRequest) -> str:
-        vocabulary = self.model.shape.n_vocab
-        for i, token in enumerate(request.tokens):
-            if token >= vocabulary:
-                raise WorkerError(400, reasons.INVALID_REQUEST, f"tokens.{i}: {token} is not a token of "
-                                  f"{self.names.name} (its vocabulary has {vocabulary})")
+        self._in_vocabulary(request.tokens, "tokens")
         return b"".join(self.model.piece(t) for t in request.tokens).decode("utf-8", errors="replace")
+
+    def _in_vocabulary(self, tokens: list[int], field: str) -> None:
+        """400 naming the first token id (`field.i`) outside the model's vocabulary."""
+        vocabulary = self.model.shape.n_vocab
+        for i, token in enumerate(tokens):
+            if token >= vocabulary:
+                raise WorkerError(400, reasons.INVALID_REQUEST, f"{field}.{i}: {token} is not a token of "
+                                  f"{self.names.name} (its vocabulary has {vocabulary})")
 
     def released(self) -> None:
         """Any thread (the engine's): a session was released; the first request in line tries again."""
@@ -338,8 +342,6 @@ class Gate:
                 if exc.reason not in WAITABLE:
                     raise
                 continue  # one parked was not enough (KV): park another
-            if admitted is None:
-                return None
             return admitted
         return None
 
@@ -385,11 +387,7 @@ class Gate:
 
     def _prompt_tokens(self, request: GenerateRequest, history: list[Message], cached: list[int]) -> list[int]:
         if request.prompt_tokens is not None:
-            vocabulary = self.model.shape.n_vocab
-            for i, token in enumerate(request.prompt_tokens):
-                if token >= vocabulary:
-                    raise WorkerError(400, reasons.INVALID_REQUEST, f"prompt.{i}: {token} is not a token of "
-                                      f"{self.names.name} (its vocabulary has {vocabulary})")
+            self._in_vocabulary(request.prompt_tokens, "prompt")
             return [*cached, *request.prompt_tokens]  # as given; a raw session continues where its KV ends
         if request.raw and request.prompt is not None:
             if cached:  # a raw session continues exactly where its KV ends

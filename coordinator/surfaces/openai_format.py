@@ -124,7 +124,7 @@ class ChunkEncoder:
     def _release(self, i: int, held: list[tuple[str, float]]) -> bytes:
         """Choice i's held pieces, once its start shows it is no call: as they would have streamed."""
         assert self._options.tools is not None
-        if may_be_call("".join(text for text, _ in held), self._options.tools):
+        if may_be_call((text for text, _ in held), self._options.tools):
             return b""
         self._held[i] = None
         return b"".join(self._frame(i, self._piece(i, text, probability)) for text, probability in held)

@@ -166,7 +166,7 @@ class EventEncoder:
             if self._held:
                 self._pieces.append(json.loads(event.data)["token"])
                 tools = self._shape.echo.tools
-                if tools is not None and not may_be_call("".join(self._pieces), tools):
+                if tools is not None and not may_be_call(self._pieces, tools):
                     self._held = False  # text: what was held goes out as it came, the rest as it comes
                     return self._open() + b"".join(self._delta_frame(piece) for piece in self._pieces)
                 return self._start()

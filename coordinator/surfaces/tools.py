@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,11 +91,17 @@ def called(calls: list[oa.ToolCall]) -> list[dict[str, str]]:
     return [{"name": call.function.name, "arguments": call.function.arguments} for call in calls]
 
 
-def may_be_call(text: str, tools: Tools) -> bool:
-    """Whether an answer that begins with `text` may still be calls: nothing but whitespace yet, or the
+def may_be_call(pieces: Iterable[str], tools: Tools) -> bool:
+    """Whether an answer that begins with `pieces` may still be calls: nothing but whitespace yet, or the
     start of a JSON object, of a JSON list (with `parallel`) or of a `<tool_call>` block. An answer that
-    cannot be is text from its first letters on: it streams as it comes."""
-    head = text.lstrip()
+    cannot be is text from its first letters on: it streams as it comes. Only the answer's head is read
+    (as many pieces as make `<tool_call>`'s length after the whitespace), so a held answer costs the same
+    at each of its tokens."""
+    head = ""
+    for piece in pieces:
+        head = (head + piece).lstrip()
+        if len(head) >= len(OPEN_TAG):
+            break
     starts = ("{", OPEN_TAG, "[") if tools.parallel else ("{", OPEN_TAG)
     return not head or any(head.startswith(start) or start.startswith(head) for start in starts)
 

@@ -185,8 +185,6 @@ class Preemption(Protocol):
     def parkable(self) -> int:
         """Batch requests running now that `park` could park."""
         ...
-    @property
-    def parked(self) -> int: ...
     def park(self, then: Callable[[], T]) -> concurrent.futures.Future[T | None]:
         """Parks one, frees its sequence and calls `then` (an admission) before any parked request can
         take the sequence back: what `then` returns or raises; None when none could be parked."""

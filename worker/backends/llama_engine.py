@@ -73,8 +73,7 @@ class _Running(Progress):
 @dataclass(eq=False)
 class _Parked:
     run: _Running
-    cells: bytes  # the sequence as llama.cpp saved it
-    positions: int  # the positions those cells hold
+    cells: bytes  # the sequence as llama.cpp saved it (its positions: the session's tokens, kept meanwhile)
     at: float  # when it was parked (engine clock)
 
 
@@ -153,10 +152,6 @@ class Engine:
     def parkable(self) -> int:
         """Batch requests running now that `park` could park (a reading for heartbeats: approximate)."""
         return sum(1 for run in list(self._running) if self._can_park(run))
-
-    @property
-    def parked(self) -> int:
-        return len(self._parked)
 
     def bind(self, table: SessionTable) -> None:
         self.table = table
@@ -237,16 +232,19 @@ class Engine:
         """Writes saved cells into `seq_id` (emptied first), between two steps, keeping its first `keep`
         positions only when given: how many it then holds, or 0 when llama.cpp refused them (the
         sequence is left empty)."""
-        def write(ctx: Any) -> int:
+        return self.call(lambda ctx: self._write_cells(ctx, seq_id, cells, keep))
+
+    def _write_cells(self, ctx: Any, seq_id: int, cells: bytes | memoryview, keep: int | None = None) -> int:
+        """Engine thread: `cells` written into `seq_id`, emptied first (its first `keep` positions kept,
+        when given); the positions it then holds, 0 when llama.cpp refused them (left empty)."""
+        ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+        buffer = (ctypes.c_uint8 * len(cells)).from_buffer_copy(cells)
+        if int(ll.llama_state_seq_set_data(ctx, buffer, len(cells), ctypes.c_int32(seq_id))) != len(cells):
             ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
-            buffer = (ctypes.c_uint8 * len(cells)).from_buffer_copy(cells)
-            if int(ll.llama_state_seq_set_data(ctx, buffer, len(cells), ctypes.c_int32(seq_id))) != len(cells):
-                ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
-                return 0
-            if keep is not None:
-                ll.llama_memory_seq_rm(self._mem, seq_id, keep, -1)
-            return int(ll.llama_memory_seq_pos_max(self._mem, seq_id)) + 1
-        return self.call(write)
+            return 0
+        if keep is not None:
+            ll.llama_memory_seq_rm(self._mem, seq_id, keep, -1)
+        return int(ll.llama_memory_seq_pos_max(self._mem, seq_id)) + 1
 
     def call(self, fn: Callable[[Any], T]) -> concurrent.futures.Future[T]:
         """Runs `fn(ctx)` on the engine thread between two steps (for reads of llama.cpp state)."""
@@ -384,7 +382,7 @@ class Engine:
         cells = _read_cells(ctx, session.seq_id)
         ll.llama_memory_seq_rm(self._mem, session.seq_id, -1, -1)
         self._running.remove(run)
-        self._parked.append(_Parked(run, cells, len(session.tokens), self._clock()))
+        self._parked.append(_Parked(run, cells, self._clock()))
         self.table.park(session)  # its release hooks wake the request waiting for this sequence
         self._observer.parked(len(cells))
         self._awaited = self._clock() + PARK_HANDOVER
@@ -395,11 +393,11 @@ class Engine:
         order they were parked while the table finds each a sequence."""
         assert self.table is not None
         now = self._clock()
-        for parked in [p for p in self._parked if self._endings.interrupted(p.run, now) is not None]:
-            self._parked.remove(parked)
-            ending = self._endings.interrupted(parked.run, now)
-            assert ending is not None
-            self._end_parked(parked, ending, touched)
+        endings = [(p, self._endings.interrupted(p.run, now)) for p in self._parked]
+        for parked, ending in endings:
+            if ending is not None:
+                self._parked.remove(parked)
+                self._end_parked(parked, ending, touched)
         while self._parked:
             parked = self._parked[0]
             session = parked.run.session
@@ -407,14 +405,11 @@ class Engine:
             if freed is None:
                 return
             self._parked.popleft()
-            for seq_id in (*freed, session.seq_id):
+            for seq_id in freed:
                 ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
-            buffer = (ctypes.c_uint8 * len(parked.cells)).from_buffer_copy(parked.cells)
-            written = int(ll.llama_state_seq_set_data(self._ctx, buffer, len(parked.cells),
-                                                      ctypes.c_int32(session.seq_id)))
-            held = int(ll.llama_memory_seq_pos_max(self._mem, session.seq_id)) + 1
+            held = self._write_cells(self._ctx, session.seq_id, parked.cells)
             bisect.insort(self._running, parked.run, key=lambda r: r.session.seq_id)
-            if written != len(parked.cells) or held != parked.positions:
+            if held != len(session.tokens):
                 self._end(parked.run, Failed(reasons.ENGINE_FAILED, "a parked request's cells did not come back"),
                           touched)
                 continue
@@ -478,7 +473,8 @@ class Engine:
             picks = self._sampler.sample(logits, [run.sampling for run in rows])
             for i, (run, (token, probability)) in enumerate(zip(rows, picks, strict=True)):
                 if not run.ended:
-                    self._accept(run, token, probability, touched, self._alternatives(run, logits[i]))
+                    alternatives = self._alternatives(run, logits[i]) if run.job.request.alternatives else ()
+                    self._accept(run, token, probability, touched, alternatives)
         return True
 
     def _with_choices(self, rows: list[_Running], logits: np.ndarray) -> tuple[list[_Running], np.ndarray]:
@@ -577,12 +573,9 @@ class Engine:
         batch.logits[i] = logits
 
     def _alternatives(self, run: _Running, row: np.ndarray) -> tuple[tuple[str, float], ...]:
-        """The most likely tokens of this row, as text, when the request asks for them (else none)."""
-        k = run.job.request.alternatives
-        if not k:
-            return ()
+        """The most likely tokens of this row, as text, for a request that asks for them."""
         return tuple((self.model.piece(t).decode("utf-8", errors="replace"), logprob)
-                     for t, logprob in top_alternatives(row, k))
+                     for t, logprob in top_alternatives(row, run.job.request.alternatives))
 
     def _accept(self, run: _Running, token: int, probability: float,
                 touched: set[TokenChannel[StreamItem]], alternatives: tuple[tuple[str, float], ...] = ()) -> None:

@@ -534,13 +534,15 @@ class SessionTable:
                              tuple(dict.fromkeys(s.stream_ref for s in (*self._live, *self._parked)
                                                  if s.stream_ref is not None)),
                              tuple(key for key, s in self._named.items() if s in self._live),
-                             self._prefixes(), dict(Counter(s.tenant for s in self._live if s.busy)),
-                             len(self._parked))
+                             self._prefixes(), dict(self._running_by_tenant()), len(self._parked))
 
     def running_by_tenant(self) -> Counter[str]:
         """Sequences streaming now, per tenant."""
         with self._lock:
-            return Counter(s.tenant for s in self._live if s.busy)
+            return self._running_by_tenant()
+
+    def _running_by_tenant(self) -> Counter[str]:
+        return Counter(s.tenant for s in self._live if s.busy)
 
     def _prefixes(self) -> tuple[str, ...]:
         """The prefix blocks of every sequence's cells, running or kept sessions by their last use, then

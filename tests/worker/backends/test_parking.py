@@ -9,6 +9,7 @@ unparked; nothing stays reserved or parked after; a parked request whose client 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -58,7 +59,6 @@ class Stream(threading.Thread):
 
     @property
     def text(self) -> str:
-        import json
         return "".join(json.loads(data)["token"] for name, data in self.events if name == "token")
 
     @property
