@@ -5,20 +5,39 @@
 #   ./test.sh                 everything (what CI runs)
 #   ./test.sh --fast          the unit and model rungs of the test ladder only (tests/conftest.py)
 #   ./test.sh tests/worker -k session     extra arguments go to pytest
+#   TEST_WORKERS=0 ./test.sh tests/x.py -s    one process (for -s, --pdb); TEST_WORKERS=N: N processes (2)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 venv="${VENV:-$(if [ "${LLAMA_CUDA:-0}" = 1 ]; then echo .venv-cuda; else echo .venv; fi)}"
-rungs=()
+rungs="not process and not load"  # --fast: the unit and model rungs
 if [ "${1:-}" = "--fast" ]; then
     shift
-    rungs=(-m "not process and not load")
+else
+    rungs="unit or model or process or load"  # every rung
 fi
 scripts/bootstrap.sh
-if [ ${#rungs[@]} -eq 0 ]; then
+if [ "$rungs" != "not process and not load" ]; then
     scripts/test-deps.sh  # the browser test's Chromium (Debian packages), when missing
 fi
 # Lint and types first: the style guide asks both to be clean, so the tests hold them to it.
 "$venv"/bin/ruff check --quiet .
 "$venv"/bin/mypy --no-error-summary worker protocol coordinator bench
 "$venv"/bin/lint-imports --no-cache --no-logo  # the rooms' layers (pyproject.toml, [tool.importlinter])
-exec "$venv"/bin/python -m pytest "${rungs[@]}" "$@"
+# Two test processes, each taking a whole file at a time (its module's pool with it), the longest files
+# first (tests/conftest.py): most tests wait on a pool, so two keep both cores busy. Then, alone, the
+# `solo` tests: they compare a pace or a throughput between phases of their own run, which the other
+# process's load would skew. TEST_WORKERS=0 runs everything in this one process, in one go.
+if [ "${TEST_WORKERS:-2}" = 0 ]; then
+    exec "$venv"/bin/python -m pytest -m "$rungs" "$@"
+fi
+first=0 second=0
+"$venv"/bin/python -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
+    -m "($rungs) and not solo" "$@" || first=$?
+"$venv"/bin/python -m pytest -m "($rungs) and solo" "$@" || second=$?
+# pytest's codes; 5 is "collected nothing", which fails the command only when both runs say it.
+if [ "$first" = 5 ] && [ "$second" = 5 ]; then
+    exit 5
+fi
+for code in "$first" "$second"; do
+    case "$code" in 0 | 5) ;; *) exit "$code" ;; esac
+done

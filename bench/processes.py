@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import secrets
 import socket
 import subprocess
@@ -26,10 +27,42 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on now (the kernel's pick)."""
+    """A loopback port nothing listens on now, below the kernel's range for outgoing connections where
+    that leaves room: a port the kernel picks from that range can become some client connection's own
+    end before the server binds it (with the tests on two processes, start.sh's coordinator lost its
+    port that way). A random one of those thousands, so two picks made before either is bound (two
+    processes, or two servers of one test) differ all but always."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(PORTS_FROM, low) if low - PORTS_FROM >= 1000 else _kernels_pick()
+        if _bindable(port):
+            return port
+    raise OSError("no free loopback port found in 200 tries")
+
+
+PORTS_FROM = 10_000  # below: well-known and registered services' ports
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return PORTS_FROM  # unknown: the kernel picks
+
+
+def _kernels_pick() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 API_KEYS_ENV = "API_KEYS"  # the coordinator's client keys (coordinator/settings.py)

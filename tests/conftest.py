@@ -8,11 +8,15 @@ The ladder: every test is on one rung, the highest that applies, as a marker:
 `./test.sh --fast` runs the first two rungs. A test on them that starts a process fails, naming the rung
 to move it to, so the rungs stay what they say. A file's rung is its marker (`pytestmark`), or its
 folder's below.
+
+Beside the rungs, `solo`: a test that compares a pace or a throughput between phases of its own run.
+./test.sh runs the others on two processes (pytest-xdist), then the `solo` ones alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +28,11 @@ import pytest
 
 from bench.processes import free_port  # noqa: F401  (re-exported for the tests)
 from worker.provision import DEFAULT_MODEL_PATH, is_provisioned
+
+# llama.cpp threads of an in-process model: both cores when the tests run one at a time; one when
+# pytest-xdist runs two at once (./test.sh), since two threads each on two busy cores spin at llama.cpp's
+# barriers for far longer than the work itself.
+MODEL_THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
 
 
 @pytest.fixture(scope="session")
@@ -102,13 +111,33 @@ def _tier(item: pytest.Item) -> str:
     return max(named, key=TIERS.index, default="unit")
 
 
+# The files that take longest (the last `--durations` run): collected first, so that the two test
+# processes of ./test.sh (`-n 2 --dist loadfile --no-loadscope-reorder`: one file at a time to each, in
+# this order) start on them and end together, the many short files filling in behind. The other files
+# go highest rung first, each keeping its place.
+LONGEST_FIRST = ("multihost/test_multihost.py", "integration/test_several_coordinators.py",
+                 "integration/test_status_page.py", "faults/test_start_sh.py")
+
+
+def _file(item: pytest.Item) -> str:
+    return Path(str(item.path)).resolve().relative_to(_HERE).as_posix()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    highest: dict[str, int] = {}  # each file's highest rung
     for item in items:
         tier = _tier(item)
         for other in TIERS:
             if other != tier:
                 item.own_markers = [m for m in item.own_markers if m.name != other]
         item.add_marker(tier)
+        highest[_file(item)] = max(highest.get(_file(item), 0), TIERS.index(tier))
+
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        path = _file(item)
+        return (LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)), -highest[path]
+
+    items.sort(key=rank)  # stable: a file's tests stay together, in their order
 
 
 @contextlib.contextmanager

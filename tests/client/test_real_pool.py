@@ -118,7 +118,7 @@ def test_a_job_that_fails_for_good_gives_a_failure_exit_and_a_rerun_sends_only_i
 
 def test_an_interrupted_run_resumes_where_it_stopped(stack: Pool, tmp_path: Path) -> None:
     # Long enough that the interrupt always lands mid-run, however fast the pool is.
-    prompts = [f"Write one short sentence about the number {i}." for i in range(80)]
+    prompts = [f"Write one short sentence about the number {i}." for i in range(40)]
     jobs = tmp_path / "jobs.txt"
     jobs.write_text("\n".join(prompts) + "\n")
     out = tmp_path / "results.jsonl"

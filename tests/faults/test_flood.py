@@ -32,7 +32,7 @@ from bench.scale_bench import cpu_seconds, rss_kib
 from tests.faults.pool import COORDINATOR_FLAGS, FaultPool, periodically, pid, pool_fixture
 from tests.integration.streams import infer
 
-pytestmark = [pytest.mark.model, pytest.mark.load, pytest.mark.anyio]
+pytestmark = [pytest.mark.model, pytest.mark.load, pytest.mark.solo, pytest.mark.anyio]
 LONG_RUN = os.environ.get("FAULTS_LONG") == "1"
 BASELINE_SECONDS = 20.0 if LONG_RUN else 6.0
 FLOOD_SECONDS = 60.0 if LONG_RUN else 5.0

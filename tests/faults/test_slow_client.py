@@ -30,7 +30,7 @@ from tests.integration.streams import Timed, infer
 from tests.integration.test_backpressure import open_slow_reader
 from tests.polling import wait_until
 
-pytestmark = [pytest.mark.model, pytest.mark.anyio]
+pytestmark = [pytest.mark.model, pytest.mark.solo, pytest.mark.anyio]
 LONG_RUN = os.environ.get("FAULTS_LONG") == "1"
 DEADLINE = 1.0
 READERS = 3

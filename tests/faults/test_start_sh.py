@@ -47,6 +47,12 @@ def launch(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str, P
     return proc, f"http://127.0.0.1:{port}", log_dir, worker_port
 
 
+def up(proc: subprocess.Popen[bytes], output: Output) -> bool:
+    """start.sh says its pool is up; a start.sh that ended fails at once, with what it printed."""
+    assert proc.poll() is None, f"start.sh exited ({proc.returncode}):\n{output.text[-3000:]}"
+    return "Press Ctrl+C" in output.text
+
+
 class Output:
     """start.sh's output, read as it comes (so the pipe never fills)."""
 
@@ -174,8 +180,7 @@ def test_with_two_coordinators_one_killed_and_restarted_refuses_nothing(tmp_path
     proc, url, _, _ = launch(tmp_path, "--coordinators", "2")
     output = Output(proc)
     try:
-        wait_until(lambda: proc.poll() is None and "Press Ctrl+C" in output.text, 180, "start.sh's pool to be up",
-                   interval=0.2)
+        wait_until(lambda: up(proc, output), 180, "start.sh's pool to be up", interval=0.2)
         own_port = int(url.rsplit(":", 1)[1]) + 1
         victim = coordinator_pid(own_port)
         assert victim is not None

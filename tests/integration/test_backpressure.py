@@ -62,6 +62,7 @@ def open_slow_reader(url: str, body: dict) -> socket.socket:  # type: ignore[typ
     return sock
 
 
+@pytest.mark.solo
 async def test_slow_reader_is_cut_off_while_a_normal_reader_keeps_its_pace(
         cluster: Cluster, tight_coordinator: tuple[str, str]) -> None:
     url, worker_id = tight_coordinator

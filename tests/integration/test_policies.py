@@ -72,6 +72,7 @@ def pin(pid: int, cpus: set[int]) -> None:
         os.sched_setaffinity(int(task.name), cpus)
 
 
+@pytest.mark.solo  # its CPU hog would slow the other tests, and their load its workers
 @pytest.mark.parametrize("with_policy", ["least-latency"], indirect=True)
 def test_least_latency_moves_traffic_away_from_a_worker_slowed_by_a_cpu_hog(cluster: Cluster,
                                                                             with_policy: str) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from tests.conftest import free_port
+from tests.conftest import MODEL_THREADS, free_port
 from worker.api.app import create_app
 from worker.backends.llama_model import Model
 from worker.runtime import WorkerRuntime
@@ -66,7 +66,7 @@ def running_worker(model_path: Any, *, transport: httpx.AsyncBaseTransport | Non
                    **overrides: Any) -> Iterator[RunningWorker]:
     """`transport`: where the worker's own HTTP calls (heartbeats) go; the network if None. The real
     model is the process's `shared_model` unless the settings load it otherwise (GPU layers)."""
-    values: dict[str, Any] = {"model_path": model_path, "port": free_port(), "coordinator_url": "", "threads": 2,
+    values: dict[str, Any] = {"model_path": model_path, "port": free_port(), "coordinator_url": "", "threads": MODEL_THREADS,
                                   "max_sessions": 8, "session_max_tokens": 512, "log_level": "warning"}
     values.update(overrides)
     settings = WorkerSettings(**values)

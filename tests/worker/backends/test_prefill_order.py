@@ -13,7 +13,7 @@ import pytest
 from tests.sse import Stream, generate
 from tests.worker.server import running_worker
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.solo]
 
 LONG = "Describe the harbour, the boats, the gulls and the weather in great detail. " * 30
 

@@ -23,6 +23,7 @@ import llama_cpp as ll
 import numpy as np
 import pytest
 
+from tests.conftest import MODEL_THREADS
 from tests.sse import generate
 from tests.worker.server import running_worker
 from worker.backends.llama_engine import Engine, EngineConfig, state_seq_size
@@ -93,7 +94,7 @@ def build_engine(model: Model, *, kv_unified: bool, max_sessions: int = MAX_SESS
     callback = ll.llama_log_callback(capture)
     ll.llama_log_set(callback, ctypes.c_void_p(0))
     try:
-        config = EngineConfig(ctx_size=max_sessions * SESSION_TOKENS, max_sessions=max_sessions, threads=2,
+        config = EngineConfig(ctx_size=max_sessions * SESSION_TOKENS, max_sessions=max_sessions, threads=MODEL_THREADS,
                               prefill_chunk=CHUNK, kv_unified=kv_unified)
         engine = Engine(model, config)
     finally:
@@ -246,7 +247,7 @@ def test_gemma_second_turn_on_a_session(gemma_path: Path) -> None:
     """Through the worker's HTTP surface: a first turn past the window, a second turn on the same
     session prefills only its new tokens, and the session's KV is what the worker accounts."""
     story = TEXT * 20  # about 700 tokens: past the 512-token window
-    with running_worker(gemma_path, threads=2, max_sessions=2, session_max_tokens=SESSION_TOKENS) as worker:
+    with running_worker(gemma_path, threads=MODEL_THREADS, max_sessions=2, session_max_tokens=SESSION_TOKENS) as worker:
         first = generate(worker.url, {"prompt": story + "Who is the story about?", "session_id": "g",
                                       "max_tokens": 16, "temperature": 0}, timeout=300)
         assert first.last[0] == "done", first.events[-1:]
