@@ -24,9 +24,9 @@ from tests.worker.server import RunningWorker, running_worker
 
 pytestmark = pytest.mark.model
 
-BATCH = [{"prompt": "Write a long letter to a friend about the sea.", "max_tokens": 160, "temperature": 0,
+BATCH = [{"prompt": "Write a long letter to a friend about the sea.", "max_tokens": 96, "temperature": 0,
           "ignore_eos": True, "priority": "batch"},
-         {"prompt": "List the rivers of Europe and describe each one.", "max_tokens": 160, "temperature": 0,
+         {"prompt": "List the rivers of Europe and describe each one.", "max_tokens": 96, "temperature": 0,
           "ignore_eos": True, "priority": "batch"}]
 URGENT = {"prompt": "Say hello.", "max_tokens": 8, "temperature": 0}
 
