@@ -35,7 +35,7 @@ def free_port() -> int:
     low = _ephemeral_low()
     for _ in range(200):
         port = random.randrange(PORTS_FROM, low) if low - PORTS_FROM >= 1000 else _kernels_pick()
-        if _bindable(port):
+        if port_is_free(port):
             return port
     raise OSError("no free loopback port found in 200 tries")
 
@@ -56,7 +56,8 @@ def _kernels_pick() -> int:
         return int(sock.getsockname()[1])
 
 
-def _bindable(port: int) -> bool:
+def port_is_free(port: int) -> bool:
+    """Nothing listens on (or holds) this loopback port now."""
     with socket.socket() as sock:
         try:
             sock.bind(("127.0.0.1", port))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,20 +17,12 @@ from typing import IO
 import httpx
 import pytest
 
+from bench.processes import port_is_free
 from tests.conftest import WITH_DEFAULT_SIGINT, free_port
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.model
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def launch(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str, Path, int]:
