@@ -9,14 +9,14 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 venv="${VENV:-$(if [ "${LLAMA_CUDA:-0}" = 1 ]; then echo .venv-cuda; else echo .venv; fi)}"
-rungs="not process and not load"  # --fast: the unit and model rungs
+rungs="unit or model or process or load"  # every rung
+fast=0
 if [ "${1:-}" = "--fast" ]; then
     shift
-else
-    rungs="unit or model or process or load"  # every rung
+    fast=1 rungs="not process and not load"  # the unit and model rungs
 fi
 scripts/bootstrap.sh
-if [ "$rungs" != "not process and not load" ]; then
+if [ "$fast" = 0 ]; then
     scripts/test-deps.sh  # the browser test's Chromium (Debian packages), when missing
 fi
 # Lint and types first: the style guide asks both to be clean, so the tests hold them to it.

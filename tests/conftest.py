@@ -125,16 +125,17 @@ def _file(item: pytest.Item) -> str:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     highest: dict[str, int] = {}  # each file's highest rung
+    files = {item: _file(item) for item in items}
     for item in items:
         tier = _tier(item)
         for other in TIERS:
             if other != tier:
                 item.own_markers = [m for m in item.own_markers if m.name != other]
         item.add_marker(tier)
-        highest[_file(item)] = max(highest.get(_file(item), 0), TIERS.index(tier))
+        highest[files[item]] = max(highest.get(files[item], 0), TIERS.index(tier))
 
     def rank(item: pytest.Item) -> tuple[int, int]:
-        path = _file(item)
+        path = files[item]
         return (LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)), -highest[path]
 
     items.sort(key=rank)  # stable: a file's tests stay together, in their order
