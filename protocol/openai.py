@@ -179,9 +179,11 @@ class ChatCompletionRequest(_Common):
 
 class CompletionRequest(_Common):
     prompt: str | list[str] | list[int] | list[list[int]] = Field(max_length=MAX_PROMPT_CHARS)
-    max_tokens: int | None = Field(default=16, ge=1, le=MAX_COMPLETION_TOKENS)  # OpenAI's default here
+    # OpenAI's default here; 0 only with `echo` (the prompt scored, nothing generated)
+    max_tokens: int | None = Field(default=16, ge=0, le=MAX_COMPLETION_TOKENS)
     logprobs: int | None = Field(default=None, ge=0, le=5)
-    echo: bool = False
+    echo: bool = Field(default=False, description="the prompt first in `text`, and with `logprobs` its tokens "
+                       "first in `logprobs` (the first token's log-probability null: nothing predicts it)")
     suffix: str | None = None
 
 
@@ -254,9 +256,12 @@ class ChatCompletionChunk(BaseModel):
 
 
 class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy shape. With `echo` the prompt's tokens come first: the first one's
+    `token_logprobs` and `top_logprobs` entries are null."""
+
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
 
 

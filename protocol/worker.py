@@ -42,7 +42,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 GENERATE_PATH = "/worker/generate"
 # Open even with a worker token (probes cannot send one); the coordinator reads it before it registers
 # a new worker (coordinator/pool/probe.py).
@@ -76,6 +76,8 @@ SESSION_EXPECTED_HEADER = "x-session-expected"
 # SSE event names (the `event:` line of each Server-Sent Event).
 EVENT_ADMITTED = "admitted"  # worker -> coordinator only: the first event of a stream (AdmittedEvent)
 EVENT_TOKEN = "token"
+# worker -> coordinator only, with `prompt_logprobs`: the prompt's tokens scored, before any token (PromptEvent)
+EVENT_PROMPT = "prompt"
 EVENT_DONE = "done"
 EVENT_ERROR = "error"
 
@@ -91,6 +93,8 @@ MAX_STOP_STRINGS = 8
 MAX_STOP_LENGTH = 64
 MAX_PROMPT_CHARS = 1_000_000
 MAX_ALTERNATIVES = 20  # OpenAI's top_logprobs at most
+MAX_PROMPT_ALTERNATIVES = 5  # OpenAI's legacy `logprobs` at most, which `echo` applies to the prompt
+PROMPT_EVENT_TOKENS = 256  # prompt tokens one `prompt` event scores: an event stays far below SSE's bound
 MAX_MESSAGES = 1_024
 MAX_GRAMMAR_CHARS = 65_536
 MAX_LOGIT_BIAS = 300  # OpenAI's bound on logit_bias entries
@@ -268,12 +272,19 @@ class GenerateRequest(GenerationFields):
     # (no begin-of-text token added); each id is checked against the model's vocabulary.
     prompt_tokens: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, min_length=1,
                                                                      max_length=MAX_PROMPT_CHARS)
+    max_tokens: int = Field(default=128, ge=0, le=32_768, description="0: only with `prompt_logprobs` (the "
+                            "prompt scored, nothing generated)")
     alternatives: int = Field(default=0, ge=0, le=MAX_ALTERNATIVES,
                               description="the most likely tokens to report at each generated token, with their "
                               "log-probabilities (OpenAI's `top_logprobs`; `TokenEvent.top`), 0: none")
     probabilities: bool = Field(default=True, description="False: token events carry `probability: null` and "
                                 "the worker skips the softmax over the vocabulary that a probability needs "
                                 "(a surface whose client did not ask for them)")
+    prompt_logprobs: int | None = Field(
+        default=None, ge=0, le=MAX_PROMPT_ALTERNATIVES,
+        description="score the prompt: before any token, one `prompt` event (PromptEvent) with each prompt "
+        "token's log-probability given the tokens before it, and this many most likely tokens at each "
+        "position. The whole prompt is prefilled (no cached cells: they hold no logits). None: not scored")
     # Internal only (not in GenerationFields, which public surfaces share): a client never names its
     # own tenant; the coordinator derives it from the API key it authenticated.
     tenant: str = Field(default="", pattern=TENANT_PATTERN,
@@ -328,6 +339,12 @@ class GenerateRequest(GenerationFields):
                 raise ValueError("tools: a required call cannot also be held to a grammar or json_schema")
         return self
 
+    @model_validator(mode="after")
+    def _generates_or_scores(self) -> GenerateRequest:
+        if self.max_tokens == 0 and self.prompt_logprobs is None:
+            raise ValueError("max_tokens: 0 only when the prompt is scored (prompt_logprobs)")
+        return self
+
     def prompt_bytes(self) -> int:
         """UTF-8 bytes of the text the worker will template and tokenize (an upper bound on tokens)."""
         if self.prompt is not None:
@@ -369,6 +386,20 @@ class TokenEvent(BaseModel):
     choice: int = Field(default=0, ge=0, lt=MAX_CHOICES, exclude_if=lambda v: v == 0,
                         description="which of the request's `n` choices the text belongs to; left out when 0 (so "
                         "always with n = 1, as before `n` existed)")
+
+
+class PromptEvent(BaseModel):
+    """Some of the prompt's tokens scored (a request with `prompt_logprobs`): after `admitted` and before
+    any `token` event come the whole prompt's, in order, at most PROMPT_EVENT_TOKENS to an event.
+    `logprobs[i]` is the log-probability of the prompt's token `start + i` given the tokens before it,
+    under the model's raw logits (None for the prompt's first, which nothing predicts); `top[i]` the
+    most likely tokens there, most likely first (empty at the first, and when none were asked for)."""
+
+    start: int = Field(ge=0, description="the prompt position of this event's first token")
+    tokens: list[str] = Field(max_length=PROMPT_EVENT_TOKENS,
+                              description="each token's text; a partial UTF-8 character as U+FFFD")
+    logprobs: list[float | None] = Field(max_length=PROMPT_EVENT_TOKENS)
+    top: list[list[tuple[str, float]]] = Field(max_length=PROMPT_EVENT_TOKENS)
 
 
 class Usage(BaseModel):

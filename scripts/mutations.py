@@ -58,6 +58,7 @@ QUEUE = "coordinator/admission/queue.py"
 POLICY = "coordinator/scheduling/policy.py"
 BREAKER = "coordinator/pool/breaker.py"
 T_ADMISSION = "tests/coordinator/admission/test_capacity.py"
+T_SCORING = "tests/worker/backends/test_prompt_scoring.py"
 T_REGISTRY = "tests/coordinator/pool/test_registry.py"
 T_QUEUE = "tests/coordinator/admission/test_queue.py"
 T_BUFFER = "tests/coordinator/relay/test_buffer.py"
@@ -381,6 +382,12 @@ MUTATIONS: tuple[Mutation, ...] = (
              "worker/heartbeat.py", "                await self.reach()\n", "                pass\n",
              (("tests/worker/test_heartbeat.py::test_a_coordinator_not_reached_is_beaten_to_again_within_reach_"
               "retry_and_the_others_get_no_extra_beats"),)),
+    Mutation("scored-rows-misread", "a scored prompt's rows are read as its own beside other requests' rows",
+             "worker/backends/llama_engine.py", "scored.append((len(rows) + len(scored), run, len(session.tokens)))",
+             "scored.append((len(scored), run, len(session.tokens)))", (T_SCORING,)),
+    Mutation("scored-prompt-cached", "a scored prompt is prefilled whole, its cached cells (no logits) not reused",
+             "worker/admission.py", "            cached = 0  # cells already held have no logits",
+             "            pass  # cells already held have no logits", (T_SCORING,)),
 )
 
 

@@ -30,7 +30,7 @@ from typing import Protocol
 from protocol import reasons
 from protocol.tokens import DetokenizeRequest, TokenizeResponse
 from protocol.worker import EmbedRequest, GenerateRequest, TokenizeWork
-from worker.backends.base import EngineBackend, KvTransfer, ModelBackend, Preemption
+from worker.backends.base import EngineBackend, KvTransfer, ModelBackend, Preemption, PromptScoring
 from worker.backends.chat_template import TemplateRefusal
 from worker.engine.channel import TokenChannel
 from worker.engine.embedder import Embedded, Embedder
@@ -119,6 +119,9 @@ class Gate:
         if request.n > self.table.limits.max_sessions:
             raise WorkerError(400, reasons.INVALID_REQUEST, f"n: {request.n} choices need as many sequences; this "
                               f"worker runs {self.table.limits.max_sessions}")
+        if request.prompt_logprobs is not None and not isinstance(self.engine, PromptScoring):
+            raise WorkerError(400, reasons.INVALID_REQUEST, "prompt_logprobs: this worker's engine does not score "
+                              "prompts")
         if not request.raw and self.model.turn_stop is not None and self.model.turn_stop not in request.stop:
             request = request.model_copy(update={"stop": [*request.stop, self.model.turn_stop]})
         return Ticket(request, known, len(known.messages) if known else 0)
@@ -151,7 +154,9 @@ class Gate:
             self._undo(session, keep_kv=session is known)
             raise WorkerError(409, reasons.SESSION_BUSY, f"session {request.session_id!r} changed meanwhile")
         cached = min(shared_prefix(session.tokens, tokens), len(tokens) - 1)
-        if request.prefix_peer and known is None and self.peers is not None and self.cells is not None:
+        if request.prompt_logprobs is not None:
+            cached = 0  # cells already held have no logits: a scored prompt is prefilled whole
+        elif request.prefix_peer and known is None and self.peers is not None and self.cells is not None:
             try:
                 cached = await self._from_peer(request.prefix_peer, request.tenant, session, tokens, cached)
             except BaseException:  # cancelled (the client left) or a bug: nothing stays reserved

@@ -28,7 +28,7 @@ from coordinator.relay.buffer import EventBuffer
 from coordinator.upstream import WorkerStreamError
 from protocol import reasons
 from protocol.sse import SseEvent
-from protocol.worker import EVENT_DONE, EVENT_ERROR, EVENT_TOKEN, DoneEvent, ErrorEvent
+from protocol.worker import EVENT_DONE, EVENT_ERROR, EVENT_PROMPT, EVENT_TOKEN, DoneEvent, ErrorEvent
 
 TERMINAL = frozenset({EVENT_DONE, EVENT_ERROR})
 DRAIN_TIMEOUT = 1.0
@@ -164,7 +164,7 @@ class Relay:
 
     def _note(self, event: SseEvent) -> bool | None:
         """Record what the event says; True when it ends the stream, None when it is not relayed."""
-        if self.record is not None and event.event in (EVENT_TOKEN, EVENT_DONE, EVENT_ERROR):
+        if self.record is not None and event.event in (EVENT_TOKEN, EVENT_PROMPT, EVENT_DONE, EVENT_ERROR):
             self._record_left -= len(event.data) + 32
             if self._record_left >= 0:
                 self.record.append(event)
@@ -178,7 +178,7 @@ class Relay:
             self.outcome.done = _parse_done(event.data)
         elif event.event == EVENT_ERROR:
             self.outcome.error_reason = _error_reason(event.data)
-        else:
+        elif event.event != EVENT_PROMPT:  # the prompt's scores (`prompt_logprobs`) go on to the surface
             return None  # an event type this coordinator does not know: not the client's business
         return event.event in TERMINAL
 

@@ -93,13 +93,11 @@ def _chat_body() -> dict[str, Any]:
 
 
 def _completion_body() -> dict[str, Any]:
-    """One non-empty prompt (a string or a list of one), no `echo` and no `suffix`, as `_parse_completion`
-    takes them."""
+    """One non-empty prompt (a string or a list of one), no `suffix`, as `_parse_completion` takes them."""
     schema = _body(oa.CompletionRequest)
     text = {"type": "string", "minLength": 1, "maxLength": MAX_PROMPT_CHARS}
     schema["properties"].update(
         prompt={"anyOf": [text, {"type": "array", "items": text, "minItems": 1, "maxItems": 1}]},
-        echo={"type": "boolean", "enum": [False], "default": False, "description": "not supported"},
         suffix={"anyOf": [{"type": "string", "maxLength": 0}, {"type": "null"}],
                 "description": "not supported"})
     return schema
@@ -233,7 +231,7 @@ def _common(body: oa.ChatCompletionRequest | oa.CompletionRequest, max_tokens: i
         raise _invalid("n: several choices cannot keep a session (which one would the next turn continue?); "
                        "leave out session_id or ask for n=1", "n")
     _refuse_unsupported(body)
-    fields: dict[str, Any] = {"max_tokens": max_tokens or oa.MAX_COMPLETION_TOKENS}
+    fields: dict[str, Any] = {"max_tokens": oa.MAX_COMPLETION_TOKENS if max_tokens is None else max_tokens}
     if body.n > 1:
         fields["n"] = body.n
     if body.service_tier is not None:
@@ -313,10 +311,26 @@ def internal_messages(messages: list[oa.ChatMessageIn]) -> list[dict[str, Any]]:
 
 def _parse_completion(raw: bytes, max_choices: int = 1) -> tuple[dict[str, Any], Options]:
     body: oa.CompletionRequest = _validated(oa.CompletionRequest, raw)
-    if body.echo:
-        raise _invalid("echo: not supported", "echo")
+    if body.max_tokens == 0 and not body.echo:
+        raise _invalid("max_tokens: 0 only with echo (the prompt scored, nothing generated)", "max_tokens")
     if body.suffix:
         raise _invalid("suffix: not supported", "suffix")
+    prompt = _one_prompt(body)
+    fields = _common(body, body.max_tokens, max_choices)
+    fields.update({"prompt_tokens" if isinstance(prompt, list) else "prompt": prompt, "raw": True})
+    top = body.logprobs or 0
+    # Echo: the worker scores the prompt when logprobs are asked for, when the prompt is token ids (their
+    # texts come with the scores) and when nothing is generated; otherwise the text as given is echoed.
+    scored = body.echo and (body.logprobs is not None or isinstance(prompt, list) or body.max_tokens == 0)
+    if scored:
+        fields["prompt_logprobs"] = top
+    options = Options("text", body.stream, _usage(body), body.logprobs is not None, top, n=body.n, echo=body.echo,
+                      echo_text=prompt if body.echo and not scored and isinstance(prompt, str) else None)
+    return _probabilities(fields, options), options
+
+
+def _one_prompt(body: oa.CompletionRequest) -> str | list[int]:
+    """The request's one prompt: text, or token ids (also as a list of one list)."""
     prompts: list[Any] = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
     if prompts and all(isinstance(token, int) for token in prompts):
         prompts = [prompts]  # one prompt of token ids
@@ -325,11 +339,7 @@ def _parse_completion(raw: bytes, max_choices: int = 1) -> tuple[dict[str, Any],
     prompt: str | list[int] = prompts[0]
     if not prompt:
         raise _invalid("prompt: must not be empty", "prompt")
-    fields = _common(body, body.max_tokens, max_choices)
-    fields.update({"prompt_tokens" if isinstance(prompt, list) else "prompt": prompt, "raw": True})
-    top = body.logprobs or 0
-    options = Options("text", body.stream, _usage(body), body.logprobs is not None, top, n=body.n)
-    return _probabilities(fields, options), options
+    return prompt
 
 
 def _probabilities(fields: dict[str, Any], options: Options) -> dict[str, Any]:

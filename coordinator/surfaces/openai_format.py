@@ -28,7 +28,15 @@ from coordinator.errors import STATUS_BY_REASON
 from coordinator.surfaces.tools import Tools, may_be_call, read_calls
 from protocol import openai as oa
 from protocol.sse import SseEvent
-from protocol.worker import EVENT_DONE, EVENT_ERROR, EVENT_TOKEN, DoneEvent, ErrorEvent
+from protocol.worker import (
+    EVENT_DONE,
+    EVENT_ERROR,
+    EVENT_PROMPT,
+    EVENT_TOKEN,
+    DoneEvent,
+    ErrorEvent,
+    PromptEvent,
+)
 
 Kind = Literal["chat", "text"]
 DONE_FRAME = b"data: [DONE]\n\n"
@@ -45,6 +53,10 @@ class Options:
     top_logprobs: int = 0
     tools: Tools | None = None  # the answer is read for a tool call when `tools.calling`
     n: int = 1  # choices
+    # A completion's `echo`: each choice's text starts with the prompt; the worker's `prompt` events
+    # give it (its tokens' texts, and their logprobs when asked), else `echo_text` does (the prompt as given).
+    echo: bool = False
+    echo_text: str | None = None
 
 
 def finish_reason(reason: str) -> str:
@@ -84,7 +96,7 @@ class ChunkEncoder:
     With several choices each chunk carries one choice's `index`; the worker reports how each ended in
     its one `done` event, so every choice's closing chunk goes out then, in index order."""
 
-    __slots__ = ("_base", "_choice", "_first", "_held", "_offset", "_options", "_request_id", "_tail")
+    __slots__ = ("_base", "_choice", "_echoed", "_first", "_held", "_offset", "_options", "_request_id", "_tail")
 
     def __init__(self, options: Options, *, request_id: str, created: int, model: str,
                  fingerprint: str = oa.FINGERPRINT_UNKNOWN) -> None:
@@ -99,12 +111,19 @@ class ChunkEncoder:
         self._first = [True] * options.n
         self._offset = [0] * options.n
         self._request_id = request_id
+        self._echoed = not options.echo  # the prompt is in every choice's text (or none was asked for)
         # With tools, each answer is held (its pieces and their probabilities) while it may be a call; one
         # whose start rules a call out goes out at once and streams from then on (None: not held).
         calling = options.tools is not None and options.tools.calling
         self._held: list[list[tuple[str, float]] | None] = [[] if calling else None for _ in range(options.n)]
 
     def __call__(self, event: SseEvent) -> bytes:
+        if event.event == EVENT_PROMPT:
+            self._echoed = True
+            return self._prompt(PromptEvent.model_validate_json(event.data))
+        if not self._echoed and event.event != EVENT_ERROR:
+            self._echoed = True
+            return self._echo_text() + self(event)
         if event.event == EVENT_TOKEN:
             data = json.loads(event.data)
             i = data.get("choice", 0)
@@ -120,6 +139,27 @@ class ChunkEncoder:
             error = json.dumps(error_detail(ErrorEvent.model_validate_json(event.data)))
             return b"data: " + error.encode() + b"\n\n" + DONE_FRAME
         return b""
+
+    def _prompt(self, scored: PromptEvent) -> bytes:
+        """Some of the prompt's tokens, scored, at the start of every choice's text (`echo`)."""
+        text, quoted = "".join(scored.tokens), json.dumps("".join(scored.tokens))
+        frames = b""
+        for i in range(self._options.n):
+            lp = "null"
+            if self._options.logprobs:
+                lp = json.dumps(prompt_logprobs(scored, self._options.top_logprobs, self._offset[i]).model_dump())
+            self._offset[i] += len(text)
+            frames += self._frame(i, f'"text":{quoted},"logprobs":{lp},"finish_reason":null')
+        return frames
+
+    def _echo_text(self) -> bytes:
+        """The prompt as given at the start of every choice's text (`echo` with no scores asked for)."""
+        text = self._options.echo_text or ""
+        frames = b""
+        for i in range(self._options.n):
+            self._offset[i] += len(text)
+            frames += self._frame(i, f'"text":{json.dumps(text)},"logprobs":null,"finish_reason":null')
+        return frames
 
     def _release(self, i: int, held: list[tuple[str, float]]) -> bytes:
         """Choice i's held pieces, once its start shows it is no call: as they would have streamed."""
@@ -148,7 +188,7 @@ class ChunkEncoder:
         value, k = logprob(probability), self._options.top_logprobs
         if self._options.kind == "text":
             return json.dumps({"tokens": [text], "token_logprobs": [value], "top_logprobs": text_top(text, value, top, k),
-                               "text_offset": [self._offset[i] - len(text)]})
+                               "text_offset": [self._offset[i]]})
         entry: dict[str, Any] = {"token": text, "logprob": value, "bytes": list(text.encode())}
         return json.dumps({"content": [{**entry, "top_logprobs": [t.model_dump() for t in chat_top(text, value, top, k)]}]})
 
@@ -213,6 +253,21 @@ def text_top(text: str, value: float, top: Top | None, k: int) -> list[dict[str,
     return [{text: value}] if k > 0 else []
 
 
+def prompt_logprobs(scored: PromptEvent, k: int, offset: int) -> oa.CompletionLogprobs:
+    """Prompt tokens' logprobs in the legacy shape, their text offsets from `offset`: the prompt's first
+    token has null ones (nothing predicts it)."""
+    offsets = []
+    for token in scored.tokens:
+        offsets.append(offset)
+        offset += len(token)
+    tops: list[dict[str, float] | None] = []
+    if k > 0:
+        tops = [{t: value for t, value in top[:k]} if given is not None else None
+                for top, given in zip(scored.top, scored.logprobs, strict=True)]
+    return oa.CompletionLogprobs(tokens=scored.tokens, token_logprobs=scored.logprobs, top_logprobs=tops,
+                                 text_offset=offsets)
+
+
 def choice_endings(done: DoneEvent) -> list[str]:
     """Each choice's finish reason, in index order (a one-choice `done` carries only its own)."""
     return [done.finish_reason] if done.choices is None else [end.finish_reason for end in done.choices]
@@ -224,8 +279,11 @@ def assemble(options: Options, events: list[SseEvent], *, request_id: str, creat
     each with its own text (or tool call) and finish reason; the usage counts them all."""
     pieces: list[list[tuple[str, float, Top | None]]] = [[] for _ in range(options.n)]
     done: DoneEvent | None = None
+    prompt: list[PromptEvent] = []
     for event in events:
-        if event.event == EVENT_TOKEN:
+        if event.event == EVENT_PROMPT:
+            prompt.append(PromptEvent.model_validate_json(event.data))
+        elif event.event == EVENT_TOKEN:
             data = json.loads(event.data)
             pieces[data.get("choice", 0)].append((data["token"], data["probability"], data.get("top")))
         elif event.event == EVENT_DONE:
@@ -245,9 +303,10 @@ def assemble(options: Options, events: list[SseEvent], *, request_id: str, creat
                                  choices=[_chat_choice(options, i, pieces[i], endings[i], request_id)
                                           for i in range(len(endings))])
     else:
+        echoed = _echoed(options, prompt)
         body = oa.Completion(id=ident, created=created, model=model, usage=usage, system_fingerprint=fingerprint,
-                             choices=[oa.CompletionChoice(index=i, text="".join(t for t, _, _ in pieces[i]),
-                                                          logprobs=_text_logprobs(options, pieces[i]),
+                             choices=[oa.CompletionChoice(index=i, text=echoed[0] + "".join(t for t, _, _ in pieces[i]),
+                                                          logprobs=_text_logprobs(options, pieces[i], echoed[1]),
                                                           finish_reason=finish_reason(endings[i]))
                                       for i in range(len(endings))])
     return JSONResponse(body.model_dump(mode="json"), headers=headers)
@@ -273,14 +332,27 @@ def _chat_logprobs(options: Options, pieces: list[tuple[str, float, Top | None]]
                         top_logprobs=chat_top(t, logprob(p), top, options.top_logprobs)) for t, p, top in pieces])
 
 
-def _text_logprobs(options: Options, pieces: list[tuple[str, float, Top | None]]) -> oa.CompletionLogprobs | None:
+def _echoed(options: Options, prompt: list[PromptEvent]) -> tuple[str, oa.CompletionLogprobs]:
+    """What `echo` puts first in each choice: the prompt's text, and its scored tokens' logprobs."""
+    if not options.echo:
+        return "", oa.CompletionLogprobs()
+    scored = PromptEvent(start=0, tokens=[t for p in prompt for t in p.tokens],
+                         logprobs=[lp for p in prompt for lp in p.logprobs], top=[t for p in prompt for t in p.top])
+    text = "".join(scored.tokens) if prompt else options.echo_text or ""
+    return text, prompt_logprobs(scored, options.top_logprobs, 0)
+
+
+def _text_logprobs(options: Options, pieces: list[tuple[str, float, Top | None]],
+                   echoed: oa.CompletionLogprobs) -> oa.CompletionLogprobs | None:
+    """A completion choice's logprobs: its echoed prompt's (when any), then its own tokens'."""
     if not options.logprobs:
         return None
-    offsets, at = [], 0
+    offsets, at = [], sum(len(t) for t in echoed.tokens)
     for t, _, _ in pieces:
         offsets.append(at)
         at += len(t)
     k = options.top_logprobs
-    return oa.CompletionLogprobs(tokens=[t for t, _, _ in pieces], token_logprobs=[logprob(p) for _, p, _ in pieces],
-                                 top_logprobs=[e for t, p, top in pieces for e in text_top(t, logprob(p), top, k)],
-                                 text_offset=offsets)
+    tops: list[dict[str, float] | None] = [e for t, p, top in pieces for e in text_top(t, logprob(p), top, k)]
+    return oa.CompletionLogprobs(tokens=echoed.tokens + [t for t, _, _ in pieces],
+                                 token_logprobs=echoed.token_logprobs + [logprob(p) for _, p, _ in pieces],
+                                 top_logprobs=echoed.top_logprobs + tops, text_offset=echoed.text_offset + offsets)

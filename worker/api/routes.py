@@ -34,11 +34,13 @@ from protocol.worker import (
     EVENT_ADMITTED,
     EVENT_DONE,
     EVENT_ERROR,
+    EVENT_PROMPT,
     EVENT_TOKEN,
     GENERATE_PATH,
     HEALTH_PATH,
     MAX_STREAM_REF,
     PING_INTERVAL,
+    PROMPT_EVENT_TOKENS,
     PROTOCOL_HEADER,
     PROTOCOL_VERSION,
     REQUEST_ID_HEADER,
@@ -55,12 +57,13 @@ from protocol.worker import (
     ErrorBody,
     ErrorEvent,
     GenerateRequest,
+    PromptEvent,
     Timings,
     Usage,
 )
 from worker.admission import Ticket
 from worker.api.event_stream import EventStream, token_event
-from worker.engine.jobs import Failed, Finished, Job
+from worker.engine.jobs import Failed, Finished, Job, PromptScored
 from worker.errors import WorkerError
 from worker.metrics import WorkerMetrics
 from worker.runtime import WorkerRuntime
@@ -91,12 +94,12 @@ def _generate_responses() -> dict[int | str, dict[str, Any]]:
     header = {"schema": {"type": "string"}}
     event = {"type": "object", "required": ["event", "data"],
              "properties": {"event": {"type": "string",
-                                      "enum": [EVENT_ADMITTED, EVENT_TOKEN, EVENT_DONE, EVENT_ERROR]},
-                            "data": {"type": "string", "description": "JSON: `AdmittedEvent`, `TokenEvent`, "
-                                     "`DoneEvent` or `ErrorEvent` (protocol/worker.py)"}}}
+                                      "enum": [EVENT_ADMITTED, EVENT_PROMPT, EVENT_TOKEN, EVENT_DONE, EVENT_ERROR]},
+                            "data": {"type": "string", "description": "JSON: `AdmittedEvent`, `PromptEvent`, "
+                                     "`TokenEvent`, `DoneEvent` or `ErrorEvent` (protocol/worker.py)"}}}
     found: dict[int | str, dict[str, Any]] = {200: {
         "description": "the head at once, then `admitted` once the prompt is tokenized and its capacity "
-                       "reserved, `token` events and one `done` event, or an `error` event if the stream "
+                       "reserved, with `prompt_logprobs` one `prompt` event, `token` events and one `done` event, or an `error` event if the stream "
                        "cannot finish. An `error` instead of `admitted` is a refusal (nothing ran): "
                        "`prompt_too_long`, `sessions_full`, `kv_full` or `session_busy`",
         "headers": {REQUEST_ID_HEADER: header, WORKER_ID_HEADER: header},
@@ -311,6 +314,12 @@ async def _events(runtime: WorkerRuntime, ticket: Ticket, request_id: str,
                 outcome = item
                 error = ErrorEvent(error=item.message, reason=item.reason, request_id=job.request_id)
                 yield encode(EVENT_ERROR, error.model_dump_json())
+            elif isinstance(item, PromptScored):
+                for start in range(0, len(item.tokens), PROMPT_EVENT_TOKENS):
+                    end = start + PROMPT_EVENT_TOKENS
+                    yield encode(EVENT_PROMPT, PromptEvent(start=start, tokens=item.tokens[start:end],
+                                                           logprobs=item.logprobs[start:end],
+                                                           top=item.top[start:end]).model_dump_json())
             else:
                 yield token_event(item.text, item.index, item.probability if probabilities else None,
                                   item.choice, item.alternatives)

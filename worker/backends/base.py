@@ -15,7 +15,7 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from protocol.worker import ToolUse
 
@@ -188,6 +188,17 @@ class Preemption(Protocol):
     def park(self, then: Callable[[], T]) -> concurrent.futures.Future[T | None]:
         """Parks one, frees its sequence and calls `then` (an admission) before any parked request can
         take the sequence back: what `then` returns or raises; None when none could be parked."""
+        ...
+
+
+@runtime_checkable
+class PromptScoring(Protocol):
+    """A capability an engine may have: it scores a prompt's own tokens from its prefill's logits
+    (`GenerateRequest.prompt_logprobs`: `echo` with `logprobs`). A worker whose engine has not
+    refuses such a request with 400."""
+
+    def scores_prompts(self) -> Literal[True]:
+        """Says so (the capability is this method's presence)."""
         ...
 
 

@@ -13,6 +13,11 @@ tokens of joining sequences (the shortest remaining prompt first, up to `prefill
 `llama_decode` call; beside decoding rows only when they are owed no time (worker/engine/pacing.py),
 so that a long prompt slows the streams beside it by at most `prefill_stall` times.
 
+Scoring a prompt (`prompt_logprobs`, what `echo` with `logprobs` reads): the request's whole prompt is
+prefilled (cached cells hold no logits), in chunks of at most SCORE_CHUNK, each of its rows asking
+llama.cpp for logits; the rows score the tokens that follow them (worker/engine/scoring.py), and the
+scores go to its consumer just before its first token. Other requests' steps are as they were.
+
 Parking (preemption, `park`): for an interactive request that finds every sequence taken, one running
 batch request (one choice, one-shot, its prompt prefilled: the latest started of those) has its cells
 saved to host memory as llama.cpp saves a sequence (the bytes a session move sends), its sequence
@@ -37,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import llama_cpp as ll
 import numpy as np
@@ -46,9 +51,10 @@ from protocol import reasons
 from worker.backends.llama_model import Model
 from worker.engine.channel import TokenChannel
 from worker.engine.endings import Endings, Progress, also_ending, cancel_session
-from worker.engine.jobs import EngineConfig, EngineObserver, Failed, Finished, Job, StreamItem
+from worker.engine.jobs import EngineConfig, EngineObserver, Failed, Finished, Job, PromptScored, StreamItem
 from worker.engine.pacing import PrefillPace
 from worker.engine.sampling import RequestSampling, SamplingParams, StepSampler, choice_seed, top_alternatives
+from worker.engine.scoring import SCORE_CHUNK, PromptScores
 from worker.engine.textstream import TextAssembler
 from worker.sessions.table import Session, SessionTable
 from worker.sessions.transfer import Origin
@@ -68,6 +74,8 @@ class _Running(Progress):
     # Choice 0 of several: the other choices, waiting for its prompt's cells (then copied to them).
     waiting: list[_Running] = field(default_factory=list, kw_only=True)
     copied: bool = field(default=True, kw_only=True)  # False while a further choice waits for its copy
+    # A request that scores its prompt (`prompt_logprobs`): the scores so far, until they are delivered.
+    scores: PromptScores | None = field(default=None, kw_only=True)
 
 
 @dataclass(eq=False)
@@ -155,6 +163,9 @@ class Engine:
 
     def bind(self, table: SessionTable) -> None:
         self.table = table
+
+    def scores_prompts(self) -> Literal[True]:
+        return True
 
     # -- control (any thread) ------------------------------------------------------------------------
 
@@ -331,7 +342,7 @@ class Engine:
             for extra in job.extra_choices:  # never filled: their cells hold another request's tokens
                 self._release(extra.session, keep_kv=False, clean=False)
             return
-        source = self._prefix_source(job)
+        source = self._prefix_source(job) if job.request.prompt_logprobs is None else None
         if source is not None:
             keep = job.cached_tokens = job.copied_tokens = self._copy_prefix(source, session, job.prompt_tokens)
         elif not ll.llama_memory_seq_rm(self._mem, session.seq_id, keep, -1):
@@ -348,7 +359,9 @@ class Engine:
         now = self._clock()
         run = _Running(job=job, text=TextAssembler(request.stop), started_at=now,
                        sampling=RequestSampling(params, job.constraint, job.prompt_tokens),
-                       todo=job.prompt_tokens[keep:])
+                       todo=job.prompt_tokens[keep:],
+                       scores=None if request.prompt_logprobs is None else PromptScores(job.prompt_tokens,
+                                                                                          request.prompt_logprobs))
         run.waiting = [
             _Running(job=job, choice=extra.index, text=TextAssembler(request.stop, choice=extra.index),
                      started_at=now, todo=[], copied=False,
@@ -449,8 +462,9 @@ class Engine:
         """Decodes one batch; returns False when nothing could be scheduled. A request of several
         choices whose prompt this batch completes has its other choices filled and sampled here."""
         rows: list[_Running] = []  # the runs whose last row in the batch asks for logits, in batch order
+        scored: list[tuple[int, _Running, int]] = []  # prompt rows scored: (output row, run, position)
         decoding = self._add_generated(rows, touched)
-        n, prefilling = self._add_prompts(decoding, rows)
+        n, prefilling = self._add_prompts(decoding, rows, scored)
         if n == 0:
             return False
         self._batch.n_tokens = n
@@ -463,19 +477,45 @@ class Engine:
         seconds = time.perf_counter() - started
         self.pace.observe(decoding, n - decoding, seconds)
         self._observer.step(decoding + prefilling, n - decoding, seconds, decoding)
-        if rows:
+        if rows or scored:
             # llama.cpp keeps the logits of the rows that ask for them contiguous, in batch order:
             # the step samples them all from one view of its buffer.
             logits = np.ctypeslib.as_array(ll.llama_get_logits(self._ctx),
-                                           shape=(len(rows), self.model.shape.n_vocab))
+                                           shape=(len(rows) + len(scored), self.model.shape.n_vocab))
+            if scored:
+                logits = self._score(logits, scored)
             if any(run.waiting for run in rows):
                 rows, logits = self._with_choices(rows, logits)
             picks = self._sampler.sample(logits, [run.sampling for run in rows])
             for i, (run, (token, probability)) in enumerate(zip(rows, picks, strict=True)):
-                if not run.ended:
+                if run.scores is not None:
+                    self._deliver_scores(run, touched)
+                if not run.ended and run.job.request.max_tokens == 0:  # the prompt's scores only
+                    self._end(run, self._endings.finished(run, "length"), touched)
+                elif not run.ended:
                     alternatives = self._alternatives(run, logits[i]) if run.job.request.alternatives else ()
                     self._accept(run, token, probability, touched, alternatives)
         return True
+
+    @staticmethod
+    def _score(logits: np.ndarray, scored: list[tuple[int, _Running, int]]) -> np.ndarray:
+        """Fills the scores of the prompt rows in this step's logits; the other rows (those sampled)."""
+        by_run: dict[_Running, list[tuple[int, int]]] = {}
+        for at, run, position in scored:
+            by_run.setdefault(run, []).append((at, position))
+        for run, found in by_run.items():
+            assert run.scores is not None
+            run.scores.fill(logits[[at for at, _ in found]], [position for _, position in found])
+        skip = {at for at, _, _ in scored}
+        return logits[[i for i in range(logits.shape[0]) if i not in skip]]
+
+    def _deliver_scores(self, run: _Running, touched: set[TokenChannel[StreamItem]]) -> None:
+        """A scored prompt's scores, to its consumer ahead of its first token (once)."""
+        scores, run.scores = run.scores, None
+        assert scores is not None
+        tokens, top = scores.texts(self.model.piece)
+        run.job.channel.push(PromptScored(tokens, scores.logprobs, top))
+        touched.add(run.job.channel)
 
     def _with_choices(self, rows: list[_Running], logits: np.ndarray) -> tuple[list[_Running], np.ndarray]:
         """The step's rows with, after each choice 0 whose prompt is now in its cells, its other choices:
@@ -536,30 +576,34 @@ class Engine:
             n += 1
         return n
 
-    def _add_prompts(self, n: int, rows: list[_Running]) -> tuple[int, int]:
+    def _add_prompts(self, n: int, rows: list[_Running], scored: list[tuple[int, _Running, int]]) -> tuple[int, int]:
         """Fills the rest of the batch, from row `n`, with prompt chunks; (rows in the batch, sequences
         prefilling). Shortest remaining prompt first (then oldest): a prompt whose prefix was cached has
         a few tokens left and gets its first token in this step, not after a long cold prompt's chunks.
         The prompts that finish in this step go in first; a longer prompt then takes what they leave of
         the chunk only when the rows that decode (now or from the next step) are owed no time
-        (worker/engine/pacing.py)."""
+        (worker/engine/pacing.py). A prompt being scored goes SCORE_CHUNK tokens at a time, every row
+        asking for logits (noted in `scored`)."""
         budget = min(self.config.prefill_chunk, self._n_batch - n)
         decoding, sequences, finishing = n, 0, 0
         for run in sorted((r for r in self._running if r.todo), key=lambda r: (len(r.todo), r.started_at)):
             if budget <= 0:
                 break
-            if len(run.todo) > budget and not self.pace.admits(decoding + finishing):
+            room = budget if run.scores is None else min(budget, SCORE_CHUNK)
+            if len(run.todo) > room and not self.pace.admits(decoding + finishing):
                 break  # sorted: every prompt after this one is as long
-            chunk, run.todo = run.todo[:budget], run.todo[budget:]
+            chunk, run.todo = run.todo[:room], run.todo[room:]
             sequences += 1
             finishing += not run.todo
             session = run.session
             for i, token in enumerate(chunk):
                 last = not run.todo and i == len(chunk) - 1
-                self._put(n, token, len(session.tokens), session.seq_id, last)
-                session.tokens.append(token)
+                self._put(n, token, len(session.tokens), session.seq_id, last or run.scores is not None)
                 if last:
                     rows.append(run)
+                elif run.scores is not None:
+                    scored.append((len(rows) + len(scored), run, len(session.tokens)))
+                session.tokens.append(token)
                 n += 1
             budget -= len(chunk)
         return n, sequences

@@ -1,7 +1,8 @@
 """The engine's contract with the rest of the worker, the same for every engine backend (the llama.cpp
 engine and the simulated one): its configuration, an admitted request (`Job`, with its further
-choices when it asks for several), what a request's channel carries (`StreamItem`: text pieces of
-any of its choices, then one `Finished` or `Failed`), and the observer hooks.
+choices when it asks for several), what a request's channel carries (`StreamItem`: the prompt's scores
+when it asked for them, text pieces of any of its choices, then one `Finished` or `Failed`), and the
+observer hooks.
 
 Owns: these types only. Imports no llama.cpp, so the simulated backend and the HTTP side use them
 without loading it.
@@ -60,7 +61,17 @@ class Failed:
     message: str
 
 
-StreamItem = Piece | Finished | Failed
+@dataclass(frozen=True)
+class PromptScored:
+    """A scored prompt (`prompt_logprobs`), its channel's first item: each token's text, its
+    log-probability given those before it (None for the first) and the most likely tokens there."""
+
+    tokens: list[str]
+    logprobs: list[float | None]
+    top: list[list[tuple[str, float]]]
+
+
+StreamItem = Piece | PromptScored | Finished | Failed
 
 
 @dataclass(frozen=True, eq=False)
