@@ -1,4 +1,5 @@
-"""Wire types of the tokenizer routes, in vLLM's shapes: `POST /tokenize` and `POST /detokenize`.
+"""Wire types of the tokenizer routes, in vLLM's shapes: `POST /tokenize`, `POST /detokenize` and
+`GET /tokenizer_info`.
 
 Owns: the public request and answer bodies (a prompt, or a chat conversation rendered with the model's
 template; token ids back to text), and their bounds.
@@ -55,6 +56,28 @@ class DetokenizeRequest(BaseModel):
 
     model: str | None = Field(default=None, max_length=256)
     tokens: list[Annotated[int, Field(ge=0)]] = Field(max_length=MAX_DETOKENIZE_TOKENS)
+
+
+class TokenizerInfoRequest(BaseModel):
+    """Which model's tokenizer (`GET /tokenizer_info?model=`; the coordinator posts it to a worker)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(default=None, max_length=256)
+
+
+class TokenizerInfo(BaseModel):
+    """What a client needs to tokenize as the model does, as vLLM's `/tokenizer_info` gives it (the fields
+    an evaluation harness's remote tokenizer reads: lm-evaluation-harness checks for `eos_token`)."""
+
+    tokenizer_class: str = Field(description="`llama.cpp/` and the GGUF's tokenizer model (`gpt2`, `llama`, ...)")
+    bos_token: str | None = Field(description="the begin-of-text token's text; None when the model has none")
+    eos_token: str | None = Field(description="the end-of-text token's text; None when the model has none")
+    pad_token: str | None = None
+    add_bos_token: bool = Field(description="a prompt's tokens start with `bos_token` (`add_special_tokens`)")
+    chat_template: str | None = Field(description="the GGUF's Jinja chat template, None without one")
+    model_max_length: int = Field(ge=1, description="the most tokens one session of the model holds")
+    vocab_size: int = Field(ge=1)
 
 
 class DetokenizeResponse(BaseModel):

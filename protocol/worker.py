@@ -54,6 +54,7 @@ EMBED_PATH = "/worker/embed"
 # DetokenizeResponse): no sequence, no KV, only the text.
 TOKENIZE_PATH = "/worker/tokenize"
 DETOKENIZE_PATH = "/worker/detokenize"
+TOKENIZER_INFO_PATH = "/worker/tokenizer_info"
 # A peer worker asks for the cells of the longest prefix of a prompt held here (worker/api/transfer.py).
 PREFIX_PATH = "/worker/prefix"
 # A session's KV blob, as `GET`/`PUT {SESSIONS_PATH}/{id}/kv` and PREFIX_PATH carry it (its own format:

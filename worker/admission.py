@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from protocol import reasons
-from protocol.tokens import DetokenizeRequest, TokenizeResponse
+from protocol.tokens import DetokenizeRequest, TokenizeResponse, TokenizerInfo, TokenizerInfoRequest
 from protocol.worker import EmbedRequest, GenerateRequest, TokenizeWork
 from worker.backends.base import EngineBackend, KvTransfer, ModelBackend, Preemption, PromptScoring
 from worker.backends.chat_template import TemplateRefusal
@@ -234,6 +234,16 @@ class Gate:
         strs = [self.model.piece(t).decode("utf-8", errors="replace") for t in tokens] if work.token_strs else None
         return TokenizeResponse(count=len(tokens), max_model_len=self.table.limits.session_max_tokens, tokens=tokens,
                                 token_strs=strs)
+
+    def tokenizer_info(self, request: TokenizerInfoRequest) -> TokenizerInfo:
+        """The model's tokenizer facts (its special tokens, template, limits)."""
+        self._serving(request.model)
+        special = self.model.special_tokens()
+        return TokenizerInfo(tokenizer_class=f"llama.cpp/{special.kind}", bos_token=special.bos,
+                             eos_token=special.eos, add_bos_token=special.add_bos,
+                             chat_template=special.chat_template,
+                             model_max_length=self.table.limits.session_max_tokens,
+                             vocab_size=self.model.shape.n_vocab)
 
     async def detokenize(self, request: DetokenizeRequest) -> str:
         """The tokens' text; 400 naming the first id that is not in the model's vocabulary."""

@@ -1,6 +1,7 @@
-"""`POST /tokenize` and `POST /detokenize`, in vLLM's shapes: a prompt's or a chat's tokens as the model's
-own tokenizer and chat template make them (what a generation's prompt would count), and token ids back
-to text.
+"""`POST /tokenize`, `POST /detokenize` and `GET /tokenizer_info`, in vLLM's shapes: a prompt's or a chat's
+tokens as the model's own tokenizer and chat template make them (what a generation's prompt would count),
+token ids back to text, and the tokenizer's special tokens and template (what lm-evaluation-harness's
+remote tokenizer reads before it uses the other two).
 
 Owns: parsing protocol/tokens.py's bodies (a chat's messages as the chat surface reads them), choosing a
 worker of the model (alive, not draining, its breaker closed; the one with the fewest of this
@@ -30,13 +31,21 @@ from coordinator.validate import describe, read_body, request_id_of
 from protocol import reasons
 from protocol.inference import ErrorBody
 from protocol.openapi import inlined
-from protocol.tokens import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from protocol.tokens import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+    TokenizerInfo,
+    TokenizerInfoRequest,
+)
 from protocol.worker import (
     DETOKENIZE_PATH,
     PROTOCOL_HEADER,
     PROTOCOL_VERSION,
     REQUEST_ID_HEADER,
     TOKENIZE_PATH,
+    TOKENIZER_INFO_PATH,
     WORKER_ID_HEADER,
     ChatMessage,
     TokenizeWork,
@@ -69,6 +78,15 @@ async def detokenize(request: Request) -> Response:
     body = await _parsed(request, DetokenizeRequest)
     assert isinstance(body, DetokenizeRequest)
     return await _ask(request, DETOKENIZE_PATH, body.model, body, DetokenizeResponse)
+
+
+async def tokenizer_info(request: Request) -> Response:
+    """The model's tokenizer facts (`?model=`; left out: the pool's default model)."""
+    try:
+        body = TokenizerInfoRequest(model=request.query_params.get("model"))
+    except ValidationError as exc:
+        raise CoordinatorError(reasons.INVALID_REQUEST, describe(exc)) from None
+    return await _ask(request, TOKENIZER_INFO_PATH, body.model, body, TokenizerInfo)
 
 
 async def _parsed(request: Request, model: type[BaseModel]) -> BaseModel:
@@ -148,7 +166,18 @@ def _described(body: type[BaseModel], answer: type[BaseModel], summary: str) -> 
             "openapi_extra": json_body(inlined(body), body.__name__)}
 
 
+def _info_described() -> dict[str, Any]:
+    described = _described(TokenizerInfoRequest, TokenizerInfo, "The tokenizer's special tokens and chat template "
+                           "(vLLM's shape)")
+    # No body: the model comes as a query parameter.
+    described["openapi_extra"] = {"parameters": [{"name": "model", "in": "query", "required": False,
+                                                  "schema": {"type": "string", "maxLength": 256}}]}
+    return described
+
+
 router.add_api_route("/tokenize", tokenize, methods=["POST"],
                      **_described(TokenizeRequest, TokenizeResponse, "A prompt's or a chat's tokens (vLLM's shape)"))
+router.add_api_route("/tokenizer_info", tokenizer_info, methods=["GET"],
+                     **_info_described())
 router.add_api_route("/detokenize", detokenize, methods=["POST"],
                      **_described(DetokenizeRequest, DetokenizeResponse, "Token ids back to text (vLLM's shape)"))

@@ -1,4 +1,4 @@
-"""`/tokenize` and `/detokenize` at the coordinator: the work a worker is sent, the next worker when one
+"""`/tokenize`, `/detokenize` and `/tokenizer_info` at the coordinator: the work a worker is sent, the next worker when one
 does not answer, and a worker's refusal passed on as it was (the coordinator's error body)."""
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ def tokenizer(seen: list[dict]) -> object:  # type: ignore[type-arg]
     def behaviour(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         seen.append(body)
+        if request.url.path == "/worker/tokenizer_info":
+            return httpx.Response(200, json={"tokenizer_class": "llama.cpp/gpt2", "bos_token": None,
+                                             "eos_token": "<|end|>", "add_bos_token": False, "chat_template": None,
+                                             "model_max_length": 512, "vocab_size": 100})
         if request.url.path == "/worker/detokenize":
             if any(t > 99 for t in body["tokens"]):
                 return httpx.Response(400, json={"error": "tokens.0: not a token", "reason": "invalid_request",
@@ -60,3 +64,16 @@ async def test_a_worker_that_does_not_answer_is_passed_over_and_a_refusal_comes_
         assert refused.status_code == 400 and refused.json()["reason"] == "invalid_request"
         negative = await client.post("/detokenize", json={"tokens": [-1]})
         assert negative.status_code == 400 and len(seen) == 2  # refused here, never sent
+
+
+async def test_tokenizer_info_asks_a_worker_of_the_named_model_and_refuses_an_unknown_one() -> None:
+    clock, seen = ManualClock(), []  # type: ignore[var-annotated]
+    fakes = FakeWorkers({"w1": tokenizer(seen)})  # type: ignore[dict-item]
+    async with running_app(Settings(heartbeat_interval=1.0), fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+        info = await client.get("/tokenizer_info")
+        assert info.status_code == 200 and info.json()["eos_token"] == "<|end|>" and seen == [{}]
+        named = await client.get("/tokenizer_info", params={"model": "smol"})
+        assert named.status_code == 200 and seen[-1] == {"model": "smol"}
+        unknown = await client.get("/tokenizer_info", params={"model": "nope"})
+        assert unknown.status_code == 404 and len(seen) == 2

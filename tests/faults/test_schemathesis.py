@@ -68,11 +68,11 @@ COORDINATOR_OPERATIONS = [
     "GET /v1/models",
     "GET /v1/models/{model}",
     "GET /coordinator/status", "GET /metrics", "POST /coordinator/health/heartbeat",
-    "DELETE /coordinator/sessions/{session_id}", "POST /tokenize", "POST /detokenize"]
+    "DELETE /coordinator/sessions/{session_id}", "POST /tokenize", "POST /detokenize", "GET /tokenizer_info"]
 WORKER_OPERATIONS = ["POST /worker/generate", "POST /worker/embed", "GET /worker/health", "GET /worker/sessions",
                      "DELETE /worker/sessions/{session_id}", "GET /worker/sessions/{session_id}/kv",
                      "PUT /worker/sessions/{session_id}/kv", "POST /worker/prefix", "GET /metrics",
-                     "POST /worker/tokenize", "POST /worker/detokenize"]
+                     "POST /worker/tokenize", "POST /worker/detokenize", "POST /worker/tokenizer_info"]
 # What this test found in routes whose OpenAPI metadata is not described yet, each with its fix:
 # these operations xfail on exactly these findings, fail on any other, and fail once one is gone
 # (then delete its line). None is a server error.

@@ -13,11 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import llama_cpp
 import numpy as np
 import openai
 import pytest
 
+from tests.integration.conftest import Cluster
 from tests.integration.test_openai import MODEL
 from worker.engine.scoring import SCORE_CHUNK
 
@@ -96,3 +98,17 @@ async def test_echo_without_logprobs_and_a_bad_max_tokens(sdk: openai.AsyncOpenA
     assert answer.choices[0].text == "The sea is" + plain.choices[0].text
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         await sdk.completions.create(model=MODEL, prompt="The sea is", max_tokens=0)
+
+
+async def test_a_harness_remote_tokenizer_finds_what_it_reads(cluster: Cluster) -> None:
+    """What lm-evaluation-harness's remote tokenizer asks before scoring: `/tokenizer_info` with an
+    `eos_token`, `/tokenize` without special tokens (the end token reads as its one id), `/detokenize`."""
+    async with httpx.AsyncClient(base_url=cluster.url, timeout=30) as http:
+        info = (await http.get("/tokenizer_info")).json()
+        assert info["eos_token"] and info["tokenizer_class"].startswith("llama.cpp/")
+        assert "im_start" in info["chat_template"] and info["model_max_length"] == 512 and info["vocab_size"] > 1000
+        eos = (await http.post("/tokenize", json={"prompt": info["eos_token"], "add_special_tokens": False})).json()
+        assert eos["count"] == 1
+        words = (await http.post("/tokenize", json={"prompt": " blue", "add_special_tokens": False})).json()
+        back = (await http.post("/detokenize", json={"tokens": words["tokens"]})).json()
+        assert back["prompt"] == " blue"

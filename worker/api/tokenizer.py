@@ -1,7 +1,8 @@
-"""The model's tokenizer over HTTP: `POST /worker/tokenize` and `POST /worker/detokenize` (what the
-coordinator's `/tokenize` and `/detokenize` ask of one worker of the model).
+"""The model's tokenizer over HTTP: `POST /worker/tokenize`, `POST /worker/detokenize` and `POST
+/worker/tokenizer_info` (what the coordinator's `/tokenize`, `/detokenize` and `/tokenizer_info` ask of one
+worker of the model).
 
-Owns: the two routes (worker token required, as on every route but health) and their answers.
+Owns: the three routes (worker token required, as on every route but health) and their answers.
 Must not: tokenize itself (worker/admission.py's `Gate` does, as it tokenizes a generation's prompt:
 the same template, off the event loop, among the prompts being tokenized).
 """
@@ -13,8 +14,21 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from protocol.tokens import DetokenizeRequest, DetokenizeResponse, TokenizeResponse
-from protocol.worker import DETOKENIZE_PATH, REQUEST_ID_HEADER, TOKENIZE_PATH, ErrorBody, TokenizeWork
+from protocol.tokens import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeResponse,
+    TokenizerInfo,
+    TokenizerInfoRequest,
+)
+from protocol.worker import (
+    DETOKENIZE_PATH,
+    REQUEST_ID_HEADER,
+    TOKENIZE_PATH,
+    TOKENIZER_INFO_PATH,
+    ErrorBody,
+    TokenizeWork,
+)
 from worker.api.routes import authorize, request_id_of, runtime_of
 
 router = APIRouter()
@@ -35,6 +49,14 @@ async def tokenize(body: TokenizeWork, request: Request) -> JSONResponse:
     authorize(request)
     request_id = request.state.request_id = request_id_of(request)
     answer = await runtime_of(request).gate.tokenize(body)
+    return JSONResponse(answer.model_dump(), headers={REQUEST_ID_HEADER: request_id})
+
+
+@router.post(TOKENIZER_INFO_PATH, response_model=TokenizerInfo, responses=_REFUSALS)
+async def tokenizer_info(body: TokenizerInfoRequest, request: Request) -> JSONResponse:
+    authorize(request)
+    request_id = request.state.request_id = request_id_of(request)
+    answer = runtime_of(request).gate.tokenizer_info(body)
     return JSONResponse(answer.model_dump(), headers={REQUEST_ID_HEADER: request_id})
 
 

@@ -96,6 +96,17 @@ def file_identity(path: Path) -> str:
     return "gguf:" + digest.hexdigest()
 
 
+@dataclass(frozen=True)
+class SpecialTokens:
+    """The tokenizer's facts a client needs besides its tokens (`GET /tokenizer_info`)."""
+
+    kind: str  # the GGUF's tokenizer model: gpt2, llama, ...
+    bos: str | None  # the begin-of-text token's text, None without one
+    eos: str | None
+    add_bos: bool  # a prompt tokenized with its special tokens starts with bos
+    chat_template: str | None
+
+
 class ModelBackend(Protocol):
     """A loaded model, as the edge and the runtime use it."""
 
@@ -128,6 +139,7 @@ class ModelBackend(Protocol):
         only for an answer that starts as the grammar does (worker/engine/grammar.py's `LazyGrammar`)."""
         ...
     def meta_str(self, key: str) -> str | None: ...
+    def special_tokens(self) -> SpecialTokens: ...
     def close(self) -> None: ...
 
 

@@ -20,7 +20,7 @@ import jinja2
 import llama_cpp as ll
 
 from protocol.worker import ToolUse
-from worker.backends.base import PLAIN_TURN_STOP, ModelShape, file_identity, plain_turns
+from worker.backends.base import PLAIN_TURN_STOP, ModelShape, SpecialTokens, file_identity, plain_turns
 from worker.backends.chat_template import ChatTemplate
 from worker.backends.tool_format import ToolFormat, format_of
 from worker.engine.grammar import Grammar, GrammarCompiler, LazyGrammar
@@ -183,6 +183,15 @@ class Model:
             _log.warning(json.dumps({"event": "chat_template_not_compiled", "model": self.name, "detail": str(exc),
                                     "fallback": "llama.cpp's built-in template matcher"}))
             return None
+
+    def special_tokens(self) -> SpecialTokens:
+        bos, eos = int(ll.llama_vocab_bos(self.vocab)), int(ll.llama_vocab_eos(self.vocab))
+        return SpecialTokens(kind=self.meta_str("tokenizer.ggml.model") or "unknown",
+                             bos=self._special_text(bos) if bos >= 0 else None,
+                             eos=self._special_text(eos) if eos >= 0 else None,
+                             add_bos=bool(ll.llama_vocab_get_add_bos(self.vocab)),
+                             chat_template=self._chat_template.decode("utf-8", errors="replace")
+                             if self._chat_template else None)
 
     def _special_text(self, token: int) -> str:
         if token < 0:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import numpy as np
 
 from protocol.worker import ToolUse
-from worker.backends.base import ModelShape, plain_turns
+from worker.backends.base import ModelShape, SpecialTokens, plain_turns
 from worker.backends.plugin import Backend
 from worker.backends.tool_format import GENERIC
 from worker.engine.channel import TokenChannel
@@ -71,6 +71,9 @@ class SimulatedModel:
 
     def meta_str(self, key: str) -> str | None:
         return None
+
+    def special_tokens(self) -> SpecialTokens:
+        return SpecialTokens(kind="simulated", bos=None, eos=None, add_bos=True, chat_template=None)
 
     turn_stop = None  # its words never spell a turn marker
 
