@@ -18,6 +18,7 @@ from coordinator.ops import drain
 from coordinator.server import CoordinatorServer, DropAbandonedResponse, bounded_protocol
 from coordinator.settings import Settings
 from serving.server import DrainingServer
+from serving.tracing import Tracing, TracingError
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -31,7 +32,11 @@ def main(argv: list[str] | None = None) -> None:
     requests_log.setLevel(level)
     requests_log.propagate = False
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(settings)
+    try:
+        tracing = Tracing.from_env("llm-pool-coordinator")
+    except TracingError as exc:
+        raise SystemExit(f"coordinator: {exc}") from None
+    app = create_app(settings, tracing=tracing)
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
         http=bounded_protocol(settings.client_send_buffer_bytes, edge_limits(settings)), access_log=False,

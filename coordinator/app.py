@@ -34,20 +34,22 @@ from coordinator.upstream import WorkerClient
 from coordinator.validate import request_id_of
 from protocol import reasons
 from serving.edge import EdgeLimits
+from serving.tracing import Tracing
 
 log = logging.getLogger("coordinator")
 
 
 def create_app(settings: Settings, *, clock: Clock | None = None,
-               worker_client: WorkerClient | None = None) -> FastAPI:
-    """`worker_client` replaces the network to workers (tests pass fake workers)."""
+               worker_client: WorkerClient | None = None, tracing: Tracing | None = None) -> FastAPI:
+    """`worker_client` replaces the network to workers (tests pass fake workers). `tracing`: where this
+    coordinator's spans go (serving/tracing.py; `Tracing.from_env` makes it from OTEL_*), None: nowhere."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not settings.worker_token:
             log.warning('{"event": "no_worker_token", "detail": "heartbeats are not authenticated: anyone who can '
                         'reach this coordinator can register a worker; set WORKER_TOKEN"}')
-        state = build_state(settings, clock or SystemClock(), worker_client)
+        state = build_state(settings, clock or SystemClock(), worker_client, tracing)
         app.state.coordinator = state
         app.state.gateway = Gateway(state)
         try:
@@ -56,6 +58,8 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
             await state.mover.close()
             await state.client.close()
             state.cache.close()
+            if tracing is not None:
+                tracing.shutdown()  # the spans still queued go out now
 
     app = FastAPI(title="llm-pool coordinator", lifespan=lifespan)
     app.include_router(health.router)

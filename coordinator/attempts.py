@@ -60,20 +60,27 @@ class Attempts:
                 reserved()
                 reserved = None
             self._breakers.attempt(worker)
+            span = valid.trace.child("dispatch", {"llm_pool.worker": worker.worker_id, "llm_pool.attempt": attempt})
             try:
                 stream = await self._dispatcher.start(worker, valid, reservation, hints,
-                                                      admitted=functools.partial(self._admitted, valid, reservation))
+                                                      admitted=functools.partial(self._admitted, valid, reservation),
+                                                      traceparent=span.traceparent())
             except Failover as failover:
+                span.fail(failover.reason)
+                span.end()
                 self._admission.release(reservation)
                 if failover.refused:
                     self._admission.refused(reservation, failover.reason)
                 judge(failover, worker.worker_id, valid.request_id, self._breakers, self._metrics)
                 failed.add(failover)
                 continue
-            except BaseException:
+            except BaseException as exc:
+                span.fail(getattr(exc, "reason", type(exc).__name__))
+                span.end()
                 self._admission.release(reservation)
                 self._breakers.settled(worker.worker_id)
                 raise
+            span.end()  # the worker's first event: the stream is started
             stream.attempts = attempt
             return stream
         raise failed.error("start the request", self._retry_after)

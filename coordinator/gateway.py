@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,6 +40,8 @@ from coordinator.relay.supervisor import Ending
 from coordinator.scheduling import Request
 from protocol import reasons
 from protocol.sse import SseEvent
+from serving import tracing
+from serving.tracing import NO_TRACE, Trace
 
 if TYPE_CHECKING:
     from coordinator.state import CoordinatorState
@@ -61,6 +63,18 @@ class Opened:
     worker_id: str
     model: str
     finish: Callable[[Ending], None]  # call exactly once, when the client's response has ended
+
+
+def _ended(trace: Trace, outcome: Outcome) -> None:
+    """The request's span, ended with how its stream ended."""
+    if outcome.done is not None:
+        trace.set({"llm_pool.finish_reason": outcome.done.finish_reason,
+                   "llm_pool.prompt_tokens": outcome.done.usage.prompt_tokens,
+                   "llm_pool.completion_tokens": outcome.done.usage.completion_tokens})
+    else:
+        trace.set({"llm_pool.tokens_relayed": outcome.tokens})
+        trace.fail(outcome.error_reason or "cut")
+    trace.end()
 
 
 def _usage(opened: Opened) -> tuple[int, int]:
@@ -90,36 +104,49 @@ class Gateway:
             self._state.metrics.tenant_refusals.labels(tenant=tenant_label(tenant), reason=exc.reason).inc()
 
     async def open(self, gen: Generation, started: float, *,
-                   client_gone: Callable[[], Awaitable[None]] | None = None, client: Client | None = None) -> Opened:
+                   client_gone: Callable[[], Awaitable[None]] | None = None, client: Client | None = None,
+                   headers: Mapping[str, str] | None = None) -> Opened:
         """Admit (waiting in the queue while capacity is short), schedule and dispatch; raises a
         `CoordinatorError` (already counted and logged). `client_gone` returns when the client has
         disconnected, so a request waiting in the queue leaves it at once. `client`: the API key that
         let it in, held to its limits (admission/limits.py). From here until its response ends, the
-        request's tenant is active for fair shares (admission/fairness.py)."""
+        request's tenant is active for fair shares (admission/fairness.py). `headers`: the client's,
+        whose `traceparent` the request's span continues when this coordinator traces."""
         state, tenant = self._state, gen.request.tenant
         key = client.limits if client is not None else NO_LIMITS
+        trace = tracing.begin(state.tracing, f"{gen.surface} request", headers or {}, {
+            "llm_pool.request_id": gen.request_id, "llm_pool.surface": gen.surface, "llm_pool.tenant": tenant,
+            "llm_pool.model": gen.request.model or ""})
+        gen = dataclasses.replace(gen, trace=trace)
         try:
             rank = priority.resolve(gen.priority, key.priority, key.max_priority)
             gen = gen.classed(priority.CLASSES[rank])
+            trace.set({"llm_pool.priority": priority.CLASSES[rank]})
             if client is not None:
                 state.limits.admit(client.key_id, key)
         except CoordinatorError as exc:
             self.refused(gen.request_id, exc, started, surface=gen.surface, tenant=tenant)
+            trace.fail(exc.reason)
+            trace.end()
             raise
         state.fair.arrive(tenant)
         try:
             opened = await self._open(gen, started, client_gone, rank)
-        except BaseException:
+        except BaseException as exc:
             state.fair.depart(tenant)
             if client is not None:
                 state.limits.finished(client.key_id, client.limits, 0)
+            trace.fail(getattr(exc, "reason", type(exc).__name__))
+            trace.end()
             raise
         finish = opened.finish
+        trace.set({"llm_pool.worker": opened.worker_id, "llm_pool.model": opened.model})
 
         def finished(ending: Ending) -> None:
             try:
                 finish(ending)
             finally:
+                _ended(trace, opened.relay.outcome)
                 prompt, generated = _usage(opened)
                 state.fair.depart(tenant)
                 state.fair.ended(opened.worker_id, tenant, prompt, generated)  # the worker reports it too
@@ -143,7 +170,9 @@ class Gateway:
                 if hit is not None:  # answered at once: nothing admitted, reserved or computed
                     return self._replay(gen, model, hit, started)
             if state.queue.enabled() and model is not None:
-                gen, stream = await in_turn(state.queue, model, lambda placed: self._admit(gen, model, placed),
+                waiting = gen.trace.child("queue")
+                gen, stream = await in_turn(state.queue, model,
+                                            lambda placed: self._admit(gen, model, placed, waiting),
                                             started=started, now=self.now, metrics=state.metrics,
                                             client_gone=client_gone, tenant=gen.request.tenant, rank=rank)
             else:
@@ -225,9 +254,12 @@ class Gateway:
             raise CoordinatorError(reasons.STREAMS_FULL, f"this coordinator is relaying {len(state.streams)} "
                                    "streams, its limit", retry_after=state.settings.retry_after)
 
-    async def _admit(self, gen: Generation, model: str | None, placed: Placed) -> tuple[Generation, OpenStream]:
+    async def _admit(self, gen: Generation, model: str | None, placed: Placed, waiting: Trace = NO_TRACE
+                     ) -> tuple[Generation, OpenStream]:
         """One placement attempt; `placed` runs once a worker's capacity is reserved for it, before that
-        worker answers. A new session's first turn holds a claim on its id meanwhile."""
+        worker answers. A new session's first turn holds a claim on its id meanwhile. `waiting`: the span
+        of its wait in the queue, which ends here (a second call finds it ended)."""
+        waiting.end()
         state = self._state
         self._check_own_limits()  # also for a request that waited in the queue
         key = gen.session_key
@@ -249,12 +281,13 @@ class Gateway:
         if affinity.session_worker(gen) is not None:
             # It continues a conversation: the worker already holds its sequence slot.
             gen = dataclasses.replace(gen, demand=dataclasses.replace(gen.demand, new_session=False))
-        state.admission.check(gen.demand, model, body.tenant)
-        leaning = affinity.lean(gen, model, by_prefix=state.policy.uses("prefix"))
-        decision = state.policy.select(
-            Request(gen.demand, model, body.session_id, leaning.session_worker, leaning.prefer,
-                    prefix_match=leaning.match, turn=next(state.turns), rng=state.rng),
-            leaning.candidates, now=state.clock.monotonic())
+        with gen.trace.step("placement"):  # admission's check, affinity and the policy's ranking
+            state.admission.check(gen.demand, model, body.tenant)
+            leaning = affinity.lean(gen, model, by_prefix=state.policy.uses("prefix"))
+            decision = state.policy.select(
+                Request(gen.demand, model, body.session_id, leaning.session_worker, leaning.prefer,
+                        prefix_match=leaning.match, turn=next(state.turns), rng=state.rng),
+                leaning.candidates, now=state.clock.monotonic())
         if decision.reason == reasons.UNKNOWN_SESSION:
             affinity.lost(gen.session_key)
             raise CoordinatorError(reasons.UNKNOWN_SESSION,
@@ -354,13 +387,13 @@ class Gateway:
             state.streams.discard(relay)  # open() gives the reservation back and closes the worker request
             raise
         # Only these outlive this call: not the parsed request, nor its prompt.
-        surface = gen.surface
+        surface, trace_id = gen.surface, gen.trace.trace_id
 
         def finish(ending: Ending) -> None:
             """Runs once per admitted request, whatever the ending: release, count, log."""
             state.streams.discard(relay)
             release(relay.outcome)  # done already, unless cut short
-            state.requests.finished(relay.request_id, surface, stream, relay.outcome, ending, started)
+            state.requests.finished(relay.request_id, surface, stream, relay.outcome, ending, started, trace_id)
 
         return Opened(relay, worker_id, model or stream.worker.model, finish)
 

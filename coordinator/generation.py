@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from coordinator.admission.demand import Demand
 from protocol.worker import GenerateRequest
+from serving.tracing import NO_TRACE, Trace
 
 SessionKey = tuple[str, str]  # (tenant, session id): ids are per tenant
 
@@ -25,6 +26,7 @@ class Generation:
     demand: Demand
     surface: str  # for the log line: which public API it came through
     priority: str = ""  # the priority class it asked for; "": its key's default (admission/priority.py)
+    trace: Trace = NO_TRACE  # its spans, when this coordinator traces (serving/tracing.py; the gateway begins it)
 
     @property
     def session_key(self) -> SessionKey | None:

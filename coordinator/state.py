@@ -39,6 +39,7 @@ from coordinator.relay.stream import Relay
 from coordinator.scheduling import Policy
 from coordinator.settings import Settings
 from coordinator.upstream import AiohttpWorkerClient, WorkerClient
+from serving.tracing import Tracing
 
 
 @dataclass(slots=True)
@@ -75,6 +76,7 @@ class CoordinatorState:
     mover: SessionMover  # draining workers' kept sessions, moved to the others
     readiness: Readiness  # whether it has heard from the pool (joins a shared port and answers ready then)
     api_keys: ApiKeys | None = None  # None: no client key is needed
+    tracing: Tracing | None = None  # None: this coordinator exports no traces (no OTEL_* set)
     # The relays of the streams open now (drain ends them at its deadline), and whether it is draining.
     streams: set[Relay] = field(default_factory=set)
     draining: bool = False
@@ -86,7 +88,8 @@ def _forget(worker_id: str, prefixes: PrefixIndex, fair: FairShares) -> None:
     fair.forget(worker_id)
 
 
-def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -> CoordinatorState:
+def build_state(settings: Settings, clock: Clock, client: WorkerClient | None,
+                tracing: Tracing | None = None) -> CoordinatorState:
     """Runs inside the event loop (the app's lifespan): the worker client's pool belongs to it."""
     prefixes = PrefixIndex(block_chars=settings.prefix_block_chars, capacity=settings.prefix_index_blocks)
     api_keys = ApiKeys.from_setting(settings.api_keys)
@@ -143,7 +146,7 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None) -
         probe=Probe(client, timeout=settings.worker_probe_timeout, at_once=PROBES_AT_ONCE),
         affinity=Affinity(sessions, conversations, prefixes, registry),
         requests=RequestLog(metrics, registry, log, now=clock.monotonic, refusal_log_rate=settings.refusal_log_rate),
-        started_at=clock.time(), api_keys=api_keys, fair=fair, limits=Limits(clock.time),
+        started_at=clock.time(), api_keys=api_keys, fair=fair, limits=Limits(clock.time), tracing=tracing,
         embedding_admission=embedding_admission, embedding_queue=embedding_queue,
         embedding_policy=Policy.build_embeddings(stale_after=settings.stale_after, routing=settings.routing_policy,
                                                  latency_half_life=settings.latency_half_life),

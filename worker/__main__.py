@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from protocol.worker import SESSIONS_PATH
 from serving.edge import EdgeLimits, guarded_protocol
 from serving.server import DrainingServer
+from serving.tracing import Tracing, TracingError
 from worker.api.app import create_app
 from worker.backends import backends
 from worker.runtime import WorkerRuntime
@@ -32,7 +33,12 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    app = create_app(settings, on_load_failure=lambda: os.kill(os.getpid(), signal.SIGTERM))
+    try:
+        tracing = Tracing.from_env("llm-pool-worker")
+    except TracingError as exc:
+        print(f"worker: {exc}", file=sys.stderr)
+        return 2
+    app = create_app(settings, on_load_failure=lambda: os.kill(os.getpid(), signal.SIGTERM), tracing=tracing)
     # No Date or Server header: only the coordinator reads a worker's responses, and it keeps the
     # parsed headers of every open stream for as long as the stream lasts.
     limits = EdgeLimits(max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes,

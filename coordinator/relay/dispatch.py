@@ -53,6 +53,7 @@ from protocol.worker import (
     ErrorBody,
     ErrorEvent,
 )
+from serving.tracing import TRACEPARENT
 
 log = logging.getLogger("coordinator.requests")
 
@@ -136,13 +137,14 @@ class Dispatcher:
         self._auth = {"authorization": f"Bearer {worker_token}"} if worker_token else {}
 
     async def start(self, worker: WorkerRecord, valid: Generation, res: Reservation, hints: PrefixHints | None,
-                    *, admitted: Callable[[int], None]) -> OpenStream:
+                    *, admitted: Callable[[int], None], traceparent: str | None = None) -> OpenStream:
         """The request started on `worker` up to its first token (reserved as `res`), or the `Failover`
-        or `CoordinatorError` that says why not; `admitted` gets the prompt's length in tokens."""
+        or `CoordinatorError` that says why not; `admitted` gets the prompt's length in tokens.
+        `traceparent`: the attempt's span, sent on to the worker (W3C trace context)."""
         started = _Started()
         try:
             async with asyncio.timeout(self._first_event_timeout):
-                await self._start(worker, valid, res, hints, started, admitted)
+                await self._start(worker, valid, res, hints, started, admitted, traceparent)
         except BaseException as exc:
             if started.response is not None:
                 await started.response.close()
@@ -159,11 +161,13 @@ class Dispatcher:
         return OpenStream(worker, response, events, first, res, attempts=1)
 
     async def _start(self, worker: WorkerRecord, valid: Generation, res: Reservation, hints: PrefixHints | None,
-                     started: _Started, admitted: Callable[[int], None]) -> None:
+                     started: _Started, admitted: Callable[[int], None], traceparent: str | None) -> None:
         """Posts the request and reads up to its first token, noting each step in `started`."""
         body = valid.payload if hints is None else hints.payload_for(worker.worker_id, valid)
-        response = await self._client.post(worker.url.rstrip("/") + GENERATE_PATH, body,
-                                           _worker_headers(valid, res) | self._auth)
+        headers = _worker_headers(valid, res) | self._auth
+        if traceparent is not None:
+            headers[TRACEPARENT] = traceparent
+        response = await self._client.post(worker.url.rstrip("/") + GENERATE_PATH, body, headers)
         started.response = response
         if response.status != 200:
             raise await worker_refusal(response)

@@ -114,7 +114,7 @@ async def infer(request: Request) -> Response:
         gateway.refused(request_id, exc, started, surface=SURFACE)
         raise
     opened = await gateway.open(gen, started, client_gone=lambda: client_left_of(request.receive),
-                                client=client_of(request.scope.get("state", {})))
+                                client=client_of(request.scope.get("state", {})), headers=request.headers)
     return RelayResponse(opened.relay, headers={REQUEST_ID_HEADER: request_id, WORKER_ID_HEADER: opened.worker_id},
                          ping_interval=state.settings.ping_interval, clock=state.clock, on_end=opened.finish,
                          encoder=passthrough)

@@ -179,7 +179,7 @@ async def open_generation(request: Request, surface: str, parse: Callable[[bytes
         return error_response(request_id, exc)
     try:
         opened = await gateway.open(gen, started, client_gone=lambda: client_left_of(request.receive),
-                                    client=client_of(request.scope.get("state", {})))
+                                    client=client_of(request.scope.get("state", {})), headers=request.headers)
     except CoordinatorError as exc:
         return error_response(request_id, exc)
     return opened, gen, answer

@@ -22,6 +22,7 @@ from coordinator.pool.registry import ALIVE, STALE, Registry
 from coordinator.relay.dispatch import Failover
 from coordinator.upstream import WorkerRefused
 from protocol import reasons
+from serving.tracing import NO_TRACE, Trace
 from tests.coordinator.fakes import heartbeat
 
 pytestmark = pytest.mark.anyio
@@ -32,6 +33,7 @@ class Valid:  # what Attempts reads of a Generation
     demand: Demand = field(default_factory=lambda: Demand(prompt_bytes=10, max_tokens=20))
     request_id: str = "r1"
     request: Any = field(default_factory=lambda: SimpleNamespace(tenant="t:acme"))
+    trace: Trace = NO_TRACE
 
 
 @dataclass
@@ -47,7 +49,7 @@ class Workers:
         self.answers = answers
         self.tried: list[str] = []
 
-    async def start(self, worker: Any, valid: Any, res: Any, hints: Any, *, admitted: Any) -> Started:
+    async def start(self, worker: Any, valid: Any, res: Any, hints: Any, *, admitted: Any, traceparent: str | None = None) -> Started:
         self.tried.append(worker.worker_id)
         answer = self.answers[worker.worker_id]
         if isinstance(answer, BaseException):

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from protocol import reasons
+from serving.tracing import Tracing
 from worker.api import routes, tokenizer, transfer
 from worker.api.routes import request_id_of
 from worker.backends import load_model
@@ -36,17 +37,19 @@ log = logging.getLogger("worker.requests")
 
 def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
                clock: Callable[[], float] = time.monotonic, transport: httpx.AsyncBaseTransport | None = None,
-               on_load_failure: Callable[[], None] = lambda: None) -> FastAPI:
+               on_load_failure: Callable[[], None] = lambda: None, tracing: Tracing | None = None) -> FastAPI:
     """`model`: a model already loaded, as the settings' backend would load it, which the app uses and
     leaves open (tests share one across many apps, as the coordinator's tests share its client); None:
     the app loads its own from the settings and closes it at shutdown. `on_load_failure`: called once
     if the model cannot be loaded (the process entry point stops the server, so the worker exits
-    non-zero instead of answering 503 loading forever)."""
+    non-zero instead of answering 503 loading forever). `tracing`: where this worker's spans go
+    (serving/tracing.py; `Tracing.from_env` makes it from OTEL_*), None: nowhere."""
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.runtime = None
         app.state.load_error = None
         app.state.metrics = WorkerMetrics()
+        app.state.tracing = tracing
         loading = asyncio.create_task(_load(app))
         yield
         loading.cancel()
@@ -54,6 +57,8 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
             await loading
         if app.state.runtime is not None:
             await app.state.runtime.stop()
+        if tracing is not None:
+            tracing.shutdown()  # the spans still queued go out now
 
     async def _load(app: FastAPI) -> None:
         try:

@@ -19,6 +19,7 @@ import hmac
 import json
 import logging
 import re
+import time
 import uuid
 from collections.abc import AsyncGenerator
 from typing import Any, Literal
@@ -61,6 +62,8 @@ from protocol.worker import (
     Timings,
     Usage,
 )
+from serving import tracing
+from serving.tracing import NO_TRACE, Trace
 from worker.admission import Ticket
 from worker.api.event_stream import EventStream, token_event
 from worker.engine.jobs import Failed, Finished, Job, PromptScored
@@ -160,16 +163,20 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
     expected = request.headers.get(SESSION_EXPECTED_HEADER, "") == "1"
     stream_ref = _stream_ref(request)
     metrics: WorkerMetrics = request.app.state.metrics
+    trace = tracing.begin(getattr(request.app.state, "tracing", None), "worker generate", request.headers, {
+        "llm_pool.request_id": request_id, "llm_pool.worker": settings.worker_id, "llm_pool.tenant": body.tenant})
     try:  # only this route's refusals are admission decisions
         runtime = runtime_of(request)
         ticket = runtime.gate.check(body, session_expected=expected)
     except WorkerError as refused:
         metrics.admission.labels("rejected", refused.reason).inc()
+        trace.fail(refused.reason)
+        trace.end()
         raise
     # The head goes now, and pings while the prompt is prepared: silence means a hung worker, never
     # a long prompt (protocol.worker.AdmittedEvent).
     headers = {REQUEST_ID_HEADER: request_id, WORKER_ID_HEADER: settings.worker_id}
-    return EventStream(_events(runtime, ticket, request_id, stream_ref), headers=headers,
+    return EventStream(_events(runtime, ticket, request_id, stream_ref, trace), headers=headers,
                        ping_interval=PING_INTERVAL, send_timeout=settings.slow_consumer_deadline)
 
 _EMBED_REFUSALS: dict[int | str, str] = {
@@ -288,14 +295,17 @@ def request_id_of(request: Request) -> str:
 
 
 async def _events(runtime: WorkerRuntime, ticket: Ticket, request_id: str,
-                  stream_ref: int | None) -> AsyncGenerator[bytes, None]:
+                  stream_ref: int | None, trace: Trace = NO_TRACE) -> AsyncGenerator[bytes, None]:
     """The SSE events of one request: `admitted` (or the refusal's `error`), then its job's. If the
     client goes away, the job is cancelled and its KV freed."""
     try:
-        job = await runtime.gate.prepare(ticket, request_id, stream_ref=stream_ref)
+        with trace.step("admission"):  # tokenizing, the wait in line, the session and KV reserved
+            job = await runtime.gate.prepare(ticket, request_id, stream_ref=stream_ref)
     except WorkerError as refused:
         # Counted, not logged, as a refusal by status is: under load they come by the thousand.
         runtime.metrics.admission.labels("rejected", refused.reason).inc()
+        trace.fail(refused.reason)
+        trace.end()
         yield encode(EVENT_ERROR, ErrorEvent(error=refused.message, reason=refused.reason,
                                              request_id=request_id).model_dump_json())
         return
@@ -330,7 +340,8 @@ async def _events(runtime: WorkerRuntime, ticket: Ticket, request_id: str,
             for session in job.sessions:
                 runtime.table.mark_ending(session)
             runtime.engine.poke()
-        _log_request(runtime, job, outcome)
+        _log_request(runtime, job, outcome, trace.trace_id)
+        _trace_end(trace, runtime, job, outcome)
 
 
 def _done(runtime: WorkerRuntime, job: Job, item: Finished) -> DoneEvent:
@@ -350,7 +361,28 @@ def _done(runtime: WorkerRuntime, job: Job, item: Finished) -> DoneEvent:
                  for end in item.choices] or None)
 
 
-def _log_request(runtime: WorkerRuntime, job: Job, outcome: Finished | Failed | None) -> None:
+def _trace_end(trace: Trace, runtime: WorkerRuntime, job: Job, outcome: Finished | Failed | None) -> None:
+    """The request's span, with the engine's steps written as its children (their times are the
+    engine's own, on the gate's clock: placed on the wall clock from now)."""
+    if isinstance(outcome, Finished):
+        admitted_ns = time.time_ns() - int((runtime.gate.clock() - job.admitted_at) * 1e9)
+
+        def at(seconds: float) -> int:
+            return admitted_ns + int(seconds * 1e9)
+
+        trace.record("queue", at(0.0), at(outcome.queue_s))
+        trace.record("prefill", at(outcome.queue_s), at(outcome.ttft_s),
+                     {"llm_pool.prompt_tokens": outcome.prompt_tokens, "llm_pool.cached_tokens": outcome.cached_tokens,
+                      "llm_pool.copied_tokens": job.copied_tokens})
+        trace.record("decode", at(outcome.ttft_s), at(outcome.total_s),
+                     {"llm_pool.completion_tokens": outcome.completion_tokens})
+        trace.set({"llm_pool.finish_reason": outcome.reason})
+    else:
+        trace.fail(outcome.reason if outcome is not None else "client_gone")
+    trace.end()
+
+
+def _log_request(runtime: WorkerRuntime, job: Job, outcome: Finished | Failed | None, trace_id: str = "") -> None:
     line: dict[str, object] = {"event": "request", "request_id": job.request_id,
                                "worker_id": runtime.settings.worker_id, "model": runtime.names.name,
                                "session_id": job.request.session_id, "tenant": job.request.tenant,
@@ -363,4 +395,6 @@ def _log_request(runtime: WorkerRuntime, job: Job, outcome: Finished | Failed | 
         line.update(finish_reason="error", reason=outcome.reason)
     else:
         line.update(finish_reason="client_gone")
+    if trace_id:
+        line["trace_id"] = trace_id
     log.info(json.dumps(line))
