@@ -15,6 +15,7 @@ Everything runs on 127.0.0.1 and is stopped in a `finally` block.
     .venv/bin/python -m bench.scale_bench --workers 100 --concurrency 500 --duration 25
     .venv/bin/python -m bench.scale_bench --coordinators 2 --load-processes 2 ...
     .venv/bin/python -m bench.scale_bench --workers 100 --idle 20 --duration 5 --concurrency 10   # heartbeats' cost
+    .venv/bin/python -m bench.scale_bench --workers 20 --concurrency 200 --trace   # with every request traced
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import httpx
 
+from bench.otlp_sink import OtlpSink
 from bench.processes import serving
 
 
@@ -107,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
                              "and no load (what heartbeats cost them); 0: skip")
     parser.add_argument("--max-streams", type=int, default=None,
                         help="the coordinator's MAX_STREAMS (default: its own); below --concurrency it is saturated")
+    parser.add_argument("--trace", action="store_true",
+                        help="the coordinators trace every request (OTEL_EXPORTER_OTLP_ENDPOINT: an OTLP sink in "
+                             "this process, bench/otlp_sink.py): what tracing costs the relay")
     args = parser.parse_args(argv)
     url = f"http://127.0.0.1:{args.port}"
     py = sys.executable
@@ -131,8 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     splits = [(sum(shares_of(args.workers, args.worker_processes)[:i]), count)
               for i, count in enumerate(shares_of(args.workers, args.worker_processes))]
     with contextlib.ExitStack() as stack:
+        sink = stack.enter_context(OtlpSink(keep=0)) if args.trace else None
+        env = ({**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": sink.url, "OTEL_BSP_SCHEDULE_DELAY": "500"}
+               if sink is not None else None)
         procs = [stack.enter_context(serving(f"coordinator {i}", coordinator_argv(i), own + "/coordinator/health",
-                                             timeout=60))
+                                             timeout=60, env=env))
                  for i, own in enumerate(own_urls, start=1)]
         workers = [stack.enter_context(serving(f"simulated workers {first}+{count}", workers_argv(first, count),
                                                f"http://127.0.0.1:{args.base_port + first + count - 1}/worker/health",
@@ -215,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
               f"(-> {1e6 / max(per_token_us, 1e-9):,.0f} tokens/s per process with a core of its own)")
         print(f"coordinator RSS idle {idle_kib / 1024:.1f} MiB; with {peak_streams} open streams "
               f"{peak_rss / 1024:.1f} MiB -> {(peak_rss - idle_kib) / max(peak_streams, 1):.1f} KiB per open stream")
+        if sink is not None:
+            time.sleep(1.0)  # the coordinators' last batch of spans (OTEL_BSP_SCHEDULE_DELAY: 5 s by default)
+            print(f"tracing on: {sink.count} spans received for {summary['requests']} requests")
     return 0
 
 

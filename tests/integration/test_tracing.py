@@ -1,5 +1,5 @@
 """OpenTelemetry traces across a real coordinator and a real worker, received by an OTLP/HTTP receiver in
-this test (the protobuf `ExportTraceServiceRequest` that any collector takes): a client's `traceparent`
+this test (bench/otlp_sink.py: the protobuf `ExportTraceServiceRequest` that any collector takes): a client's `traceparent`
 is continued, one request is one trace across both services, the coordinator's span is a child of the
 client's and the worker's of the coordinator's attempt, with the engine's steps; refusals carry their
 reason; log lines carry the trace id.
@@ -8,86 +8,22 @@ reason; log lines carry the trace id.
 from __future__ import annotations
 
 import secrets
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 
+from bench.otlp_sink import OtlpSink
 from tests.faults.pool import FaultPool
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.model
 
 
-@dataclass
-class Span:
-    service: str
-    name: str
-    trace_id: str
-    span_id: str
-    parent: str
-    attributes: dict[str, Any]
-    error: bool
-
-
-class Receiver:
-    """OTLP/HTTP on 127.0.0.1: every span posted to /v1/traces, decoded."""
-
-    def __init__(self) -> None:
-        self.spans: list[Span] = []
-        received = self.spans
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["content-length"]))
-                export = ExportTraceServiceRequest.FromString(body)
-                for resource in export.resource_spans:
-                    service = next((a.value.string_value for a in resource.resource.attributes
-                                    if a.key == "service.name"), "")
-                    for scope in resource.scope_spans:
-                        for s in scope.spans:
-                            received.append(Span(service, s.name, s.trace_id.hex(), s.span_id.hex(),
-                                                 s.parent_span_id.hex(), {a.key: _value(a.value) for a in s.attributes},
-                                                 s.status.code == 2))
-                answer = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("content-type", "application/x-protobuf")
-                self.send_header("content-length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-
-    def of_trace(self, trace_id: str) -> list[Span]:
-        return [s for s in self.spans if s.trace_id == trace_id]
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
-def _value(value: Any) -> Any:
-    return getattr(value, value.WhichOneof("value")) if value.WhichOneof("value") else None
-
-
 @pytest.fixture
-def traced_pool(model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[FaultPool, Receiver]]:
-    receiver = Receiver()
+def traced_pool(model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[FaultPool, OtlpSink]]:
+    receiver = OtlpSink()
     # The processes read these at start (Proc passes this process's environment on).
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # milliseconds between exports
@@ -101,7 +37,7 @@ def traced_pool(model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_one_request_is_one_trace_across_both_services_under_the_clients_span(
-        traced_pool: tuple[FaultPool, Receiver]) -> None:
+        traced_pool: tuple[FaultPool, OtlpSink]) -> None:
     pool, receiver = traced_pool
     trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
     answer = httpx.post(pool.url + "/v1/chat/completions", timeout=60,
@@ -129,7 +65,7 @@ def test_one_request_is_one_trace_across_both_services_under_the_clients_span(
 
 
 def test_a_refusal_is_a_span_in_error_with_its_reason_and_a_request_without_traceparent_starts_a_trace(
-        traced_pool: tuple[FaultPool, Receiver]) -> None:
+        traced_pool: tuple[FaultPool, OtlpSink]) -> None:
     pool, receiver = traced_pool
     trace_id = secrets.token_hex(16)
     refused = httpx.post(pool.url + "/coordinator/infer", timeout=30,
@@ -139,7 +75,7 @@ def test_a_refusal_is_a_span_in_error_with_its_reason_and_a_request_without_trac
     wait_until(lambda: receiver.of_trace(trace_id), 10, "the refusal's span")
     (span,) = receiver.of_trace(trace_id)
     assert span.name == "infer request" and span.error and span.attributes["llm_pool.reason"] == "unknown_model"
-    before = {s.trace_id for s in receiver.spans}
+    before = {s.trace_id for s in list(receiver.spans)}
     assert httpx.post(pool.url + "/coordinator/infer", json={"prompt": "hi", "max_tokens": 2}, timeout=60).status_code == 200
     wait_until(lambda: any(s.name == "infer request" and s.trace_id not in before and s.parent == ""
-                           for s in receiver.spans), 10, "a new trace's root span")
+                           for s in list(receiver.spans)), 10, "a new trace's root span")
