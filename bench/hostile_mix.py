@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from bench.load.clients import post_timed
 from bench.processes import code_version, pool
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,11 +122,12 @@ KINDS: dict[str, Callable[[], list[Hostile]]] = {
 
 
 async def timed(client: httpx.AsyncClient, url: str, path: str, body: dict[str, Any]) -> tuple[float, int]:
-    started = time.perf_counter()
-    response = await client.post(url + path, json=body)
-    if response.status_code != 200:
-        print(f"  {path}: {response.status_code} {response.text[:300]}", flush=True)
-    return time.perf_counter() - started, response.status_code
+    """One whole request through the load tool (bench/load/clients.py): its seconds and its status."""
+    record = await post_timed(client, url + path, body)
+    if not record.ok:
+        print(f"  {path}: {record.error_key}", flush=True)
+    seconds = record.e2e if record.e2e is not None else time.perf_counter() - record.sent_at
+    return seconds, record.status or 0
 
 
 async def chats(client: httpx.AsyncClient, url: str, n: int) -> list[float]:

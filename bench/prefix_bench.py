@@ -45,6 +45,8 @@ from pathlib import Path
 
 import httpx
 
+from bench.load.clients import OpenAIChatClient, Sampling
+from bench.load.workload import SEED_RANGE, WorkItem
 from bench.processes import pool
 from bench.worker_token import auth_headers
 from worker.provision import DEFAULT_MODEL_PATH
@@ -81,28 +83,22 @@ def system_prompt(i: int, tokens: int) -> str:
     return sentence * max(1, tokens // 30)  # about 30 tokens a sentence
 
 
-async def user(client: httpx.AsyncClient, url: str, systems: list[str], rng: random.Random, stop_at: float,
+async def user(http: httpx.AsyncClient, url: str, systems: list[str], rng: random.Random, stop_at: float,
                max_tokens: int, ttfts: list[float], errors: list[str], key: str | None = None) -> int:
-    headers = {"authorization": f"Bearer {key}"} if key else {}
+    """One closed-loop user: a greedy streamed chat (a system prompt drawn from `systems`, a question) at a
+    time until `stop_at`, through the load tool's chat client (bench/load/clients.py); its TTFT is the
+    first chunk with content."""
+    client = OpenAIChatClient(url, Sampling(max_tokens=max_tokens, temperature=0.0), timeout=300,
+                              headers={"authorization": f"Bearer {key}"} if key else None)
     done = 0
     while time.perf_counter() < stop_at:
-        body = {"messages": [{"role": "system", "content": rng.choice(systems)},
-                             {"role": "user", "content": rng.choice(QUESTIONS)}],
-                "max_tokens": max_tokens, "temperature": 0, "stream": True}
-        started, first = time.perf_counter(), None
-        async with client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers) as response:
-            if response.status_code != 200:
-                errors.append(str(response.status_code))
-                await response.aread()
-                continue
-            async for line in response.aiter_lines():
-                if first is None and line.startswith("data: {") and '"content":"' in line \
-                        and '"content":""' not in line:
-                    first = time.perf_counter() - started
-        if first is None:
-            errors.append("no content")
+        item = WorkItem(index=done, prompt=rng.choice(QUESTIONS), seed=rng.randrange(SEED_RANGE),
+                        system=rng.choice(systems))
+        record = await client.send(http, item)
+        if not record.ok or record.ttft is None:
+            errors.append(record.error_key or "no content")
             continue
-        ttfts.append(first)
+        ttfts.append(record.ttft)
         done += 1
     return done
 

@@ -11,7 +11,10 @@ Must not: decide when requests are sent (workload.py) or aggregate results (stat
 - `OpenAIClient`: any OpenAI-compatible `POST /v1/completions` with `stream: true` (`data:` chunks,
   then `data: [DONE]`). Tokens come from `usage` when the server sends it, else from content chunks.
 - `OpenAIChatClient`: the same stream read the same way, from `POST /v1/chat/completions` (the prompt
-  is one user message; content is in `delta.content`); only the request body differs.
+  is one user message, after the item's system message when it has one; content is in
+  `delta.content`); only the request body differs.
+- `post_timed`: one whole (not streamed) request of any JSON body, timed from send to its last byte,
+  for benchmarks whose requests are of many kinds (bench.hostile_mix).
 
 Both OpenAI modes ask for `stream_options.include_usage`, so, like `InferClient` (`done.usage`), a
 finished request's token count is the server's `usage.completion_tokens`; TTFT is the first chunk
@@ -197,10 +200,31 @@ class OpenAIChatClient(OpenAIClient):
     path = PATHS["openai-chat"]
 
     def _input(self, item: WorkItem) -> dict[str, Any]:
-        return {"messages": [{"role": "user", "content": item.prompt}]}
+        system = [{"role": "system", "content": item.system}] if item.system is not None else []
+        return {"messages": [*system, {"role": "user", "content": item.prompt}]}
 
     def _extensions(self) -> dict[str, Any]:
         return {"ignore_eos": True} if self.sampling.ignore_eos else {}
+
+
+async def post_timed(http: httpx.AsyncClient, url: str, body: Mapping[str, Any], *, index: int = 0,
+                     headers: Mapping[str, str] | None = None,
+                     clock: Callable[[], float] = time.perf_counter) -> RequestRecord:
+    """One whole JSON request: `e2e` its seconds from send to the answer's last byte, or the failure
+    (a non-200 is `Failure.HTTP` with the answer's reason); never raises for a failed request."""
+    record = RequestRecord(index)
+    start = record.sent_at = clock()
+    try:
+        response = await http.post(url, json=body, headers=headers)
+    except httpx.TimeoutException as exc:
+        return record.fail(Failure.TIMEOUT, type(exc).__name__)
+    except httpx.HTTPError as exc:
+        return record.fail(Failure.TRANSPORT, type(exc).__name__)
+    if response.status_code != 200:
+        return record.fail(Failure.HTTP, error_reason(response.content), status=response.status_code)
+    record.e2e = clock() - start
+    record.status = response.status_code
+    return record
 
 
 def make_client(api: str, base_url: str, sampling: Sampling, **kwargs: Any) -> StreamClient:

@@ -34,6 +34,7 @@ class WorkItem:
     index: int
     prompt: str
     seed: int  # the request's sampling seed
+    system: str | None = None  # a chat's system message before the prompt (openai-chat only)
 
 
 class Workload:

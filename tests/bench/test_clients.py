@@ -19,6 +19,7 @@ from bench.load.clients import (
     StreamClient,
     error_reason,
     make_client,
+    post_timed,
 )
 from bench.load.record import Failure, RequestRecord
 from bench.load.workload import WorkItem
@@ -55,10 +56,11 @@ def stream_of(*parts: bytes) -> Callable[[httpx.Request], httpx.Response]:
     return lambda request: httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body())
 
 
-def send(client: StreamClient, handler: Callable[[httpx.Request], httpx.Response]) -> RequestRecord:
+def send(client: StreamClient, handler: Callable[[httpx.Request], httpx.Response], item: WorkItem = ITEM
+         ) -> RequestRecord:
     async def go() -> RequestRecord:
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
-            return await client.send(http, ITEM)
+            return await client.send(http, item)
 
     return asyncio.run(go())
 
@@ -341,6 +343,36 @@ def test_chat_request_body(sampling: dict[str, object], extra: dict[str, object]
     assert (seen[0].method, seen[0].url.path) == ("POST", "/v1/chat/completions")
     assert seen[0].headers["content-type"] == "application/json"
     assert json.loads(seen[0].content) == {**BASE_CHAT_BODY, **extra}
+
+
+def test_a_chat_items_system_message_goes_first() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return stream_of(*NORMAL)(request)
+
+    assert send(chat(), handler, item=WorkItem(index=1, prompt="Hi", seed=1, system="Be brief.")).ok
+    assert json.loads(seen[0].content)["messages"] == [{"role": "system", "content": "Be brief."},
+                                                       {"role": "user", "content": "Hi"}]
+
+
+@pytest.mark.parametrize("answer,ok,failure,reason", [
+    (httpx.Response(200, json={"choices": []}), True, None, ""),
+    (httpx.Response(400, json={"error": {"code": "context_length_exceeded"}}), False, Failure.HTTP,
+     "context_length_exceeded"),
+])
+def test_a_whole_request_is_timed_to_its_end_and_a_refusal_keeps_its_reason(
+        answer: httpx.Response, ok: bool, failure: Failure | None, reason: str) -> None:
+    ticks = itertools.count(10.0, 0.25)
+
+    async def go() -> RequestRecord:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(lambda request: answer)) as http:
+            return await post_timed(http, "http://pool/v1/embeddings", {"input": "x"}, clock=lambda: next(ticks))
+
+    record = asyncio.run(go())
+    assert (record.ok, record.failure, record.reason) == (ok, failure, reason)
+    assert record.e2e == (0.25 if ok else None) and record.status == answer.status_code
 
 
 @pytest.mark.parametrize("api,cls,path", [
