@@ -156,6 +156,6 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None,
             timeout=settings.embedding_timeout, now=clock.monotonic, retry_after=settings.retry_after),
         mover=SessionMover(registry, sessions.remember, client, metrics, worker_token=settings.worker_token,
                            timeout=settings.session_move_timeout, max_bytes=settings.session_move_max_bytes,
-                           deadline=settings.session_move_deadline, now=clock.monotonic),
+                           deadline=settings.session_move_deadline, now=clock.monotonic, tracing=tracing),
         readiness=Readiness(clock=clock, join_wait=settings.join_after, workers=lambda: registry.alive_count,
                             gated=settings.reuse_port and settings.own_port > 0))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 # The variables that turn tracing on: any of them set (and OTEL_SDK_DISABLED not "true").
@@ -39,9 +39,9 @@ class Trace:
     def child(self, name: str, attributes: Attributes | None = None) -> Trace:
         return self
 
-    @contextmanager
-    def step(self, name: str, attributes: Attributes | None = None) -> Iterator[Trace]:
-        yield self
+    def step(self, name: str, attributes: Attributes | None = None) -> AbstractContextManager[Trace]:
+        """A child span around a block, ended with it (in error, with the exception's `reason`, if it raises)."""
+        return nullcontext(self)
 
     def record(self, name: str, start_ns: int, end_ns: int, attributes: Attributes | None = None) -> None:
         """A child span written afterwards, for a step timed elsewhere (the engine's prefill, say)."""
@@ -70,16 +70,8 @@ class _Span(Trace):
     def child(self, name: str, attributes: Attributes | None = None) -> Trace:
         return self._tracing._start(name, self._span, attributes)
 
-    @contextmanager
-    def step(self, name: str, attributes: Attributes | None = None) -> Iterator[Trace]:
-        child = self.child(name, attributes)
-        try:
-            yield child
-        except BaseException as exc:
-            child.fail(getattr(exc, "reason", type(exc).__name__))
-            raise
-        finally:
-            child.end()
+    def step(self, name: str, attributes: Attributes | None = None) -> AbstractContextManager[Trace]:
+        return _until_done(self.child(name, attributes))
 
     def record(self, name: str, start_ns: int, end_ns: int, attributes: Attributes | None = None) -> None:
         span = self._tracing._start(name, self._span, attributes, start_ns=start_ns)
@@ -169,3 +161,20 @@ def begin(tracing: Tracing | None, name: str, headers: Mapping[str, str], attrib
           ) -> Trace:
     """`tracing.begin(...)`, or the no-op trace when this process does not trace."""
     return NO_TRACE if tracing is None else tracing.begin(name, headers, attributes)
+
+
+def span(tracing: Tracing | None, name: str, headers: Mapping[str, str], attributes: Attributes | None = None
+         ) -> AbstractContextManager[Trace]:
+    """`begin` around a block: the span ends with it, in error (the exception's `reason`) if it raises."""
+    return _until_done(begin(tracing, name, headers, attributes))
+
+
+@contextmanager
+def _until_done(trace: Trace) -> Iterator[Trace]:
+    try:
+        yield trace
+    except BaseException as exc:
+        trace.fail(getattr(exc, "reason", type(exc).__name__))
+        raise
+    finally:
+        trace.end()

@@ -53,8 +53,10 @@ class PeerPrefixes(Protocol):
     min_tokens: int  # a prefix that saves fewer prompt tokens is prefilled here
     timeout: float  # seconds for the peer's answer, and again for writing its cells here
 
-    async def fetch(self, url: str, tokens: list[int], tenant: str, at_least: int) -> bytes | None:
-        """The peer's blob, or None (it holds no such prefix, it failed, it was too slow)."""
+    async def fetch(self, url: str, tokens: list[int], tenant: str, at_least: int,
+                    traceparent: str | None = None) -> bytes | None:
+        """The peer's blob, or None (it holds no such prefix, it failed, it was too slow). `traceparent`:
+        the request's span, which the peer's span continues (W3C trace context)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,7 @@ class Ticket:
     request: GenerateRequest  # with the model's end-of-turn stop added
     known: Session | None  # the session it continues, if any
     turns: int  # that session's turns when checked: another turn meanwhile makes this prompt stale
+    traceparent: str | None = None  # the request's span, when traced: a peer's prefix export continues it
 
 
 @dataclass(eq=False, slots=True)
@@ -158,7 +161,8 @@ class Gate:
             cached = 0  # cells already held have no logits: a scored prompt is prefilled whole
         elif request.prefix_peer and known is None and self.peers is not None and self.cells is not None:
             try:
-                cached = await self._from_peer(request.prefix_peer, request.tenant, session, tokens, cached)
+                cached = await self._from_peer(request.prefix_peer, request.tenant, session, tokens, cached,
+                                               ticket.traceparent)
             except BaseException:  # cancelled (the client left) or a bug: nothing stays reserved
                 self.engine.free(admission.freed_seq_ids)
                 self._undo(session, keep_kv=False)
@@ -173,7 +177,8 @@ class Gate:
         self.engine.submit(job, admission.freed_seq_ids)
         return job
 
-    async def _from_peer(self, url: str, tenant: str, session: Session, tokens: list[int], cached: int) -> int:
+    async def _from_peer(self, url: str, tenant: str, session: Session, tokens: list[int], cached: int,
+                         traceparent: str | None = None) -> int:
         """The prompt's prefix from the peer that holds more of it, when that saves at least
         `peers.min_tokens` of prefill: its cells written into this request's new sequence (a refusal,
         a slow peer or a blob that does not land leaves the prefill to this worker). The cached tokens
@@ -182,7 +187,7 @@ class Gate:
         wanted = tokens[:-1]  # one prompt token is always decoded here, for the first logits
         if len(wanted) - cached < self.peers.min_tokens:
             return cached
-        blob = await self.peers.fetch(url, wanted, tenant, cached + self.peers.min_tokens)
+        blob = await self.peers.fetch(url, wanted, tenant, cached + self.peers.min_tokens, traceparent)
         if blob is None:
             return cached
         try:

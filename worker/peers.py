@@ -13,6 +13,7 @@ import asyncio
 import httpx
 
 from protocol.worker import PREFIX_PATH, PrefixRequest
+from serving.tracing import TRACEPARENT
 from worker.metrics import WorkerMetrics
 
 
@@ -31,7 +32,8 @@ class HttpPeers:
         self._client = httpx.AsyncClient(transport=transport, timeout=self.timeout, headers=self._headers,
                                          follow_redirects=False, trust_env=False)
 
-    async def fetch(self, url: str, tokens: list[int], tenant: str, at_least: int) -> bytes | None:
+    async def fetch(self, url: str, tokens: list[int], tenant: str, at_least: int,
+                    traceparent: str | None = None) -> bytes | None:
         if self._client is None:
             return None
         body = PrefixRequest(tokens=tokens, tenant=tenant, at_least=at_least).model_dump_json()
@@ -39,7 +41,8 @@ class HttpPeers:
         try:
             async with asyncio.timeout(self.timeout), self._client.stream(
                     "POST", url.rstrip("/") + PREFIX_PATH, content=body,
-                    headers={"content-type": "application/json"}) as response:
+                    headers={"content-type": "application/json",
+                             **({TRACEPARENT: traceparent} if traceparent else {})}) as response:
                 if response.status_code != 200:
                     outcome = "none"
                 else:

@@ -33,6 +33,8 @@ from coordinator.pool.registry import Registry, WorkerRecord
 from coordinator.upstream import WorkerClient, WorkerRefused, WorkerUnreachable
 from protocol.health import SessionInfo, SessionList
 from protocol.worker import KV_MEDIA_TYPE, SESSIONS_PATH
+from serving import tracing
+from serving.tracing import TRACEPARENT, Trace, Tracing
 
 log = logging.getLogger("coordinator.moves")
 LIST_LIMIT = 16 << 20  # a worker's session list: a few hundred bytes a session
@@ -45,9 +47,10 @@ DONE_REMEMBERED = 4096  # drained workers remembered as dealt with (older ones c
 class SessionMover:
     def __init__(self, registry: Registry, moved: Callable[[tuple[str, str], str], None], client: WorkerClient,
                  metrics: CoordinatorMetrics, *, worker_token: str | None, timeout: float, max_bytes: int,
-                 deadline: float, now: Callable[[], float]) -> None:
+                 deadline: float, now: Callable[[], float], tracing: Tracing | None = None) -> None:
         """`moved((tenant, session id), worker id)`: a session now lives on that worker (the affinity table remembers
-        it); `timeout`: one session's move, fetch and put; `deadline`: a draining worker's moves in all."""
+        it); `timeout`: one session's move, fetch and put; `deadline`: a draining worker's moves in all;
+        `tracing`: where each move's span goes (a trace of its own; both workers' spans join it)."""
         self._registry = registry
         self._moved = moved
         self._client = client
@@ -57,6 +60,7 @@ class SessionMover:
         self._max_bytes = max_bytes
         self._deadline = deadline
         self._now = now
+        self._tracing = tracing
         self._moving: dict[str, asyncio.Task[None]] = {}  # by worker id: one task a draining worker
         # Workers whose drain was dealt with: every heartbeat of theirs says `draining` until they stop,
         # and their sessions are moved once a drain (a session given up on stays given up on).
@@ -143,10 +147,21 @@ class SessionMover:
 
     async def _move_one(self, worker_id: str, url: str, model: str, session: SessionInfo) -> str:
         """MOVED; LATER when no other worker could take it now; GIVEN_UP when it never will move."""
+        with tracing.span(self._tracing, "session move", {}, {
+                "llm_pool.worker": worker_id, "llm_pool.tenant": session.tenant,
+                "llm_pool.session_tokens": session.tokens}) as trace:
+            given = trace.traceparent()
+            auth = {**self._auth, TRACEPARENT: given} if given else self._auth
+            outcome = await self._move(worker_id, url, model, session, auth, trace)
+            trace.set({"llm_pool.outcome": outcome})
+            return outcome
+
+    async def _move(self, worker_id: str, url: str, model: str, session: SessionInfo, auth: dict[str, str],
+                    trace: Trace) -> str:
         query = f"/{session.session_id}/kv?tenant={session.tenant}"
         started = self._now()
         try:
-            status, blob = await self._client.exchange("GET", url.rstrip("/") + SESSIONS_PATH + query, self._auth,
+            status, blob = await self._client.exchange("GET", url.rstrip("/") + SESSIONS_PATH + query, auth,
                                                        limit=self._max_bytes, timeout=self._timeout)
         except WorkerUnreachable:
             return self._counted("source_failed", session, worker_id)
@@ -155,7 +170,7 @@ class SessionMover:
         for target in self._targets(worker_id, model, session):
             try:
                 status, _ = await self._client.exchange(
-                    "PUT", target.url.rstrip("/") + SESSIONS_PATH + query, {**self._auth, "content-type": KV_MEDIA_TYPE},
+                    "PUT", target.url.rstrip("/") + SESSIONS_PATH + query, {**auth, "content-type": KV_MEDIA_TYPE},
                     blob, limit=LIST_LIMIT, timeout=self._timeout)
             except WorkerRefused:
                 self._registry.lost(target.worker_id, self._now())  # restarting, perhaps: back when it beats
@@ -163,6 +178,7 @@ class SessionMover:
             except WorkerUnreachable:
                 continue
             if status == 201:
+                trace.set({"llm_pool.to_worker": target.worker_id, "llm_pool.bytes": len(blob)})
                 self._moved((session.tenant, session.session_id), target.worker_id)
                 try:  # the draining worker's copy: it would go with the worker anyway
                     ended = f"/{session.session_id}?tenant={session.tenant}"

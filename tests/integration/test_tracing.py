@@ -2,38 +2,48 @@
 this test (bench/otlp_sink.py: the protobuf `ExportTraceServiceRequest` that any collector takes): a client's `traceparent`
 is continued, one request is one trace across both services, the coordinator's span is a child of the
 client's and the worker's of the coordinator's attempt, with the engine's steps; refusals carry their
-reason; log lines carry the trace id.
+reason; log lines carry the trace id; a session moved off a draining worker is a trace of its own, with
+both workers' spans in it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import secrets
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from bench.otlp_sink import OtlpSink
+from bench.otlp_sink import OtlpSink, SpanSeen
 from tests.faults.pool import FaultPool
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.model
 
 
-@pytest.fixture
-def traced_pool(model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[FaultPool, OtlpSink]]:
+@contextlib.contextmanager
+def traced(model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: tuple[str, ...]
+           ) -> Iterator[tuple[FaultPool, OtlpSink]]:
     receiver = OtlpSink()
     # The processes read these at start (Proc passes this process's environment on).
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # milliseconds between exports
-    pool = FaultPool(tmp_path, model_path, worker_ids=("t1",))
+    pool = FaultPool(tmp_path, model_path, worker_ids=workers)
     try:
         pool.ensure()
         yield pool, receiver
     finally:
         pool.stop()
         receiver.close()
+
+
+@pytest.fixture
+def traced_pool(model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[FaultPool, OtlpSink]]:
+    with traced(model_path, tmp_path, monkeypatch, ("t1",)) as running:
+        yield running
 
 
 def test_one_request_is_one_trace_across_both_services_under_the_clients_span(
@@ -79,3 +89,28 @@ def test_a_refusal_is_a_span_in_error_with_its_reason_and_a_request_without_trac
     assert httpx.post(pool.url + "/coordinator/infer", json={"prompt": "hi", "max_tokens": 2}, timeout=60).status_code == 200
     wait_until(lambda: any(s.name == "infer request" and s.trace_id not in before and s.parent == ""
                            for s in list(receiver.spans)), 10, "a new trace's root span")
+
+
+def test_a_session_moved_off_a_draining_worker_is_one_trace_with_both_workers_spans(
+        model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with traced(model_path, tmp_path, monkeypatch, ("t1", "t2")) as (pool, receiver):
+        turn = httpx.post(pool.url + "/coordinator/infer", timeout=60,
+                          json={"prompt": "Remember the number seven.", "max_tokens": 4, "session_id": "kept-1"})
+        assert turn.status_code == 200
+        source = turn.headers["x-worker-id"]
+        pool.workers[source].signal(signal.SIGTERM)  # it drains: the coordinator moves its kept session
+
+        def moved() -> list[SpanSeen]:
+            return [s for s in list(receiver.spans) if s.name == "session move"
+                    and s.attributes.get("llm_pool.outcome") == "moved"]
+
+        wait_until(lambda: moved(), 20, "the session's move")
+        (move,) = moved()
+        target = move.attributes["llm_pool.to_worker"]
+        assert move.service == "llm-pool-coordinator" and move.parent == "" and move.attributes["llm_pool.worker"] == source
+        assert target != source and move.attributes["llm_pool.bytes"] > 0
+        wait_until(lambda: {"kv export", "kv import"} <= {s.name for s in receiver.of_trace(move.trace_id)}, 10,
+                   "both workers' spans")
+        spans = {s.name: s for s in receiver.of_trace(move.trace_id)}
+        assert spans["kv export"].parent == spans["kv import"].parent == move.span_id
+        assert spans["kv export"].attributes["llm_pool.bytes"] == move.attributes["llm_pool.bytes"]

@@ -15,6 +15,7 @@ Kubernetes probes and load balancers cannot send a secret, and it tells only loa
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 import logging
@@ -173,6 +174,8 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
         trace.fail(refused.reason)
         trace.end()
         raise
+    if (given := trace.traceparent()) is not None:  # traced: a peer's prefix export joins this trace
+        ticket = dataclasses.replace(ticket, traceparent=given)
     # The head goes now, and pings while the prompt is prepared: silence means a hung worker, never
     # a long prompt (protocol.worker.AdmittedEvent).
     headers = {REQUEST_ID_HEADER: request_id, WORKER_ID_HEADER: settings.worker_id}

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -40,6 +40,7 @@ from protocol.worker import (
     ErrorBody,
     PrefixRequest,
 )
+from serving import tracing
 from worker.api.routes import authorize, runtime_of
 from worker.errors import WorkerError
 from worker.runtime import WorkerRuntime
@@ -58,6 +59,13 @@ _REFUSALS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "`unauthorized`"},
     503: {"model": ErrorBody, "description": "`loading`, `transfers_full` (WORKER_KV_TRANSFERS moves run), "
                                              "`kv_full` / `sessions_full` (an import with no room)"}}
+
+
+def _traced(request: Request, name: str, attributes: tracing.Attributes | None = None
+            ) -> AbstractContextManager[tracing.Trace]:
+    """The route's span, a child of the `traceparent` it came with (the coordinator's move, a peer's
+    request), when this worker traces."""
+    return tracing.span(getattr(request.app.state, "tracing", None), name, request.headers, attributes)
 
 
 @asynccontextmanager
@@ -104,7 +112,13 @@ async def _body_at_rate(request: Request) -> bytes:
     409: {"model": ErrorBody, "description": "`session_busy`: it is generating"}, **_REFUSALS})
 async def export_kv(session_id: str, request: Request, tenant: str = _TENANT) -> Response:
     authorize(request)
-    runtime = runtime_of(request)
+    with _traced(request, "kv export") as trace:
+        response = await _export(session_id, tenant, runtime_of(request))
+        trace.set({"llm_pool.bytes": len(response.body), "llm_pool.tokens": int(response.headers["x-kv-tokens"])})
+        return response
+
+
+async def _export(session_id: str, tenant: str, runtime: WorkerRuntime) -> Response:
     runtime.handed_over()
     async with _moving(runtime):
         session = runtime.table.claim(session_id, tenant=tenant)
@@ -139,7 +153,11 @@ async def export_kv(session_id: str, request: Request, tenant: str = _TENANT) ->
                        413: {"model": ErrorBody, "description": "`body_too_large` (WORKER_KV_TRANSFER_MAX_BYTES)"}})
 async def import_kv(session_id: str, request: Request, tenant: str = _TENANT) -> JSONResponse:
     authorize(request)
-    runtime = runtime_of(request)
+    with _traced(request, "kv import"):
+        return await _import(session_id, tenant, request, runtime_of(request))
+
+
+async def _import(session_id: str, tenant: str, request: Request, runtime: WorkerRuntime) -> JSONResponse:
     async with _moving(runtime):
         blob = await _body_at_rate(request)
         try:
@@ -179,7 +197,11 @@ async def export_prefix(body: PrefixRequest, request: Request) -> Response:
     """A peer worker's request for the cells of a prompt's prefix (`GenerateRequest.prefix_peer`): the
     sequence here that holds the longest prefix of it for that tenant, read between two decode steps."""
     authorize(request)
-    runtime = runtime_of(request)
+    with _traced(request, "prefix export", {"llm_pool.tenant": body.tenant}):
+        return await _export_prefix(body, runtime_of(request))
+
+
+async def _export_prefix(body: PrefixRequest, runtime: WorkerRuntime) -> Response:
     async with _moving(runtime):
         async with asyncio.timeout(runtime.settings.request_timeout):
             found = await asyncio.wrap_future(runtime.prefix_cells().export_prefix(body.tokens, body.tenant,
