@@ -95,6 +95,9 @@ FAST_ROUTES: dict[str, tuple[Handler, ErrorResponder]] = {
     responses.PATH: (responses.create, openai.error_response),
     health.HEARTBEAT_PATH: (health.heartbeat_response, infer.error_response),
 }
+# The OpenAI routes also answer without the /v1 prefix, as llama.cpp's server does (clients and its own
+# test suite call `/chat/completions`): the same route, keys and all.
+UNVERSIONED = frozenset({"/chat/completions", "/completions", "/embeddings", "/responses", "/models"})
 
 
 class FastPaths:
@@ -115,6 +118,9 @@ class FastPaths:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and (scope["path"] in UNVERSIONED or scope["path"].startswith("/models/")):
+            raw = scope.get("raw_path") or scope["path"].encode()
+            scope = {**scope, "path": "/v1" + scope["path"], "raw_path": b"/v1" + raw}
         if scope["type"] == "http" and not _let_in(scope):
             refusal = error_response(Request(scope, receive), CoordinatorError(
                 reasons.UNAUTHORIZED, "an API key is needed: Authorization: Bearer <key>, or X-API-Key"))

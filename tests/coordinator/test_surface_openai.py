@@ -318,3 +318,17 @@ async def test_alternatives_come_from_the_worker_as_top_logprobs_on_both_routes(
     (entry,) = entries
     assert [(t.token, t.logprob) for t in entry.top_logprobs] == [("Hi", -0.1), ("Hello", -2.5)]  # at most 2
     assert tops == [{"Hi": -0.1, "Hello": -2.5, "Hey": -3.0}]
+
+
+async def test_the_openai_routes_answer_without_v1_as_llama_server_does_keys_and_all() -> None:
+    fakes = FakeWorkers({"w1": streaming(STREAM)})
+    async with pool(fakes, ONE) as (client, _):
+        chat = await client.post("/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}]})
+        models = await client.get("/models")
+        one = await client.get("/models/smol")
+    assert chat.status_code == 200 and chat.json()["object"] == "chat.completion"
+    assert models.json()["data"][0]["id"] == "smol" and one.json()["id"] == "smol"
+    keyed = Settings(heartbeat_interval=1.0, api_keys="sk-test-1")
+    async with pool(FakeWorkers({"w1": streaming(STREAM)}), ONE, settings=keyed) as (client, _):
+        refused = await client.post("/completions", json={"prompt": "Hi"})
+    assert refused.status_code == 401  # the same keys as on /v1/completions
