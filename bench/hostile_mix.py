@@ -56,6 +56,14 @@ def long_prompt() -> list[Hostile]:
                                              "max_tokens": 1, "temperature": 0}) for _ in range(2)]
 
 
+def echo() -> list[Hostile]:
+    """Two prompts of about 1,700 tokens scored as an evaluation harness asks (`echo` with `logprobs`, one
+    token generated): every prompt row's logits, in chunks of 64, none from the prompt cache. Beside
+    `long_prompt`, the same prompts prefilled without scores."""
+    return [Hostile("/v1/completions", {"prompt": fresh() + HARBOUR * 100, "max_tokens": 1, "temperature": 0,
+                                        "logprobs": 1, "echo": True}) for _ in range(2)]
+
+
 def grammar() -> list[Hostile]:
     """Eight answers held to a JSON schema of an array of a 20,000-value enum (about 300 KB)."""
     schema = {"type": "array", "items": {"enum": [f"value-{i:05d}" for i in range(20_000)]}}
@@ -117,7 +125,7 @@ def embeddings() -> list[Hostile]:
 
 
 KINDS: dict[str, Callable[[], list[Hostile]]] = {
-    "long_prompt": long_prompt, "grammar": grammar, "batch_of_eight": batch_of_eight, "choices": choices,
+    "long_prompt": long_prompt, "echo": echo, "grammar": grammar, "batch_of_eight": batch_of_eight, "choices": choices,
     "tools": tools, "logit_bias": logit_bias, "stops": stops, "logprobs": logprobs, "embeddings": embeddings}
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -147,7 +148,7 @@ class ChunkEncoder:
         for i in range(self._options.n):
             lp = "null"
             if self._options.logprobs:
-                lp = json.dumps(prompt_logprobs(scored, self._options.top_logprobs, self._offset[i]).model_dump())
+                lp = json.dumps(prompt_logprobs((scored,), self._options.top_logprobs, self._offset[i]).model_dump())
             self._offset[i] += len(text)
             frames += self._frame(i, f'"text":{quoted},"logprobs":{lp},"finish_reason":null')
         return frames
@@ -253,19 +254,20 @@ def text_top(text: str, value: float, top: Top | None, k: int) -> list[dict[str,
     return [{text: value}] if k > 0 else []
 
 
-def prompt_logprobs(scored: PromptEvent, k: int, offset: int) -> oa.CompletionLogprobs:
-    """Prompt tokens' logprobs in the legacy shape, their text offsets from `offset`: the prompt's first
-    token has null ones (nothing predicts it)."""
+def prompt_logprobs(scored: Sequence[PromptEvent], k: int, offset: int) -> oa.CompletionLogprobs:
+    """Prompt tokens' logprobs (of one `prompt` event, or of all of them) in the legacy shape, their text
+    offsets from `offset`: the prompt's first token has null ones (nothing predicts it)."""
+    tokens = [t for part in scored for t in part.tokens]
+    logprobs = [lp for part in scored for lp in part.logprobs]
     offsets = []
-    for token in scored.tokens:
+    for token in tokens:
         offsets.append(offset)
         offset += len(token)
     tops: list[dict[str, float] | None] = []
     if k > 0:
         tops = [{t: value for t, value in top[:k]} if given is not None else None
-                for top, given in zip(scored.top, scored.logprobs, strict=True)]
-    return oa.CompletionLogprobs(tokens=scored.tokens, token_logprobs=scored.logprobs, top_logprobs=tops,
-                                 text_offset=offsets)
+                for top, given in zip((t for part in scored for t in part.top), logprobs, strict=True)]
+    return oa.CompletionLogprobs(tokens=tokens, token_logprobs=logprobs, top_logprobs=tops, text_offset=offsets)
 
 
 def choice_endings(done: DoneEvent) -> list[str]:
@@ -336,10 +338,8 @@ def _echoed(options: Options, prompt: list[PromptEvent]) -> tuple[str, oa.Comple
     """What `echo` puts first in each choice: the prompt's text, and its scored tokens' logprobs."""
     if not options.echo:
         return "", oa.CompletionLogprobs()
-    scored = PromptEvent(start=0, tokens=[t for p in prompt for t in p.tokens],
-                         logprobs=[lp for p in prompt for lp in p.logprobs], top=[t for p in prompt for t in p.top])
-    text = "".join(scored.tokens) if prompt else options.echo_text or ""
-    return text, prompt_logprobs(scored, options.top_logprobs, 0)
+    text = "".join(t for part in prompt for t in part.tokens) if prompt else options.echo_text or ""
+    return text, prompt_logprobs(prompt, options.top_logprobs, 0)
 
 
 def _text_logprobs(options: Options, pieces: list[tuple[str, float, Top | None]],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench.hostile_mix import KINDS
-from protocol.openai import ChatCompletionRequest
+from protocol.openai import ChatCompletionRequest, CompletionRequest
 from protocol.openai_embeddings import EmbeddingRequest
 from protocol.worker import MAX_STOP_LENGTH, MAX_STOP_STRINGS
 
@@ -18,6 +18,8 @@ def test_every_kind_is_a_request_the_wire_types_accept(kind: str) -> None:
     for request in hostile:
         if request.path == "/v1/embeddings":
             EmbeddingRequest.model_validate(request.body)
+        elif request.path == "/v1/completions":
+            CompletionRequest.model_validate(request.body)
         else:
             assert request.path == "/v1/chat/completions"
             ChatCompletionRequest.model_validate(request.body)

@@ -79,3 +79,18 @@ async def test_echo_of_token_ids_or_of_nothing_generated_is_scored_and_max_token
         refused = await client.post("/v1/completions", json={"prompt": "Once", "max_tokens": 0})
     assert ids["choices"][0]["text"] == "Once upon" and ids["usage"]["completion_tokens"] == 0
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
+
+
+async def test_a_prompt_scored_in_several_events_comes_back_whole_past_one_events_bound() -> None:
+    # 600 prompt tokens, as a worker sends them: three events of at most PROMPT_EVENT_TOKENS (256).
+    words = [f" w{i}" for i in range(600)]
+    events = [prompt(start, words[start:start + 256], [None if start + j == 0 else -1.0 for j in range(len(
+        words[start:start + 256]))]) for start in range(0, 600, 256)]
+    fakes = FakeWorkers({"w1": streaming([*events, token(0, 0, " end"), done(("length", 1), prompt_tokens=600)])})
+    async with pool(fakes, ONE) as (client, _):
+        answer = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1, "echo": True,
+                                                            "logprobs": 1})
+    assert answer.status_code == 200, answer.text
+    lp = answer.json()["choices"][0]["logprobs"]
+    assert lp["tokens"] == [*words, " end"] and len(lp["token_logprobs"]) == 601
+    assert lp["text_offset"][-1] == sum(len(w) for w in words)
