@@ -72,6 +72,9 @@ def pool(model_path: Path, tmp_path: Path) -> Iterator[Pool]:
         started.stop()
 
 
+RESET = "RemoteProtocolError: Server disconnected without sending a response"
+
+
 def once(url: str) -> int | str:
     """One short request on a connection of its own (the kernel picks a process per connection): its
     status (0: a 200 without its `done`), or the client's error."""
@@ -125,11 +128,19 @@ def long_stream(url: str, outcome: list[str], started: threading.Event) -> None:
 
 def test_a_draining_coordinator_leaves_the_port_and_a_rolling_restart_refuses_nothing(pool: Pool) -> None:
     codes: list[int | str] = []
+    resets: list[str] = []
     stop = threading.Event()
 
     def load() -> None:
         while not stop.is_set():
-            codes.append(once(pool.url))
+            code = once(pool.url)
+            if isinstance(code, str) and code.startswith(RESET):
+                # The documented limit (coordinator/server.py, docs/reliability.md): a connection the kernel
+                # queued to the draining process in the instant before it closed its socket is reset before
+                # any response; nothing ran there, and a client sends it again. Any other failure counts.
+                resets.append(code)
+                code = once(pool.url)
+            codes.append(code)
 
     kept = httpx.Client(timeout=30)  # a client's pool of keep-alive connections
     try:
@@ -167,3 +178,4 @@ def test_a_draining_coordinator_leaves_the_port_and_a_rolling_restart_refuses_no
     assert outcomes == [["done"], ["done"]]  # the drained process's streams finished on their connections
     refused = [code for code in codes if code != 200]
     assert len(codes) >= 20 and refused == [], (len(codes), refused)
+    assert len(resets) <= 2, resets  # the instant of each of the two closes, at most
