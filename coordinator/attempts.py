@@ -75,7 +75,7 @@ class Attempts:
                 failed.add(failover)
                 continue
             except BaseException as exc:
-                span.fail(getattr(exc, "reason", type(exc).__name__))
+                span.raised(exc)
                 span.end()
                 self._admission.release(reservation)
                 self._breakers.settled(worker.worker_id)

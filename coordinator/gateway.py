@@ -67,6 +67,8 @@ class Opened:
 
 def _ended(trace: Trace, outcome: Outcome) -> None:
     """The request's span, ended with how its stream ended."""
+    if trace is NO_TRACE:
+        return
     if outcome.done is not None:
         trace.set({"llm_pool.finish_reason": outcome.done.finish_reason,
                    "llm_pool.prompt_tokens": outcome.done.usage.prompt_tokens,
@@ -117,7 +119,8 @@ class Gateway:
         trace = tracing.begin(state.tracing, f"{gen.surface} request", headers or {}, {
             "llm_pool.request_id": gen.request_id, "llm_pool.surface": gen.surface, "llm_pool.tenant": tenant,
             "llm_pool.model": gen.request.model or ""})
-        gen = dataclasses.replace(gen, trace=trace)
+        if trace is not NO_TRACE:  # an untraced request is not copied for it
+            gen = dataclasses.replace(gen, trace=trace)
         try:
             rank = priority.resolve(gen.priority, key.priority, key.max_priority)
             gen = gen.classed(priority.CLASSES[rank])
@@ -136,7 +139,7 @@ class Gateway:
             state.fair.depart(tenant)
             if client is not None:
                 state.limits.finished(client.key_id, client.limits, 0)
-            trace.fail(getattr(exc, "reason", type(exc).__name__))
+            trace.raised(exc)
             trace.end()
             raise
         finish = opened.finish

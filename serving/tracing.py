@@ -51,6 +51,10 @@ class Trace:
     def fail(self, reason: str) -> None:
         """Marks the span as ended in error, with the refusal's or failure's reason."""
 
+    def raised(self, exc: BaseException) -> None:
+        """`fail` with what an exception says: its `reason` (the services' errors have one), else its type."""
+        self.fail(getattr(exc, "reason", type(exc).__name__))
+
     def end(self, end_ns: int | None = None) -> None: ...
 
     def traceparent(self) -> str | None:
@@ -174,7 +178,7 @@ def _until_done(trace: Trace) -> Iterator[Trace]:
     try:
         yield trace
     except BaseException as exc:
-        trace.fail(getattr(exc, "reason", type(exc).__name__))
+        trace.raised(exc)
         raise
     finally:
         trace.end()

@@ -143,7 +143,8 @@ class ChunkEncoder:
 
     def _prompt(self, scored: PromptEvent) -> bytes:
         """Some of the prompt's tokens, scored, at the start of every choice's text (`echo`)."""
-        text, quoted = "".join(scored.tokens), json.dumps("".join(scored.tokens))
+        text = "".join(scored.tokens)
+        quoted = json.dumps(text)
         frames = b""
         for i in range(self._options.n):
             lp = "null"

@@ -367,6 +367,8 @@ def _done(runtime: WorkerRuntime, job: Job, item: Finished) -> DoneEvent:
 def _trace_end(trace: Trace, runtime: WorkerRuntime, job: Job, outcome: Finished | Failed | None) -> None:
     """The request's span, with the engine's steps written as its children (their times are the
     engine's own, on the gate's clock: placed on the wall clock from now)."""
+    if trace is NO_TRACE:
+        return
     if isinstance(outcome, Finished):
         admitted_ns = time.time_ns() - int((runtime.gate.clock() - job.admitted_at) * 1e9)
 

@@ -488,9 +488,8 @@ class Engine:
                 rows, logits = self._with_choices(rows, logits)
             picks = self._sampler.sample(logits, [run.sampling for run in rows])
             for i, (run, (token, probability)) in enumerate(zip(rows, picks, strict=True)):
-                if run.scores is not None:
-                    self._deliver_scores(run, touched)
-                if not run.ended and run.job.request.max_tokens == 0:  # the prompt's scores only
+                # Only in the step that ends a scored prompt (max_tokens 0 needs scores: the prompt alone).
+                if run.scores is not None and self._deliver_scores(run, touched):
                     self._end(run, self._endings.finished(run, "length"), touched)
                 elif not run.ended:
                     alternatives = self._alternatives(run, logits[i]) if run.job.request.alternatives else ()
@@ -509,13 +508,15 @@ class Engine:
         skip = {at for at, _, _ in scored}
         return logits[[i for i in range(logits.shape[0]) if i not in skip]]
 
-    def _deliver_scores(self, run: _Running, touched: set[TokenChannel[StreamItem]]) -> None:
-        """A scored prompt's scores, to its consumer ahead of its first token (once)."""
+    def _deliver_scores(self, run: _Running, touched: set[TokenChannel[StreamItem]]) -> bool:
+        """A scored prompt's scores, to its consumer ahead of its first token (once); True when the request
+        asked for nothing more (max_tokens 0) and is still running, to be ended now."""
         scores, run.scores = run.scores, None
         assert scores is not None
         tokens, top = scores.texts(self.model.piece)
         run.job.channel.push(PromptScored(tokens, scores.logprobs, top))
         touched.add(run.job.channel)
+        return not run.ended and run.job.request.max_tokens == 0
 
     def _with_choices(self, rows: list[_Running], logits: np.ndarray) -> tuple[list[_Running], np.ndarray]:
         """The step's rows with, after each choice 0 whose prompt is now in its cells, its other choices:
@@ -595,13 +596,13 @@ class Engine:
             chunk, run.todo = run.todo[:room], run.todo[room:]
             sequences += 1
             finishing += not run.todo
-            session = run.session
+            session, scoring = run.session, run.scores is not None
             for i, token in enumerate(chunk):
                 last = not run.todo and i == len(chunk) - 1
-                self._put(n, token, len(session.tokens), session.seq_id, last or run.scores is not None)
+                self._put(n, token, len(session.tokens), session.seq_id, last or scoring)
                 if last:
                     rows.append(run)
-                elif run.scores is not None:
+                elif scoring:
                     scored.append((len(rows) + len(scored), run, len(session.tokens)))
                 session.tokens.append(token)
                 n += 1
