@@ -12,7 +12,8 @@ text fail on both, and the comparison is what matters. Must not: change the suit
     .venv/bin/python -m bench.server_suite [--files unit/test_chat_completion.py,...] [--out FILE]
 
 The targets: llama-server (built from the same sources, `-np 2`, 2,048 tokens a slot, `--jinja`,
-`--metrics`, `--slots`) and the pool (one coordinator, one worker with 2 sequences of 2,048 tokens),
+`--metrics`, `--slots`) and the pool (one coordinator with `--any-model-name true`, one worker with 2
+sequences of 2,048 tokens),
 each on 127.0.0.1, each stopped when its run ends.
 """
 
@@ -116,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
             run_suite(python, tests, peer.port, files, work / "peer.xml")
     if "pool" in targets:
         worker = ["--threads", str(THREADS), "--max-sessions", "2", "--session-max-tokens", "2048"]
-        with pool(work / "pool", workers=[worker]) as running:
+        # The suite names models of its own (a hub's, `gpt-3.5-turbo-instruct`): llama-server serves its one
+        # model under any name, and so does a pool set to (ANY_MODEL_NAME).
+        with pool(work / "pool", workers=[worker], coordinator=["--any-model-name", "true"]) as running:
             run_suite(python, tests, int(running.url.rsplit(":", 1)[1]), files, work / "pool.xml")
     peer_results, pool_results = outcomes(work / "peer.xml"), outcomes(work / "pool.xml")
     split = compare(peer_results, pool_results)

@@ -7,6 +7,7 @@ Must not: parse any public wire format (surfaces do) or admit anything (gateway.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from protocol.worker import EmbedRequest
@@ -18,6 +19,11 @@ class Embedding:
     request_id: str
     payload: bytes  # the JSON posted to the worker: only the fields the client set
     surface: str  # for the log line: which public API it came through
+
+    def for_model(self, name: str) -> Embedding:
+        """Itself naming the served model `name` (a name the pool took for it: pool/models.py)."""
+        request = self.request.model_copy(update={"model": name})
+        return dataclasses.replace(self, request=request, payload=request.model_dump_json(exclude_unset=True).encode())
 
     @classmethod
     def of(cls, request: EmbedRequest, request_id: str, surface: str) -> Embedding:

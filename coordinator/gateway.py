@@ -30,7 +30,7 @@ from coordinator.embedding import Embedding
 from coordinator.errors import CoordinatorError
 from coordinator.generation import Generation
 from coordinator.metrics import tenant_label
-from coordinator.pool.models import resolve_model
+from coordinator.pool.models import resolve_model, stand_in
 from coordinator.pool.registry import ALIVE, WorkerRecord
 from coordinator.relay.dispatch import OpenStream, PrefixHints, PrefixPeer
 from coordinator.relay.embeddings import EmbedAnswer
@@ -164,7 +164,10 @@ class Gateway:
         state = self._state
         try:
             self._check_own_limits()
-            model = resolve_model(state.registry, state.settings.default_model, gen.request.model)
+            model = resolve_model(state.registry, state.settings.default_model, gen.request.model,
+                                  any_name=state.settings.any_model_name)
+            if (name := stand_in(state.registry, gen.request.model, model)) is not None:
+                gen = gen.for_model(name)
             identity = state.registry.identity_of(model) if model is not None else ""
             key = cache_key(gen.surface, model, gen.request, identity) if state.cache.enabled else None
             if key is not None:
@@ -206,7 +209,10 @@ class Gateway:
             if state.draining:
                 raise CoordinatorError(reasons.DRAINING, "the coordinator is shutting down; try another",
                                        retry_after=state.settings.retry_after)
-            model = resolve_model(state.registry, state.settings.default_model, work.request.model)
+            model = resolve_model(state.registry, state.settings.default_model, work.request.model,
+                                  any_name=state.settings.any_model_name)
+            if (name := stand_in(state.registry, work.request.model, model)) is not None:
+                work = work.for_model(name)
             if state.embedding_queue.enabled() and model is not None:
                 answer = await in_turn(state.embedding_queue, model, lambda placed: self._embed(work, model, placed),
                                        started=started, now=self.now, metrics=state.metrics,

@@ -44,6 +44,11 @@ class Generation:
                                        payload=request.model_dump_json(exclude_unset=True).encode())
         return dataclasses.replace(self, demand=dataclasses.replace(self.demand, preempts=True))
 
+    def for_model(self, name: str) -> Generation:
+        """Itself naming the served model `name` (a name the pool took for it: pool/models.py)."""
+        request = self.request.model_copy(update={"model": name})
+        return dataclasses.replace(self, request=request, payload=request.model_dump_json(exclude_unset=True).encode())
+
     @classmethod
     def of(cls, request: GenerateRequest, request_id: str, surface: str, priority: str = "") -> Generation:
         demand = Demand(request.prompt_bytes(), request.max_tokens, messages=len(request.messages or ()),

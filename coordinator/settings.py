@@ -146,6 +146,10 @@ class Settings(BaseModel):
         default=100_000, ge=0, description="conversation fingerprints remembered for prefix affinity (0: off)")
     default_model: str | None = Field(
         default=None, max_length=256, description="model for requests that name none (default: the only model)")
+    any_model_name: bool = Field(
+        default=False, description="a request naming a model no worker serves goes where one naming none goes "
+        "(DEFAULT_MODEL, or the only model served) instead of 404, as llama-server serves its one model under any "
+        "name: for clients that insist on a name of their own")
     max_choices: int = Field(
         default=8, ge=1, le=MAX_CHOICES, description="the most choices one request may ask for (OpenAI's `n`; "
         "more: 400). All of a request's choices run on one worker, a sequence and a KV reservation each, so keep "

@@ -1,6 +1,7 @@
 """Which served model a request means.
 
-Owns: resolving a requested name or alias, the configured default, or the only model served.
+Owns: resolving a requested name or alias, the configured default, or the only model served (also for
+a name no worker serves, when the pool is set to take any name, as llama-server does).
 Must not: hold state; the registry keeps the names (O(1) per lookup).
 """
 
@@ -11,18 +12,28 @@ from coordinator.pool.registry import Registry
 from protocol import reasons
 
 
-def resolve_model(registry: Registry, default: str | None, requested: str | None) -> str | None:
+def resolve_model(registry: Registry, default: str | None, requested: str | None, *,
+                  any_name: bool = False) -> str | None:
     """The served model a request means, or a `CoordinatorError` (404 names the models served); None
-    when nothing is served yet (admission then answers `no_workers`)."""
-    if requested is None:
+    when nothing is served yet (admission then answers `no_workers`). `any_name`: a name no worker
+    serves means what no name means (the default, or the only model), when there is one."""
+    model = None if requested is None else registry.resolve(requested)
+    if model is not None:
+        return model
+    if requested is None or (any_name and (default or len(registry.known_models()) == 1)):
         if default:
             return registry.resolve(default) or default
         known = registry.known_models()
         if len(known) > 1:
             raise CoordinatorError(reasons.INVALID_REQUEST, f"model: required, this pool serves {', '.join(known)}")
         return known[0] if known else None
-    model = registry.resolve(requested)
-    if model is None:
-        served = ", ".join(registry.known_models()) or "none"
-        raise CoordinatorError(reasons.UNKNOWN_MODEL, f"no worker serves model {requested!r}; served: {served}")
+    served = ", ".join(registry.known_models()) or "none"
+    raise CoordinatorError(reasons.UNKNOWN_MODEL, f"no worker serves model {requested!r}; served: {served}")
+
+
+def stand_in(registry: Registry, requested: str | None, model: str | None) -> str | None:
+    """The served name to send workers in place of `requested` when it names nothing served (a name
+    taken with `any_name`: a worker checks the name itself); None: send the request as it came."""
+    if requested is None or model is None or registry.resolve(requested) is not None:
+        return None
     return model

@@ -180,11 +180,13 @@ class ChunkEncoder:
         return f'"delta":{{"content":{quoted}}},"logprobs":{lp},"finish_reason":null'
 
     def _opening(self, i: int) -> bytes:
-        """A chat choice's first chunk, role only, before its first content (b"" after it, and for text)."""
+        """A chat choice's first chunk, role only, before its first content (b"" after it, and for text).
+        Its `content` is null, as llama-server sends it (OpenAI sends "", its schema allows both): llama.cpp's
+        own server suite holds a chunk's `content` to absent, null or not empty."""
         if not self._first[i] or self._options.kind != "chat":
             return b""
         self._first[i] = False
-        return self._frame(i, '"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null')
+        return self._frame(i, '"delta":{"role":"assistant","content":null},"logprobs":null,"finish_reason":null')
 
     def _logprobs(self, i: int, text: str, probability: float, top: Top | None) -> str:
         value, k = logprob(probability), self._options.top_logprobs

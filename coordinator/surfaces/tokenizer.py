@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
 from coordinator.errors import CoordinatorError
-from coordinator.pool.models import resolve_model
+from coordinator.pool.models import resolve_model, stand_in
 from coordinator.pool.registry import WorkerRecord
 from coordinator.relay.dispatch import Failover, worker_refusal
 from coordinator.state import CoordinatorState
@@ -102,7 +102,9 @@ async def _ask(request: Request, path: str, named: str | None, work: BaseModel, 
     """`work` posted to the first worker of the model that answers; its answer, checked, as it came."""
     state: CoordinatorState = request.app.state.coordinator
     request_id = request_id_of(request)
-    model = resolve_model(state.registry, state.settings.default_model, named)
+    model = resolve_model(state.registry, state.settings.default_model, named, any_name=state.settings.any_model_name)
+    if (name := stand_in(state.registry, named, model)) is not None and "model" in type(work).model_fields:
+        work = work.model_copy(update={"model": name})
     candidates = _workers(state, model)
     if not candidates:
         raise CoordinatorError(reasons.NO_WORKERS if model is None else reasons.MODEL_UNAVAILABLE,

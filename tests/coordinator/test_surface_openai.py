@@ -185,6 +185,20 @@ async def test_unknown_model_lists_the_models_served_and_reaches_the_sdk_as_not_
     assert "gemma, smol" in str(caught.value)
 
 
+async def test_with_any_model_name_an_unknown_name_is_served_by_the_model_and_sent_as_its_name() -> None:
+    """ANY_MODEL_NAME: as llama-server serves its one model under any name; the worker, which checks the
+    name itself, is sent the served one (an alias it knows is sent as it came)."""
+    fakes = FakeWorkers({"w1": streaming(STREAM)})
+    settings = SETTINGS.model_copy(update={"any_model_name": True})
+    async with pool(fakes, ONE, settings=settings) as (client, sdk):
+        chat = await sdk.chat.completions.create(model="gpt-3.5-turbo", messages=[{"role": "user", "content": "x"}])
+        assert sent_body(fakes)["model"] == "smol" and chat.choices[0].message.content == "Hello!"
+        await sdk.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "x"}])
+        assert sent_body(fakes)["model"] == "smollm2"
+        listed = await client.get("/v1/models")
+    assert [m["id"] for m in listed.json()["data"]] == ["smol"]  # the names it takes are not listed
+
+
 async def test_at_capacity_the_sdk_sees_503_with_retry_after() -> None:
     fakes = FakeWorkers({"w1": refusing(503, "sessions_full", retry_after=2)})
     async with pool(fakes, ONE) as (client, sdk):
@@ -260,7 +274,8 @@ async def test_fields_with_values_that_change_nothing_are_accepted() -> None:
 
 async def test_chat_stream_opens_with_the_role_alone_closes_with_an_empty_delta_and_has_a_fingerprint() -> None:
     """As OpenAI streams it (strict clients check both ends): before, the role rode on the first content
-    chunk and the last chunk carried `delta: {"content": ""}`; `system_fingerprint` was absent."""
+    chunk and the last chunk carried `delta: {"content": ""}`; `system_fingerprint` was absent. The role's
+    chunk has `content: null` (llama.cpp's server suite refuses an empty content delta)."""
     fakes = FakeWorkers({"w1": streaming(STREAM)})
     async with pool(fakes, ONE) as (client, _):
         response = await client.post("/v1/chat/completions", json={
@@ -269,7 +284,7 @@ async def test_chat_stream_opens_with_the_role_alone_closes_with_an_empty_delta_
     chunks = [json.loads(line[6:]) for line in response.text.splitlines()
               if line.startswith("data: {")]
     deltas = [c["choices"][0]["delta"] for c in chunks]
-    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert deltas[0] == {"role": "assistant", "content": None}
     assert deltas[1:-1] == [{"content": "He"}, {"content": "llo"}, {"content": "!"}]
     assert deltas[-1] == {} and chunks[-1]["choices"][0]["finish_reason"] == "stop"
     assert {c["system_fingerprint"] for c in chunks} == {whole.json()["system_fingerprint"]}

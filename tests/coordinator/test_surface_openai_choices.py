@@ -71,7 +71,7 @@ async def test_n_streamed_each_choice_opens_with_its_role_and_closes_with_its_re
     assert sorted(by_index) == [0, 1, 2]
     for i, text, reason in ((0, "Aa!", "length"), (1, "B", "stop"), (2, "Ccc", "length")):
         seen = by_index[i]
-        assert seen[0].delta.role == "assistant" and seen[0].delta.content == ""
+        assert seen[0].delta.role == "assistant" and seen[0].delta.content is None
         assert "".join(c.delta.content or "" for c in seen) == text
         assert [c.finish_reason for c in seen][-1] == reason and seen[-1].delta.content is None
         assert all(c.finish_reason is None for c in seen[:-1])

@@ -13,8 +13,11 @@ The formats:
 - **generic**, for a template that does not list tools itself (SmolLM2's and Gemma 3's, and a model
   with no template). The functions are listed in the system turn, one JSON object per line, after an
   instruction to answer a call with only `{"name": ..., "arguments": {...}}` (several calls, with
-  `parallel`: a JSON list of such objects). An assistant's earlier calls are written back as that
-  JSON, and a tool's result as a user turn `Result of NAME: ...`.
+  `parallel`: a JSON list of such objects). An assistant's earlier calls are written back as a
+  sentence naming each function and its arguments (`I called get_weather with unit c.`), not as the
+  JSON a call is: given its own call as JSON and then the result, a small model (SmolLM2-135M) writes
+  the same call again rather than answer from the result (llama.cpp's server suite's
+  `test_calc_result`, docs/evaluation.md). A tool's result is a user turn `Result of NAME: ...`.
 - **tagged**, for a template that lists `tools` itself and writes calls as `<tool_call>` blocks (the
   Hermes 2 Pro format, which Qwen 2.5 and 3 and many later templates use). The template gets `tools`
   and the conversation as Hugging Face's chat format has it (`tool_calls` on an assistant's turn with
@@ -96,6 +99,16 @@ def _arguments(text: str) -> Any:
         return text
 
 
+def _with(arguments: Any) -> str:
+    """` with` a call's arguments as words (`unit c, days 3`; a value other than a string as JSON), or ""."""
+    if not arguments:
+        return ""
+    if isinstance(arguments, dict):
+        return " with " + ", ".join(f"{k} {v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}"
+                                    for k, v in arguments.items())
+    return " with " + (arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False))
+
+
 class _Generic:
     name = "generic"
 
@@ -123,9 +136,8 @@ class _Generic:
 
     @staticmethod
     def calls_text(calls: Sequence[CalledFunction]) -> str:
-        """Earlier calls as the model writes them: one object, or a list of them."""
-        written = [{"name": c.name, "arguments": _arguments(c.arguments)} for c in calls]
-        return json.dumps(written[0] if len(written) == 1 else written, ensure_ascii=False)
+        """Earlier calls as a sentence: `I called f with a 1, b x, and g.`"""
+        return "I called " + ", and ".join(c.name + _with(_arguments(c.arguments)) for c in calls) + "."
 
     def constraint(self, tools: ToolUse) -> CallConstraint | None:
         if tools.choice == "none":

@@ -53,8 +53,11 @@ def test_the_generic_format_lists_the_tools_and_writes_calls_and_results_as_plai
     system = turns[0]["content"]
     assert system.startswith("Be brief.\n\nYou can call functions.") and "JSON list" in system
     assert [json.loads(line)["name"] for line in system.splitlines()[-2:]] == ["get_weather", "get_time"]
-    assert json.loads(turns[2]["content"]) == [{"name": "get_weather", "arguments": {"unit": "c"}},
-                                               {"name": "get_time", "arguments": {}}]
+    # Earlier calls as words, not the JSON of a call, which a small model copies instead of answering.
+    assert turns[2]["content"] == "I called get_weather with unit c, and get_time."
+    assert GENERIC.turns([Message("assistant", "", (CalledFunction(
+        name="f", arguments='{"city": "Paris", "days": 3, "at": {"hour": 9}}'),))], None)[0][0]["content"] == (
+        'I called f with city Paris, days 3, at {"hour": 9}.')
     assert [t["content"] for t in turns[3:]] == ["Result of get_weather: 18 degrees", "Result of get_time: noon"]
     # Without parallel calls the instructions do not offer a list; without a system turn one comes first.
     alone, _ = GENERIC.turns([Message("user", "Hi")], tools(parallel=False))
