@@ -125,16 +125,20 @@ class EmbeddingAttempts:
                 reserved()
                 reserved = None
             self._breakers.attempt(worker)
+            span = work.trace.child("dispatch", {"llm_pool.worker": worker.worker_id, "llm_pool.attempt": attempt})
             try:
-                response = await self._dispatcher.send(worker, work, left)
+                response = await self._dispatcher.send(worker, work, left, traceparent=span.traceparent())
             except Failover as failover:
+                span.fail(failover.reason)
                 judge(failover, worker.worker_id, work.request_id, self._breakers, self._metrics, embeddings=True)
                 failed.add(failover)
                 continue
-            except BaseException:
+            except BaseException as exc:
+                span.raised(exc)
                 self._breakers.settled(worker.worker_id)
                 raise
             finally:
+                span.end()
                 self._admission.release(slot)
             self._breakers.succeeded(worker.worker_id)
             return EmbedAnswer(response, attempt)

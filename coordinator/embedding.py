@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from protocol.worker import EmbedRequest
+from serving.tracing import NO_TRACE, Trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +20,7 @@ class Embedding:
     request_id: str
     payload: bytes  # the JSON posted to the worker: only the fields the client set
     surface: str  # for the log line: which public API it came through
+    trace: Trace = NO_TRACE  # its spans, when this coordinator traces (the gateway begins it)
 
     def for_model(self, name: str) -> Embedding:
         """Itself naming the served model `name` (a name the pool took for it: pool/models.py)."""

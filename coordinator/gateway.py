@@ -201,9 +201,29 @@ class Gateway:
             raise internal from None
 
     async def embed(self, work: Embedding, started: float, *,
-                    client_gone: Callable[[], Awaitable[None]] | None = None) -> EmbedAnswer:
+                    client_gone: Callable[[], Awaitable[None]] | None = None,
+                    headers: Mapping[str, str] | None = None) -> EmbedAnswer:
         """Admit (waiting in the embedding queue while every slot is taken), schedule and dispatch an
-        embedding request; its answer, or a `CoordinatorError` (already counted and logged)."""
+        embedding request; its answer, or a `CoordinatorError` (already counted and logged). `headers`:
+        the client's, whose `traceparent` the request's span continues when this coordinator traces."""
+        trace = tracing.begin(self._state.tracing, f"{work.surface} request", headers or {}, {
+            "llm_pool.request_id": work.request_id, "llm_pool.surface": work.surface,
+            "llm_pool.tenant": work.request.tenant, "llm_pool.model": work.request.model or ""})
+        if trace is not NO_TRACE:  # an untraced request is not copied for it
+            work = dataclasses.replace(work, trace=trace)
+        try:
+            answer = await self._embed_admitted(work, started, client_gone)
+        except BaseException as exc:
+            trace.raised(exc)
+            trace.end()
+            raise
+        trace.set({"llm_pool.worker": answer.response.worker_id, "llm_pool.model": answer.response.model,
+                   "llm_pool.inputs": len(answer.response.embeddings), "llm_pool.attempts": answer.attempts})
+        trace.end()
+        return answer
+
+    async def _embed_admitted(self, work: Embedding, started: float,
+                              client_gone: Callable[[], Awaitable[None]] | None) -> EmbedAnswer:
         state = self._state
         try:
             if state.draining:
@@ -214,7 +234,9 @@ class Gateway:
             if (name := stand_in(state.registry, work.request.model, model)) is not None:
                 work = work.for_model(name)
             if state.embedding_queue.enabled() and model is not None:
-                answer = await in_turn(state.embedding_queue, model, lambda placed: self._embed(work, model, placed),
+                waiting = work.trace.child("queue")
+                answer = await in_turn(state.embedding_queue, model,
+                                       lambda placed: self._embed(work, model, placed, waiting),
                                        started=started, now=self.now, metrics=state.metrics,
                                        client_gone=client_gone)
             else:
@@ -232,16 +254,20 @@ class Gateway:
         response = answer.response
         state.requests.embedded(work.request_id, work.surface, worker_id=response.worker_id, model=response.model,
                                 inputs=len(response.embeddings), tokens=sum(response.prompt_tokens),
-                                attempts=answer.attempts, started=started)
+                                attempts=answer.attempts, started=started, trace_id=work.trace.trace_id)
         return answer
 
-    async def _embed(self, work: Embedding, model: str | None, placed: Placed) -> EmbedAnswer:
-        """One placement attempt: admission's check, the embedding policy's ranking, then dispatch."""
+    async def _embed(self, work: Embedding, model: str | None, placed: Placed, waiting: Trace = NO_TRACE
+                     ) -> EmbedAnswer:
+        """One placement attempt: admission's check, the embedding policy's ranking, then dispatch.
+        `waiting`: the span of its wait in the queue, which ends here."""
+        waiting.end()
         state = self._state
-        state.embedding_admission.check(model)
-        decision = state.embedding_policy.select(
-            Request(EMBEDDING_DEMAND, model, turn=next(state.turns), rng=state.rng),
-            state.registry.alive(model), now=state.clock.monotonic())
+        with work.trace.step("placement"):
+            state.embedding_admission.check(model)
+            decision = state.embedding_policy.select(
+                Request(EMBEDDING_DEMAND, model, turn=next(state.turns), rng=state.rng),
+                state.registry.alive(model), now=state.clock.monotonic())
         if decision.reason is not None:
             raise CoordinatorError(decision.reason, f"no worker can take it now: {decision.reason}",
                                    retry_after=state.settings.retry_after)

@@ -34,6 +34,7 @@ from coordinator.upstream import (
 )
 from protocol import reasons
 from protocol.worker import EMBED_PATH, PROTOCOL_HEADER, PROTOCOL_VERSION, REQUEST_ID_HEADER, EmbedResponse
+from serving.tracing import TRACEPARENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +49,15 @@ class EmbeddingDispatcher:
         self._timeout = timeout
         self._auth = {"authorization": f"Bearer {worker_token}"} if worker_token else {}
 
-    async def send(self, worker: WorkerRecord, work: Embedding, left: float) -> EmbedResponse:
-        """`work` embedded by `worker` within `left` seconds, or the `Failover` or `CoordinatorError` saying why not."""
+    async def send(self, worker: WorkerRecord, work: Embedding, left: float, *,
+                   traceparent: str | None = None) -> EmbedResponse:
+        """`work` embedded by `worker` within `left` seconds, or the `Failover` or `CoordinatorError` saying why not.
+        `traceparent`: the attempt's span, sent on to the worker (W3C trace context)."""
         url = worker.url.rstrip("/") + EMBED_PATH
         headers = {"content-type": "application/json", REQUEST_ID_HEADER: work.request_id,
                    PROTOCOL_HEADER: str(PROTOCOL_VERSION)} | self._auth
+        if traceparent is not None:
+            headers[TRACEPARENT] = traceparent
         response: WorkerResponse | None = None
         try:
             async with asyncio.timeout(left):

@@ -111,8 +111,8 @@ class RequestLog:
                   finish_reason=finished, duration_ms=_ms(self._now() - started))
 
     def embedded(self, request_id: str, surface: str, *, worker_id: str, model: str, inputs: int, tokens: int,
-                 attempts: int, started: float) -> None:
-        """An embedding request answered: its counts and its log line."""
+                 attempts: int, started: float, trace_id: str = "") -> None:
+        """An embedding request answered: its counts and its log line (`trace_id`: its trace's, when traced)."""
         now, metrics = self._now(), self._metrics
         metrics.admitted()
         metrics.embedding_requests.inc()
@@ -120,7 +120,8 @@ class RequestLog:
         metrics.embedding_tokens.inc(tokens)
         metrics.embedding_latency.observe(now - started)
         self.line(request_id=request_id, surface=surface, status=200, worker_id=worker_id, model=model,
-                  inputs=inputs, prompt_tokens=tokens, duration_ms=_ms(now - started), attempts=attempts)
+                  inputs=inputs, prompt_tokens=tokens, duration_ms=_ms(now - started), attempts=attempts,
+                  **({"trace_id": trace_id} if trace_id else {}))
 
     def line(self, **fields: Any) -> None:
         self._log.info(json.dumps({"event": "request", **fields}, separators=(",", ":")))

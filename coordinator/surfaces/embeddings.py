@@ -68,7 +68,8 @@ async def create(request: Request) -> Response:
         gateway.refused(request_id, exc, started, surface=SURFACE)
         return _error(request_id, exc)
     try:
-        answer = await gateway.embed(work, started, client_gone=lambda: client_left_of(request.receive))
+        answer = await gateway.embed(work, started, client_gone=lambda: client_left_of(request.receive),
+                                     headers=request.headers)
     except CoordinatorError as exc:
         return _error(request_id, exc)
     return JSONResponse(encode(answer, encoding), headers={REQUEST_ID_HEADER: request_id,

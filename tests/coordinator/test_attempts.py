@@ -123,7 +123,7 @@ class Embedders:
     def __init__(self, hints: dict[str, int | None]) -> None:
         self.hints = hints
 
-    async def send(self, worker: Any, work: Any, left: float) -> Any:
+    async def send(self, worker: Any, work: Any, left: float, *, traceparent: str | None = None) -> Any:
         raise refused(self.hints[worker.worker_id])
 
 

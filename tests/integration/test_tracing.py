@@ -74,6 +74,26 @@ def test_one_request_is_one_trace_across_both_services_under_the_clients_span(
                5, "the request's log lines")
 
 
+def test_an_embedding_request_is_one_trace_across_both_services_too(traced_pool: tuple[FaultPool, OtlpSink]) -> None:
+    pool, receiver = traced_pool
+    trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
+    answer = httpx.post(pool.url + "/v1/embeddings", timeout=60,
+                        headers={"traceparent": f"00-{trace_id}-{client_span}-01"},
+                        json={"input": ["one sentence", "and another"]})
+    assert answer.status_code == 200, answer.text
+    want = {"openai-embeddings request", "placement", "dispatch", "worker embed"}
+    wait_until(lambda: want <= {s.name for s in receiver.of_trace(trace_id)}, 10, "both services' spans to arrive")
+    spans = {s.name: s for s in receiver.of_trace(trace_id)}
+    request, dispatch, embed = spans["openai-embeddings request"], spans["dispatch"], spans["worker embed"]
+    assert request.parent == client_span and request.service == "llm-pool-coordinator"
+    assert spans["placement"].parent == dispatch.parent == request.span_id
+    assert embed.parent == dispatch.span_id and embed.service == "llm-pool-worker"
+    assert request.attributes["llm_pool.inputs"] == embed.attributes["llm_pool.inputs"] == 2
+    assert embed.attributes["llm_pool.tokens"] > 0 and not any(s.error for s in spans.values())
+    wait_until(lambda: all(trace_id in (pool.log_dir / f"{name}.log").read_text() for name in ("coordinator", "t1")),
+               5, "the request's log lines")
+
+
 def test_a_refusal_is_a_span_in_error_with_its_reason_and_a_request_without_traceparent_starts_a_trace(
         traced_pool: tuple[FaultPool, OtlpSink]) -> None:
     pool, receiver = traced_pool

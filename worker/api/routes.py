@@ -206,16 +206,20 @@ async def embed(body: EmbedRequest, request: Request) -> JSONResponse:
     authorize(request)
     _check_protocol(request)
     metrics: WorkerMetrics = request.app.state.metrics
-    try:
-        runtime = runtime_of(request)
-        embedded = await runtime.gate.embed(body)
-    except WorkerError as refused:
-        metrics.embedding_requests.labels(refused.reason).inc()  # counted, not logged, as generation's refusals
-        raise
+    with tracing.span(getattr(request.app.state, "tracing", None), "worker embed", request.headers, {
+            "llm_pool.request_id": request_id, "llm_pool.worker": settings.worker_id, "llm_pool.tenant": body.tenant,
+            "llm_pool.inputs": len(body.inputs)}) as trace:  # ended with the block, in error with its reason
+        try:
+            runtime = runtime_of(request)
+            embedded = await runtime.gate.embed(body)
+        except WorkerError as refused:
+            metrics.embedding_requests.labels(refused.reason).inc()  # counted, not logged, as generation's refusals
+            raise
+        trace.set({"llm_pool.tokens": sum(embedded.tokens)})
     metrics.embedding_requests.labels("ok").inc()
     log.info(json.dumps({"event": "embedding", "request_id": request_id, "worker_id": settings.worker_id,
                          "tenant": body.tenant, "inputs": len(body.inputs), "tokens": sum(embedded.tokens),
-                         "status": 200}))
+                         "status": 200, **({"trace_id": trace.trace_id} if trace.trace_id else {})}))
     answer = EmbedResponse(model=runtime.names.name, dimensions=embedded.dimensions,
                            embeddings=embedded.vectors, prompt_tokens=embedded.tokens, request_id=request_id,
                            worker_id=settings.worker_id)
