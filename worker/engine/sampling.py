@@ -42,6 +42,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from worker.engine.scoring import log_normalizers, most_likely
+
 log = logging.getLogger("worker.engine.sampling")
 # (row, its max, float32 scratch of at least the row's size) -> sum of exp(row - max); writes scratch.
 ExpSum = Callable[[np.ndarray, float, np.ndarray], float]
@@ -196,14 +198,9 @@ def _agrees(exp_sum: ExpSum) -> bool:
 
 def top_alternatives(row: np.ndarray, k: int) -> list[tuple[int, float]]:
     """The `k` most likely tokens of a row of raw logits, most likely first, each with its log-probability
-    (log-softmax over the whole row): OpenAI's `top_logprobs`. Two passes over the row."""
-    k = min(k, row.shape[0])
-    ids = np.argpartition(row, -k)[-k:]
-    ids = ids[np.argsort(-row[ids], kind="stable")]
-    top = float(row[ids[0]])
-    log_z = top + math.log(float(np.exp(row - top, dtype=np.float64).sum()))
-    # A token the model rules out (-inf) reads -9999.0, as OpenAI's API reports one: JSON has no infinity.
-    return [(int(t), max(float(row[t]) - log_z, -9999.0)) for t in ids]
+    (log-softmax over the whole row): OpenAI's `top_logprobs`. A token the model rules out (-inf) reads
+    -9999.0, as OpenAI's API reports one: JSON has no infinity."""
+    return most_likely(row, k, float(log_normalizers(row[None, :])[0]))
 
 
 class StepSampler:

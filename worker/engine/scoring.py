@@ -31,6 +31,15 @@ def _logprob(logit: float, log_z: float) -> float:
     return max(logit - log_z, MIN_LOGPROB)
 
 
+def most_likely(row: np.ndarray, k: int, log_z: float) -> list[tuple[int, float]]:
+    """The `k` most likely tokens of a row of raw logits, most likely first, each with its log-probability
+    against the row's normalizer `log_z` (OpenAI's `top_logprobs`)."""
+    k = min(k, row.shape[0])
+    ids = np.argpartition(row, -k)[-k:]
+    ids = ids[np.argsort(-row[ids], kind="stable")]
+    return [(int(t), _logprob(float(row[t]), log_z)) for t in ids]
+
+
 @dataclass(eq=False)
 class PromptScores:
     """One prompt's scores, filled in as its prefill goes: position 0 has none (nothing predicts it);
@@ -56,9 +65,7 @@ class PromptScores:
             row, z, p = rows[i], float(log_z[i]), position + 1
             self.logprobs[p] = _logprob(float(row[self.tokens[p]]), z)
             if self.k:
-                ids = np.argpartition(row, -self.k)[-self.k:]
-                ids = ids[np.argsort(-row[ids], kind="stable")]
-                self.top[p] = [(int(t), _logprob(float(row[t]), z)) for t in ids]
+                self.top[p] = most_likely(row, self.k, z)
 
     def texts(self, piece: Callable[[int], bytes]) -> tuple[list[str], list[list[tuple[str, float]]]]:
         """The tokens' texts and the top tokens' texts (each token decoded alone: a partial UTF-8
