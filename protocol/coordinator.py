@@ -10,7 +10,13 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from protocol.health import MAX_HEARTBEAT_TENANTS, MAX_POOL_WORKERS, EmbeddingService, TenantName
+from protocol.health import (
+    MAX_HEARTBEAT_TENANTS,
+    MAX_POOL_WORKERS,
+    EmbeddingService,
+    OfferedModel,
+    TenantName,
+)
 
 WorkerState = Literal["alive", "stale"]
 
@@ -87,6 +93,8 @@ class WorkerStatus(BaseModel):
     embeddings: EmbeddingService | None = Field(default=None, description="what it says it embeds (size, "
                                                 "longest input, pooling, requests at once); null: it does not")
     embedding_requests: int = Field(default=0, ge=0, description="the coordinator's embedding requests on it now")
+    offered: list[OfferedModel] = Field(default_factory=list, description="the models of its folder (--model-dir) "
+                                        "with each one's state, need and reason, as its latest heartbeat says")
 
 
 class WorkerStatusList(BaseModel):

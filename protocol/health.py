@@ -44,6 +44,11 @@ REACH_RETRY = 0.5
 # 160 bytes each as JSON, so the largest heartbeat stays inside the 64 KiB limit on its body
 # (tests/coordinator/pool/test_heartbeat.py).
 MAX_HEARTBEAT_TENANTS = 64
+# Models a worker offers from its folder (`--model-dir`) that a heartbeat lists at most, and the longest
+# reason one is not offered: all full, about 34 KiB as JSON.
+MAX_OFFERED = 32
+MAX_OFFER_REASON = 200
+OfferState = Literal["loaded", "offered", "unavailable", "too_large"]
 MAX_POOL_WORKERS = 1_000_000  # the workers a coordinator may say it knows (HeartbeatAck, Heartbeat)
 JOIN_SETTLE = 2 * REACH_RETRY
 
@@ -170,6 +175,21 @@ class EmbeddingService(BaseModel):
                           "or queued); past them it refuses with 503 `embeddings_full`")
 
 
+class OfferedModel(BaseModel):
+    """One model file of a worker's folder (`--model-dir`), as the worker judged it (worker/models/catalog.py)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: ModelName = Field(max_length=128)
+    aliases: list[ModelName] = Field(default_factory=list, max_length=4)
+    identity: str = Field(default="", max_length=128, pattern=r"^[A-Za-z0-9:._-]*$",
+                          description="its file's identity digest: a file replaced under the same name differs")
+    state: OfferState = Field(description="loaded (served now), offered (it could load it), unavailable (not a "
+                              "model it can read) or too_large (past its memory budget)")
+    need_bytes: int = Field(default=0, ge=0, le=MAX_BYTES, description="its weights and its sessions' KV cache")
+    reason: str = Field(default="", max_length=MAX_OFFER_REASON, description="why it is not offered")
+
+
 class Heartbeat(BaseModel):
     """`POST /coordinator/health/heartbeat` body, sent by each worker every interval."""
 
@@ -192,6 +212,9 @@ class Heartbeat(BaseModel):
                               "started is ready once it knows as many (coordinator/pool/readiness.py)")
     leaving: bool = Field(default=False, description="its last beat: the worker stops now (after its drain), so "
                           "the coordinator stops scheduling on it at once rather than when its beats stop")
+    offered: list[OfferedModel] = Field(default_factory=list, max_length=MAX_OFFERED,
+                                        description="the models of its folder (`--model-dir`), the one it serves "
+                                        "among them as loaded; empty without a folder")
 
 
 class WorkerHealth(BaseModel):

@@ -1,4 +1,4 @@
-"""The internal coordinator <-> worker contract, version 8: what a coordinator posts to a worker's
+"""The internal coordinator <-> worker contract, version 10: what a coordinator posts to a worker's
 `POST /worker/generate` and the SSE events the worker streams back, and the embedding request a
 coordinator posts to `POST /worker/embed` with its one JSON answer.
 
@@ -30,7 +30,10 @@ tenant has running and has been served there (`WorkerLoad.tenants`), from which 
 a pool counts the service the others gave each tenant (fair shares across coordinators), and each
 request's priority class (`GenerateRequest.priority`): an interactive request may park a batch one's
 sequence on a full worker (`WorkerLoad.parkable`, `WorkerLoad.parked`), and a raw prompt given as
-token ids (`GenerateRequest.prompt_tokens`).
+token ids (`GenerateRequest.prompt_tokens`). Version 9 added a prompt's own scores
+(`GenerateRequest.prompt_logprobs`, `PromptEvent`); version 10 lists the models a worker offers from its
+folder in its heartbeats (`protocol.health.Heartbeat.offered`; an older coordinator would refuse the
+unknown field).
 Embeddings need no version of their own: a worker that does not serve them never says so in its
 heartbeat (`protocol.health.Heartbeat.embeddings`), so no coordinator sends it an `EmbedRequest`.
 """
@@ -42,7 +45,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 GENERATE_PATH = "/worker/generate"
 # Open even with a worker token (probes cannot send one); the coordinator reads it before it registers
 # a new worker (coordinator/pool/probe.py).

@@ -388,6 +388,13 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("scored-prompt-cached", "a scored prompt is prefilled whole, its cached cells (no logits) not reused",
              "worker/admission.py", "            cached = 0  # cells already held have no logits",
              "            pass  # cells already held have no logits", (T_SCORING,)),
+    Mutation("offered-model-taken-by-any-name", "a model a worker offers but none serves is refused, never "
+             "answered by the default model", "coordinator/pool/models.py",
+             "    if requested is not None:\n        _offered(registry, requested)\n",
+             "    if False:\n        _offered(registry, requested)\n", ("tests/coordinator/pool/test_models.py",)),
+    Mutation("folder-serves-all-loaded", "a heartbeat lists only the model a worker serves as loaded",
+             "worker/models/folder.py", "loaded = o.state == \"offered\" and _same_file(o.path, serving)",
+             "loaded = o.state == \"offered\"", ("tests/worker/models/test_folder.py",)),
 )
 
 

@@ -25,7 +25,14 @@ import httpx
 from pydantic import ValidationError
 
 from protocol.coordinator import HeartbeatAck
-from protocol.health import MAX_HEARTBEAT_TENANTS, REACH_RETRY, EmbeddingService, Heartbeat, WorkerLoad
+from protocol.health import (
+    MAX_HEARTBEAT_TENANTS,
+    REACH_RETRY,
+    EmbeddingService,
+    Heartbeat,
+    OfferedModel,
+    WorkerLoad,
+)
 from worker.naming import ModelNames
 from worker.settings import MAX_COORDINATORS
 
@@ -45,7 +52,8 @@ async def resolve(host: str, port: int) -> list[str]:
 class HeartbeatSender:
     def __init__(self, *, coordinator_urls: Sequence[str], worker_id: str, worker_url: str, names: ModelNames,
                  token: str, interval: float, load: Callable[[], WorkerLoad], model_identity: str = "",
-                 embeddings: EmbeddingService | None = None, transport: httpx.AsyncBaseTransport | None = None,
+                 embeddings: EmbeddingService | None = None, offered: Sequence[OfferedModel] = (),
+                 transport: httpx.AsyncBaseTransport | None = None,
                  resolve_all: bool = False, resolver: Resolver = resolve,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self._bases = [u.rstrip("/") for u in coordinator_urls][:MAX_COORDINATORS]
@@ -56,6 +64,7 @@ class HeartbeatSender:
         self._names = names
         self._identity = model_identity
         self._embeddings = embeddings
+        self._offered = list(offered)
         self._headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
         self._interval = interval
         self._load = load
@@ -76,7 +85,7 @@ class HeartbeatSender:
         return Heartbeat(worker_id=self._worker_id, url=self._worker_url, model=self._names.name,
                          aliases=list(self._names.aliases), model_identity=self._identity,
                          embeddings=self._embeddings, load=load, timestamp=self._wall_clock(),
-                         pool_workers=max(self._pool.values(), default=0), leaving=leaving)
+                         pool_workers=max(self._pool.values(), default=0), leaving=leaving, offered=self._offered)
 
     async def targets(self) -> list[str]:
         """The heartbeat URLs of this interval: each coordinator URL, or each address of its name."""

@@ -13,7 +13,7 @@ import contextlib
 import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import httpx
 
@@ -36,6 +36,8 @@ from worker.errors import WorkerError
 from worker.heartbeat import HeartbeatSender
 from worker.ledger import TenantLedger
 from worker.metrics import WorkerMetrics
+from worker.models import folder
+from worker.models.catalog import Offer
 from worker.naming import ModelNames
 from worker.peers import HttpPeers
 from worker.sessions.table import KvLimits, SessionTable
@@ -52,11 +54,13 @@ HANDOVER_GRACE = 2.0  # for the `error` events of the streams ended at the drain
 
 class WorkerRuntime:
     def __init__(self, settings: WorkerSettings, model: ModelBackend, metrics: WorkerMetrics, *,
-                 clock: Callable[[], float], owns_model: bool = True) -> None:
-        """`owns_model`: `stop` closes the model (not when it was handed in to outlive this runtime)."""
+                 clock: Callable[[], float], owns_model: bool = True, offers: Sequence[Offer] = ()) -> None:
+        """`owns_model`: `stop` closes the model (not when it was handed in to outlive this runtime).
+        `offers`: the models of its folder (`--model-dir`; worker/models/folder.py), listed in its heartbeats."""
         self.settings = settings
         self.model = model
         self._owns_model = owns_model
+        self._offers = list(offers)
         self.metrics = metrics
         self.names = ModelNames.choose(configured=settings.model_name, configured_aliases=settings.model_aliases,
                                        general_name=model.meta_str("general.name"),
@@ -171,7 +175,7 @@ class WorkerRuntime:
                 coordinator_urls=s.coordinator_urls, worker_id=s.worker_id, worker_url=s.worker_url,
                 names=self.names, token=s.worker_token, interval=s.heartbeat_interval,
                 load=self.load, model_identity=self.model.identity, embeddings=self.embedding_service(),
-                transport=transport, resolve_all=s.coordinator_resolve_all)
+                offered=folder.listed(self._offers, s.model_path, self.names), transport=transport, resolve_all=s.coordinator_resolve_all)
             self.table.on_named = self.heartbeats.nudge
             if s.room_wait_seconds > 0:  # several coordinators: each learns of a freed sequence at once
                 loop, room = asyncio.get_running_loop(), functools.partial(self.heartbeats.nudge, room=True)

@@ -26,6 +26,8 @@ ENV_NAMES = {
     "model_path": "MODEL_PATH",
     "model_name": "MODEL_NAME",
     "model_aliases": "MODEL_ALIASES",
+    "model_dir": "WORKER_MODEL_DIR",
+    "model_memory": "WORKER_MODEL_MEMORY",
     "worker_id": "WORKER_ID",
     "worker_url": "WORKER_URL",
     "coordinator_url": "COORDINATOR_URL",
@@ -83,6 +85,11 @@ class WorkerSettings(BaseModel):
                             description="public name of the model; default: derived from the GGUF's general.name")
     model_aliases: tuple[str, ...] = Field(default=(), max_length=16,
                                            description="comma-separated other names requests may use")
+    model_dir: Path | None = Field(default=None, description="a folder whose GGUF files the worker offers (its "
+                                   "heartbeats list them, with why one cannot be); without --model it serves the "
+                                   "first it can, in name order")
+    model_memory: int = Field(default=0, ge=0, description="bytes the folder's models may take, weights and KV; "
+                              "0: the machine's memory less a margin (the larger of 1 GiB and a tenth)")
     worker_id: str = Field(default="", max_length=128, description="default: worker-<port>")
     worker_url: str = Field(default="", description="URL the coordinator uses; default http://host:port")
     coordinator_url: str = Field(default="http://127.0.0.1:1337", max_length=4096,

@@ -49,7 +49,7 @@ _HEARTBEAT_REFUSALS = {400: "`invalid_request`: not a valid heartbeat, another p
                        409: "`worker_conflict`: without a worker token, a live worker's id from another URL",
                        502: "`worker_unavailable`: a new worker id (or one at a new URL) whose URL did not answer "
                             "`GET /worker/health` as that worker within `WORKER_PROBE_TIMEOUT`; not registered",
-                       413: "`body_too_large`: over 64 KiB"}
+                       413: "`body_too_large`: over 96 KiB"}
 
 
 @router.post(HEARTBEAT_PATH, openapi_extra={"requestBody": {
@@ -237,4 +237,4 @@ def _status(policy: Policy, w: WorkerRecord, now: float) -> WorkerStatus:
         breaker=breaker, in_flight=w.in_flight,
         ttft_ewma_ms=round(w.ttft_ewma * 1e3, 3) if w.ttft_ewma is not None else None,
         picked_age_s=round(max(0.0, now - w.picked_at), 3) if w.picked_at else None,
-        embeddings=w.embeddings, embedding_requests=w.embedding_requests)
+        embeddings=w.embeddings, embedding_requests=w.embedding_requests, offered=list(w.offered))

@@ -1,7 +1,8 @@
 """Which served model a request means.
 
 Owns: resolving a requested name or alias, the configured default, or the only model served (also for
-a name no worker serves, when the pool is set to take any name, as llama-server does).
+a name no worker serves, when the pool is set to take any name, as llama-server does); the refusal of
+a model some worker offers from its folder but none serves.
 Must not: hold state; the registry keeps the names (O(1) per lookup).
 """
 
@@ -20,6 +21,8 @@ def resolve_model(registry: Registry, default: str | None, requested: str | None
     model = None if requested is None else registry.resolve(requested)
     if model is not None:
         return model
+    if requested is not None:
+        _offered(registry, requested)
     if requested is None or (any_name and (default or len(registry.known_models()) == 1)):
         if default:
             return registry.resolve(default) or default
@@ -29,6 +32,16 @@ def resolve_model(registry: Registry, default: str | None, requested: str | None
         return known[0] if known else None
     served = ", ".join(registry.known_models()) or "none"
     raise CoordinatorError(reasons.UNKNOWN_MODEL, f"no worker serves model {requested!r}; served: {served}")
+
+
+def _offered(registry: Registry, requested: str) -> None:
+    """503 `model_unavailable` for a model a worker offers from its folder but none serves."""
+    offered = registry.offered_as(requested)
+    if offered is not None:
+        workers = ", ".join(registry.offered_models().get(offered, []))
+        raise CoordinatorError(reasons.MODEL_UNAVAILABLE, f"model {offered!r} is offered by {workers} but served by "
+                               "no worker: a worker serves the model it started with (--model, or the first of "
+                               "its --model-dir)", param="model")
 
 
 def stand_in(registry: Registry, requested: str | None, model: str | None) -> str | None:

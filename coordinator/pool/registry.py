@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from protocol import reasons
-from protocol.health import EmbeddingService, Heartbeat, WorkerLoad
+from protocol.health import EmbeddingService, Heartbeat, OfferedModel, WorkerLoad
 
 ALIVE = "alive"
 STALE = "stale"
@@ -89,6 +89,7 @@ class WorkerRecord:
     ttft_ewma: float | None = None  # recent time to first token, seconds (gateway.py)
     ttft_at: float = 0.0
     embeddings: EmbeddingService | None = None  # what it says it embeds; None: it does not
+    offered: tuple[OfferedModel, ...] = ()  # the models of its folder (--model-dir), as its latest heartbeat says
     embedding_requests: int = 0  # this coordinator's embedding requests on it now (hold_embedding)
     held: frozenset[str] = frozenset()  # session digests in its latest heartbeat (Registry._holder)
     # Capacity refusals since its last heartbeat, from a worker that other coordinators use too: it
@@ -280,6 +281,26 @@ class Registry:
     def alive_models(self) -> list[str]:
         return sorted(self._alive_by_model)
 
+    def offered_models(self) -> dict[str, list[str]]:
+        """Models alive workers offer from their folders (--model-dir) that none of them serves now, each
+        with the workers that offer it. O(alive workers x their offers): for listings and refusals."""
+        serving = self._alive_by_model
+        found: dict[str, list[str]] = {}
+        for rec in self._alive.values():
+            for offer in rec.offered:
+                if offer.state == "offered" and offer.name not in serving:
+                    found.setdefault(offer.name, []).append(rec.worker_id)
+        return dict(sorted(found.items()))
+
+    def offered_as(self, name: str) -> str | None:
+        """The offered model (not served now) that `name` names, itself or by an alias; O(as above)."""
+        for rec in self._alive.values():
+            for offer in rec.offered:
+                if offer.state == "offered" and name in (offer.name, *offer.aliases) \
+                        and offer.name not in self._alive_by_model:
+                    return offer.name
+        return None
+
     @property
     def alive_count(self) -> int:
         return len(self._alive)
@@ -304,7 +325,7 @@ class Registry:
         if rec is None:
             rec = WorkerRecord(hb.worker_id, hb.url, hb.model, hb.load, now, state=STALE, aliases=aliases,
                                model_identity=hb.model_identity, listed=frozenset(hb.load.streams),
-                               embeddings=hb.embeddings)
+                               embeddings=hb.embeddings, offered=tuple(hb.offered))
             self._workers[hb.worker_id] = rec
             self._know(rec)
             self._hold(rec, frozenset(hb.load.held))
@@ -317,6 +338,7 @@ class Registry:
                 self._know(rec)
                 self._announce_if_gone(*before)  # after: an alias change keeps the identity served
             rec.url, rec.load, rec.last_seen, rec.embeddings = hb.url, hb.load, now, hb.embeddings
+            rec.offered = tuple(hb.offered)
             rec.sessions_refused, rec.kv_free_below = False, None  # its own report: what it refused is in it
             self._reflect(rec, frozenset(hb.load.streams), hb.timestamp)
             self._hold(rec, frozenset(hb.load.held))

@@ -15,6 +15,7 @@ from coordinator.app import create_app
 from coordinator.clock import ManualClock
 from coordinator.settings import Settings
 from protocol import openai as oa
+from protocol.health import OfferedModel
 from tests.coordinator.fakes import (
     FakeWorkers,
     done,
@@ -197,6 +198,26 @@ async def test_with_any_model_name_an_unknown_name_is_served_by_the_model_and_se
         assert sent_body(fakes)["model"] == "smollm2"
         listed = await client.get("/v1/models")
     assert [m["id"] for m in listed.json()["data"]] == ["smol"]  # the names it takes are not listed
+
+
+async def test_models_lists_the_models_offered_from_a_folder_with_their_state() -> None:
+    fakes = FakeWorkers({})
+    offered = [OfferedModel(name="smol", state="loaded"), OfferedModel(name="gemma", state="offered"),
+               OfferedModel(name="big", state="too_large", reason="needs 9 bytes; the budget is 8")]
+    async with pool(fakes) as (client, sdk):
+        beat = heartbeat("w1", timestamp=ManualClock().time(), model="smol").model_copy(update={"offered": offered})
+        registered = await register(client, beat)
+        assert registered.status_code == 200, registered.text
+        listed = (await client.get("/v1/models")).json()["data"]
+        one = await client.get("/v1/models/gemma")
+        with pytest.raises(openai.InternalServerError) as caught:
+            await sdk.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "x"}])
+        status = (await client.get("/coordinator/health/workers")).json()
+    assert [(m["id"], m["state"]) for m in listed] == [("smol", "loaded"), ("gemma", "offered")]
+    assert one.status_code == 200 and one.json()["state"] == "offered"
+    assert caught.value.status_code == 503 and "offered by w1" in str(caught.value)
+    assert [o["state"] for o in status["workers"][0]["offered"]] == ["loaded", "offered", "too_large"]
+    assert fakes.calls == []
 
 
 async def test_at_capacity_the_sdk_sees_503_with_retry_after() -> None:

@@ -29,6 +29,7 @@ from worker.backends import load_model
 from worker.backends.base import ModelBackend
 from worker.errors import WorkerError
 from worker.metrics import WorkerMetrics
+from worker.models.folder import open_folder
 from worker.runtime import WorkerRuntime
 from worker.settings import WorkerSettings
 
@@ -62,9 +63,12 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
 
     async def _load(app: FastAPI) -> None:
         try:
-            loaded = model if model is not None else await asyncio.to_thread(load_model, settings)
-            runtime = await asyncio.to_thread(WorkerRuntime, settings, loaded, app.state.metrics, clock=clock,
-                                              owns_model=model is None)
+            # A folder (--model-dir) is read first: it may choose the model to serve.
+            chosen, offers = await asyncio.to_thread(open_folder, settings)
+            app.state.settings = chosen
+            loaded = model if model is not None else await asyncio.to_thread(load_model, chosen)
+            runtime = await asyncio.to_thread(WorkerRuntime, chosen, loaded, app.state.metrics, clock=clock,
+                                              owns_model=model is None, offers=offers)
             await runtime.start(transport)
         except Exception as exc:
             # Answering 503 loading forever would hide it: record why and stop the process (non-zero exit).
@@ -73,7 +77,7 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
             on_load_failure()
             raise
         app.state.runtime = runtime
-        log.info(json.dumps({"event": "ready", "worker_id": settings.worker_id, "model": runtime.names.name,
+        log.info(json.dumps({"event": "ready", "worker_id": chosen.worker_id, "model": runtime.names.name,
                              "aliases": runtime.names.aliases,
                              "kv_capacity_tokens": runtime.table.limits.capacity_tokens,
                              "session_max_tokens": runtime.table.limits.session_max_tokens}))

@@ -2,7 +2,8 @@
 model it loads, its shape read from its header, and what it needs to be served: its weights plus the
 KV cache of its sessions, against a memory budget.
 
-Owns: `scan` (every `*.gguf` in a folder, in name order, at most MAX_FILES) and `Offer`, one file's
+Owns: `scan` (every `*.gguf` in a folder, in name order, at most MAX_FILES; a name two files would
+share goes to the first, the second is named from its file's stem) and `Offer`, one file's
 verdict: `offered` with its names, identity and memory need; or `unavailable` with the reason (not a
 GGUF this worker reads, a header without the keys a shape needs, an architecture none of whose keys
 are there) or `too_large` (its need past the budget, both named). Nothing is loaded.
@@ -15,15 +16,16 @@ worker sizes it from its settings today.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from protocol.health import MAX_OFFERED
 from worker.backends.base import ModelShape, file_identity
 from worker.models.gguf import GgufError, GgufHeader, read_header
-from worker.naming import ModelNames
+from worker.naming import ModelNames, derive_name
 
-MAX_FILES = 256  # GGUF files one folder may offer; the rest are listed as unavailable
+MAX_FILES = MAX_OFFERED  # GGUF files one folder may offer (a heartbeat lists them all); the rest are not read
 State = Literal["offered", "unavailable", "too_large"]
 
 
@@ -56,9 +58,18 @@ class Sizing:
 def scan(folder: Path, sizing: Sizing) -> list[Offer]:
     """Every `*.gguf` in `folder` (not in its subfolders), in name order, with its verdict."""
     files = sorted(p for p in folder.glob("*.gguf") if p.is_file())
-    offers = [offer(path, sizing) for path in files[:MAX_FILES]]
-    offers += [Offer(path, "unavailable", reason=f"more than {MAX_FILES} GGUF files in the folder")
-               for path in files[MAX_FILES:]]
+    offers: list[Offer] = []
+    taken: set[str] = set()
+    for path in files[:MAX_FILES]:
+        found = offer(path, sizing)
+        if found.names is not None and found.names.name in taken:  # two quantizations of one model, say
+            stem = derive_name(None, path.stem)
+            renamed = ModelNames(stem, tuple(a for a in found.names.aliases if a != stem))
+            found = replace(found, names=renamed) if stem not in taken else replace(
+                found, state="unavailable", names=None, reason=f"its name {found.names.name!r} is another file's")
+        if found.names is not None:
+            taken.add(found.names.name)
+        offers.append(found)
     return offers
 
 

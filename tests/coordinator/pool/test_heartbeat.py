@@ -178,10 +178,14 @@ def test_the_largest_heartbeat_the_protocol_allows_fits_the_coordinators_body_li
     hold, the prefix blocks and tenants listed, the longest names) still fit HEARTBEAT_MAX_BYTES."""
     from coordinator.app import HEARTBEAT_MAX_BYTES
     from protocol.health import (
+        MAX_BYTES,
         MAX_HEARTBEAT_TENANTS,
         MAX_HELD_PREFIX_BLOCKS,
+        MAX_OFFER_REASON,
+        MAX_OFFERED,
         MAX_SESSIONS,
         Heartbeat,
+        OfferedModel,
         TenantUse,
     )
     from protocol.worker import MAX_STREAM_REF
@@ -193,7 +197,9 @@ def test_the_largest_heartbeat_the_protocol_allows_fits_the_coordinators_body_li
                      prefixes=[f"{i:016x}" for i in range(MAX_HELD_PREFIX_BLOCKS)],
                      tenants=[TenantUse(tenant=f"t:{i:062d}", running=MAX_SESSIONS // MAX_HEARTBEAT_TENANTS, prompt_tokens=1 << 62,
                                         generated_tokens=1 << 62) for i in range(MAX_HEARTBEAT_TENANTS)]).load
+    offer = OfferedModel(name=name, aliases=[name] * 4, identity="gguf:" + "0" * 123, state="too_large",
+                         need_bytes=MAX_BYTES, reason="r" * MAX_OFFER_REASON)
     beat = Heartbeat(worker_id="w" * 128, url="http://" + "h" * 480 + ":3001", model=name, aliases=[name] * 16,
-                     model_identity="gguf:" + "0" * 64, load=load, timestamp=1.0)
+                     model_identity="gguf:" + "0" * 64, load=load, timestamp=1.0, offered=[offer] * MAX_OFFERED)
     size = len(beat.model_dump_json().encode())
     assert size <= HEARTBEAT_MAX_BYTES, size

@@ -1,4 +1,5 @@
-"""resolve_model: names and aliases, no name, an unknown name refused, or taken with `any_name`."""
+"""resolve_model: names and aliases, no name, an unknown name refused, or taken with `any_name`; a model a
+worker offers from its folder but none serves is 503 naming the workers that offer it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from coordinator.errors import CoordinatorError
 from coordinator.pool.models import resolve_model
 from coordinator.pool.registry import Registry
 from protocol import reasons
+from protocol.health import OfferedModel
 from tests.coordinator.fakes import heartbeat
 
 
@@ -50,3 +52,26 @@ def test_any_name_still_refuses_where_no_name_would_be_ambiguous() -> None:
     with pytest.raises(CoordinatorError) as raised:
         resolve_model(pool("small", "large"), None, "gpt-3.5-turbo", any_name=True)
     assert raised.value.reason == reasons.UNKNOWN_MODEL
+
+
+def offering(reg: Registry, worker_id: str, served: str, *offers: OfferedModel) -> None:
+    reg.upsert(heartbeat(worker_id, timestamp=1, model=served).model_copy(update={"offered": list(offers)}), now=0.0)
+
+
+def test_a_model_offered_but_served_by_none_is_503_naming_who_offers_it_never_the_default() -> None:
+    reg = pool()
+    gemma = OfferedModel(name="gemma", aliases=["gemma-3"], state="offered", need_bytes=1)
+    offering(reg, "w1", "small", OfferedModel(name="small", state="loaded"), gemma,
+             OfferedModel(name="broken", state="unavailable", reason="not a GGUF file"))
+    offering(reg, "w2", "small", gemma)
+    assert reg.offered_models() == {"gemma": ["w1", "w2"]}  # neither the served one nor the unavailable one
+    for asked in ("gemma", "gemma-3"):
+        with pytest.raises(CoordinatorError) as raised:
+            resolve_model(reg, None, asked, any_name=True)
+        assert raised.value.reason == reasons.MODEL_UNAVAILABLE and "'gemma' is offered by w1, w2" in str(raised.value)
+    with pytest.raises(CoordinatorError) as unknown:
+        resolve_model(reg, None, "broken")
+    assert unknown.value.reason == reasons.UNKNOWN_MODEL
+    # Once a worker serves it, it is served.
+    offering(reg, "w3", "gemma")
+    assert resolve_model(reg, None, "gemma") == "gemma" and reg.offered_models() == {}

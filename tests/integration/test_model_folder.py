@@ -1,0 +1,70 @@
+"""A real worker offering a folder of models (`--model-dir`, issue 37) to a real coordinator: it serves the
+first it can read, lists the others as offered, and a broken file as unavailable with its reason;
+`/v1/models` shows each model's state, and a request for a model offered but served by none is a 503
+naming the worker that offers it, never another model's answer."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import free_port
+from tests.integration.conftest import Proc, start_coordinator
+from tests.polling import wait_until
+
+pytestmark = pytest.mark.model
+SMOL, GEMMA = "smollm2-135m-8k-lc100k-mix1-ep2", "gemma-3-270m"
+
+
+@pytest.fixture(scope="module")
+def folder_pool(model_path: Path, gemma_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    log_dir = tmp_path_factory.mktemp("model-folder")
+    folder = log_dir / "models"
+    folder.mkdir()
+    (folder / "a-smol.gguf").symlink_to(model_path)
+    (folder / "b-gemma.gguf").symlink_to(gemma_path)
+    (folder / "c-broken.gguf").write_bytes(b"GGUF" + b"\x00" * 8)
+    coordinator, url = start_coordinator(log_dir, "coordinator-folder", "--heartbeat-interval", "1")
+    worker = Proc("folder", [sys.executable, "-m", "worker", "--port", str(free_port()), "--worker-id", "folder",
+                             "--coordinator-url", url, "--model-dir", str(folder), "--max-sessions", "2",
+                             "--session-max-tokens", "512", "--threads", "1", "--heartbeat-interval", "0.5"],
+                  log_dir / "folder.log")
+    worker.start()
+    try:
+        wait_until(lambda: listing(url) is not None, 60, "the worker to register", interval=0.2)
+        yield url
+    finally:
+        worker.stop()
+        coordinator.stop()
+
+
+def listing(url: str) -> dict[str, Any] | None:
+    workers = httpx.get(url + "/coordinator/health/workers", timeout=2).json()["workers"]
+    return next((w for w in workers if w["worker_id"] == "folder" and w["state"] == "alive"), None)
+
+
+def test_the_worker_serves_the_first_model_and_lists_the_folder(folder_pool: str) -> None:
+    worker = listing(folder_pool)
+    assert worker is not None and worker["model"] == SMOL
+    offered = {o["name"]: o for o in worker["offered"]}
+    assert {name: o["state"] for name, o in offered.items()} == {
+        SMOL: "loaded", GEMMA: "offered", "c-broken": "unavailable"}
+    assert "a-smol" in offered[SMOL]["aliases"] and offered[GEMMA]["need_bytes"] > 0
+    assert offered["c-broken"]["reason"] == "GGUF version 0: only versions 2 and 3 are read"
+    models = httpx.get(folder_pool + "/v1/models", timeout=5).json()["data"]
+    assert [(m["id"], m["state"]) for m in models] == [(SMOL, "loaded"), (GEMMA, "offered")]
+
+
+def test_the_served_model_answers_and_an_offered_one_is_a_503_naming_who_offers_it(folder_pool: str) -> None:
+    body = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
+    served = httpx.post(folder_pool + "/v1/chat/completions", json={**body, "model": "a-smol"}, timeout=60)
+    assert served.status_code == 200 and served.json()["model"] == SMOL
+    refused = httpx.post(folder_pool + "/v1/chat/completions", json={**body, "model": GEMMA}, timeout=10)
+    assert refused.status_code == 503
+    error = refused.json()["error"]
+    assert error["code"] == "model_unavailable" and "offered by folder" in error["message"]
