@@ -60,6 +60,8 @@ DETOKENIZE_PATH = "/worker/detokenize"
 TOKENIZER_INFO_PATH = "/worker/tokenizer_info"
 # A peer worker asks for the cells of the longest prefix of a prompt held here (worker/api/transfer.py).
 PREFIX_PATH = "/worker/prefix"
+# Serve another model of the worker's folder (`ModelLoadRequest` -> `ModelLoadAnswer`; worker/api/swap.py).
+MODEL_LOAD_PATH = "/worker/models/load"
 # A session's KV blob, as `GET`/`PUT {SESSIONS_PATH}/{id}/kv` and PREFIX_PATH carry it (its own format:
 # worker/sessions/transfer.py).
 KV_MEDIA_TYPE = "application/octet-stream"
@@ -530,3 +532,20 @@ class TokenizeWork(BaseModel):
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt and messages")
         return self
+
+
+class ModelLoadRequest(BaseModel):
+    """Serve this model of the worker's folder (`--model-dir`), by its name or an alias, in place of the
+    one it serves: once its streams have ended and its kept sessions have moved or ended."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1, max_length=128, pattern=MODEL_NAME_PATTERN)
+
+
+class ModelLoadAnswer(BaseModel):
+    """200: the model is served now (`loaded`); 202: the swap to it is under way (`loading`), the one
+    swap the worker runs (a second request for the same model joins it)."""
+
+    model: str
+    state: Literal["loaded", "loading"]

@@ -39,6 +39,11 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
         self.internal_errors = Counter("worker_internal_errors", "Unexpected exceptions in a supervised task "
                                        "(engine step, heartbeats, session sweeper)", ["task"], registry=r)
         self.steps = Counter("worker_decode_steps", "llama_decode calls made by the batch loop", registry=r)
+        self.model_swaps = Counter("worker_model_swaps", "Swaps to another model of the folder, by outcome "
+                                   "(loaded, or failed: the model served before is loaded again)", ["outcome"], registry=r)
+        self.model_swap_seconds = Gauge("worker_model_swap_seconds", "The last swap's seconds: waiting for its "
+                                        "streams and sessions to leave (wait), then loading (load)", ["phase"],
+                                        registry=r)
         def histogram(name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(name, documentation, buckets=buckets, registry=r)
 

@@ -1,10 +1,13 @@
 """A real worker offering a folder of models (`--model-dir`, issue 37) to a real coordinator: it serves the
 first it can read, lists the others as offered, and a broken file as unavailable with its reason;
 `/v1/models` shows each model's state, and a request for a model offered but served by none is a 503
-naming the worker that offers it, never another model's answer."""
+naming the worker that offers it, never another model's answer. Asked to serve another model of its
+folder (`POST /worker/models/load`), the worker lets the stream in flight finish whole before it swaps
+(the module's last test: the worker serves Gemma after it)."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +18,7 @@ import pytest
 
 from tests.conftest import free_port
 from tests.integration.conftest import Proc, start_coordinator
+from tests.integration.streams import infer
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.model
@@ -68,3 +72,35 @@ def test_the_served_model_answers_and_an_offered_one_is_a_503_naming_who_offers_
     assert refused.status_code == 503
     error = refused.json()["error"]
     assert error["code"] == "model_unavailable" and "offered by folder" in error["message"]
+
+
+@pytest.mark.anyio
+async def test_a_swap_waits_for_the_stream_in_flight_then_serves_the_other_model(folder_pool: str) -> None:
+    worker = listing(folder_pool)
+    assert worker is not None
+    load = worker["url"] + "/worker/models/load"
+    tokens = 96
+    async with httpx.AsyncClient(timeout=120) as client:
+        streaming = asyncio.create_task(infer(client, folder_pool, {
+            "prompt": "Write a long story.", "max_tokens": tokens, "ignore_eos": True, "model": SMOL}))
+        await asyncio.to_thread(wait_until, lambda: (listing(folder_pool) or {}).get("active_streams", 0) >= 1, 30,
+                                "the stream to start", interval=0.05)
+        asked = await client.post(load, json={"model": GEMMA})
+        again = await client.post(load, json={"model": "b-gemma"})  # an alias: the same swap
+        third = await client.post(load, json={"model": "c-broken"})
+        stream = await streaming
+        assert (asked.status_code, asked.json()) == (202, {"model": GEMMA, "state": "loading"})
+        assert again.status_code == 202 and third.status_code == 409 and third.json()["reason"] == "model_swapping"
+        # The stream in flight when the swap was asked for ended whole, every token of it.
+        assert stream.status == 200 and stream.names[-1] == "done" and stream.names.count("token") == tokens
+        await asyncio.to_thread(wait_until, lambda: (listing(folder_pool) or {}).get("model") == GEMMA, 60,
+                                "the worker to serve gemma", interval=0.2)
+        models = (await client.get(folder_pool + "/v1/models")).json()["data"]
+        assert [(m["id"], m["state"]) for m in models] == [(GEMMA, "loaded"), (SMOL, "offered")]
+        answer = await client.post(folder_pool + "/v1/chat/completions", json={
+            "model": GEMMA, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4})
+        assert answer.status_code == 200 and answer.json()["model"] == GEMMA
+        served = await client.post(load, json={"model": GEMMA})
+        assert (served.status_code, served.json()["state"]) == (200, "loaded")
+        metrics = (await client.get(worker["url"] + "/metrics")).text
+    assert 'worker_model_swaps_total{outcome="loaded"} 1.0' in metrics

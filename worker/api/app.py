@@ -23,8 +23,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from protocol import reasons
 from serving.tracing import Tracing
-from worker.api import routes, tokenizer, transfer
+from worker.api import routes, swap, tokenizer, transfer
 from worker.api.routes import request_id_of
+from worker.api.swap import Swapper
 from worker.backends import load_model
 from worker.backends.base import ModelBackend
 from worker.errors import WorkerError
@@ -48,6 +49,7 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.runtime = None
+        app.state.swapper = None  # made once the first model is served (swap.py)
         app.state.load_error = None
         app.state.metrics = WorkerMetrics()
         app.state.tracing = tracing
@@ -56,6 +58,8 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
         loading.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await loading
+        if app.state.swapper is not None:
+            await app.state.swapper.close()
         if app.state.runtime is not None:
             await app.state.runtime.stop()
         if tracing is not None:
@@ -66,10 +70,21 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
             # A folder (--model-dir) is read first: it may choose the model to serve.
             chosen, offers = await asyncio.to_thread(open_folder, settings)
             app.state.settings = chosen
-            loaded = model if model is not None else await asyncio.to_thread(load_model, chosen)
-            runtime = await asyncio.to_thread(WorkerRuntime, chosen, loaded, app.state.metrics, clock=clock,
-                                              owns_model=model is None, offers=offers)
-            await runtime.start(transport)
+
+            async def build(wanted: WorkerSettings, given: ModelBackend | None = None) -> WorkerRuntime:
+                loaded = given if given is not None else await asyncio.to_thread(load_model, wanted)
+                try:
+                    built = await asyncio.to_thread(WorkerRuntime, wanted, loaded, app.state.metrics, clock=clock,
+                                                    owns_model=given is None, offers=offers)
+                except BaseException:
+                    if given is None:
+                        loaded.close()
+                    raise
+                await built.start(transport)
+                return built
+
+            runtime = await build(chosen, model)
+            app.state.swapper = Swapper(app, offers, build)
         except Exception as exc:
             # Answering 503 loading forever would hide it: record why and stop the process (non-zero exit).
             log.exception("worker failed to start")
@@ -91,6 +106,7 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
     app.include_router(routes.router)
     app.include_router(transfer.router)
     app.include_router(tokenizer.router)
+    app.include_router(swap.router)
     return app
 
 
