@@ -33,6 +33,8 @@ STATUS_BY_REASON: dict[str, int] = {
     reasons.QUEUE_FULL: 503,
     reasons.QUEUE_TIMEOUT: 503,
     reasons.LOADING: 503,
+    reasons.MODEL_LOAD_FAILED: 503,
+    reasons.MODEL_SWAPPING: 409,
     reasons.DRAINING: 503,
     reasons.STREAMS_FULL: 503,
     reasons.EMBEDDINGS_FULL: 503,

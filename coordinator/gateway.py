@@ -30,6 +30,7 @@ from coordinator.embedding import Embedding
 from coordinator.errors import CoordinatorError
 from coordinator.generation import Generation
 from coordinator.metrics import tenant_label
+from coordinator.pool.loads import serving
 from coordinator.pool.models import resolve_model, stand_in
 from coordinator.pool.registry import ALIVE, WorkerRecord
 from coordinator.relay.dispatch import OpenStream, PrefixHints, PrefixPeer
@@ -164,6 +165,7 @@ class Gateway:
         state = self._state
         try:
             self._check_own_limits()
+            await self._until_loaded(gen.request.model, started)
             model = resolve_model(state.registry, state.settings.default_model, gen.request.model,
                                   any_name=state.settings.any_model_name)
             if (name := stand_in(state.registry, gen.request.model, model)) is not None:
@@ -278,6 +280,17 @@ class Gateway:
             raise CoordinatorError(reasons.INVALID_REQUEST, f"dimensions: {model} embeds into {served.dimensions} "
                                    "dimensions, the only size served", param="dimensions")
         return await state.embedder.embed(work, ranked, reserved=placed)
+
+    async def _until_loaded(self, requested: str | None, started: float) -> None:
+        """A model a worker offers from its folder but none serves: one worker loads it (pool/loads.py),
+        and the request waits for it within the queue's timeout."""
+        state = self._state
+        if requested is None or not state.settings.model_loads or serving(state.registry, requested):
+            return
+        offered = state.registry.offered_as(requested)
+        if offered is None or state.registry.resolve(requested) not in (None, offered):
+            return
+        await state.loads.until_served(offered, started + state.settings.queue_timeout)
 
     def _check_own_limits(self) -> None:
         """Also the process's own limit: past `max_streams` relayed at once, one more would slow them all."""

@@ -146,6 +146,10 @@ class Settings(BaseModel):
         default=100_000, ge=0, description="conversation fingerprints remembered for prefix affinity (0: off)")
     default_model: str | None = Field(
         default=None, max_length=256, description="model for requests that name none (default: the only model)")
+    model_loads: bool = Field(
+        default=True, description="a request for a model that a worker offers from its folder (--model-dir) but "
+        "none serves makes one worker load it, and waits (QUEUE_TIMEOUT, QUEUE_SIZE of them a model); off: 503 "
+        "model_unavailable")
     any_model_name: bool = Field(
         default=False, description="a request naming a model no worker serves goes where one naming none goes "
         "(DEFAULT_MODEL, or the only model served) instead of 404, as llama-server serves its one model under any "

@@ -28,6 +28,7 @@ from coordinator.cache import ResponseCache
 from coordinator.clock import Clock
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.pool.breaker import Breakers
+from coordinator.pool.loads import ModelLoads
 from coordinator.pool.moves import SessionMover
 from coordinator.pool.probe import PROBES_AT_ONCE, Probe
 from coordinator.pool.readiness import Readiness
@@ -74,6 +75,7 @@ class CoordinatorState:
     embedding_policy: Policy
     embedder: EmbeddingAttempts
     mover: SessionMover  # draining workers' kept sessions, moved to the others
+    loads: ModelLoads  # models offered from workers' folders, loaded when asked for (pool/loads.py)
     readiness: Readiness  # whether it has heard from the pool (joins a shared port and answers ready then)
     api_keys: ApiKeys | None = None  # None: no client key is needed
     tracing: Tracing | None = None  # None: this coordinator exports no traces (no OTEL_* set)
@@ -154,6 +156,8 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None,
             EmbeddingDispatcher(client, timeout=settings.embedding_timeout, worker_token=settings.worker_token),
             embedding_admission, breakers, metrics, max_attempts=settings.max_failover_attempts,
             timeout=settings.embedding_timeout, now=clock.monotonic, retry_after=settings.retry_after),
+        loads=ModelLoads(registry, client, worker_token=settings.worker_token, now=clock.monotonic,
+                         queue_size=settings.queue_size),
         mover=SessionMover(registry, sessions.remember, client, metrics, worker_token=settings.worker_token,
                            timeout=settings.session_move_timeout, max_bytes=settings.session_move_max_bytes,
                            deadline=settings.session_move_deadline, now=clock.monotonic, tracing=tracing),

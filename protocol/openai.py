@@ -290,9 +290,9 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "llm-pool"
     aliases: list[str] = Field(default_factory=list, description="other names requests may use")
-    state: Literal["loaded", "offered"] = Field(
+    state: Literal["loaded", "loading", "offered"] = Field(
         default="loaded", description="loaded: a worker serves it now; offered: a worker offers it from its folder "
-        "(--model-dir) but none serves it")
+        "(--model-dir) but none serves it; loading: a worker loads it for requests that wait for it")
 
 
 class ModelList(BaseModel):

@@ -133,7 +133,8 @@ _OTHER_REFUSALS: dict[int | str, dict[str, Any]] = {"4XX": {
 @router.get("/v1/models", responses=_OTHER_REFUSALS)
 async def models(request: Request) -> oa.ModelList:
     state: CoordinatorState = request.app.state.coordinator
-    offered = [oa.ModelCard(id=name, created=int(state.started_at), state="offered")
+    offered = [oa.ModelCard(id=name, created=int(state.started_at),
+                            state="loading" if state.loads.loading(name) else "offered")
                for name in state.registry.offered_models()]
     return oa.ModelList(data=[*(_card(state, name) for name in _served(state)), *offered])
 
@@ -144,7 +145,8 @@ async def model(model: str, request: Request) -> oa.ModelCard:
     state: CoordinatorState = request.app.state.coordinator
     name = state.registry.resolve(model)
     if name is None and (offered := state.registry.offered_as(model)) is not None:
-        return oa.ModelCard(id=offered, created=int(state.started_at), state="offered")
+        return oa.ModelCard(id=offered, created=int(state.started_at),
+                            state="loading" if state.loads.loading(offered) else "offered")
     if name is None or name not in _served(state):
         served = ", ".join(_served(state)) or "none"
         raise CoordinatorError(reasons.UNKNOWN_MODEL, f"model {model!r} is not served; served: {served}",

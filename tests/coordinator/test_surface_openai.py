@@ -204,7 +204,7 @@ async def test_models_lists_the_models_offered_from_a_folder_with_their_state() 
     fakes = FakeWorkers({})
     offered = [OfferedModel(name="smol", state="loaded"), OfferedModel(name="gemma", state="offered"),
                OfferedModel(name="big", state="too_large", reason="needs 9 bytes; the budget is 8")]
-    async with pool(fakes) as (client, sdk):
+    async with pool(fakes, settings=SETTINGS.model_copy(update={"model_loads": False})) as (client, sdk):
         beat = heartbeat("w1", timestamp=ManualClock().time(), model="smol").model_copy(update={"offered": offered})
         registered = await register(client, beat)
         assert registered.status_code == 200, registered.text

@@ -1,0 +1,98 @@
+"""pool/loads.py: a burst for an offered model makes one ask, to the least busy worker offering it; the
+requests return once a worker serves it; a failed load, a full wait and a deadline each refuse with
+their reason."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from coordinator.errors import CoordinatorError
+from coordinator.pool.loads import ModelLoads
+from coordinator.pool.registry import Registry
+from protocol import reasons
+from protocol.health import OfferedModel
+from tests.coordinator.fakes import heartbeat
+
+pytestmark = pytest.mark.anyio
+GEMMA = OfferedModel(name="gemma", state="offered", need_bytes=10)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Asked:
+    """The workers' side of the asks: what each answers, and who was asked."""
+
+    def __init__(self, status: int = 202, body: bytes = b'{"model": "gemma", "state": "loading"}') -> None:
+        self.status, self.body, self.urls = status, body, []
+
+    async def exchange(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None = None, *,
+                       limit: int, timeout: float) -> tuple[int, bytes]:
+        self.urls.append(url)
+        return self.status, self.body
+
+
+def beat(reg: Registry, worker_id: str, model: str, *, sessions: int = 0, offered: tuple[OfferedModel, ...] = (GEMMA,)
+         ) -> None:
+    reg.upsert(heartbeat(worker_id, timestamp=1, model=model, sessions=sessions).model_copy(
+        update={"offered": list(offered)}), now=time.monotonic())
+
+
+def loads(reg: Registry, asked: Any, queue_size: int = 8) -> ModelLoads:
+    return ModelLoads(reg, asked, worker_token="t", now=time.monotonic, queue_size=queue_size)
+
+
+async def test_a_burst_makes_one_ask_of_the_least_busy_worker_and_returns_once_it_serves_the_model() -> None:
+    reg, asked = Registry(stale_after=30.0, dead_after=60.0), Asked()
+    beat(reg, "busy", "smol", sessions=3)
+    beat(reg, "idle", "smol", sessions=0)
+    on_demand = loads(reg, asked)
+    deadline = time.monotonic() + 5
+    burst = [asyncio.create_task(on_demand.until_served("gemma", deadline)) for _ in range(5)]
+    await asyncio.sleep(0.3)
+    assert asked.urls == ["http://idle.test/worker/models/load"] and not any(t.done() for t in burst)
+    assert on_demand.loading("gemma") and not on_demand.loading("smol")
+    beat(reg, "idle", "gemma", offered=(OfferedModel(name="gemma", state="loaded"),))
+    await asyncio.wait_for(asyncio.gather(*burst), 2)
+    assert on_demand.asked == 1 and not on_demand.loading("gemma")
+
+
+async def test_a_failed_load_refuses_with_the_workers_reason() -> None:
+    reg = Registry(stale_after=30.0, dead_after=60.0)
+    beat(reg, "w1", "smol")
+    failed = Asked(503, b'{"error": "model \'gemma\' failed to load (RuntimeError: no room)", '
+                        b'"reason": "model_load_failed", "request_id": "r"}')
+    with pytest.raises(CoordinatorError) as refused:
+        await loads(reg, failed).until_served("gemma", time.monotonic() + 5)
+    assert refused.value.reason == reasons.MODEL_LOAD_FAILED and "no room" in str(refused.value)
+
+
+async def test_the_wait_is_bounded_in_count_and_in_time() -> None:
+    reg = Registry(stale_after=30.0, dead_after=60.0)
+    beat(reg, "w1", "smol")
+    on_demand = loads(reg, Asked(), queue_size=1)
+    first = asyncio.create_task(on_demand.until_served("gemma", time.monotonic() + 0.5))
+    await asyncio.sleep(0.05)
+    with pytest.raises(CoordinatorError) as full:
+        await on_demand.until_served("gemma", time.monotonic() + 5)
+    assert full.value.reason == reasons.QUEUE_FULL
+    with pytest.raises(CoordinatorError) as late:
+        await first
+    assert late.value.reason == reasons.QUEUE_TIMEOUT
+
+
+async def test_a_worker_busy_swapping_to_another_model_is_asked_again_soon() -> None:
+    reg = Registry(stale_after=30.0, dead_after=60.0)
+    beat(reg, "w1", "smol")
+    busy = Asked(409, b'{"error": "swapping to x", "reason": "model_swapping", "request_id": "r"}')
+    on_demand = loads(reg, busy)
+    with pytest.raises(CoordinatorError):
+        await on_demand.until_served("gemma", time.monotonic() + 1.5)
+    assert 2 <= on_demand.asked <= 3  # once, then again after BUSY_AGAIN
