@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -98,7 +99,11 @@ def test_a_restarted_coordinator_takes_no_connection_before_it_knows_the_pool(po
     first.signal(signal.SIGKILL)
     first.popen.wait(timeout=10)
     pool.start(0)  # answers on its own port when this returns; the workers beat to it within INTERVAL
-    codes = [once(pool.url) for _ in range(20)]
+    # All at once, on 20 connections, before the workers' next beats reach it (a worker beats again soon
+    # to a coordinator it has not reached): one after another, the few sent before it heard from them
+    # could all land on the sibling, and a coordinator joining the port at once then went unnoticed.
+    with ThreadPoolExecutor(20) as burst:
+        codes = list(burst.map(once, [pool.url] * 20))
     assert codes == [200] * 20, codes
     pool.wait_ready(0, 3 * INTERVAL)
     before = finished(pool.own_urls[0])
