@@ -37,7 +37,7 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
         self.admission = Counter("worker_admission_decisions", "Admission decisions by outcome and reason",
                                  ["outcome", "reason"], registry=r)
         self.internal_errors = Counter("worker_internal_errors", "Unexpected exceptions in a supervised task "
-                                       "(engine step, heartbeats, session sweeper)", ["task"], registry=r)
+                                       "(engine step, heartbeats, session sweeper, a model swap)", ["task"], registry=r)
         self.steps = Counter("worker_decode_steps", "llama_decode calls made by the batch loop", registry=r)
         self.model_swaps = Counter("worker_model_swaps", "Swaps to another model of the folder, by outcome "
                                    "(loaded, or failed: the model served before is loaded again)", ["outcome"], registry=r)

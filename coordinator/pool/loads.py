@@ -5,7 +5,8 @@ Owns: choosing the worker that loads (among the alive ones offering it, the leas
 and streams of this coordinator, then the smallest memory need), asking it (`POST /worker/models/load`),
 one ask per model at a time (a burst of requests waits for that one load: asked again only once
 ASK_AGAIN has passed without the model served, or at once after a worker said it is busy swapping to
-another), a model that failed to load (its reason kept for the workers' own pause), and the wait
+another), a model that failed to load (its reason answered for FAILED_AGAIN, the workers' own pause,
+then asked for again), and the wait
 itself: bounded in count (`waiting`, at most `queue_size` a model) and in time (the queue's timeout).
 Must not: decide what a worker unloads (the worker swaps, waiting for its streams), or admit anything.
 """
@@ -27,6 +28,7 @@ from protocol.worker import MODEL_LOAD_PATH, PROTOCOL_HEADER, PROTOCOL_VERSION, 
 
 ASK_AGAIN = 120.0  # seconds after an ask the model is asked for again if no worker serves it by then
 BUSY_AGAIN = 1.0  # the same after a worker answered that it swaps to another model
+FAILED_AGAIN = 30.0  # and after its load failed: requests meanwhile get the failure (the worker's own pause)
 POLL = 0.1  # seconds between looks at the registry while a request waits for its model
 ANSWER_LIMIT = 4096  # bytes of a worker's answer to an ask
 
@@ -59,7 +61,7 @@ class ModelLoads:
         try:
             while not serving(self._registry, model):
                 ask = self._asks.get(model)
-                if ask is not None and ask.failed:
+                if ask is not None and ask.failed and self._now() < ask.again_at:
                     raise CoordinatorError(reasons.MODEL_LOAD_FAILED, f"model {model!r} failed to load on "
                                            f"{ask.worker_id}: {ask.failed}")
                 if ask is None or self._now() >= ask.again_at:
@@ -95,7 +97,7 @@ class ModelLoads:
             return
         reason, message = _refusal(body)
         if reason == reasons.MODEL_LOAD_FAILED:
-            ask.failed = message
+            ask.failed, ask.again_at = message, self._now() + FAILED_AGAIN
         else:  # swapping to another model, still loading its first, or an answer not understood: later
             ask.again_at = self._now() + BUSY_AGAIN
 

@@ -84,7 +84,7 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
                 return built
 
             runtime = await build(chosen, model)
-            app.state.swapper = Swapper(app, offers, build)
+            app.state.swapper = Swapper(app, offers, build, on_lost=on_load_failure)
         except Exception as exc:
             # Answering 503 loading forever would hide it: record why and stop the process (non-zero exit).
             log.exception("worker failed to start")

@@ -42,8 +42,11 @@ class Swapper:
     """`load(name)`: the model served now, or the swap to it started (or joined)."""
 
     def __init__(self, app: FastAPI, offers: Sequence[Offer], build: Build,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, on_lost: Callable[[], None] = lambda: None) -> None:
+        """`on_lost`: called when a swap leaves the worker serving nothing (the model before could not be
+        loaded again either): the process entry point stops the server, as when the first load fails."""
         self._app, self._offers, self._build, self._clock = app, list(offers), build, clock
+        self._on_lost = on_lost
         self._task: asyncio.Task[None] | None = None
         self._target = ""
         self._failed: dict[str, tuple[float, str]] = {}  # model -> (refused until, why it failed)
@@ -75,11 +78,22 @@ class Swapper:
             raise WorkerError(503, reasons.MODEL_LOAD_FAILED, f"model {model!r} failed to load ({why}); tried "
                                                               f"again in {until - self._clock():.0f} s")
         self._target = model
-        self._task = asyncio.create_task(self._swap(runtime, offer, model))
+        self._task = asyncio.create_task(self._supervised(runtime, offer, model))
         return ModelLoadAnswer(model=model, state="loading")
 
     def _offer(self, name: str) -> Offer | None:
         return next((o for o in self._offers if o.names is not None and o.names.serves(name)), None)
+
+    async def _supervised(self, old: WorkerRuntime, offer: Offer, model: str) -> None:
+        """The swap, with any failure logged and counted; a worker left serving nothing stops."""
+        try:
+            await self._swap(old, offer, model)
+        except Exception:
+            log.exception("the swap to %s failed", model)
+            old.metrics.internal_errors.labels(task="swap").inc()
+            if self._app.state.runtime is None:
+                self._app.state.load_error = f"the swap to {model} left no model loaded"
+                self._on_lost()
 
     async def _swap(self, old: WorkerRuntime, offer: Offer, model: str) -> None:
         app, metrics = self._app, old.metrics

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from coordinator.errors import CoordinatorError
-from coordinator.pool.loads import ModelLoads
+from coordinator.pool.loads import FAILED_AGAIN, ModelLoads
 from coordinator.pool.registry import Registry
 from protocol import reasons
 from protocol.health import OfferedModel
@@ -64,14 +64,22 @@ async def test_a_burst_makes_one_ask_of_the_least_busy_worker_and_returns_once_i
     assert on_demand.asked == 1 and not on_demand.loading("gemma")
 
 
-async def test_a_failed_load_refuses_with_the_workers_reason() -> None:
+async def test_a_failed_load_refuses_with_the_workers_reason_until_its_pause_is_over() -> None:
     reg = Registry(stale_after=30.0, dead_after=60.0)
     beat(reg, "w1", "smol")
     failed = Asked(503, b'{"error": "model \'gemma\' failed to load (RuntimeError: no room)", '
                         b'"reason": "model_load_failed", "request_id": "r"}')
-    with pytest.raises(CoordinatorError) as refused:
-        await loads(reg, failed).until_served("gemma", time.monotonic() + 5)
-    assert refused.value.reason == reasons.MODEL_LOAD_FAILED and "no room" in str(refused.value)
+    clock = [time.monotonic()]
+    on_demand = ModelLoads(reg, failed, worker_token=None, now=lambda: clock[0], queue_size=8)
+    for _ in range(2):  # the second request gets the same answer without asking again
+        with pytest.raises(CoordinatorError) as refused:
+            await on_demand.until_served("gemma", clock[0] + 5)
+        assert refused.value.reason == reasons.MODEL_LOAD_FAILED and "no room" in str(refused.value)
+    assert on_demand.asked == 1
+    clock[0] += FAILED_AGAIN
+    with pytest.raises(CoordinatorError):
+        await on_demand.until_served("gemma", clock[0] + 5)
+    assert on_demand.asked == 2  # asked again once the pause is over
 
 
 async def test_the_wait_is_bounded_in_count_and_in_time() -> None:

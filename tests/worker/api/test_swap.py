@@ -40,7 +40,7 @@ class Runtime:
         self._steps.append(f"stop {self.names.name}")
 
 
-def swapper(fails: set[str], clock: list[float]) -> tuple[Swapper, Any, list[str]]:
+def swapper(fails: set[str], clock: list[float], lost: list[bool] | None = None) -> tuple[Swapper, Any, list[str]]:
     steps: list[str] = []
     metrics = WorkerMetrics()
     app = SimpleNamespace(state=SimpleNamespace(settings=WorkerSettings(model_path=Path("/m/a.gguf")),
@@ -53,7 +53,8 @@ def swapper(fails: set[str], clock: list[float]) -> tuple[Swapper, Any, list[str
             raise RuntimeError("the tensors do not fit")
         return Runtime({"a.gguf": "small", "b.gguf": "gemma"}[wanted.model_path.name], steps, metrics)
 
-    return Swapper(app, OFFERS, build, clock=lambda: clock[0]), app, steps  # type: ignore[arg-type]
+    on_lost = (lambda: lost.append(True)) if lost is not None else (lambda: None)
+    return Swapper(app, OFFERS, build, clock=lambda: clock[0], on_lost=on_lost), app, steps  # type: ignore[arg-type]
 
 
 async def test_a_swap_drains_stops_then_loads_and_a_second_ask_joins_it() -> None:
@@ -83,6 +84,15 @@ async def test_a_model_that_fails_to_load_brings_back_the_one_before_and_is_refu
     clock[0] = LOAD_BACKOFF
     assert swap.load("gemma").state == "loading"  # tried again after the pause
     await swap._task  # type: ignore[misc]
+
+
+async def test_a_swap_that_leaves_no_model_stops_the_worker() -> None:
+    lost: list[bool] = []
+    swap, app, steps = swapper({"a.gguf", "b.gguf"}, [0.0], lost)
+    swap.load("gemma")
+    await swap._task  # type: ignore[misc]
+    assert steps[-2:] == ["load b.gguf", "load a.gguf"] and app.state.runtime is None
+    assert lost == [True] and "left no model loaded" in app.state.load_error
 
 
 @pytest.mark.parametrize(("name", "status", "reason"), [("nowhere", 404, "unknown_model"),
