@@ -37,6 +37,7 @@ SHORT = {"prompt": "Say hello.", "max_tokens": 4, "ignore_eos": True}
 LONG = {"prompt": "Count slowly from one to a thousand.", "max_tokens": 200, "ignore_eos": True}
 DELAY = 0.050  # added to one host's outgoing traffic
 LATENCY_SAMPLES = 16  # first tokens per host in each phase of the latency test: medians of 10 proved noisy
+SLOW = "w2"  # the host whose outgoing traffic the latency test delays
 STALE_AFTER = 3 * HEARTBEAT_INTERVAL  # the coordinator's default stale_after_intervals
 
 
@@ -57,19 +58,34 @@ def test_requests_spread_over_all_five_hosts(pool: Pool) -> None:
 
 @pytest.mark.solo  # medians of a few milliseconds: another test process's load moves them
 def test_latency_on_one_host_shows_in_its_ttft_only(pool: Pool) -> None:
+    """Every round asserts that each of the slow host's first tokens was held the delay; the medians'
+    comparison, which the machine's load between the two phases can move by itself (a clean-clone CI run
+    measured +30 ms for 50 ms, every sample over 50 ms), gets a second round when the first missed it,
+    and must hold in one."""
+    for attempt in range(1, 3):
+        added, shift = _latency_round(pool, attempt)
+        if added[SLOW] - shift >= 0.7 * DELAY:
+            break
+    assert added[SLOW] - shift >= 0.7 * DELAY, pool.figures["latency"]
+    for other in sorted(set(WORKERS) - {SLOW}):
+        assert added[other] < DELAY / 2, pool.figures["latency"]
+
+
+def _latency_round(pool: Pool, attempt: int) -> tuple[dict[str, float], float]:
+    """One measurement before and during the delay: each host's added network share of TTFT, and what
+    the machine's load did to every host between the two phases (the others' median)."""
     pool.ensure()
-    slow = "w2"
     baseline = _ttft_by_worker(pool, per_host=LATENCY_SAMPLES)
-    with pool.network.delay(pool.host(slow), DELAY) as delay:
+    with pool.network.delay(pool.host(SLOW), DELAY) as delay:
         delayed = _ttft_by_worker(pool, per_host=LATENCY_SAMPLES)
     # The network's share of TTFT: what the client saw minus the worker's own admission-to-token
     # time, so the two cores' scheduling noise in prefill does not blur the comparison.
     added = {w: _median(delayed[w], "network") - _median(baseline[w], "network") for w in WORKERS}
     # What the machine's load did to every host between the two phases, read off the others: the
     # slow host's share is compared after taking that out.
-    shift = statistics.median(added[w] for w in WORKERS if w != slow)
+    shift = statistics.median(added[w] for w in WORKERS if w != SLOW)
     pool.figures["latency"] = {
-        "host": slow, "delay_ms": DELAY * 1e3, "method": delay.method,
+        "host": SLOW, "delay_ms": DELAY * 1e3, "method": delay.method, "round": attempt,
         "samples_per_host": {w: [len(baseline[w]), len(delayed[w])] for w in WORKERS},
         "ttft_median_ms": {w: {"before": round(_median(baseline[w], "client") * 1e3, 1),
                                "during": round(_median(delayed[w], "client") * 1e3, 1)} for w in WORKERS},
@@ -78,10 +94,8 @@ def test_latency_on_one_host_shows_in_its_ttft_only(pool: Pool) -> None:
     }
     # Every frame the slow host sends is held DELAY, so each of its first tokens arrived at least
     # that long after the worker made it.
-    assert min(s["network"] for s in delayed[slow]) >= DELAY, pool.figures["latency"]
-    assert added[slow] - shift >= 0.7 * DELAY, pool.figures["latency"]
-    for other in sorted(set(WORKERS) - {slow}):
-        assert added[other] < DELAY / 2, pool.figures["latency"]
+    assert min(s["network"] for s in delayed[SLOW]) >= DELAY, pool.figures["latency"]
+    return added, shift
 
 
 def test_partition_ends_its_streams_sends_new_requests_elsewhere_and_heals(pool: Pool) -> None:
