@@ -285,12 +285,14 @@ class Gateway:
         """A model a worker offers from its folder but none serves: one worker loads it (pool/loads.py),
         and the request waits for it within the queue's timeout."""
         state = self._state
-        if requested is None or not state.settings.model_loads or serving(state.registry, requested):
+        if requested is None or not state.settings.model_loads:
             return
-        offered = state.registry.offered_as(requested)
-        if offered is None or state.registry.resolve(requested) not in (None, offered):
+        named = state.registry.resolve(requested)  # O(1): a served model's name or alias ends it here
+        if named is not None and serving(state.registry, named):
             return
-        await state.loads.until_served(offered, started + state.settings.queue_timeout)
+        offered = state.registry.offered_as(requested)  # the workers' offers, only for a model none serves
+        if offered is not None and named in (None, offered):
+            await state.loads.until_served(offered, started + state.settings.queue_timeout)
 
     def _check_own_limits(self) -> None:
         """Also the process's own limit: past `max_streams` relayed at once, one more would slow them all."""

@@ -39,14 +39,16 @@ class Generation:
         worker may park it for an interactive one); an interactive one may park one
         (`Demand.preempts`)."""
         if name == "batch":
-            request = self.request.model_copy(update={"priority": name})
-            return dataclasses.replace(self, request=request,
-                                       payload=request.model_dump_json(exclude_unset=True).encode())
+            return self._changed(priority=name)
         return dataclasses.replace(self, demand=dataclasses.replace(self.demand, preempts=True))
 
     def for_model(self, name: str) -> Generation:
         """Itself naming the served model `name` (a name the pool took for it: pool/models.py)."""
-        request = self.request.model_copy(update={"model": name})
+        return self._changed(model=name)
+
+    def _changed(self, **fields: object) -> Generation:
+        """Itself with some of its request's fields changed, and its payload made again from the request."""
+        request = self.request.model_copy(update=fields)
         return dataclasses.replace(self, request=request, payload=request.model_dump_json(exclude_unset=True).encode())
 
     @classmethod

@@ -62,6 +62,9 @@ TOKENIZER_INFO_PATH = "/worker/tokenizer_info"
 PREFIX_PATH = "/worker/prefix"
 # Serve another model of the worker's folder (`ModelLoadRequest` -> `ModelLoadAnswer`; worker/api/swap.py).
 MODEL_LOAD_PATH = "/worker/models/load"
+# Seconds a model that failed to load is refused (503 `model_load_failed`) before a worker tries it again;
+# a coordinator answers the failure as long without asking again (coordinator/pool/loads.py).
+MODEL_LOAD_BACKOFF = 30.0
 # A session's KV blob, as `GET`/`PUT {SESSIONS_PATH}/{id}/kv` and PREFIX_PATH carry it (its own format:
 # worker/sessions/transfer.py).
 KV_MEDIA_TYPE = "application/octet-stream"

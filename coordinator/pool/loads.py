@@ -5,9 +5,9 @@ Owns: choosing the worker that loads (among the alive ones offering it, the leas
 and streams of this coordinator, then the smallest memory need), asking it (`POST /worker/models/load`),
 one ask per model at a time (a burst of requests waits for that one load: asked again only once
 ASK_AGAIN has passed without the model served, or at once after a worker said it is busy swapping to
-another), a model that failed to load (its reason answered for FAILED_AGAIN, the workers' own pause,
-then asked for again), and the wait
-itself: bounded in count (`waiting`, at most `queue_size` a model) and in time (the queue's timeout).
+another), a model that failed to load (its reason answered for the workers' own pause,
+MODEL_LOAD_BACKOFF, then asked for again), and the wait itself: bounded in count (`waiting`, at most
+`queue_size` a model) and in time (the queue's timeout).
 Must not: decide what a worker unloads (the worker swaps, waiting for its streams), or admit anything.
 """
 
@@ -24,11 +24,18 @@ from coordinator.errors import CoordinatorError
 from coordinator.pool.registry import Registry, WorkerRecord
 from coordinator.upstream import WorkerClient, WorkerUnreachable
 from protocol import reasons
-from protocol.worker import MODEL_LOAD_PATH, PROTOCOL_HEADER, PROTOCOL_VERSION, ErrorBody, ModelLoadRequest
+from protocol.worker import (
+    MODEL_LOAD_BACKOFF,
+    MODEL_LOAD_PATH,
+    PROTOCOL_HEADER,
+    PROTOCOL_VERSION,
+    ErrorBody,
+    ModelLoadRequest,
+)
 
 ASK_AGAIN = 120.0  # seconds after an ask the model is asked for again if no worker serves it by then
 BUSY_AGAIN = 1.0  # the same after a worker answered that it swaps to another model
-FAILED_AGAIN = 30.0  # and after its load failed: requests meanwhile get the failure (the worker's own pause)
+FAILED_AGAIN = MODEL_LOAD_BACKOFF  # and after its load failed: requests meanwhile get the failure
 POLL = 0.1  # seconds between looks at the registry while a request waits for its model
 ANSWER_LIMIT = 4096  # bytes of a worker's answer to an ask
 
@@ -49,7 +56,7 @@ class ModelLoads:
         self._queue_size, self._timeout = queue_size, timeout
         self._asks: dict[str, _Ask] = {}  # by model: at most one per model a worker offers
         self._waiting: dict[str, int] = {}
-        self.asked = 0  # asks sent, for the tests and the metrics
+        self.asked = 0  # asks sent (the tests read it)
 
     async def until_served(self, model: str, deadline: float) -> None:
         """Returns once a worker serves `model` (offered, not served, when called), asking for its load;

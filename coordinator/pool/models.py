@@ -40,8 +40,8 @@ def _offered(registry: Registry, requested: str) -> None:
     if offered is not None:
         workers = ", ".join(registry.offered_models().get(offered, []))
         raise CoordinatorError(reasons.MODEL_UNAVAILABLE, f"model {offered!r} is offered by {workers} but served by "
-                               "no worker: a worker serves the model it started with (--model, or the first of "
-                               "its --model-dir)", param="model")
+                               "no worker now (a chat or completion request for it has it loaded, unless "
+                               "MODEL_LOADS is off)", param="model")
 
 
 def stand_in(registry: Registry, requested: str | None, model: str | None) -> str | None:

@@ -7,7 +7,7 @@ the longest a request may run as its deadline, so no stream is cut (new requests
 and go to other workers; the coordinator moves kept sessions to other workers of the model, as for
 any draining worker, and a session left is ended: its next turn gets 404); then it is closed, and
 the asked-for model loaded in its place, with the worker's settings. A model that fails to load
-is refused with 503 `model_load_failed` and its reason for LOAD_BACKOFF seconds, and the model served
+is refused with 503 `model_load_failed` and its reason for MODEL_LOAD_BACKOFF seconds, and the model served
 before is loaded again.
 Must not: judge the folder's files (worker/models/) or build a runtime (app.py hands in `build`).
 """
@@ -25,7 +25,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from protocol import reasons
-from protocol.worker import MODEL_LOAD_PATH, ErrorBody, ModelLoadAnswer, ModelLoadRequest
+from protocol.worker import MODEL_LOAD_BACKOFF, MODEL_LOAD_PATH, ErrorBody, ModelLoadAnswer, ModelLoadRequest
 from worker.api.routes import authorize
 from worker.errors import WorkerError
 from worker.models.catalog import Offer
@@ -33,7 +33,6 @@ from worker.runtime import WorkerRuntime
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("worker.swap")
-LOAD_BACKOFF = 30.0  # seconds a model that failed to load is refused before it is tried again
 router = APIRouter()
 Build = Callable[[WorkerSettings], Awaitable[WorkerRuntime]]
 
@@ -58,7 +57,7 @@ class Swapper:
 
     def load(self, name: str) -> ModelLoadAnswer:
         if self.swapping:
-            if self._offer(name) is not None and self._offer(name) is self._offer(self.swapping):
+            if (asked := self._offer(name)) is not None and asked is self._offer(self.swapping):
                 return ModelLoadAnswer(model=self.swapping, state="loading")
             raise WorkerError(409, reasons.MODEL_SWAPPING, f"this worker is swapping to {self.swapping!r}; ask "
                                                           "again once it serves it")
@@ -108,7 +107,7 @@ class Swapper:
         try:
             runtime, outcome = await self._build(wanted), "loaded"
         except Exception as exc:
-            self._failed[model] = (self._clock() + LOAD_BACKOFF, f"{type(exc).__name__}: {exc}"[:200])
+            self._failed[model] = (self._clock() + MODEL_LOAD_BACKOFF, f"{type(exc).__name__}: {exc}"[:200])
             log.exception("model %s failed to load; loading %s again", model, old.names.name)
             wanted, outcome = settings, "failed"
             runtime = await self._build(settings)

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from worker.api.swap import LOAD_BACKOFF, Swapper
+from protocol.worker import MODEL_LOAD_BACKOFF
+from worker.api.swap import Swapper
 from worker.errors import WorkerError
 from worker.metrics import WorkerMetrics
 from worker.models.catalog import Offer
@@ -81,7 +82,7 @@ async def test_a_model_that_fails_to_load_brings_back_the_one_before_and_is_refu
         swap.load("gemma")
     assert (refused.value.status, refused.value.reason) == (503, "model_load_failed")
     assert "the tensors do not fit" in refused.value.message
-    clock[0] = LOAD_BACKOFF
+    clock[0] = MODEL_LOAD_BACKOFF
     assert swap.load("gemma").state == "loading"  # tried again after the pause
     await swap._task  # type: ignore[misc]
 
