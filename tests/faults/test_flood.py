@@ -42,8 +42,8 @@ FLOOD_FACTOR = 10
 # 70%, and the default 5 s flood, whose ratio moves more, 50%: a flood that made refusals expensive or
 # starved admission fails either (it serves next to nothing). Every other check is an invariant.
 SERVED_BOUND = 0.7 if LONG_RUN else 0.5
-QUEUE_BASELINE_SECONDS = 10.0 if LONG_RUN else 4.0  # the queued variant, which only reports
-QUEUE_FLOOD_SECONDS = 60.0 if LONG_RUN else 5.0
+QUEUE_BASELINE_SECONDS = 10.0 if LONG_RUN else 2.0  # the queued variant, which only reports its rates
+QUEUE_FLOOD_SECONDS = 60.0 if LONG_RUN else 3.0  # (its checks are invariants, whatever the length)
 ABANDON_AFTER = 3.0  # seconds after its end that the flood waits for answers
 KEEP_ALIVE_EXPIRY = 4.0  # an idle connection is not reused after this long (the coordinator closes at 5 s)
 # A refused user tries again this much later: soon enough to keep its seat busy, late enough that the

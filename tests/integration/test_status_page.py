@@ -44,7 +44,7 @@ PROMPTS = ["Write a haiku about the sea.", "What is the capital of France?", "Na
            "Explain rain to a child.", "Give me a short greeting.", "Count from one to five."]
 LOAD_USERS = 3
 # The light load's length; STATUS_PAGE_LOAD_SECONDS makes it longer for a screenshot with more history.
-LOAD_SECONDS = float(os.environ.get("STATUS_PAGE_LOAD_SECONDS", "6"))
+LOAD_SECONDS = float(os.environ.get("STATUS_PAGE_LOAD_SECONDS", "4"))
 API_KEYS = ("status-key-1", "status+key/2")  # in a fragment, the second's "+" must stay a plus
 
 # What the page shows, read from its DOM in one call.
