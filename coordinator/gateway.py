@@ -13,8 +13,10 @@ a `Generation` and turn the relay's internal events (protocol.worker) into their
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
+import itertools
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +53,11 @@ if TYPE_CHECKING:
 EMBEDDING_DEMAND = Demand(prompt_bytes=0, max_tokens=0, new_session=False)
 # A stream that ended with one of these counts against its worker's circuit breaker.
 WORKER_FAULTS = frozenset({reasons.WORKER_FAILED, reasons.ENGINE_FAILED})
+# Refusals for want of a worker that a model swap under way explains (the request waits and tries again).
+SWAP_REFUSALS = frozenset({reasons.MODEL_SWAPPING, reasons.DRAINING, reasons.NO_WORKERS, reasons.MODEL_UNAVAILABLE,
+                           reasons.UNKNOWN_MODEL})
+SWAP_RETRIES = 100  # tries after the first; with SWAP_PAUSE, past any swap the queue's timeout allows
+SWAP_PAUSE = 0.2  # seconds between them
 Placed = Callable[[], None] | None
 CACHE_HIT = "cache"  # an `Opened`'s worker id when the response cache answered
 NO_LIMITS = KeyLimits()  # a request without an API key: no limits, every class
@@ -165,26 +172,24 @@ class Gateway:
         state = self._state
         try:
             self._check_own_limits()
-            await self._until_loaded(gen.request.model, started)
-            model = resolve_model(state.registry, state.settings.default_model, gen.request.model,
-                                  any_name=state.settings.any_model_name)
-            if (name := stand_in(state.registry, gen.request.model, model)) is not None:
-                gen = gen.for_model(name)
-            identity = state.registry.identity_of(model) if model is not None else ""
-            key = cache_key(gen.surface, model, gen.request, identity) if state.cache.enabled else None
-            if key is not None:
-                hit = state.cache.get(key)
-                state.metrics.cache_lookups.labels(outcome="hit" if hit else "miss").inc()
-                if hit is not None:  # answered at once: nothing admitted, reserved or computed
-                    return self._replay(gen, model, hit, started)
-            if state.queue.enabled() and model is not None:
-                waiting = gen.trace.child("queue")
-                gen, stream = await in_turn(state.queue, model,
-                                            lambda placed: self._admit(gen, model, placed, waiting),
-                                            started=started, now=self.now, metrics=state.metrics,
-                                            client_gone=client_gone, tenant=gen.request.tenant, rank=rank)
-            else:
-                gen, stream = await self._admit(gen, model, None)
+            for attempt in itertools.count():
+                await self._until_loaded(gen.request.model, started)
+                try:
+                    model = resolve_model(state.registry, state.settings.default_model, gen.request.model,
+                                          any_name=state.settings.any_model_name)
+                    if (name := stand_in(state.registry, gen.request.model, model)) is not None:
+                        gen = gen.for_model(name)
+                    identity = state.registry.identity_of(model) if model is not None else ""
+                    key = cache_key(gen.surface, model, gen.request, identity) if state.cache.enabled else None
+                    if key is not None:
+                        hit = state.cache.get(key)
+                        state.metrics.cache_lookups.labels(outcome="hit" if hit else "miss").inc()
+                        if hit is not None:  # answered at once: nothing admitted, reserved or computed
+                            return self._replay(gen, model, hit, started)
+                    gen, stream = await self._admitted(gen, model, started, client_gone, rank)
+                    break
+                except CoordinatorError as refused:
+                    await self._through_swap(refused, gen.request.model, started, attempt)
             try:
                 return self._opened(gen, model, stream, (key, identity) if key is not None else None, started)
             except BaseException:
@@ -280,6 +285,35 @@ class Gateway:
             raise CoordinatorError(reasons.INVALID_REQUEST, f"dimensions: {model} embeds into {served.dimensions} "
                                    "dimensions, the only size served", param="dimensions")
         return await state.embedder.embed(work, ranked, reserved=placed)
+
+    async def _admitted(self, gen: Generation, model: str | None, started: float,
+                        client_gone: Callable[[], Awaitable[None]] | None, rank: int) -> tuple[Generation, OpenStream]:
+        """Admitted and placed, through the queue when it is on."""
+        state = self._state
+        if state.queue.enabled() and model is not None:
+            waiting = gen.trace.child("queue")
+            return await in_turn(state.queue, model, lambda placed: self._admit(gen, model, placed, waiting),
+                                 started=started, now=self.now, metrics=state.metrics, client_gone=client_gone,
+                                 tenant=gen.request.tenant, rank=rank)
+        return await self._admit(gen, model, None)
+
+    async def _through_swap(self, refused: CoordinatorError, requested: str | None, started: float,
+                            attempt: int) -> None:
+        """Returns when a request refused for want of a worker should try again, after SWAP_PAUSE: a
+        worker swaps to its model or away from it (the worker's refusal says so, 503 `model_swapping`,
+        or its heartbeats do). Raises `refused` otherwise, or `queue_timeout` once the queue's deadline
+        would pass, or SWAP_RETRIES tries have been made. A request placed the moment before a swap
+        began meets its drain; one for a model swapped away finds no undrained worker."""
+        state = self._state
+        if refused.reason not in SWAP_REFUSALS or requested is None:
+            raise refused
+        model = state.registry.resolve(requested) or state.registry.offered_as(requested) or requested
+        if refused.reason != reasons.MODEL_SWAPPING and not state.registry.swap_involves(model):
+            raise refused
+        if attempt >= SWAP_RETRIES or self.now() + SWAP_PAUSE >= started + state.settings.queue_timeout:
+            raise CoordinatorError(reasons.QUEUE_TIMEOUT, f"model {requested!r}: the swap under way did not end "
+                                   "within the queue's timeout", retry_after=state.settings.retry_after)
+        await asyncio.sleep(SWAP_PAUSE)
 
     async def _until_loaded(self, requested: str | None, started: float) -> None:
         """A model a worker offers from its folder but none serves: one worker loads it (pool/loads.py),

@@ -95,6 +95,7 @@ class WorkerStatus(BaseModel):
     embedding_requests: int = Field(default=0, ge=0, description="the coordinator's embedding requests on it now")
     offered: list[OfferedModel] = Field(default_factory=list, description="the models of its folder (--model-dir) "
                                         "with each one's state, need and reason, as its latest heartbeat says")
+    swapping: str = Field(default="", description="the model of its folder it swaps to now; \"\": none")
 
 
 class WorkerStatusList(BaseModel):

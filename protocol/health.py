@@ -212,6 +212,9 @@ class Heartbeat(BaseModel):
                               "started is ready once it knows as many (coordinator/pool/readiness.py)")
     leaving: bool = Field(default=False, description="its last beat: the worker stops now (after its drain), so "
                           "the coordinator stops scheduling on it at once rather than when its beats stop")
+    swapping: ModelName | Literal[""] = Field(default="", max_length=128, description="the model of its folder it "
+                                              "is swapping to (draining the one it served, then loading it); "
+                                              "\"\": none")
     offered: list[OfferedModel] = Field(default_factory=list, max_length=MAX_OFFERED,
                                         description="the models of its folder (`--model-dir`), the one it serves "
                                         "among them as loaded; empty without a folder")

@@ -33,7 +33,8 @@ sequence on a full worker (`WorkerLoad.parkable`, `WorkerLoad.parked`), and a ra
 token ids (`GenerateRequest.prompt_tokens`). Version 9 added a prompt's own scores
 (`GenerateRequest.prompt_logprobs`, `PromptEvent`); version 10 lists the models a worker offers from its
 folder in its heartbeats (`protocol.health.Heartbeat.offered`; an older coordinator would refuse the
-unknown field).
+unknown field); version 11 the model a worker is swapping to (`Heartbeat.swapping`), so that requests
+for either model wait for the swap instead of finding no worker.
 Embeddings need no version of their own: a worker that does not serve them never says so in its
 heartbeat (`protocol.health.Heartbeat.embeddings`), so no coordinator sends it an `EmbedRequest`.
 """
@@ -45,7 +46,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 GENERATE_PATH = "/worker/generate"
 # Open even with a worker token (probes cannot send one); the coordinator reads it before it registers
 # a new worker (coordinator/pool/probe.py).

@@ -393,13 +393,21 @@ MUTATIONS: tuple[Mutation, ...] = (
              "    if requested is not None:\n        _offered(registry, requested)\n",
              "    if False:\n        _offered(registry, requested)\n", ("tests/coordinator/pool/test_models.py",)),
     Mutation("swap-unloads-busy-model", "a swap waits for the streams in flight: it never unloads a busy model",
-             "worker/api/swap.py", "await old.drain(settings.request_timeout)", "await old.drain(0.0)",
+             "worker/api/swap.py", "await old.drain(settings.request_timeout)  # every request ends",
+             "await old.drain(0.0)  # every request ends",
              ("tests/integration/test_model_folder.py",)),
+    Mutation("stale-model-file-served", "a served model whose file was replaced on disk is loaded again from it",
+             "worker/api/swap.py", 'return None if there.identity == runtime.model.identity else ("replaced", there)',
+             'return None', ("tests/worker/api/test_swap.py", "tests/integration/test_model_folder.py")),
+    Mutation("swap-leaves-the-pool", "a worker's heartbeats go on through its swap, so requests for either "
+             "model wait for it", "worker/api/swap.py", "await old.stop(leaving=False)", "await old.stop()",
+             ("tests/integration/test_swap_moves.py",)),
     Mutation("load-asked-per-request", "a burst of requests for a model not loaded makes one load",
              "coordinator/pool/loads.py", "if ask is None or self._now() >= ask.again_at:", "if True:",
              ("tests/coordinator/pool/test_loads.py",)),
     Mutation("folder-serves-all-loaded", "a heartbeat lists only the model a worker serves as loaded",
-             "worker/models/folder.py", "loaded = o.state == \"offered\" and _same_file(o.path, serving)",
+             "worker/models/folder.py",
+             "loaded = o.state == \"offered\" and (o.path == serving if exact else _same_file(o.path, serving))",
              "loaded = o.state == \"offered\"", ("tests/worker/models/test_folder.py",)),
 )
 

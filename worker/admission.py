@@ -89,6 +89,7 @@ class Gate:
     cells: KvTransfer | None = None  # the engine, when its cells can move (the runtime found): else no peer fetch
     preemption: Preemption | None = None  # the engine, when it parks batch requests: else none is parked
     draining: bool = False
+    swapping: str = ""  # the model a swap loads next (worker/api/swap.py): the drain's refusals name the swap
     # A request refused only for capacity that a cancelled stream still holds (its client left; the
     # engine releases it at its next step) waits for that release, this long at most, instead of
     # answering 503: the coordinator freed that capacity in its view the moment it closed the stream,
@@ -381,6 +382,8 @@ class Gate:
 
     def _serving(self, model: str | None) -> None:
         """Refuses any request while draining, and one for another model than this worker's."""
+        if self.draining and self.swapping:
+            raise WorkerError(503, reasons.MODEL_SWAPPING, f"worker is swapping to {self.swapping!r}")
         if self.draining:
             raise WorkerError(503, reasons.DRAINING, "worker is draining")
         if model is not None and not self.names.serves(model):

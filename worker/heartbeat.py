@@ -64,7 +64,8 @@ class HeartbeatSender:
         self._names = names
         self._identity = model_identity
         self._embeddings = embeddings
-        self._offered = list(offered)
+        self.offered = list(offered)  # the folder's models as listed (WorkerRuntime.offer updates it)
+        self.swapping = ""  # the model a swap (worker/api/swap.py) loads next, while it runs
         self._headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
         self._interval = interval
         self._load = load
@@ -79,13 +80,18 @@ class HeartbeatSender:
         self._waiting: dict[str, list[str]] = {}  # by heartbeat URL: the tenants its last answer said wait
         self.sent = 0
 
+    def freeze(self, load: WorkerLoad) -> None:
+        """Every beat from now on says `load` (a swap: the model before is closed, the next not loaded)."""
+        self._load = lambda: load
+
     def heartbeat(self, *, leaving: bool = False) -> Heartbeat:
         waiting = sorted({tenant for tenants in self._waiting.values() for tenant in tenants})
         load = self._load().model_copy(update={"waiting": waiting[:MAX_HEARTBEAT_TENANTS]})
         return Heartbeat(worker_id=self._worker_id, url=self._worker_url, model=self._names.name,
                          aliases=list(self._names.aliases), model_identity=self._identity,
                          embeddings=self._embeddings, load=load, timestamp=self._wall_clock(),
-                         pool_workers=max(self._pool.values(), default=0), leaving=leaving, offered=self._offered)
+                         pool_workers=max(self._pool.values(), default=0), leaving=leaving, offered=self.offered,
+                         swapping=self.swapping)
 
     async def targets(self) -> list[str]:
         """The heartbeat URLs of this interval: each coordinator URL, or each address of its name."""

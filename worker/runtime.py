@@ -104,6 +104,7 @@ class WorkerRuntime:
         self._tasks: list[asyncio.Task[None]] = []
         self.jobs: set[Job] = set()  # the jobs whose stream is open (app.py keeps it), for the drain
         self.heartbeats: HeartbeatSender | None = None
+        self._beating: asyncio.Task[None] | None = None
         metrics.bind(
             running=lambda: self.engine.running, waiting=lambda: self.engine.queue_depth,
             kv_usage=lambda: self.table.stats()[1] / limits.capacity_tokens,
@@ -184,7 +185,23 @@ class WorkerRuntime:
                     loop.call_soon_threadsafe(room)
 
                 self.table.on_room = announce
-            self._tasks.append(asyncio.create_task(self._supervised("heartbeats", self.heartbeats.run)))
+            self._beating = asyncio.create_task(self._supervised("heartbeats", self.heartbeats.run))
+            self._tasks.append(self._beating)
+
+    async def end_beats(self) -> None:
+        """After `stop(leaving=False)`: its heartbeats end (the next model's runtime beats now)."""
+        if self._beating is not None:
+            self._beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._beating
+        if self.heartbeats is not None:
+            await self.heartbeats.aclose()
+
+    def offer(self, offers: Sequence[Offer]) -> None:
+        """The folder as read again (worker/api/swap.py's watch): the heartbeats list these from now on."""
+        self._offers = list(offers)
+        if self.heartbeats is not None:
+            self.heartbeats.offered = folder.listed(self._offers, self.settings.model_path, self.names)
 
     async def _supervised(self, task: str, run: Callable[[], Awaitable[None]]) -> None:
         """Runs a background loop for the worker's life: an unexpected exception is logged with its
@@ -257,14 +274,27 @@ class WorkerRuntime:
         """The coordinator listed, exported or ended kept sessions: a drain waits on while it does."""
         self.handover_seen = asyncio.get_running_loop().time()
 
-    async def stop(self) -> None:
+    async def stop(self, *, leaving: bool = True) -> None:
+        """Stops everything and closes the model (when it owns it). `leaving`: its last heartbeat says the
+        worker stops. Without (a swap, worker/api/swap.py): the heartbeats go on until `end_beats`,
+        each saying the worker drains and holds nothing, so that every coordinator keeps it, and its
+        folder's offers, while the next model loads."""
         self.gate.draining = True
+        beating = None if leaving else self._beating
+        if beating is not None and self.heartbeats is not None:
+            nothing: dict[str, object] = {name: 0 for name in (
+                "sessions", "active_streams", "queue_depth", "kv_used_bytes", "kv_reserved_bytes", "idle_sessions",
+                "idle_kv_bytes", "parkable", "parked")}
+            self.heartbeats.freeze(self.load().model_copy(update={
+                **nothing, "streams": [], "held": [], "prefixes": [], "tenants": [], "draining": True}))
         for task in self._tasks:
-            task.cancel()
+            if task is not beating:
+                task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        if self.heartbeats is not None:
+            if task is not beating:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self.heartbeats is not None and beating is None:
             await self.heartbeats.send_once(leaving=True)  # each call has its deadline (< 5 s)
             await self.heartbeats.aclose()
         await self.peers.aclose()

@@ -28,6 +28,7 @@ ENV_NAMES = {
     "model_aliases": "MODEL_ALIASES",
     "model_dir": "WORKER_MODEL_DIR",
     "model_memory": "WORKER_MODEL_MEMORY",
+    "model_rescan": "WORKER_MODEL_RESCAN",
     "worker_id": "WORKER_ID",
     "worker_url": "WORKER_URL",
     "coordinator_url": "COORDINATOR_URL",
@@ -90,6 +91,9 @@ class WorkerSettings(BaseModel):
                                    "first it can, in name order")
     model_memory: int = Field(default=0, ge=0, description="bytes the folder's models may take, weights and KV; "
                               "0: the machine's memory less a margin (the larger of 1 GiB and a tenth)")
+    model_rescan: float = Field(default=10.0, ge=0, description="seconds between two reads of the folder: new "
+                                "files offered, removed ones withdrawn, and a served model whose file was "
+                                "replaced or removed swapped for what is there now; 0: read once, at start")
     worker_id: str = Field(default="", max_length=128, description="default: worker-<port>")
     worker_url: str = Field(default="", description="URL the coordinator uses; default http://host:port")
     coordinator_url: str = Field(default="http://127.0.0.1:1337", max_length=4096,

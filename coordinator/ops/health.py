@@ -237,4 +237,5 @@ def _status(policy: Policy, w: WorkerRecord, now: float) -> WorkerStatus:
         breaker=breaker, in_flight=w.in_flight,
         ttft_ewma_ms=round(w.ttft_ewma * 1e3, 3) if w.ttft_ewma is not None else None,
         picked_age_s=round(max(0.0, now - w.picked_at), 3) if w.picked_at else None,
-        embeddings=w.embeddings, embedding_requests=w.embedding_requests, offered=list(w.offered))
+        embeddings=w.embeddings, embedding_requests=w.embedding_requests, offered=list(w.offered),
+        swapping=w.swapping)

@@ -4,8 +4,8 @@ none serves makes one worker swap to it, and waits, with its deadline, until a w
 Owns: choosing the worker that loads (among the alive ones offering it, the least busy: fewest sessions
 and streams of this coordinator, then the smallest memory need), asking it (`POST /worker/models/load`),
 one ask per model at a time (a burst of requests waits for that one load: asked again only once
-ASK_AGAIN has passed without the model served, or at once after a worker said it is busy swapping to
-another), a model that failed to load (its reason answered for the workers' own pause,
+ASK_AGAIN has passed without the model served, or BUSY_AGAIN after a worker said it is busy swapping to
+another; none while a worker's heartbeats say it swaps to the model or away from it), a model that failed to load (its reason answered for the workers' own pause,
 MODEL_LOAD_BACKOFF, then asked for again), and the wait itself: bounded in count (`waiting`, at most
 `queue_size` a model) and in time (the queue's timeout).
 Must not: decide what a worker unloads (the worker swaps, waiting for its streams), or admit anything.
@@ -89,6 +89,10 @@ class ModelLoads:
 
     async def _ask(self, model: str) -> None:
         worker = self._choose(model)
+        if worker is None and self._registry.swap_involves(model):
+            # A worker swaps to it, or away from it: wait for that swap, then ask (if still needed).
+            self._asks[model] = _Ask("", self._now() + BUSY_AGAIN)
+            return
         if worker is None:
             raise CoordinatorError(reasons.MODEL_UNAVAILABLE, f"no alive worker offers {model!r} now")
         ask = self._asks[model] = _Ask(worker.worker_id, self._now() + ASK_AGAIN)

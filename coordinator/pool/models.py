@@ -23,6 +23,8 @@ def resolve_model(registry: Registry, default: str | None, requested: str | None
         return model
     if requested is not None:
         _offered(registry, requested)
+        if (named := registry.offer_named(requested)) is not None and registry.knows_model(named):
+            return named  # a folder's name for a model served (by another file's worker, say)
     if requested is None or (any_name and (default or len(registry.known_models()) == 1)):
         if default:
             return registry.resolve(default) or default

@@ -90,6 +90,7 @@ class WorkerRecord:
     ttft_at: float = 0.0
     embeddings: EmbeddingService | None = None  # what it says it embeds; None: it does not
     offered: tuple[OfferedModel, ...] = ()  # the models of its folder (--model-dir), as its latest heartbeat says
+    swapping: str = ""  # the model of its folder it swaps to now (it drains, then loads it); "": none
     embedding_requests: int = 0  # this coordinator's embedding requests on it now (hold_embedding)
     held: frozenset[str] = frozenset()  # session digests in its latest heartbeat (Registry._holder)
     # Capacity refusals since its last heartbeat, from a worker that other coordinators use too: it
@@ -293,13 +294,33 @@ class Registry:
         return dict(sorted(found.items()))
 
     def offered_as(self, name: str) -> str | None:
-        """The offered model (not served now) that `name` names, itself or by an alias; O(as above)."""
+        """The model `name` names, itself or by an alias, that an alive worker offers from its folder and
+        no worker serves undrained: offered, or loaded on a worker swapping away from it (its requests
+        wait for a worker to load it again). O(as above, times the model's workers)."""
         for rec in self._alive.values():
             for offer in rec.offered:
-                if offer.state == "offered" and name in (offer.name, *offer.aliases) \
-                        and offer.name not in self._alive_by_model:
+                if (offer.state == "offered" or (offer.state == "loaded" and rec.swapping)) \
+                        and name in (offer.name, *offer.aliases) and not self._served_undrained(offer.name):
                     return offer.name
         return None
+
+    def offer_named(self, name: str) -> str | None:
+        """The model of any alive worker's folder that `name` names, itself or by an alias (a file's stem
+        names its model on every worker, even one serving it from another file). O(as above)."""
+        for rec in self._alive.values():
+            for offer in rec.offered:
+                if offer.state in ("offered", "loaded") and name in (offer.name, *offer.aliases):
+                    return offer.name
+        return None
+
+    def swap_involves(self, model: str) -> bool:
+        """An alive worker is swapping to `model`, or away from it while offering it: requests for it wait
+        for the swap. O(alive workers x their offers)."""
+        return any(rec.swapping and (rec.swapping == model or any(o.name == model for o in rec.offered))
+                   for rec in self._alive.values())
+
+    def _served_undrained(self, model: str) -> bool:
+        return any(not w.draining for w in self._alive_by_model.get(model, {}).values())
 
     @property
     def alive_count(self) -> int:
@@ -325,7 +346,7 @@ class Registry:
         if rec is None:
             rec = WorkerRecord(hb.worker_id, hb.url, hb.model, hb.load, now, state=STALE, aliases=aliases,
                                model_identity=hb.model_identity, listed=frozenset(hb.load.streams),
-                               embeddings=hb.embeddings, offered=tuple(hb.offered))
+                               embeddings=hb.embeddings, offered=tuple(hb.offered), swapping=hb.swapping)
             self._workers[hb.worker_id] = rec
             self._know(rec)
             self._hold(rec, frozenset(hb.load.held))
@@ -338,7 +359,7 @@ class Registry:
                 self._know(rec)
                 self._announce_if_gone(*before)  # after: an alias change keeps the identity served
             rec.url, rec.load, rec.last_seen, rec.embeddings = hb.url, hb.load, now, hb.embeddings
-            rec.offered = tuple(hb.offered)
+            rec.offered, rec.swapping = tuple(hb.offered), hb.swapping
             rec.sessions_refused, rec.kv_free_below = False, None  # its own report: what it refused is in it
             self._reflect(rec, frozenset(hb.load.streams), hb.timestamp)
             self._hold(rec, frozenset(hb.load.held))

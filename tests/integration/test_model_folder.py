@@ -4,7 +4,9 @@ first it can read, lists the others as offered, and a broken file as unavailable
 naming the worker that offers it, never another model's answer. Asked to serve another model of its
 folder (`POST /worker/models/load`), the worker lets the stream in flight finish whole before it swaps;
 and a burst of requests for a model it offers but does not serve makes the coordinator ask for one load
-and answers them all once it is served (the tests run in order: each swap changes the worker's model)."""
+and answers them all once it is served. A served model's file replaced on disk is noticed by the
+folder's next read and loaded again from the file there now, after the stream in flight (the tests run in
+order: each swap changes the worker's model)."""
 
 from __future__ import annotations
 
@@ -27,9 +29,13 @@ SMOL, GEMMA = "smollm2-135m-8k-lc100k-mix1-ep2", "gemma-3-270m"
 
 
 @pytest.fixture(scope="module")
-def folder_pool(model_path: Path, gemma_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    log_dir = tmp_path_factory.mktemp("model-folder")
-    folder = log_dir / "models"
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("model-folder") / "models"
+
+
+@pytest.fixture(scope="module")
+def folder_pool(model_path: Path, gemma_path: Path, folder: Path) -> Iterator[str]:
+    log_dir = folder.parent
     folder.mkdir()
     (folder / "a-smol.gguf").symlink_to(model_path)
     (folder / "b-gemma.gguf").symlink_to(gemma_path)
@@ -37,7 +43,8 @@ def folder_pool(model_path: Path, gemma_path: Path, tmp_path_factory: pytest.Tem
     coordinator, url = start_coordinator(log_dir, "coordinator-folder", "--heartbeat-interval", "1")
     worker = Proc("folder", [sys.executable, "-m", "worker", "--port", str(free_port()), "--worker-id", "folder",
                              "--coordinator-url", url, "--model-dir", str(folder), "--max-sessions", "2",
-                             "--session-max-tokens", "512", "--threads", "1", "--heartbeat-interval", "0.5"],
+                             "--session-max-tokens", "512", "--threads", "1", "--heartbeat-interval", "0.5",
+                             "--model-rescan", "0.5"],
                   log_dir / "folder.log")
     worker.start()
     try:
@@ -115,3 +122,30 @@ async def test_a_burst_for_an_offered_model_makes_one_load_and_every_request_is_
     assert [a.status_code for a in answers] == [200] * 3, [a.text for a in answers]
     assert {a.json()["model"] for a in answers} == {SMOL}
     assert 'worker_model_swaps_total{outcome="loaded"} 2.0' in metrics  # one load for the three
+
+
+@pytest.mark.anyio
+async def test_a_served_file_replaced_on_disk_is_loaded_again_once_its_stream_ends(
+        folder_pool: str, folder: Path, gemma_path: Path) -> None:
+    worker = listing(folder_pool)
+    assert worker is not None and worker["model"] == SMOL  # after the burst above
+    tokens = 64
+    async with httpx.AsyncClient(timeout=120) as client:
+        streaming = asyncio.create_task(infer(client, folder_pool, {
+            "prompt": "Write a long story.", "max_tokens": tokens, "ignore_eos": True, "model": SMOL}))
+        await asyncio.to_thread(wait_until, lambda: (listing(folder_pool) or {}).get("active_streams", 0) >= 1, 30,
+                                "the stream to start", interval=0.05)
+        (folder / "new.gguf").symlink_to(gemma_path)
+        (folder / "new.gguf").replace(folder / "a-smol.gguf")  # the served file, replaced at once
+        stream = await streaming
+        assert stream.status == 200 and stream.names[-1] == "done" and stream.names.count("token") == tokens
+        # The file there now holds Gemma (the name its header gives; b-gemma.gguf is named from its stem).
+        await asyncio.to_thread(wait_until, lambda: (listing(folder_pool) or {}).get("model") == GEMMA, 60,
+                                "the worker to serve the file there now", interval=0.2)
+        offered = {o["name"]: o["state"] for o in (listing(folder_pool) or {})["offered"]}
+        assert offered == {GEMMA: "loaded", "b-gemma": "offered", "c-broken": "unavailable"}, (listing(folder_pool) or {})["offered"]
+        stale = await client.post(folder_pool + "/v1/chat/completions", json={
+            "model": SMOL, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4})
+        assert stale.status_code in (404, 503), stale.text  # the old mapping answers nothing
+        metrics = (await client.get(worker["url"] + "/metrics")).text
+    assert 'worker_model_swaps_total{outcome="loaded"} 3.0' in metrics

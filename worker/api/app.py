@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -30,7 +31,7 @@ from worker.backends import load_model
 from worker.backends.base import ModelBackend
 from worker.errors import WorkerError
 from worker.metrics import WorkerMetrics
-from worker.models.folder import open_folder
+from worker.models.folder import open_folder, rescan
 from worker.runtime import WorkerRuntime
 from worker.settings import WorkerSettings
 
@@ -85,6 +86,8 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
 
             runtime = await build(chosen, model)
             app.state.swapper = Swapper(app, offers, build, on_lost=on_load_failure)
+            if settings.model_dir is not None and settings.model_rescan > 0:
+                app.state.swapper.watch(functools.partial(rescan, settings, {}), settings.model_rescan)
         except Exception as exc:
             # Answering 503 loading forever would hide it: record why and stop the process (non-zero exit).
             log.exception("worker failed to start")

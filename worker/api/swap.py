@@ -6,9 +6,15 @@ third model is told which swap runs), and its order: the served model drains as 
 the longest a request may run as its deadline, so no stream is cut (new requests get 503 `draining`
 and go to other workers; the coordinator moves kept sessions to other workers of the model, as for
 any draining worker, and a session left is ended: its next turn gets 404); then it is closed, and
-the asked-for model loaded in its place, with the worker's settings. A model that fails to load
+the asked-for model loaded in its place, with the worker's settings; meanwhile the worker's heartbeats
+go on, saying it drains and holds nothing, so coordinators keep it and its folder (requests for either
+model wait for the swap in the coordinator's queue rather than find no worker). A model that fails to load
 is refused with 503 `model_load_failed` and its reason for MODEL_LOAD_BACKOFF seconds, and the model served
-before is loaded again.
+before is loaded again. And the folder's watch (`watch`, every WORKER_MODEL_RESCAN seconds): its offers
+read again (new files offered, removed ones no longer), and a served model whose file was replaced or
+written over (its identity digest differs from the loaded model's) or removed is never served on from
+the stale mapping: the worker swaps, as above, to the file now there, or, with none, to the first
+model offered; with no model left to serve it drains and stops.
 Must not: judge the folder's files (worker/models/) or build a runtime (app.py hands in `build`).
 """
 
@@ -20,6 +26,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -49,6 +56,7 @@ class Swapper:
         self._task: asyncio.Task[None] | None = None
         self._target = ""
         self._failed: dict[str, tuple[float, str]] = {}  # model -> (refused until, why it failed)
+        self._watching: asyncio.Task[None] | None = None
 
     @property
     def swapping(self) -> str:
@@ -76,17 +84,70 @@ class Swapper:
         if self._clock() < until:
             raise WorkerError(503, reasons.MODEL_LOAD_FAILED, f"model {model!r} failed to load ({why}); tried "
                                                               f"again in {until - self._clock():.0f} s")
-        self._target = model
-        self._task = asyncio.create_task(self._supervised(runtime, offer, model))
+        self._start(runtime, offer, "asked")
         return ModelLoadAnswer(model=model, state="loading")
+
+    def _start(self, runtime: WorkerRuntime, offer: Offer, why: str) -> None:
+        assert offer.names is not None
+        self._target = offer.names.name
+        self._task = asyncio.create_task(self._supervised(runtime, offer, offer.names.name, why))
+
+    def watch(self, read: Callable[[], Sequence[Offer]], every: float) -> None:
+        """Reads the folder every `every` seconds (`read`, in a thread) for the worker's life, and
+        `refresh`es with what it found; a failed read is logged and counted, and the next one tried."""
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(every)
+                try:
+                    self.refresh(await asyncio.to_thread(read))
+                except Exception:
+                    log.exception("reading the model folder failed")
+                    self._app.state.metrics.internal_errors.labels(task="folder_watch").inc()
+
+        self._watching = asyncio.create_task(loop())
+
+    def refresh(self, offers: Sequence[Offer]) -> None:
+        """The folder as read now: its offers replace the ones before (the heartbeats list them), and a
+        served model whose file is not the one loaded any more is swapped for the file there now, else
+        for the first model offered, else drained and stopped. Nothing while a swap runs (the next read
+        sees what it left)."""
+        self._offers = list(offers)
+        runtime: WorkerRuntime | None = self._app.state.runtime
+        if runtime is None or self.swapping:
+            return
+        runtime.offer(self._offers)
+        changed = self._file_change(runtime)
+        if changed is None:
+            return
+        now, target = changed
+        log.warning(json.dumps({"event": "model_file_changed", "model": runtime.names.name,
+                                "file": str(self._app.state.settings.model_path), "now": now,
+                                "next": target.path.name if target is not None else None}))
+        if target is not None:
+            self._start(runtime, target, f"file_{now}")
+        else:
+            self._target = runtime.names.name
+            self._task = asyncio.create_task(self._retire(runtime))
+
+    def _file_change(self, runtime: WorkerRuntime) -> tuple[str, Offer | None] | None:
+        """None while the served model's file is the one loaded (or not the folder's to watch); else what
+        became of it (`replaced`, `gone`, or its verdict now) and the offer to serve instead (None: none)."""
+        served: Path = self._app.state.settings.model_path
+        folder: Path | None = self._app.state.settings.model_dir
+        if folder is None or not _inside(served, folder):
+            return None  # a --model outside the folder is not the folder's to watch
+        there = next((o for o in self._offers if o.path.name == served.name), None)
+        if there is not None and there.state == "offered":
+            return None if there.identity == runtime.model.identity else ("replaced", there)
+        return ("gone" if there is None else there.state), next((o for o in self._offers if o.state == "offered"), None)
 
     def _offer(self, name: str) -> Offer | None:
         return next((o for o in self._offers if o.names is not None and o.names.serves(name)), None)
 
-    async def _supervised(self, old: WorkerRuntime, offer: Offer, model: str) -> None:
+    async def _supervised(self, old: WorkerRuntime, offer: Offer, model: str, why: str) -> None:
         """The swap, with any failure logged and counted; a worker left serving nothing stops."""
         try:
-            await self._swap(old, offer, model)
+            await self._swap(old, offer, model, why)
         except Exception:
             log.exception("the swap to %s failed", model)
             old.metrics.internal_errors.labels(task="swap").inc()
@@ -94,23 +155,45 @@ class Swapper:
                 self._app.state.load_error = f"the swap to {model} left no model loaded"
                 self._on_lost()
 
-    async def _swap(self, old: WorkerRuntime, offer: Offer, model: str) -> None:
+    async def _retire(self, old: WorkerRuntime) -> None:
+        """The served model's file is gone and the folder offers no other: its streams end whole, then
+        the worker stops (as when its first load fails)."""
+        settings: WorkerSettings = self._app.state.settings
+        try:
+            await old.drain(settings.request_timeout)
+            self._app.state.runtime = None
+            await old.stop()
+        finally:
+            self._app.state.runtime = None
+            self._app.state.load_error = f"the file of {old.names.name} is gone and the folder offers no other model"
+            log.error(json.dumps({"event": "no_model_left", "model": old.names.name}))
+            self._on_lost()
+
+    async def _swap(self, old: WorkerRuntime, offer: Offer, model: str, why: str) -> None:
         app, metrics = self._app, old.metrics
         settings: WorkerSettings = app.state.settings
         started = self._clock()
-        log.warning(json.dumps({"event": "swap", "from": old.names.name, "to": model, "streams": len(old.jobs)}))
+        log.warning(json.dumps({"event": "swap", "from": old.names.name, "to": model, "why": why,
+                                "streams": len(old.jobs)}))
+        old.gate.swapping = model  # its refusals meanwhile say so (503 `model_swapping`, not `draining`)
+        if old.heartbeats is not None:
+            old.heartbeats.swapping = model  # and the drain's first beat, at once
         await old.drain(settings.request_timeout)  # every request ends within it: none is cut
         app.state.runtime = None
-        await old.stop()
+        await old.stop(leaving=False)  # its heartbeats go on (draining, holding nothing) until the next model's
         drained = self._clock()
         wanted = settings.model_copy(update={"model_path": offer.path, "model_name": "", "model_aliases": ()})
         try:
-            runtime, outcome = await self._build(wanted), "loaded"
-        except Exception as exc:
-            self._failed[model] = (self._clock() + MODEL_LOAD_BACKOFF, f"{type(exc).__name__}: {exc}"[:200])
-            log.exception("model %s failed to load; loading %s again", model, old.names.name)
-            wanted, outcome = settings, "failed"
-            runtime = await self._build(settings)
+            try:
+                runtime, outcome = await self._build(wanted), "loaded"
+            except Exception as exc:
+                self._failed[model] = (self._clock() + MODEL_LOAD_BACKOFF, f"{type(exc).__name__}: {exc}"[:200])
+                log.exception("model %s failed to load; loading %s again", model, old.names.name)
+                wanted, outcome = settings, "failed"
+                runtime = await self._build(settings)
+            runtime.offer(self._offers)  # the folder as last read, before its first heartbeat
+        finally:
+            await old.end_beats()
         app.state.settings, app.state.runtime = wanted, runtime
         metrics.model_swaps.labels(outcome).inc()
         metrics.model_swap_seconds.labels("wait").set(drained - started)
@@ -119,10 +202,18 @@ class Swapper:
                                 "wait_s": round(drained - started, 3), "load_s": round(self._clock() - drained, 3)}))
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        for task in (self._watching, self._task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        return path.parent.resolve() == folder.resolve()
+    except OSError:
+        return False
 
 
 @router.post(MODEL_LOAD_PATH, response_model=ModelLoadAnswer,

@@ -39,6 +39,7 @@ class Offer:
     weight_bytes: int = 0
     kv_bytes: int = 0  # the KV cache of its sessions
     reason: str = ""  # why it is not offered
+    stamp: tuple[int, int, int] = (0, 0, 0)  # its file's inode, size and modification time when judged
 
     @property
     def need_bytes(self) -> int:
@@ -55,13 +56,16 @@ class Sizing:
     budget_bytes: int | None = None  # None: no limit
 
 
-def scan(folder: Path, sizing: Sizing) -> list[Offer]:
-    """Every `*.gguf` in `folder` (not in its subfolders), in name order, with its verdict."""
+def scan(folder: Path, sizing: Sizing, judged: dict[Path, Offer] | None = None) -> list[Offer]:
+    """Every `*.gguf` in `folder` (not in its subfolders), in name order, with its verdict. `judged`: the
+    verdicts of an earlier scan, by path, which it updates: a file whose inode, size and modification
+    time are unchanged keeps its verdict, unread (at most MAX_FILES entries, the files of this scan)."""
     files = sorted(p for p in folder.glob("*.gguf") if p.is_file())
     offers: list[Offer] = []
     taken: set[str] = set()
+    fresh: dict[Path, Offer] = {}
     for path in files[:MAX_FILES]:
-        found = offer(path, sizing)
+        found = fresh[path] = _judged(path, sizing, judged or {})
         if found.names is not None and found.names.name in taken:  # two quantizations of one model, say
             stem = derive_name(None, path.stem)
             renamed = ModelNames(stem, tuple(a for a in found.names.aliases if a != stem))
@@ -70,7 +74,28 @@ def scan(folder: Path, sizing: Sizing) -> list[Offer]:
         if found.names is not None:
             taken.add(found.names.name)
         offers.append(found)
+    if judged is not None:
+        judged.clear()
+        judged.update(fresh)
     return offers
+
+
+def stamp_of(path: Path) -> tuple[int, int, int]:
+    """What changes when a file is replaced (its inode) or written over (its size, its modification
+    time); (0, 0, 0) when it cannot be read."""
+    try:
+        st = path.stat()
+    except OSError:
+        return 0, 0, 0
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _judged(path: Path, sizing: Sizing, before: dict[Path, Offer]) -> Offer:
+    stamp = stamp_of(path)
+    known = before.get(path)
+    if known is not None and known.stamp == stamp != (0, 0, 0):
+        return known
+    return replace(offer(path, sizing), stamp=stamp)
 
 
 def offer(path: Path, sizing: Sizing) -> Offer:

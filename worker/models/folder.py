@@ -3,7 +3,8 @@ and the offers as its heartbeats list them.
 
 Owns: the memory budget (`WORKER_MODEL_MEMORY`, or the machine's memory less a margin), the sizing the
 catalog judges each file by (this worker's sessions and context), choosing the model to serve when
-`--model` does not name one (the first offered, in name order), and `listed`, the heartbeat's view.
+`--model` does not name one (the first offered, in name order), `rescan` (the folder read again, a
+file's header and digest only when it changed), and `listed`, the heartbeat's view.
 Must not: read a file's header (catalog.py does) or load weights (the runtime does).
 """
 
@@ -73,12 +74,23 @@ def open_folder(settings: WorkerSettings) -> tuple[WorkerSettings, list[Offer]]:
     return settings.model_copy(update={"model_path": first.path}), offers
 
 
+def rescan(settings: WorkerSettings, judged: dict[Path, Offer]) -> list[Offer]:
+    """The folder's offers now: `scan`, keeping the verdict of a file unchanged since the last read
+    (`judged`, which it updates). A folder that is gone offers nothing."""
+    folder = settings.model_dir
+    if folder is None or not folder.is_dir():
+        judged.clear()
+        return []
+    return scan(folder, sizing(settings), judged)
+
+
 def listed(offers: Sequence[Offer], serving: Path, names: ModelNames) -> list[OfferedModel]:
     """The offers as a heartbeat lists them: the file this worker serves as `loaded`, under the names it
     serves it by."""
     out = []
+    exact = any(o.path == serving for o in offers)  # else the file given by another path (--model)
     for o in offers:
-        loaded = o.state == "offered" and _same_file(o.path, serving)
+        loaded = o.state == "offered" and (o.path == serving if exact else _same_file(o.path, serving))
         shown = names if loaded else o.names or ModelNames(derive_name(None, o.path.stem))
         # A file's stem is an alias only where it is a name a request can use (no spaces, say).
         aliases = [a for a in shown.aliases if re.fullmatch(MODEL_NAME_PATTERN, a)][:MAX_LISTED_ALIASES]

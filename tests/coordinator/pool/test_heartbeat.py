@@ -200,6 +200,7 @@ def test_the_largest_heartbeat_the_protocol_allows_fits_the_coordinators_body_li
     offer = OfferedModel(name=name, aliases=[name] * 4, identity="gguf:" + "0" * 123, state="too_large",
                          need_bytes=MAX_BYTES, reason="r" * MAX_OFFER_REASON)
     beat = Heartbeat(worker_id="w" * 128, url="http://" + "h" * 480 + ":3001", model=name, aliases=[name] * 16,
-                     model_identity="gguf:" + "0" * 64, load=load, timestamp=1.0, offered=[offer] * MAX_OFFERED)
+                     model_identity="gguf:" + "0" * 64, load=load, timestamp=1.0, offered=[offer] * MAX_OFFERED,
+                     swapping=name)
     size = len(beat.model_dump_json().encode())
     assert size <= HEARTBEAT_MAX_BYTES, size

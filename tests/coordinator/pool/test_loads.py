@@ -104,3 +104,37 @@ async def test_a_worker_busy_swapping_to_another_model_is_asked_again_soon() -> 
     with pytest.raises(CoordinatorError):
         await on_demand.until_served("gemma", time.monotonic() + 1.5)
     assert 2 <= on_demand.asked <= 3  # once, then again after BUSY_AGAIN
+
+
+async def test_a_model_a_worker_swaps_to_or_away_from_waits_for_the_swap_without_an_ask() -> None:
+    """The only worker drains for a swap (its heartbeats say where it goes): a request for the model it
+    swaps to, and one for the model it leaves, wait; the one it leaves is asked for once it serves the
+    other, undrained."""
+    reg, asked = Registry(stale_after=30.0, dead_after=60.0), Asked()
+    smol = OfferedModel(name="smol", aliases=["a-smol"], state="loaded")
+    reg.upsert(heartbeat("w1", timestamp=1, model="smol", draining=True).model_copy(
+        update={"offered": [smol, GEMMA], "swapping": "gemma"}), now=time.monotonic())
+    assert reg.offered_as("a-smol") == "smol" and reg.offered_as("gemma") == "gemma"
+    assert reg.swap_involves("smol") and reg.swap_involves("gemma") and not reg.swap_involves("other")
+    on_demand = loads(reg, asked)
+    deadline = time.monotonic() + 5
+    waiting = [asyncio.create_task(on_demand.until_served(m, deadline)) for m in ("gemma", "smol")]
+    await asyncio.sleep(0.3)
+    assert asked.urls == [] and not any(t.done() for t in waiting)  # no ask, no refusal: the swap runs
+    reg.upsert(heartbeat("w1", timestamp=2, model="gemma").model_copy(update={"offered": [
+        OfferedModel(name="smol", aliases=["a-smol"], state="offered"), OfferedModel(name="gemma", state="loaded")]}),
+        now=time.monotonic())
+    await asyncio.wait_for(waiting[0], 2)  # served now
+    await asyncio.sleep(1.2)  # BUSY_AGAIN: the model it left is asked for again
+    assert asked.urls == ["http://w1.test/worker/models/load"] and not waiting[1].done()
+    waiting[1].cancel()
+
+
+async def test_a_draining_worker_that_is_not_swapping_does_not_hold_requests() -> None:
+    reg, asked = Registry(stale_after=30.0, dead_after=60.0), Asked()
+    reg.upsert(heartbeat("w1", timestamp=1, model="smol", draining=True).model_copy(
+        update={"offered": [OfferedModel(name="smol", state="loaded"), GEMMA]}), now=time.monotonic())
+    assert reg.offered_as("smol") is None and not reg.swap_involves("gemma")
+    with pytest.raises(CoordinatorError) as refused:
+        await loads(reg, asked).until_served("gemma", time.monotonic() + 5)
+    assert refused.value.reason == reasons.MODEL_UNAVAILABLE and asked.urls == []

@@ -75,3 +75,13 @@ def test_a_model_offered_but_served_by_none_is_503_naming_who_offers_it_never_th
     # Once a worker serves it, it is served.
     offering(reg, "w3", "gemma")
     assert resolve_model(reg, None, "gemma") == "gemma" and reg.offered_models() == {}
+
+
+def test_a_folders_name_for_a_model_served_elsewhere_is_that_model() -> None:
+    """A file's stem names its model on every worker: `a-smol` (the folder worker's file, now swapped to
+    another model) means the model a plain worker serves from a file of another name."""
+    reg = pool("small")
+    reg.upsert(heartbeat("folder", timestamp=1, model="large").model_copy(update={"offered": [
+        OfferedModel(name="small", aliases=["a-smol"], state="offered"),
+        OfferedModel(name="large", aliases=["b-large"], state="loaded")]}), now=0.0)
+    assert resolve_model(reg, None, "a-smol") == "small" and resolve_model(reg, None, "b-large") == "large"

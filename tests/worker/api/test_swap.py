@@ -5,6 +5,7 @@ model served before comes back, and what cannot be swapped to."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,8 +21,8 @@ from worker.naming import ModelNames
 from worker.settings import WorkerSettings
 
 pytestmark = pytest.mark.anyio
-OFFERS = [Offer(Path("/m/a.gguf"), "offered", ModelNames("small", ("a",))),
-          Offer(Path("/m/b.gguf"), "offered", ModelNames("gemma", ("b",))),
+OFFERS = [Offer(Path("/m/a.gguf"), "offered", ModelNames("small", ("a",)), identity="gguf:a"),
+          Offer(Path("/m/b.gguf"), "offered", ModelNames("gemma", ("b",)), identity="gguf:b"),
           Offer(Path("/m/c.gguf"), "too_large", ModelNames("big", ("c",)), reason="needs 9 bytes; the budget is 8")]
 
 
@@ -33,19 +34,30 @@ def anyio_backend() -> str:
 class Runtime:
     def __init__(self, name: str, steps: list[str], metrics: WorkerMetrics) -> None:
         self.names, self.jobs, self.metrics, self._steps = ModelNames(name), [], metrics, steps
+        self.model = SimpleNamespace(identity={"small": "gguf:a", "gemma": "gguf:b"}[name])
+        self.offers: list[Offer] = []
+        self.heartbeats = SimpleNamespace(swapping="")
+        self.gate = SimpleNamespace(swapping="")
+
+    def offer(self, offers: list[Offer]) -> None:
+        self.offers = offers
 
     async def drain(self, timeout: float) -> None:
         self._steps.append(f"drain {self.names.name} {timeout:g}")
 
-    async def stop(self) -> None:
-        self._steps.append(f"stop {self.names.name}")
+    async def stop(self, *, leaving: bool = True) -> None:
+        self._steps.append(f"stop {self.names.name}" + ("" if leaving else " beating"))
+
+    async def end_beats(self) -> None:
+        self._steps.append(f"beats end {self.names.name}")
 
 
 def swapper(fails: set[str], clock: list[float], lost: list[bool] | None = None) -> tuple[Swapper, Any, list[str]]:
     steps: list[str] = []
     metrics = WorkerMetrics()
-    app = SimpleNamespace(state=SimpleNamespace(settings=WorkerSettings(model_path=Path("/m/a.gguf")),
-                                                runtime=Runtime("small", steps, metrics)))
+    app = SimpleNamespace(state=SimpleNamespace(
+        settings=WorkerSettings(model_path=Path("/m/a.gguf"), model_dir=Path("/m")),
+        runtime=Runtime("small", steps, metrics), metrics=metrics, load_error=None))
 
     async def build(wanted: WorkerSettings) -> Any:
         await asyncio.sleep(0)
@@ -66,8 +78,11 @@ async def test_a_swap_drains_stops_then_loads_and_a_second_ask_joins_it() -> Non
     with pytest.raises(WorkerError) as busy:
         swap.load("small")
     assert (busy.value.status, busy.value.reason) == (409, "model_swapping")
+    old = app.state.runtime
     await swap._task  # type: ignore[misc]
-    assert steps == ["drain small 600", "stop small", "load b.gguf"]
+    assert old.heartbeats.swapping == old.gate.swapping == "gemma"  # its beats and refusals said where it went
+    # The old model's heartbeats go on while the next loads, and end once it is loaded.
+    assert steps == ["drain small 600", "stop small beating", "load b.gguf", "beats end small"]
     assert app.state.runtime.names.name == "gemma" and app.state.settings.model_path == Path("/m/b.gguf")
     assert swap.load("gemma").state == "loaded" and swap.swapping == ""
 
@@ -77,7 +92,8 @@ async def test_a_model_that_fails_to_load_brings_back_the_one_before_and_is_refu
     swap, app, steps = swapper({"b.gguf"}, clock)
     swap.load("gemma")
     await swap._task  # type: ignore[misc]
-    assert steps[-2:] == ["load b.gguf", "load a.gguf"] and app.state.runtime.names.name == "small"
+    assert steps[-3:] == ["load b.gguf", "load a.gguf", "beats end small"]
+    assert app.state.runtime.names.name == "small"
     with pytest.raises(WorkerError) as refused:
         swap.load("gemma")
     assert (refused.value.status, refused.value.reason) == (503, "model_load_failed")
@@ -92,7 +108,7 @@ async def test_a_swap_that_leaves_no_model_stops_the_worker() -> None:
     swap, app, steps = swapper({"a.gguf", "b.gguf"}, [0.0], lost)
     swap.load("gemma")
     await swap._task  # type: ignore[misc]
-    assert steps[-2:] == ["load b.gguf", "load a.gguf"] and app.state.runtime is None
+    assert steps[-3:] == ["load b.gguf", "load a.gguf", "beats end small"] and app.state.runtime is None
     assert lost == [True] and "left no model loaded" in app.state.load_error
 
 
@@ -105,3 +121,66 @@ async def test_what_the_folder_does_not_offer_is_refused_with_why(name: str, sta
     assert (refused.value.status, refused.value.reason) == (status, reason) and steps == []
     if name == "big":
         assert "needs 9 bytes" in refused.value.message
+
+
+async def test_an_unchanged_folder_swaps_nothing_and_a_new_file_is_listed() -> None:
+    swap, app, steps = swapper(set(), [0.0])
+    more = [*OFFERS, Offer(Path("/m/d.gguf"), "offered", ModelNames("new", ("d",)), identity="gguf:d")]
+    swap.refresh(more)
+    assert swap.swapping == "" and steps == [] and app.state.runtime.offers == more
+    assert swap.load("new").state == "loading"  # the new file can be asked for
+    await swap._task  # type: ignore[misc]
+
+
+async def test_a_served_file_replaced_on_disk_is_loaded_again_after_its_streams() -> None:
+    swap, app, steps = swapper(set(), [0.0])
+    replaced = [replace(OFFERS[0], identity="gguf:a2"), *OFFERS[1:]]
+    swap.refresh(replaced)
+    assert swap.swapping == "small"
+    await swap._task  # type: ignore[misc]
+    # The file there now, not the old mapping.
+    assert steps == ["drain small 600", "stop small beating", "load a.gguf", "beats end small"]
+    assert app.state.runtime.offers == replaced
+
+
+async def test_a_served_file_removed_swaps_to_the_first_model_offered() -> None:
+    swap, app, steps = swapper(set(), [0.0])
+    swap.refresh(OFFERS[1:])
+    await swap._task  # type: ignore[misc]
+    assert steps == ["drain small 600", "stop small beating", "load b.gguf", "beats end small"]
+    assert app.state.runtime.names.name == "gemma"
+
+
+async def test_a_served_file_removed_with_no_other_model_drains_then_stops_the_worker() -> None:
+    lost: list[bool] = []
+    swap, app, steps = swapper(set(), [0.0], lost)
+    swap.refresh([OFFERS[2]])  # only a file too large to load
+    await swap._task  # type: ignore[misc]
+    assert steps == ["drain small 600", "stop small"] and app.state.runtime is None
+    assert lost == [True] and "is gone" in app.state.load_error
+
+
+async def test_a_model_outside_the_folder_is_not_watched() -> None:
+    swap, app, steps = swapper(set(), [0.0])
+    app.state.settings = WorkerSettings(model_path=Path("/elsewhere/a.gguf"), model_dir=Path("/m"))
+    swap.refresh([])
+    assert swap.swapping == "" and steps == []
+
+
+async def test_the_watch_reads_the_folder_again_and_survives_a_failed_read() -> None:
+    swap, app, _ = swapper(set(), [0.0])
+    reads: list[int] = []
+
+    def read() -> list[Offer]:
+        reads.append(1)
+        if len(reads) == 1:
+            raise OSError("the disk is gone")
+        return OFFERS[1:]
+
+    swap.watch(read, 0.01)
+    for _ in range(200):
+        if swap.swapping or app.state.runtime.names.name == "gemma":
+            break
+        await asyncio.sleep(0.01)
+    assert len(reads) >= 2 and app.state.metrics.internal_errors.labels(task="folder_watch")._value.get() == 1
+    await swap.close()

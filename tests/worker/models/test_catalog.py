@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from worker.backends.llama_model import Model
-from worker.models.catalog import Sizing, offer, scan
+from worker.models import catalog
+from worker.models.catalog import Offer, Sizing, offer, scan
 from worker.models.gguf import GgufError, read_header
 
 pytestmark = pytest.mark.model
@@ -48,6 +49,25 @@ def test_a_folder_lists_every_file_with_its_verdict(model_path: Path, tmp_path: 
         "a-empty.gguf": ("unavailable", "the file ends inside its header"),
         "c-text.gguf": ("unavailable", "not a GGUF file (its first bytes are not GGUF)"),
         "d-cut.gguf": ("unavailable", "the file ends inside its header")}
+
+
+def test_a_scan_again_reads_only_the_files_that_changed(model_path: Path, gemma_path: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a.gguf").symlink_to(model_path)
+    (tmp_path / "b.gguf").write_text("not a model")
+    judged: dict[Path, Offer] = {}
+    first = scan(tmp_path, SIZING, judged)
+    reads: list[str] = []
+    monkeypatch.setattr(catalog, "read_header", lambda path: reads.append(path.name) or read_header(path))
+    assert scan(tmp_path, SIZING, judged) == first and reads == []  # nothing changed: nothing read
+    (tmp_path / "b.gguf").write_text("still not a model, longer")  # written over
+    (tmp_path / "a.gguf").unlink()
+    (tmp_path / "a.gguf").symlink_to(gemma_path)  # replaced under the same name
+    again = {o.path.name: o for o in scan(tmp_path, SIZING, judged)}
+    assert sorted(reads) == ["a.gguf", "b.gguf"] and set(judged) == {tmp_path / "a.gguf", tmp_path / "b.gguf"}
+    assert again["a.gguf"].identity != first[0].identity and again["a.gguf"].names != first[0].names
+    (tmp_path / "b.gguf").unlink()
+    assert [o.path.name for o in scan(tmp_path, SIZING, judged)] == ["a.gguf"] and set(judged) == {tmp_path / "a.gguf"}
 
 
 def test_a_model_past_the_budget_is_too_large_with_both_numbers(model_path: Path) -> None:
