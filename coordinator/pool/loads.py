@@ -5,7 +5,8 @@ Owns: choosing the worker that loads (among the alive ones offering it, the leas
 and streams of this coordinator, then the smallest memory need), asking it (`POST /worker/models/load`),
 one ask per model at a time (a burst of requests waits for that one load: asked again only once
 ASK_AGAIN has passed without the model served, or BUSY_AGAIN after a worker said it is busy swapping to
-another; none while a worker's heartbeats say it swaps to the model or away from it), a model that failed to load (its reason answered for the workers' own pause,
+another; none while a worker's heartbeats say it swaps to the model or away from it, nor of a worker
+whose model was loaded less than HOLD ago for requests waiting for it), a model that failed to load (its reason answered for the workers' own pause,
 MODEL_LOAD_BACKOFF, then asked for again), and the wait itself: bounded in count (`waiting`, at most
 `queue_size` a model) and in time (the queue's timeout).
 Must not: decide what a worker unloads (the worker swaps, waiting for its streams), or admit anything.
@@ -37,6 +38,11 @@ ASK_AGAIN = 120.0  # seconds after an ask the model is asked for again if no wor
 BUSY_AGAIN = 1.0  # the same after a worker answered that it swaps to another model
 FAILED_AGAIN = MODEL_LOAD_BACKOFF  # and after its load failed: requests meanwhile get the failure
 POLL = 0.1  # seconds between looks at the registry while a request waits for its model
+# Seconds a model loaded for waiting requests keeps its worker before an ask for another model may swap it
+# away: its waiters are admitted first. Without it, a worker asked for two models at once swapped to one
+# and back before the first one's waiters (polling every POLL) were let in: 24 of 940 requests timed out
+# after 30 s in a 10-minute soak of two models on one worker (bench/model_soak.py).
+HOLD = 2.0
 ANSWER_LIMIT = 4096  # bytes of a worker's answer to an ask
 
 
@@ -56,6 +62,7 @@ class ModelLoads:
         self._queue_size, self._timeout = queue_size, timeout
         self._asks: dict[str, _Ask] = {}  # by model: at most one per model a worker offers
         self._waiting: dict[str, int] = {}
+        self._landed: dict[str, float] = {}  # model -> when it was served after a load asked for (HOLD)
         self.asked = 0  # asks sent (the tests read it)
 
     async def until_served(self, model: str, deadline: float) -> None:
@@ -80,7 +87,10 @@ class ModelLoads:
             self._waiting[model] -= 1
             if not self._waiting[model]:
                 del self._waiting[model]
-        self._asks.pop(model, None)
+        if self._asks.pop(model, None) is not None:
+            now = self._now()
+            self._landed = {m: t for m, t in self._landed.items() if now - t < HOLD}  # bounded: recent ones
+            self._landed[model] = now
 
     def loading(self, model: str) -> bool:
         """This coordinator asked a worker to load `model`, which has not failed, and waits for it now."""
@@ -95,6 +105,10 @@ class ModelLoads:
             return
         if worker is None:
             raise CoordinatorError(reasons.MODEL_UNAVAILABLE, f"no alive worker offers {model!r} now")
+        if self._now() - self._landed.get(worker.model, -HOLD) < HOLD or self._waiting.get(worker.model):
+            # Its model was just loaded for requests that are being let in now: ask once they are.
+            self._asks[model] = _Ask("", self._now() + POLL)
+            return
         ask = self._asks[model] = _Ask(worker.worker_id, self._now() + ASK_AGAIN)
         self.asked += 1
         try:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from coordinator.errors import CoordinatorError
-from coordinator.pool.loads import FAILED_AGAIN, ModelLoads
+from coordinator.pool.loads import FAILED_AGAIN, HOLD, ModelLoads
 from coordinator.pool.registry import Registry
 from protocol import reasons
 from protocol.health import OfferedModel
@@ -125,7 +125,9 @@ async def test_a_model_a_worker_swaps_to_or_away_from_waits_for_the_swap_without
         OfferedModel(name="smol", aliases=["a-smol"], state="offered"), OfferedModel(name="gemma", state="loaded")]}),
         now=time.monotonic())
     await asyncio.wait_for(waiting[0], 2)  # served now
-    await asyncio.sleep(1.2)  # BUSY_AGAIN: the model it left is asked for again
+    await asyncio.sleep(1.5)  # its requests are let in (HOLD) before the model it left is asked for
+    assert HOLD == 2.0 and asked.urls == []
+    await asyncio.sleep(0.8)
     assert asked.urls == ["http://w1.test/worker/models/load"] and not waiting[1].done()
     waiting[1].cancel()
 
