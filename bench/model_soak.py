@@ -5,7 +5,7 @@ clients of both models for `--minutes`. What it tells: streams cut (a 200 whose 
 settings predict are `queue_timeout`, a request that waited past `QUEUE_TIMEOUT` for its model), swaps
 (the workers' `worker_model_swaps_total`) and swaps a minute, and each worker's resident memory at the
 start (its first model loaded, before any request), at its peak and at the end (its first model loaded
-again after the soak, the swaps' memory given back).
+again after the soak, asked of each worker directly: the swaps' memory given back or not).
 
 Owns: the folder (links to the provisioned files), the clients, the table and `--out` JSON. Must not
 change either service.
@@ -142,9 +142,13 @@ async def soak(running: Pool, args: argparse.Namespace) -> dict[str, Any]:
     minutes = (time.monotonic() - started) / 60
     swapped = swaps(running)
     # Each worker's first model again (SmolLM2: the folder's first file), then its memory after a pause.
+    headers = {"authorization": f"Bearer {running.worker_token}"}
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT) as client:
-        for _ in running.worker_urls:
-            await one_request(client, running.url, SMOL, 4, Tally())
+        for url in running.worker_urls:
+            await client.post(url + "/worker/models/load", json={"model": SMOL}, headers=headers)
+            while (await client.post(url + "/worker/models/load", json={"model": SMOL},
+                                     headers=headers)).status_code != 200:
+                await asyncio.sleep(0.2)
     await asyncio.sleep(3.0)
     for i, p in enumerate(pids):
         memory[i]["end_kib"] = rss_kib(p)

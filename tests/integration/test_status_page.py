@@ -54,7 +54,8 @@ const rows = [...document.querySelectorAll('#workers tr')].map((tr) => {
   const cell = (f) => tr.querySelector('[data-field="' + f + '"]');
   return {id: tr.getAttribute('data-worker-id'), state: cell('state').textContent,
           heartbeat: cell('heartbeat').textContent, late: cell('heartbeat').className,
-          shown_id: cell('worker').firstChild.textContent, sessions: cell('sessions').textContent};
+          shown_id: cell('worker').firstChild.textContent, sessions: cell('sessions').textContent,
+          model: cell('model').textContent};
 });
 const legend = {};
 for (const item of document.querySelectorAll('#admission-legend [data-outcome]')) {
@@ -242,11 +243,13 @@ def hostile_snapshot(n: int) -> StatusSnapshot:
                           sessions=1, max_sessions=4, active_streams=1, queue_depth=0, kv_used_bytes=10,
                           kv_reserved_bytes=20, kv_capacity_bytes=100, bytes_per_token=1, session_max_tokens=50,
                           draining=False, score=0.5, score_parts={HOSTILE: 0.5})
+    swapping = worker.model_copy(update={"worker_id": "swapper", "model": "small", "draining": True,
+                                         "swapping": HOSTILE})  # a model swap under way, to a name of markup
     return StatusSnapshot(
         now_s=time.monotonic(), heartbeat_interval_s=1, stale_after_s=3, dead_after_s=6,
         health=CoordinatorHealth(status="ok", workers=WorkerCounts(alive=1, stale=0, total=1), models=[HOSTILE],
                                  requests_running=1, kv_reserved_bytes=20),
-        workers=WorkerStatusList(routing_policy=HOSTILE, scorers=HOSTILE, workers=[worker]),
+        workers=WorkerStatusList(routing_policy=HOSTILE, scorers=HOSTILE, workers=[worker, swapping]),
         counters=Counters(admitted=n, rejected={HOSTILE: n}, queue_outcomes={HOSTILE: n}, queue_length=0,
                           finished={HOSTILE: n}, failovers=0, generation_tokens=10 * n, ttft_count=n,
                           ttft_sum_s=0.1 * n, e2e_count=n, e2e_sum_s=n))
@@ -281,6 +284,7 @@ def test_the_page_shows_markup_in_its_data_as_text(browser: Any) -> None:
         state = shows(browser, lambda s: row(s, HOSTILE)["state"] == "alive" and HOSTILE in s["legend"], 10,
                       "the worker and the refusal reason named in markup")
         assert row(state, HOSTILE)["shown_id"] == HOSTILE
+        assert (row(state, "swapper")["state"], row(state, "swapper")["model"]) == ("swapping", "small \u2192 " + HOSTILE)
         assert state["images"] == 0 and state["title"] == "llm-pool status"
         assert HOSTILE in browser.find_element("id", "policy").text
     finally:
