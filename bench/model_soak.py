@@ -25,7 +25,6 @@ import asyncio
 import json
 import random
 import re
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -36,9 +35,8 @@ import httpx
 
 from bench.processes import Pool, pool
 from bench.scale_bench import rss_kib
-from worker.provision import DEFAULT_MODEL_PATH, GEMMA_MODEL, GEMMA_MODEL_PATH, provision
+from bench.swap_bench import GEMMA, SMOL, folder_worker
 
-SMOL, GEMMA = "a-smollm2", "b-gemma"  # the files' stems: aliases of the models they hold
 REQUEST_TIMEOUT = 120.0  # seconds one request may take, its wait for a load included
 SWAPS = re.compile(r'^worker_model_swaps_total\{outcome="(\w+)"\} ([0-9.e+]+)$', re.MULTILINE)
 
@@ -171,14 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    provision(GEMMA_MODEL_PATH, GEMMA_MODEL)
-    work = Path(tempfile.mkdtemp(prefix="model-soak-"))
-    folder = work / "models"
-    folder.mkdir()
-    (folder / f"{SMOL}.gguf").symlink_to(DEFAULT_MODEL_PATH.resolve())
-    (folder / f"{GEMMA}.gguf").symlink_to(GEMMA_MODEL_PATH.resolve())
-    worker = ["--model-dir", str(folder), "--threads", str(args.threads), "--max-sessions", "2",
-              "--session-max-tokens", "1024", "--no-embeddings"]
+    work, worker = folder_worker("model-soak-", args.threads)
     with pool(work, workers=[worker] * args.workers) as running:
         result = asyncio.run(soak(running, args))
     print(json.dumps(result, indent=1))

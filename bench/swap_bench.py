@@ -31,6 +31,20 @@ SMOL, GEMMA = "a-smollm2", "b-gemma"  # the files' stems: aliases of the models 
 BODY = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8, "stream": True}
 
 
+def folder_worker(prefix: str, threads: int) -> tuple[Path, list[str]]:
+    """A scratch folder whose `models/` links the two models the project ships (Gemma provisioned when
+    missing), and the flags of a worker offering it: `threads` llama.cpp threads, 2 sequences of 1,024
+    tokens, no embedding context."""
+    provision(GEMMA_MODEL_PATH, GEMMA_MODEL)
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    folder = work / "models"
+    folder.mkdir()
+    (folder / f"{SMOL}.gguf").symlink_to(DEFAULT_MODEL_PATH.resolve())
+    (folder / f"{GEMMA}.gguf").symlink_to(GEMMA_MODEL_PATH.resolve())
+    return work, ["--model-dir", str(folder), "--threads", str(threads), "--max-sessions", "2",
+                  "--session-max-tokens", "1024", "--no-embeddings"]
+
+
 def first_token(url: str, model: str) -> float:
     """Seconds from sending a streamed chat to its first content chunk."""
     started = time.perf_counter()
@@ -50,14 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    provision(GEMMA_MODEL_PATH, GEMMA_MODEL)
-    work = Path(tempfile.mkdtemp(prefix="swap-bench-"))
-    folder = work / "models"
-    folder.mkdir()
-    (folder / f"{SMOL}.gguf").symlink_to(DEFAULT_MODEL_PATH.resolve())
-    (folder / f"{GEMMA}.gguf").symlink_to(GEMMA_MODEL_PATH.resolve())
-    worker = ["--model-dir", str(folder), "--threads", str(args.threads), "--max-sessions", "2",
-              "--session-max-tokens", "1024", "--no-embeddings"]
+    work, worker = folder_worker("swap-bench-", args.threads)
     times: dict[str, list[float]] = {k: [] for k in ("smollm2 loaded", "gemma cold", "gemma loaded", "smollm2 cold")}
     with pool(work, workers=[worker]) as running:
         first_token(running.url, SMOL)  # the first request of a process pays its own warm-up

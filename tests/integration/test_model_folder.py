@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import free_port
 from tests.integration.conftest import Proc, start_coordinator
-from tests.integration.streams import infer
+from tests.integration.streams import Timed, infer
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.model
@@ -60,6 +60,15 @@ def listing(url: str) -> dict[str, Any] | None:
     return next((w for w in workers if w["worker_id"] == "folder" and w["state"] == "alive"), None)
 
 
+async def stream_started(client: httpx.AsyncClient, url: str, tokens: int) -> asyncio.Task[Timed]:
+    """A stream of `tokens` tokens from SmolLM2, once the worker runs it."""
+    streaming = asyncio.create_task(infer(client, url, {
+        "prompt": "Write a long story.", "max_tokens": tokens, "ignore_eos": True, "model": SMOL}))
+    await asyncio.to_thread(wait_until, lambda: (listing(url) or {}).get("active_streams", 0) >= 1, 30,
+                            "the stream to start", interval=0.05)
+    return streaming
+
+
 def test_the_worker_serves_the_first_model_and_lists_the_folder(folder_pool: str) -> None:
     worker = listing(folder_pool)
     assert worker is not None and worker["model"] == SMOL
@@ -85,10 +94,7 @@ async def test_a_swap_waits_for_the_stream_in_flight_then_serves_the_other_model
     load = worker["url"] + "/worker/models/load"
     tokens = 96
     async with httpx.AsyncClient(timeout=120) as client:
-        streaming = asyncio.create_task(infer(client, folder_pool, {
-            "prompt": "Write a long story.", "max_tokens": tokens, "ignore_eos": True, "model": SMOL}))
-        await asyncio.to_thread(wait_until, lambda: (listing(folder_pool) or {}).get("active_streams", 0) >= 1, 30,
-                                "the stream to start", interval=0.05)
+        streaming = await stream_started(client, folder_pool, tokens)
         asked = await client.post(load, json={"model": GEMMA})
         again = await client.post(load, json={"model": "b-gemma"})  # an alias: the same swap
         third = await client.post(load, json={"model": "c-broken"})
@@ -131,10 +137,7 @@ async def test_a_served_file_replaced_on_disk_is_loaded_again_once_its_stream_en
     assert worker is not None and worker["model"] == SMOL  # after the burst above
     tokens = 64
     async with httpx.AsyncClient(timeout=120) as client:
-        streaming = asyncio.create_task(infer(client, folder_pool, {
-            "prompt": "Write a long story.", "max_tokens": tokens, "ignore_eos": True, "model": SMOL}))
-        await asyncio.to_thread(wait_until, lambda: (listing(folder_pool) or {}).get("active_streams", 0) >= 1, 30,
-                                "the stream to start", interval=0.05)
+        streaming = await stream_started(client, folder_pool, tokens)
         (folder / "new.gguf").symlink_to(gemma_path)
         (folder / "new.gguf").replace(folder / "a-smol.gguf")  # the served file, replaced at once
         stream = await streaming
