@@ -93,9 +93,12 @@ class ModelLoads:
             self._landed[model] = now
 
     def loading(self, model: str) -> bool:
-        """This coordinator asked a worker to load `model`, which has not failed, and waits for it now."""
+        """This coordinator asked a worker to load `model`, which has not failed, and waits for it now; or
+        an alive worker's heartbeats say it swaps to it (whoever asked). O(alive workers) at most."""
         ask = self._asks.get(model)
-        return ask is not None and not ask.failed and model in self._waiting
+        if ask is not None and not ask.failed and model in self._waiting:
+            return True
+        return any(w.swapping == model for w in self._registry.alive())
 
     async def _ask(self, model: str) -> None:
         worker = self._choose(model)

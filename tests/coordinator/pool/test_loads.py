@@ -117,6 +117,7 @@ async def test_a_model_a_worker_swaps_to_or_away_from_waits_for_the_swap_without
     assert reg.offered_as("a-smol") == "smol" and reg.offered_as("gemma") == "gemma"
     assert reg.swap_involves("smol") and reg.swap_involves("gemma") and not reg.swap_involves("other")
     on_demand = loads(reg, asked)
+    assert on_demand.loading("gemma") and not on_demand.loading("smol")  # /v1/models: whoever asked for it
     deadline = time.monotonic() + 5
     waiting = [asyncio.create_task(on_demand.until_served(m, deadline)) for m in ("gemma", "smol")]
     await asyncio.sleep(0.3)
