@@ -91,6 +91,8 @@ class WorkerRecord:
     embeddings: EmbeddingService | None = None  # what it says it embeds; None: it does not
     offered: tuple[OfferedModel, ...] = ()  # the models of its folder (--model-dir), as its latest heartbeat says
     swapping: str = ""  # the model of its folder it swaps to now (it drains, then loads it); "": none
+    swap_began: float = 0.0  # when a heartbeat first said `swapping` (coordinator monotonic seconds)
+    last_swap_s: float | None = None  # its last swap, drain and load, from its heartbeats; None: none seen
     embedding_requests: int = 0  # this coordinator's embedding requests on it now (hold_embedding)
     held: frozenset[str] = frozenset()  # session digests in its latest heartbeat (Registry._holder)
     # Capacity refusals since its last heartbeat, from a worker that other coordinators use too: it
@@ -346,7 +348,8 @@ class Registry:
         if rec is None:
             rec = WorkerRecord(hb.worker_id, hb.url, hb.model, hb.load, now, state=STALE, aliases=aliases,
                                model_identity=hb.model_identity, listed=frozenset(hb.load.streams),
-                               embeddings=hb.embeddings, offered=tuple(hb.offered), swapping=hb.swapping)
+                               embeddings=hb.embeddings, offered=tuple(hb.offered), swapping=hb.swapping,
+                               swap_began=now)
             self._workers[hb.worker_id] = rec
             self._know(rec)
             self._hold(rec, frozenset(hb.load.held))
@@ -359,6 +362,10 @@ class Registry:
                 self._know(rec)
                 self._announce_if_gone(*before)  # after: an alias change keeps the identity served
             rec.url, rec.load, rec.last_seen, rec.embeddings = hb.url, hb.load, now, hb.embeddings
+            if hb.swapping and not rec.swapping:
+                rec.swap_began = now
+            elif rec.swapping and not hb.swapping:
+                rec.last_swap_s = now - rec.swap_began  # from its first beat saying so to its first after
             rec.offered, rec.swapping = tuple(hb.offered), hb.swapping
             rec.sessions_refused, rec.kv_free_below = False, None  # its own report: what it refused is in it
             self._reflect(rec, frozenset(hb.load.streams), hb.timestamp)

@@ -244,7 +244,7 @@ def hostile_snapshot(n: int) -> StatusSnapshot:
                           kv_reserved_bytes=20, kv_capacity_bytes=100, bytes_per_token=1, session_max_tokens=50,
                           draining=False, score=0.5, score_parts={HOSTILE: 0.5})
     swapping = worker.model_copy(update={"worker_id": "swapper", "model": "small", "draining": True,
-                                         "swapping": HOSTILE})  # a model swap under way, to a name of markup
+                                         "swapping": HOSTILE, "last_swap_s": 2.5})  # a swap under way, to markup
     return StatusSnapshot(
         now_s=time.monotonic(), heartbeat_interval_s=1, stale_after_s=3, dead_after_s=6,
         health=CoordinatorHealth(status="ok", workers=WorkerCounts(alive=1, stale=0, total=1), models=[HOSTILE],
@@ -284,7 +284,8 @@ def test_the_page_shows_markup_in_its_data_as_text(browser: Any) -> None:
         state = shows(browser, lambda s: row(s, HOSTILE)["state"] == "alive" and HOSTILE in s["legend"], 10,
                       "the worker and the refusal reason named in markup")
         assert row(state, HOSTILE)["shown_id"] == HOSTILE
-        assert (row(state, "swapper")["state"], row(state, "swapper")["model"]) == ("swapping", "small \u2192 " + HOSTILE)
+        assert (row(state, "swapper")["state"], row(state, "swapper")["model"]) == (
+            "swapping", "small \u2192 " + HOSTILE + " (swap 2.5 s)")
         assert state["images"] == 0 and state["title"] == "llm-pool status"
         assert HOSTILE in browser.find_element("id", "policy").text
     finally:

@@ -126,6 +126,8 @@ async def test_a_model_a_worker_swaps_to_or_away_from_waits_for_the_swap_without
         OfferedModel(name="smol", aliases=["a-smol"], state="offered"), OfferedModel(name="gemma", state="loaded")]}),
         now=time.monotonic())
     await asyncio.wait_for(waiting[0], 2)  # served now
+    swapped = reg.get("w1")
+    assert swapped is not None and swapped.last_swap_s is not None and 0.25 <= swapped.last_swap_s < 2  # beats apart
     await asyncio.sleep(1.5)  # its requests are let in (HOLD) before the model it left is asked for
     assert HOLD == 2.0 and asked.urls == []
     await asyncio.sleep(0.8)
