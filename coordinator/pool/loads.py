@@ -6,7 +6,7 @@ and streams of this coordinator, then the smallest memory need), asking it (`POS
 one ask per model at a time (a burst of requests waits for that one load: asked again only once
 ASK_AGAIN has passed without the model served, or BUSY_AGAIN after a worker said it is busy swapping to
 another; none while a worker's heartbeats say it swaps to the model or away from it, nor of a worker
-whose model was loaded less than HOLD ago for requests waiting for it), a model that failed to load (its reason answered for the workers' own pause,
+that finished a swap less than HOLD ago), a model that failed to load (its reason answered for the workers' own pause,
 MODEL_LOAD_BACKOFF, then asked for again), and the wait itself: bounded in count (`waiting`, at most
 `queue_size` a model) and in time (the queue's timeout).
 Must not: decide what a worker unloads (the worker swaps, waiting for its streams), or admit anything.
@@ -38,8 +38,8 @@ ASK_AGAIN = 120.0  # seconds after an ask the model is asked for again if no wor
 BUSY_AGAIN = 1.0  # the same after a worker answered that it swaps to another model
 FAILED_AGAIN = MODEL_LOAD_BACKOFF  # and after its load failed: requests meanwhile get the failure
 POLL = 0.1  # seconds between looks at the registry while a request waits for its model
-# Seconds a model loaded for waiting requests keeps its worker before an ask for another model may swap it
-# away: its waiters are admitted first. Without it, a worker asked for two models at once swapped to one
+# Seconds a model swapped in keeps its worker (from the first heartbeat after the swap, which every
+# coordinator sees) before an ask for another model may swap it away: its waiters are admitted first. Without it, a worker asked for two models at once swapped to one
 # and back before the first one's waiters (polling every POLL) were let in: 24 of 940 requests timed out
 # after 30 s in a 10-minute soak of two models on one worker (bench/model_soak.py).
 HOLD = 2.0
@@ -62,7 +62,6 @@ class ModelLoads:
         self._queue_size, self._timeout = queue_size, timeout
         self._asks: dict[str, _Ask] = {}  # by model: at most one per model a worker offers
         self._waiting: dict[str, int] = {}
-        self._landed: dict[str, float] = {}  # model -> when it was served after a load asked for (HOLD)
         self.asked = 0  # asks sent (the tests read it)
 
     async def until_served(self, model: str, deadline: float) -> None:
@@ -87,10 +86,7 @@ class ModelLoads:
             self._waiting[model] -= 1
             if not self._waiting[model]:
                 del self._waiting[model]
-        if self._asks.pop(model, None) is not None:
-            now = self._now()
-            self._landed = {m: t for m, t in self._landed.items() if now - t < HOLD}  # bounded: recent ones
-            self._landed[model] = now
+        self._asks.pop(model, None)
 
     def loading(self, model: str) -> bool:
         """This coordinator asked a worker to load `model`, which has not failed, and waits for it now; or
@@ -108,8 +104,8 @@ class ModelLoads:
             return
         if worker is None:
             raise CoordinatorError(reasons.MODEL_UNAVAILABLE, f"no alive worker offers {model!r} now")
-        if self._now() - self._landed.get(worker.model, -HOLD) < HOLD or self._waiting.get(worker.model):
-            # Its model was just loaded for requests that are being let in now: ask once they are.
+        if self._now() - worker.swap_ended < HOLD or self._waiting.get(worker.model):
+            # Its model was just swapped in (whoever asked): the requests that waited for it go in first.
             self._asks[model] = _Ask("", self._now() + POLL)
             return
         ask = self._asks[model] = _Ask(worker.worker_id, self._now() + ASK_AGAIN)

@@ -93,6 +93,7 @@ class WorkerRecord:
     swapping: str = ""  # the model of its folder it swaps to now (it drains, then loads it); "": none
     swap_began: float = 0.0  # when a heartbeat first said `swapping` (coordinator monotonic seconds)
     last_swap_s: float | None = None  # its last swap, drain and load, from its heartbeats; None: none seen
+    swap_ended: float = -math.inf  # when a heartbeat first no longer said `swapping` (monotonic seconds)
     embedding_requests: int = 0  # this coordinator's embedding requests on it now (hold_embedding)
     held: frozenset[str] = frozenset()  # session digests in its latest heartbeat (Registry._holder)
     # Capacity refusals since its last heartbeat, from a worker that other coordinators use too: it
@@ -366,6 +367,7 @@ class Registry:
                 rec.swap_began = now
             elif rec.swapping and not hb.swapping:
                 rec.last_swap_s = now - rec.swap_began  # from its first beat saying so to its first after
+                rec.swap_ended = now
             rec.offered, rec.swapping = tuple(hb.offered), hb.swapping
             rec.sessions_refused, rec.kv_free_below = False, None  # its own report: what it refused is in it
             self._reflect(rec, frozenset(hb.load.streams), hb.timestamp)
