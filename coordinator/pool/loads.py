@@ -39,9 +39,10 @@ BUSY_AGAIN = 1.0  # the same after a worker answered that it swaps to another mo
 FAILED_AGAIN = MODEL_LOAD_BACKOFF  # and after its load failed: requests meanwhile get the failure
 POLL = 0.1  # seconds between looks at the registry while a request waits for its model
 # Seconds a model swapped in keeps its worker (from the first heartbeat after the swap, which every
-# coordinator sees) before an ask for another model may swap it away: its waiters are admitted first. Without it, a worker asked for two models at once swapped to one
-# and back before the first one's waiters (polling every POLL) were let in: 24 of 940 requests timed out
-# after 30 s in a 10-minute soak of two models on one worker (bench/model_soak.py).
+# coordinator sees) before an ask for another model may swap it away: its waiters are admitted first.
+# Without it, a worker asked for two models at once swapped to one and back before the first one's
+# waiters (polling every POLL) were let in: 24 of 940 requests timed out after 30 s in a 10-minute soak
+# of two models on one worker (bench/model_soak.py).
 HOLD = 2.0
 ANSWER_LIMIT = 4096  # bytes of a worker's answer to an ask
 
@@ -104,7 +105,7 @@ class ModelLoads:
             return
         if worker is None:
             raise CoordinatorError(reasons.MODEL_UNAVAILABLE, f"no alive worker offers {model!r} now")
-        if self._now() - worker.swap_ended < HOLD or self._waiting.get(worker.model):
+        if self._now() - worker.swap_ended < HOLD:
             # Its model was just swapped in (whoever asked): the requests that waited for it go in first.
             self._asks[model] = _Ask("", self._now() + POLL)
             return

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from protocol import reasons
@@ -300,21 +300,20 @@ class Registry:
         """The model `name` names, itself or by an alias, that an alive worker offers from its folder and
         no worker serves undrained: offered, or loaded on a worker swapping away from it (its requests
         wait for a worker to load it again). O(as above, times the model's workers)."""
-        for rec in self._alive.values():
-            for offer in rec.offered:
-                if (offer.state == "offered" or (offer.state == "loaded" and rec.swapping)) \
-                        and name in (offer.name, *offer.aliases) and not self._served_undrained(offer.name):
-                    return offer.name
-        return None
+        return next((offer.name for rec, offer in self._offers_named(name)
+                     if (offer.state == "offered" or rec.swapping) and not self._served_undrained(offer.name)), None)
 
     def offer_named(self, name: str) -> str | None:
         """The model of any alive worker's folder that `name` names, itself or by an alias (a file's stem
         names its model on every worker, even one serving it from another file). O(as above)."""
+        return next((offer.name for _, offer in self._offers_named(name)), None)
+
+    def _offers_named(self, name: str) -> Iterator[tuple[WorkerRecord, OfferedModel]]:
+        """Each alive worker's offer, offered or loaded, that `name` names."""
         for rec in self._alive.values():
             for offer in rec.offered:
                 if offer.state in ("offered", "loaded") and name in (offer.name, *offer.aliases):
-                    return offer.name
-        return None
+                    yield rec, offer
 
     def swap_involves(self, model: str) -> bool:
         """An alive worker is swapping to `model`, or away from it while offering it: requests for it wait

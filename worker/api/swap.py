@@ -3,8 +3,8 @@ cutting a stream: `POST /worker/models/load`.
 
 Owns: the one swap a worker runs at a time (a second request for the same model joins it; one for a
 third model is told which swap runs), and its order: the served model drains as at SIGTERM, but with
-the longest a request may run as its deadline, so no stream is cut (new requests get 503 `draining`
-and go to other workers; the coordinator moves kept sessions to other workers of the model, as for
+the longest a request may run as its deadline, so no stream is cut (new requests get 503 `model_swapping`
+and go to other workers or wait; the coordinator moves kept sessions to other workers of the model, as for
 any draining worker, and a session left is ended: its next turn gets 404); then it is closed, and
 the asked-for model loaded in its place, with the worker's settings; meanwhile the worker's heartbeats
 go on, saying it drains and holds nothing, so coordinators keep it and its folder (requests for either
@@ -162,7 +162,6 @@ class Swapper:
         settings: WorkerSettings = self._app.state.settings
         try:
             await old.drain(settings.request_timeout)
-            self._app.state.runtime = None
             await old.stop()
         finally:
             self._app.state.runtime = None
@@ -212,9 +211,8 @@ class Swapper:
 
 
 def give_back_freed_memory() -> None:
-    """glibc keeps what a closed model's context and buffers freed in its heaps, and a swap back and forth
-    then grew the worker by about 30 MB each time (bench/model_soak.py); `malloc_trim` returns it to the
-    system. Elsewhere (no glibc) nothing."""
+    """glibc keeps in its heaps what a closed model's context and buffers freed, so each swap would leave
+    the worker larger; `malloc_trim` returns the free pages to the system. Elsewhere (no glibc) nothing."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
