@@ -401,7 +401,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              'return None', ("tests/worker/api/test_swap.py",)),
     Mutation("swap-leaves-the-pool", "a worker's heartbeats go on through its swap, so requests for either "
              "model wait for it", "worker/api/swap.py", "await old.stop(leaving=False)", "await old.stop()",
-             ("tests/integration/test_swap_moves.py",)),
+             ("tests/worker/api/test_swap.py",)),
     Mutation("swap-away-before-waiters-served", "a model loaded for waiting requests keeps its worker while "
              "they are let in", "coordinator/pool/loads.py",
              "if self._now() - worker.swap_ended < HOLD:",
