@@ -96,6 +96,8 @@ class WorkerStatus(BaseModel):
     offered: list[OfferedModel] = Field(default_factory=list, description="the models of its folder (--model-dir) "
                                         "with each one's state, need and reason, as its latest heartbeat says")
     swapping: str = Field(default="", description="the model of its folder it swaps to now; \"\": none")
+    standby: bool = Field(default=False, description="no model loaded: `model` was unloaded, idle past the "
+                          "worker's keep-alive; it loads one of its folder's models when asked")
     last_swap_s: float | None = Field(default=None, description="seconds its last model swap took (its drain and "
                                       "the load), from its heartbeats; null: none seen")
 

@@ -215,15 +215,19 @@ class Heartbeat(BaseModel):
     swapping: ModelName | Literal[""] = Field(default="", max_length=128, description="the model of its folder it "
                                               "is swapping to (draining the one it served, then loading it); "
                                               "\"\": none")
+    standby: bool = Field(default=False, description="no model loaded: the one it served (`model`) was unloaded "
+                          "after WORKER_KEEP_ALIVE idle; it drains, holds nothing, and loads one of its `offered` "
+                          "models when asked")
     offered: list[OfferedModel] = Field(default_factory=list, max_length=MAX_OFFERED,
                                         description="the models of its folder (`--model-dir`), the one it serves "
                                         "among them as loaded; empty without a folder")
 
 
 class WorkerHealth(BaseModel):
-    """`GET /worker/health`: 503 with status `loading` until the model is loaded, then 200."""
+    """`GET /worker/health`: 503 with status `loading` until the model is loaded, then 200; 200 with
+    `standby` while its model is unloaded (idle past WORKER_KEEP_ALIVE) and none is loaded."""
 
-    status: Literal["loading", "ok", "draining"]
+    status: Literal["loading", "ok", "draining", "standby"]
     worker_id: str
     model: str
     aliases: list[str] = Field(default_factory=list)

@@ -34,7 +34,9 @@ token ids (`GenerateRequest.prompt_tokens`). Version 9 added a prompt's own scor
 (`GenerateRequest.prompt_logprobs`, `PromptEvent`); version 10 lists the models a worker offers from its
 folder in its heartbeats (`protocol.health.Heartbeat.offered`; an older coordinator would refuse the
 unknown field); version 11 the model a worker is swapping to (`Heartbeat.swapping`), so that requests
-for either model wait for the swap instead of finding no worker.
+for either model wait for the swap instead of finding no worker; version 12 a worker with no model loaded
+(`Heartbeat.standby`: its model unloaded after WORKER_KEEP_ALIVE idle), which loads one of its folder's
+models when asked.
 Embeddings need no version of their own: a worker that does not serve them never says so in its
 heartbeat (`protocol.health.Heartbeat.embeddings`), so no coordinator sends it an `EmbedRequest`.
 """
@@ -46,7 +48,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-PROTOCOL_VERSION = 11
+PROTOCOL_VERSION = 12
 GENERATE_PATH = "/worker/generate"
 # Open even with a worker token (probes cannot send one); the coordinator reads it before it registers
 # a new worker (coordinator/pool/probe.py).

@@ -66,6 +66,7 @@ class HeartbeatSender:
         self._embeddings = embeddings
         self.offered = list(offered)  # the folder's models as listed (WorkerRuntime.offer updates it)
         self.swapping = ""  # the model a swap (worker/api/swap.py) loads next, while it runs
+        self.standby = False  # its model is unloaded, idle past the keep-alive (swap.py), and none loaded yet
         self._headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
         self._interval = interval
         self._load = load
@@ -91,7 +92,7 @@ class HeartbeatSender:
                          aliases=list(self._names.aliases), model_identity=self._identity,
                          embeddings=self._embeddings, load=load, timestamp=self._wall_clock(),
                          pool_workers=max(self._pool.values(), default=0), leaving=leaving, offered=self.offered,
-                         swapping=self.swapping)
+                         swapping=self.swapping, standby=self.standby)
 
     async def targets(self) -> list[str]:
         """The heartbeat URLs of this interval: each coordinator URL, or each address of its name."""

@@ -103,6 +103,8 @@ class WorkerRuntime:
         self.handover_seen = 0.0  # loop time the coordinator last moved kept sessions away (`handed_over`)
         self._tasks: list[asyncio.Task[None]] = []
         self.jobs: set[Job] = set()  # the jobs whose stream is open (app.py keeps it), for the drain
+        self._clock = clock
+        self.used_at = clock()  # when a request last ended here (`used`), or the runtime was made
         self.heartbeats: HeartbeatSender | None = None
         self._beating: asyncio.Task[None] | None = None
         metrics.bind(
@@ -196,6 +198,17 @@ class WorkerRuntime:
                 await self._beating
         if self.heartbeats is not None:
             await self.heartbeats.aclose()
+
+    def used(self) -> None:
+        """A request ended here (worker/api/routes.py): the keep-alive counts from now."""
+        self.used_at = self._clock()
+
+    def idle_for(self) -> float:
+        """Seconds since a request last ended here, while none runs and no session is kept (a kept
+        session is used until its TTL ends it); 0 while busy."""
+        if self.jobs or self.table.stats()[0] or (self.embedder is not None and self.embedder.held):
+            return 0.0
+        return max(0.0, self._clock() - self.used_at)
 
     def offer(self, offers: Sequence[Offer]) -> None:
         """The folder as read again (worker/api/swap.py's watch): the heartbeats list these from now on."""

@@ -29,6 +29,7 @@ ENV_NAMES = {
     "model_dir": "WORKER_MODEL_DIR",
     "model_memory": "WORKER_MODEL_MEMORY",
     "model_rescan": "WORKER_MODEL_RESCAN",
+    "keep_alive": "WORKER_KEEP_ALIVE",
     "worker_id": "WORKER_ID",
     "worker_url": "WORKER_URL",
     "coordinator_url": "COORDINATOR_URL",
@@ -94,6 +95,10 @@ class WorkerSettings(BaseModel):
     model_rescan: float = Field(default=10.0, ge=0, description="seconds between two reads of the folder: new "
                                 "files offered, removed ones withdrawn, and a served model whose file was "
                                 "replaced or removed swapped for what is there now; 0: read once, at start")
+    keep_alive: float = Field(default=0.0, ge=0, description="seconds a model of the folder stays loaded with "
+                              "no request and no kept session, then it is unloaded and the worker holds no model "
+                              "until one is asked for (its heartbeats say `standby`); 0: never unloaded. Needs "
+                              "--model-dir")
     worker_id: str = Field(default="", max_length=128, description="default: worker-<port>")
     worker_url: str = Field(default="", description="URL the coordinator uses; default http://host:port")
     coordinator_url: str = Field(default="http://127.0.0.1:1337", max_length=4096,
@@ -212,6 +217,9 @@ class WorkerSettings(BaseModel):
 
     @model_validator(mode="after")
     def _derive(self) -> WorkerSettings:
+        if self.keep_alive > 0 and self.model_dir is None:
+            raise ValueError("keep_alive unloads an idle model of a folder: give --model-dir too (a worker with "
+                             "no model loaded loads one of its folder when asked)")
         if not self.worker_id:
             object.__setattr__(self, "worker_id", f"worker-{self.port}")
         if not self.worker_url:

@@ -238,4 +238,4 @@ def _status(policy: Policy, w: WorkerRecord, now: float) -> WorkerStatus:
         ttft_ewma_ms=round(w.ttft_ewma * 1e3, 3) if w.ttft_ewma is not None else None,
         picked_age_s=round(max(0.0, now - w.picked_at), 3) if w.picked_at else None,
         embeddings=w.embeddings, embedding_requests=w.embedding_requests, offered=list(w.offered),
-        swapping=w.swapping, last_swap_s=round(w.last_swap_s, 3) if w.last_swap_s is not None else None)
+        swapping=w.swapping, standby=w.standby, last_swap_s=round(w.last_swap_s, 3) if w.last_swap_s is not None else None)

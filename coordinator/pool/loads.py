@@ -128,7 +128,7 @@ class ModelLoads:
 
     def _choose(self, model: str) -> WorkerRecord | None:
         offering = [(w, o) for w in self._registry.alive() for o in w.offered
-                    if o.state == "offered" and o.name == model and not w.draining]
+                    if o.state == "offered" and o.name == model and (w.standby or not w.draining)]
         if not offering:
             return None
         worker, _ = min(offering, key=lambda wo: (wo[0].sessions + wo[0].in_flight, wo[1].need_bytes,

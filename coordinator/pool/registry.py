@@ -91,6 +91,7 @@ class WorkerRecord:
     embeddings: EmbeddingService | None = None  # what it says it embeds; None: it does not
     offered: tuple[OfferedModel, ...] = ()  # the models of its folder (--model-dir), as its latest heartbeat says
     swapping: str = ""  # the model of its folder it swaps to now (it drains, then loads it); "": none
+    standby: bool = False  # its model unloaded after its keep-alive, none loaded: it serves nothing now
     swap_began: float = 0.0  # when a heartbeat first said `swapping` (coordinator monotonic seconds)
     last_swap_s: float | None = None  # its last swap, drain and load, from its heartbeats; None: none seen
     swap_ended: float = -math.inf  # when a heartbeat first no longer said `swapping` (monotonic seconds)
@@ -283,12 +284,14 @@ class Registry:
         return sorted(name for name, owners in self._names.items() if model in owners and name != model)
 
     def alive_models(self) -> list[str]:
-        return sorted(self._alive_by_model)
+        """Models an alive worker serves (its model loaded: a worker in standby serves none)."""
+        return sorted(model for model, workers in self._alive_by_model.items()
+                      if any(not w.standby for w in workers.values()))
 
     def offered_models(self) -> dict[str, list[str]]:
         """Models alive workers offer from their folders (--model-dir) that none of them serves now, each
         with the workers that offer it. O(alive workers x their offers): for listings and refusals."""
-        serving = self._alive_by_model
+        serving = set(self.alive_models())
         found: dict[str, list[str]] = {}
         for rec in self._alive.values():
             for offer in rec.offered:
@@ -349,7 +352,7 @@ class Registry:
             rec = WorkerRecord(hb.worker_id, hb.url, hb.model, hb.load, now, state=STALE, aliases=aliases,
                                model_identity=hb.model_identity, listed=frozenset(hb.load.streams),
                                embeddings=hb.embeddings, offered=tuple(hb.offered), swapping=hb.swapping,
-                               swap_began=now)
+                               swap_began=now, standby=hb.standby)
             self._workers[hb.worker_id] = rec
             self._know(rec)
             self._hold(rec, frozenset(hb.load.held))
@@ -367,7 +370,7 @@ class Registry:
             elif rec.swapping and not hb.swapping:
                 rec.last_swap_s = now - rec.swap_began  # from its first beat saying so to its first after
                 rec.swap_ended = now
-            rec.offered, rec.swapping = tuple(hb.offered), hb.swapping
+            rec.offered, rec.swapping, rec.standby = tuple(hb.offered), hb.swapping, hb.standby
             rec.sessions_refused, rec.kv_free_below = False, None  # its own report: what it refused is in it
             self._reflect(rec, frozenset(hb.load.streams), hb.timestamp)
             self._hold(rec, frozenset(hb.load.held))

@@ -141,8 +141,17 @@ def _generate_headers() -> list[dict[str, Any]]:
 def runtime_of(request: Request) -> WorkerRuntime:
     runtime: WorkerRuntime | None = request.app.state.runtime
     if runtime is None:
+        if standby := _standby(request):
+            raise WorkerError(503, reasons.LOADING, f"no model is loaded ({standby} was unloaded, idle past the "
+                                                    "keep-alive): POST /worker/models/load loads one")
         raise WorkerError(503, reasons.LOADING, "the model is still loading")
     return runtime
+
+
+def _standby(request: Request) -> str:
+    """The model unloaded after the keep-alive while none is loaded (worker/api/swap.py), or ""."""
+    swapper = getattr(request.app.state, "swapper", None)
+    return swapper.standby if swapper is not None else ""
 
 def authorize(request: Request) -> None:
     """With a worker token set, only its holder (the coordinator, a scraper given it) may use any
@@ -211,7 +220,10 @@ async def embed(body: EmbedRequest, request: Request) -> JSONResponse:
             "llm_pool.inputs": len(body.inputs)}) as trace:  # ended with the block, in error with its reason
         try:
             runtime = runtime_of(request)
-            embedded = await runtime.gate.embed(body)
+            try:
+                embedded = await runtime.gate.embed(body)
+            finally:
+                runtime.used()
         except WorkerError as refused:
             metrics.embedding_requests.labels(refused.reason).inc()  # counted, not logged, as generation's refusals
             raise
@@ -232,6 +244,10 @@ async def embed(body: EmbedRequest, request: Request) -> JSONResponse:
 async def health(request: Request) -> JSONResponse:
     settings: WorkerSettings = request.app.state.settings
     runtime: WorkerRuntime | None = request.app.state.runtime
+    if runtime is None and (standby := _standby(request)):
+        # Alive and well with no model loaded: a liveness probe must not restart it.
+        body = WorkerHealth(status="standby", worker_id=settings.worker_id, model=standby)
+        return JSONResponse(body.model_dump(), status_code=200)
     if runtime is None:
         body = WorkerHealth(status="loading", worker_id=settings.worker_id, model=settings.model_path.stem)
         return JSONResponse(body.model_dump(), status_code=503)
@@ -342,6 +358,7 @@ async def _events(runtime: WorkerRuntime, ticket: Ticket, request_id: str,
                                   item.choice, item.alternatives)
     finally:
         runtime.jobs.discard(job)
+        runtime.used()
         if outcome is None:
             job.channel.cancel()
             for session in job.sessions:

@@ -15,6 +15,10 @@ read again (new files offered, removed ones no longer), and a served model whose
 written over (its identity digest differs from the loaded model's) or removed is never served on from
 the stale mapping: the worker swaps, as above, to the file now there, or, with none, to the first
 model offered; with no model left to serve it drains and stops.
+And the keep-alive (`keep_alive`, WORKER_KEEP_ALIVE): a model with no request and no kept session for
+that long is drained and closed like a swap's, and the worker holds no model (standby): the closed
+runtime's heartbeats go on, saying `standby` with the folder and nothing loaded, until a load is asked
+for, which builds the runtime of the model asked for; one that fails to load leaves it in standby.
 Must not: judge the folder's files (worker/models/) or build a runtime (app.py hands in `build`).
 """
 
@@ -36,6 +40,7 @@ from protocol import reasons
 from protocol.worker import MODEL_LOAD_BACKOFF, MODEL_LOAD_PATH, ErrorBody, ModelLoadAnswer, ModelLoadRequest
 from worker.api.routes import authorize
 from worker.errors import WorkerError
+from worker.models import folder
 from worker.models.catalog import Offer
 from worker.runtime import WorkerRuntime
 from worker.settings import WorkerSettings
@@ -58,40 +63,71 @@ class Swapper:
         self._target = ""
         self._failed: dict[str, tuple[float, str]] = {}  # model -> (refused until, why it failed)
         self._watching: asyncio.Task[None] | None = None
+        self._idle_watch: asyncio.Task[None] | None = None
+        self._standby: WorkerRuntime | None = None  # the closed runtime that beats while no model is loaded
 
     @property
     def swapping(self) -> str:
         """The model being swapped to, or ""."""
         return self._target if self._task is not None and not self._task.done() else ""
 
+    @property
+    def standby(self) -> str:
+        """The model unloaded after the keep-alive while no other is loaded yet, or ""."""
+        return self._standby.names.name if self._standby is not None else ""
+
     def load(self, name: str) -> ModelLoadAnswer:
-        if self.swapping:
-            if (asked := self._offer(name)) is not None and asked is self._offer(self.swapping):
-                return ModelLoadAnswer(model=self.swapping, state="loading")
-            raise WorkerError(409, reasons.MODEL_SWAPPING, f"this worker is swapping to {self.swapping!r}; ask "
-                                                          "again once it serves it")
+        if self._task is not None and not self._task.done():
+            if self._target and (asked := self._offer(name)) is not None and asked is self._offer(self._target):
+                return ModelLoadAnswer(model=self._target, state="loading")
+            doing = f"swapping to {self._target!r}" if self._target else "unloading its idle model"
+            raise WorkerError(409, reasons.MODEL_SWAPPING, f"this worker is {doing}; ask again once it is done")
         runtime: WorkerRuntime | None = self._app.state.runtime
-        if runtime is None:
+        if runtime is None and self._standby is None:
             raise WorkerError(503, reasons.LOADING, "the model is still loading")
-        if runtime.names.serves(name):
+        if runtime is not None and runtime.names.serves(name):
             return ModelLoadAnswer(model=runtime.names.name, state="loaded")
+        offer = self._loadable(name)
+        model = offer.names.name if offer.names is not None else name
+        if runtime is None:
+            self._target = model
+            self._task = asyncio.create_task(self._guarded(self._wake(offer, model), f"load of {model}"))
+        else:
+            self._start(runtime, offer, "asked")
+        return ModelLoadAnswer(model=model, state="loading")
+
+    def _loadable(self, name: str) -> Offer:
+        """The folder's offer `name` names, or why it cannot be loaded now (a `WorkerError`)."""
         offer = self._offer(name)
         if offer is None or offer.names is None:
             raise WorkerError(404, reasons.UNKNOWN_MODEL, f"model {name!r} is not in this worker's folder")
         if offer.state != "offered":
             raise WorkerError(400, reasons.INVALID_REQUEST, f"model {name!r} is {offer.state}: {offer.reason}")
-        model = offer.names.name
-        until, why = self._failed.get(model, (0.0, ""))
+        until, why = self._failed.get(offer.names.name, (0.0, ""))
         if self._clock() < until:
-            raise WorkerError(503, reasons.MODEL_LOAD_FAILED, f"model {model!r} failed to load ({why}); tried "
-                                                              f"again in {until - self._clock():.0f} s")
-        self._start(runtime, offer, "asked")
-        return ModelLoadAnswer(model=model, state="loading")
+            raise WorkerError(503, reasons.MODEL_LOAD_FAILED, f"model {offer.names.name!r} failed to load ({why}); "
+                                                              f"tried again in {until - self._clock():.0f} s")
+        return offer
 
     def _start(self, runtime: WorkerRuntime, offer: Offer, why: str) -> None:
         assert offer.names is not None
         self._target = offer.names.name
-        self._task = asyncio.create_task(self._supervised(runtime, offer, offer.names.name, why))
+        self._task = asyncio.create_task(self._guarded(self._swap(runtime, offer, offer.names.name, why),
+                                                       f"swap to {offer.names.name}"))
+
+    def keep_alive(self, seconds: float) -> None:
+        """Unloads the model served once it has been idle `seconds` (`WorkerRuntime.idle_for`: no request
+        and no kept session), looking every quarter of that (at most every second), for the worker's life."""
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(min(1.0, seconds / 4))
+                runtime: WorkerRuntime | None = self._app.state.runtime
+                busy = self._task is not None and not self._task.done()
+                if runtime is not None and not busy and runtime.idle_for() >= seconds:
+                    self._target = ""
+                    self._task = asyncio.create_task(self._guarded(self._unload(runtime), "unload"))
+
+        self._idle_watch = asyncio.create_task(loop())
 
     def watch(self, read: Callable[[], Sequence[Offer]], every: float) -> None:
         """Reads the folder every `every` seconds (`read`, in a thread) for the worker's life, and
@@ -113,9 +149,11 @@ class Swapper:
         for the first model offered, else drained and stopped. Nothing while a swap runs (the next read
         sees what it left)."""
         self._offers = list(offers)
+        if self._standby is not None and self._standby.heartbeats is not None:
+            self._standby.heartbeats.offered = folder.listed(self._offers, None, self._standby.names)
         runtime: WorkerRuntime | None = self._app.state.runtime
-        if runtime is None or self.swapping:
-            return
+        if runtime is None or (self._task is not None and not self._task.done()):
+            return  # a swap or unload runs: the next read sees what it left
         runtime.offer(self._offers)
         changed = self._file_change(runtime)
         if changed is None:
@@ -145,16 +183,61 @@ class Swapper:
     def _offer(self, name: str) -> Offer | None:
         return next((o for o in self._offers if o.names is not None and o.names.serves(name)), None)
 
-    async def _supervised(self, old: WorkerRuntime, offer: Offer, model: str, why: str) -> None:
-        """The swap, with any failure logged and counted; a worker left serving nothing stops."""
+    async def _guarded(self, work: Awaitable[None], what: str) -> None:
+        """A swap, unload or load, with any failure logged and counted; a worker left with no model and
+        no standby (which still beats and can load one) stops."""
         try:
-            await self._swap(old, offer, model, why)
+            await work
         except Exception:
-            log.exception("the swap to %s failed", model)
-            old.metrics.internal_errors.labels(task="swap").inc()
-            if self._app.state.runtime is None:
-                self._app.state.load_error = f"the swap to {model} left no model loaded"
+            log.exception("the %s failed", what)
+            self._app.state.metrics.internal_errors.labels(task="swap").inc()
+            if self._app.state.runtime is None and self._standby is None:
+                self._app.state.load_error = f"the {what} left no model loaded"
                 self._on_lost()
+
+    async def _unload(self, old: WorkerRuntime) -> None:
+        """Idle past the keep-alive: drained (a request that came in meanwhile ends whole) and closed as for
+        a swap; its heartbeats go on, saying `standby`, with nothing loaded."""
+        settings: WorkerSettings = self._app.state.settings
+        log.warning(json.dumps({"event": "unload", "model": old.names.name, "idle_s": round(old.idle_for(), 1)}))
+        if old.heartbeats is not None:  # the drain's first beat says so: no coordinator sends it more
+            old.heartbeats.standby = True
+            old.heartbeats.offered = folder.listed(self._offers, None, old.names)
+        await old.drain(settings.request_timeout)
+        self._app.state.runtime = None
+        self._standby = old
+        await old.stop(leaving=False)
+        await asyncio.to_thread(give_back_freed_memory)
+        old.metrics.model_swaps.labels("unloaded").inc()
+
+    async def _wake(self, offer: Offer, model: str) -> None:
+        """From standby: the model asked for is loaded (its runtime's heartbeats replace the standby's); one
+        that fails to load is refused for MODEL_LOAD_BACKOFF and the worker stays in standby."""
+        standby, settings = self._standby, self._app.state.settings
+        assert standby is not None
+        started = self._clock()
+        log.warning(json.dumps({"event": "load", "from": "standby", "to": model}))
+        if standby.heartbeats is not None:
+            standby.heartbeats.swapping = model
+        wanted = settings.model_copy(update={"model_path": offer.path, "model_name": "", "model_aliases": ()})
+        try:
+            runtime = await self._build(wanted)
+        except Exception as exc:
+            self._failed[model] = (self._clock() + MODEL_LOAD_BACKOFF, f"{type(exc).__name__}: {exc}"[:200])
+            log.exception("model %s failed to load; the worker stays in standby", model)
+            standby.metrics.model_swaps.labels("failed").inc()
+            if standby.heartbeats is not None:
+                standby.heartbeats.swapping = ""
+            return
+        runtime.offer(self._offers)
+        await standby.end_beats()
+        self._standby = None
+        self._app.state.settings, self._app.state.runtime = wanted, runtime
+        runtime.metrics.model_swaps.labels("loaded").inc()
+        runtime.metrics.model_swap_seconds.labels("wait").set(0.0)
+        runtime.metrics.model_swap_seconds.labels("load").set(self._clock() - started)
+        log.warning(json.dumps({"event": "swapped", "to": model, "outcome": "loaded", "from": "standby",
+                                "load_s": round(self._clock() - started, 3)}))
 
     async def _retire(self, old: WorkerRuntime) -> None:
         """The served model's file is gone and the folder offers no other: its streams end whole, then
@@ -203,11 +286,16 @@ class Swapper:
                                 "wait_s": round(drained - started, 3), "load_s": round(self._clock() - drained, 3)}))
 
     async def close(self) -> None:
-        for task in (self._watching, self._task):
+        for task in (self._watching, self._idle_watch, self._task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+        if self._standby is not None:  # its last beat says it leaves, as a served runtime's stop does
+            if self._standby.heartbeats is not None:
+                await self._standby.heartbeats.send_once(leaving=True)
+            await self._standby.end_beats()
+            self._standby = None
 
 
 def give_back_freed_memory() -> None:

@@ -84,13 +84,14 @@ def rescan(settings: WorkerSettings, judged: dict[Path, Offer]) -> list[Offer]:
     return scan(folder, sizing(settings), judged)
 
 
-def listed(offers: Sequence[Offer], serving: Path, names: ModelNames) -> list[OfferedModel]:
+def listed(offers: Sequence[Offer], serving: Path | None, names: ModelNames) -> list[OfferedModel]:
     """The offers as a heartbeat lists them: the file this worker serves as `loaded`, under the names it
-    serves it by."""
+    serves it by (`serving` None: none loaded, the worker's model unloaded)."""
     out = []
     exact = any(o.path == serving for o in offers)  # else the file given by another path (--model)
     for o in offers:
-        loaded = o.state == "offered" and (o.path == serving if exact else _same_file(o.path, serving))
+        loaded = serving is not None and o.state == "offered" and (
+            o.path == serving if exact else _same_file(o.path, serving))
         shown = names if loaded else o.names or ModelNames(derive_name(None, o.path.stem))
         # A file's stem is an alias only where it is a name a request can use (no spaces, say).
         aliases = [a for a in shown.aliases if re.fullmatch(MODEL_NAME_PATTERN, a)][:MAX_LISTED_ALIASES]

@@ -201,6 +201,6 @@ def test_the_largest_heartbeat_the_protocol_allows_fits_the_coordinators_body_li
                          need_bytes=MAX_BYTES, reason="r" * MAX_OFFER_REASON)
     beat = Heartbeat(worker_id="w" * 128, url="http://" + "h" * 480 + ":3001", model=name, aliases=[name] * 16,
                      model_identity="gguf:" + "0" * 64, load=load, timestamp=1.0, offered=[offer] * MAX_OFFERED,
-                     swapping=name)
+                     swapping=name, standby=True)
     size = len(beat.model_dump_json().encode())
     assert size <= HEARTBEAT_MAX_BYTES, size

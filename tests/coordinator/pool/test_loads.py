@@ -143,3 +143,22 @@ async def test_a_draining_worker_that_is_not_swapping_does_not_hold_requests() -
     with pytest.raises(CoordinatorError) as refused:
         await loads(reg, asked).until_served("gemma", time.monotonic() + 5)
     assert refused.value.reason == reasons.MODEL_UNAVAILABLE and asked.urls == []
+
+
+async def test_a_worker_in_standby_serves_nothing_and_is_asked_to_load_the_model_it_unloaded() -> None:
+    """Its model unloaded after its keep-alive, the worker's heartbeats say `standby` (draining, nothing
+    loaded): its model is listed as offered, not served, and a request for it asks that worker for a load."""
+    reg, asked = Registry(stale_after=30.0, dead_after=60.0), Asked(body=b'{"model": "smol", "state": "loading"}')
+    unloaded = (OfferedModel(name="smol", aliases=["a-smol"], state="offered"), GEMMA)
+    reg.upsert(heartbeat("w1", timestamp=1, model="smol", draining=True).model_copy(
+        update={"offered": list(unloaded), "standby": True}), now=time.monotonic())
+    assert reg.alive_models() == [] and reg.offered_models() == {"gemma": ["w1"], "smol": ["w1"]}
+    assert reg.offered_as("a-smol") == "smol" and not reg.swap_involves("smol")
+    on_demand = loads(reg, asked)
+    waiting = asyncio.create_task(on_demand.until_served("smol", time.monotonic() + 5))
+    await asyncio.sleep(0.3)
+    assert asked.urls == ["http://w1.test/worker/models/load"] and not waiting.done()
+    reg.upsert(heartbeat("w1", timestamp=2, model="smol").model_copy(update={"offered": [
+        OfferedModel(name="smol", aliases=["a-smol"], state="loaded"), GEMMA]}), now=time.monotonic())
+    await asyncio.wait_for(waiting, 2)
+    assert reg.alive_models() == ["smol"] and reg.offered_models() == {"gemma": ["w1"]}

@@ -1,6 +1,7 @@
 """worker/api/swap.py's Swapper, with a runtime and a build of its own: one swap at a time, the order
 (drain, stop, then load), a model that fails to load refused for a while with its reason while the
-model served before comes back, and what cannot be swapped to."""
+model served before comes back, and what cannot be swapped to; the keep-alive's unload of an idle
+model (standby) and the load that ends it."""
 
 from __future__ import annotations
 
@@ -36,8 +37,12 @@ class Runtime:
         self.names, self.jobs, self.metrics, self._steps = ModelNames(name), [], metrics, steps
         self.model = SimpleNamespace(identity={"small": "gguf:a", "gemma": "gguf:b"}[name])
         self.offers: list[Offer] = []
-        self.heartbeats = SimpleNamespace(swapping="")
+        self.heartbeats = SimpleNamespace(swapping="", standby=False, offered=[])
         self.gate = SimpleNamespace(swapping="")
+        self.idle = 0.0  # what idle_for says: seconds with no request and no kept session
+
+    def idle_for(self) -> float:
+        return self.idle
 
     def offer(self, offers: list[Offer]) -> None:
         self.offers = offers
@@ -183,4 +188,59 @@ async def test_the_watch_reads_the_folder_again_and_survives_a_failed_read() -> 
             break
         await asyncio.sleep(0.01)
     assert len(reads) >= 2 and app.state.metrics.internal_errors.labels(task="folder_watch")._value.get() == 1
+    await swap.close()
+
+
+async def until(check: Any, seconds: float = 2.0) -> None:
+    for _ in range(int(seconds / 0.01)):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not within the time")
+
+
+async def test_a_model_idle_past_the_keep_alive_is_unloaded_and_a_load_ends_the_standby() -> None:
+    swap, app, steps = swapper(set(), [0.0])
+    old = app.state.runtime
+    swap.keep_alive(0.2)
+    await asyncio.sleep(0.3)
+    assert steps == [] and swap.standby == ""  # busy (idle_for 0): kept however long
+    old.idle = 0.25
+    await until(lambda: swap.standby == "small" and steps[-1:] == ["stop small beating"])
+    await swap._task  # type: ignore[misc]
+    # Drained and closed as for a swap; its beats go on, saying standby, with nothing loaded.
+    assert steps == ["drain small 600", "stop small beating"] and app.state.runtime is None
+    assert old.heartbeats.standby and [o.state for o in old.heartbeats.offered] == ["offered", "offered", "too_large"]
+    assert app.state.metrics.model_swaps.labels("unloaded")._value.get() == 1
+    swap.refresh(OFFERS[:2])  # the folder read again: the standby's beats list it
+    assert len(old.heartbeats.offered) == 2
+    assert swap.load("gemma").model_dump() == {"model": "gemma", "state": "loading"}
+    assert swap.load("b").state == "loading"  # the same load
+    await swap._task  # type: ignore[misc]
+    assert steps[2:] == ["load b.gguf", "beats end small"] and swap.standby == ""
+    assert app.state.runtime.names.name == "gemma" and app.state.settings.model_path == Path("/m/b.gguf")
+    await swap.close()
+
+
+async def test_a_load_that_fails_from_standby_stays_in_standby_and_is_refused_for_a_while() -> None:
+    clock = [0.0]
+    swap, app, steps = swapper({"b.gguf"}, clock)
+    app.state.runtime.idle = 1.0
+    swap.keep_alive(0.04)
+    await until(lambda: swap.standby == "small")
+    await swap._task  # type: ignore[misc]
+    with pytest.raises(WorkerError) as unloading:
+        swap._task = asyncio.create_task(asyncio.sleep(0.05))  # while an unload (or load) runs
+        swap.load("gemma")
+    assert (unloading.value.status, unloading.value.reason) == (409, "model_swapping")
+    await swap._task
+    swap.load("gemma")
+    await swap._task  # type: ignore[misc]
+    assert steps[-1] == "load b.gguf" and app.state.runtime is None and swap.standby == "small"
+    with pytest.raises(WorkerError) as refused:
+        swap.load("gemma")
+    assert (refused.value.status, refused.value.reason) == (503, "model_load_failed")
+    assert swap.load("small").state == "loading"  # another model loads
+    await swap._task  # type: ignore[misc]
+    assert app.state.runtime.names.name == "small" and steps[-2:] == ["load a.gguf", "beats end small"]
     await swap.close()

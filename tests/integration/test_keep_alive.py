@@ -1,0 +1,94 @@
+"""A real worker offering a folder with a keep-alive (`--keep-alive`, issue 37), to a real coordinator:
+its model, idle past the keep-alive, is unloaded (the worker's memory falls by at least half the model's
+file, its heartbeats say `standby`, `/v1/models` lists the model as offered, its health is 200
+`standby`), and the next request, one naming no model included, has it loaded again and is answered
+whole; a kept session holds its model loaded until the session's TTL ends it; a request for another
+model of the folder loads that one from standby."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from bench.scale_bench import rss_kib
+from tests.conftest import free_port
+from tests.integration.conftest import Proc, start_coordinator
+from tests.polling import wait_until
+
+pytestmark = pytest.mark.model
+SMOL, GEMMA = "smollm2-135m-8k-lc100k-mix1-ep2", "gemma-3-270m"
+KEEP_ALIVE, TTL = 1.0, 3.0
+
+
+@pytest.fixture(scope="module")
+def pool(model_path: Path, gemma_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Proc]]:
+    log_dir = tmp_path_factory.mktemp("keep-alive")
+    folder = log_dir / "models"
+    folder.mkdir()
+    (folder / "a-smol.gguf").symlink_to(model_path)
+    (folder / "b-gemma.gguf").symlink_to(gemma_path)
+    coordinator, url = start_coordinator(log_dir, "coordinator-keep-alive", "--heartbeat-interval", "1")
+    worker = Proc("idle", [sys.executable, "-m", "worker", "--port", str(free_port()), "--worker-id", "idle",
+                           "--coordinator-url", url, "--model-dir", str(folder), "--max-sessions", "2",
+                           "--session-max-tokens", "512", "--threads", "1", "--heartbeat-interval", "0.5",
+                           "--keep-alive", str(KEEP_ALIVE), "--session-ttl", str(TTL)],
+                  log_dir / "idle.log")
+    worker.start()
+    try:
+        wait_until(lambda: listing(url) is not None, 60, "the worker to register", interval=0.2)
+        yield url, worker
+    finally:
+        worker.stop()
+        coordinator.stop()
+
+
+def listing(url: str) -> dict[str, Any] | None:
+    workers = httpx.get(url + "/coordinator/health/workers", timeout=2).json()["workers"]
+    return next((w for w in workers if w["worker_id"] == "idle" and w["state"] == "alive"), None)
+
+
+def standby(url: str) -> bool:
+    return bool((listing(url) or {}).get("standby"))
+
+
+def answer(url: str, body: dict[str, Any]) -> tuple[str, list[str]]:
+    """(the model that answered, the stream's event names)."""
+    with httpx.stream("POST", url + "/coordinator/infer", json=body, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        events = [line[7:] for line in response.iter_lines() if line.startswith("event: ")]
+        return response.headers.get("x-model", ""), events
+
+
+def test_an_idle_model_is_unloaded_and_the_next_request_loads_it_again(pool: tuple[str, Proc], model_path: Path) -> None:
+    url, worker = pool
+    assert worker.popen is not None
+    wait_until(lambda: standby(url), 20, "the idle model to be unloaded", interval=0.2)
+    models = {m["id"]: m.get("state") for m in httpx.get(url + "/v1/models", timeout=5).json()["data"]}
+    assert models == {SMOL: "offered", GEMMA: "offered"}, models
+    info = listing(url)
+    assert info is not None and info["draining"] and info["model"] == SMOL
+    health = httpx.get(info["url"] + "/worker/health", timeout=5)
+    assert health.status_code == 200 and health.json()["status"] == "standby", health.text
+
+    # No model named: the one the pool knows is loaded again. The session keeps it loaded past the keep-alive.
+    _, events = answer(url, {"prompt": "Say hi.", "max_tokens": 8, "session_id": "kept", "temperature": 0})
+    assert events[-1] == "done", events
+    loaded_kib = rss_kib(worker.popen.pid)
+    ended = time.monotonic()
+    time.sleep(KEEP_ALIVE + 1)
+    assert not standby(url) and (listing(url) or {}).get("sessions") == 1, listing(url)
+    wait_until(lambda: standby(url), TTL + 10, "the model to be unloaded once the session expired", interval=0.2)
+    assert time.monotonic() - ended >= TTL - 0.5  # not before the session's TTL
+    standby_kib = rss_kib(worker.popen.pid)
+    assert standby_kib < loaded_kib - model_path.stat().st_size / 2048, (loaded_kib, standby_kib)
+
+    # Another model of the folder, from standby.
+    _, events = answer(url, {"prompt": "Say hi.", "max_tokens": 8, "model": GEMMA, "temperature": 0})
+    assert events[-1] == "done", events
+    wait_until(lambda: (listing(url) or {}).get("model") == GEMMA, 10, "gemma served", interval=0.2)
