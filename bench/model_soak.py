@@ -5,7 +5,10 @@ clients of both models for `--minutes`. What it tells: streams cut (a 200 whose 
 settings predict are `queue_timeout`, a request that waited past `QUEUE_TIMEOUT` for its model), swaps
 (the workers' `worker_model_swaps_total`) and swaps a minute, and each worker's resident memory at the
 start (its first model loaded, before any request), at its peak and at the end (its first model loaded
-again after the soak, asked of each worker directly: the swaps' memory given back or not).
+again after the soak, asked of each worker directly: the swaps' memory given back or not). With
+`--keep-alive S` the workers unload an idle model after S seconds (WORKER_KEEP_ALIVE), and the bench also
+waits, after the end's load, for each worker to unload it and reports its memory then, in standby with no
+model loaded (`standby_kib`), against its start.
 
 Owns: the folder (links to the provisioned files), the clients, the table and `--out` JSON. Must not
 change either service.
@@ -150,8 +153,18 @@ async def soak(running: Pool, args: argparse.Namespace) -> dict[str, Any]:
     await asyncio.sleep(3.0)
     for i, p in enumerate(pids):
         memory[i]["end_kib"] = rss_kib(p)
+    if args.keep_alive > 0:  # each worker unloads SmolLM2 once it has been idle that long
+        async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT) as client:
+            for i, (url, p) in enumerate(zip(running.worker_urls, pids, strict=True)):
+                deadline = time.monotonic() + args.keep_alive + 60
+                while (await client.get(url + "/worker/health")).json()["status"] != "standby":
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{url} did not unload its idle model")
+                    await asyncio.sleep(0.2)
+                await asyncio.sleep(3.0)
+                memory[i]["standby_kib"] = rss_kib(p)
     return {"minutes": round(minutes, 2), "workers": len(pids), "clients_per_model": args.clients,
-            "max_tokens": args.max_tokens, "threads": args.threads, "done": dict(tally.done),
+            "max_tokens": args.max_tokens, "threads": args.threads, "keep_alive_s": args.keep_alive, "done": dict(tally.done),
             "cut": len(tally.cut), "cut_examples": tally.cut[:5], "refused": dict(tally.refused),
             "swaps": dict(swapped), "swaps_per_minute": round(sum(swapped.values()) / minutes, 2),
             "first_token_median_s": {m: round(sorted(v)[len(v) // 2], 3) for m, v in tally.first_token_s.items()},
@@ -167,9 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--think", type=float, default=2.0, help="most seconds a client waits between requests")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--keep-alive", type=float, default=0.0,
+                        help="the workers' WORKER_KEEP_ALIVE: an idle model is unloaded after it (0: never)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     work, worker = folder_worker("model-soak-", args.threads)
+    if args.keep_alive > 0:
+        worker = [*worker, "--keep-alive", str(args.keep_alive)]
     with pool(work, workers=[worker] * args.workers) as running:
         result = asyncio.run(soak(running, args))
     print(json.dumps(result, indent=1))
