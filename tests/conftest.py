@@ -111,8 +111,8 @@ def _tier(item: pytest.Item) -> str:
     return max(named, key=TIERS.index, default="unit")
 
 
-# The files that take longest (the last `--durations` run): collected first, so that the two test
-# processes of ./test.sh (`-n 2 --dist loadfile --no-loadscope-reorder`: one file at a time to each, in
+# The files that take longest (the last `--durations` run): collected first, so that the three test
+# processes of ./test.sh (`-n 3 --dist loadfile --no-loadscope-reorder`: one file at a time to each, in
 # this order) start on them and end together, the many short files filling in behind. The other files
 # go highest rung first, each keeping its place.
 LONGEST_FIRST = ("multihost/test_multihost.py", "integration/test_several_coordinators.py",

@@ -44,7 +44,7 @@ FLOOD_FACTOR = 10
 SERVED_BOUND = 0.7 if LONG_RUN else 0.5
 QUEUE_BASELINE_SECONDS = 10.0 if LONG_RUN else 2.0  # the queued variant, which only reports its rates
 QUEUE_FLOOD_SECONDS = 60.0 if LONG_RUN else 3.0  # (its checks are invariants, whatever the length)
-ABANDON_AFTER = 3.0  # seconds after its end that the flood waits for answers
+ABANDON_AFTER = 1.0  # seconds after its end that the flood waits for answers (the queued ones then abandoned)
 KEEP_ALIVE_EXPIRY = 4.0  # an idle connection is not reused after this long (the coordinator closes at 5 s)
 # A refused user tries again this much later: soon enough to keep its seat busy, late enough that the
 # users do not become a second flood (at 0.05 s they sent 870 retries in 10 s).
