@@ -49,7 +49,8 @@ def cache_key(surface: str, model: str | None, request: GenerateRequest, identit
         return None
     if request.temperature > 0 and request.seed is None:
         return None
-    body = request.model_dump_json(exclude={"model"})  # every field, defaults included: all decide the output
+    # Every field, defaults included: all decide the output, but how long the model stays loaded after.
+    body = request.model_dump_json(exclude={"model", "keep_alive"})
     return hashlib.blake2b(f"{surface}\0{model or ''}\0{identity}\0{body}".encode(), digest_size=20).digest()
 
 

@@ -165,6 +165,9 @@ class _Common(BaseModel):
     # llama.cpp's server's repetition penalty (its names and meaning).
     repeat_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
     repeat_last_n: int | None = Field(default=None, ge=0, le=4_096)
+    # Ollama's: how long the model stays loaded once idle, in seconds or as a duration ("5m", "1h30m",
+    # "-1"); on workers that offer a folder (--model-dir).
+    keep_alive: float | str | None = None
 
 
 class ChatCompletionRequest(_Common):

@@ -36,7 +36,7 @@ folder in its heartbeats (`protocol.health.Heartbeat.offered`; an older coordina
 unknown field); version 11 the model a worker is swapping to (`Heartbeat.swapping`), so that requests
 for either model wait for the swap instead of finding no worker; version 12 a worker with no model loaded
 (`Heartbeat.standby`: its model unloaded after WORKER_KEEP_ALIVE idle), which loads one of its folder's
-models when asked.
+models when asked, and a request's `keep_alive` (Ollama's: how long the model stays loaded once idle).
 Embeddings need no version of their own: a worker that does not serve them never says so in its
 heartbeat (`protocol.health.Heartbeat.embeddings`), so no coordinator sends it an `EmbedRequest`.
 """
@@ -110,6 +110,7 @@ PROMPT_EVENT_TOKENS = 256  # prompt tokens one `prompt` event scores: an event s
 MAX_MESSAGES = 1_024
 MAX_GRAMMAR_CHARS = 65_536
 MAX_LOGIT_BIAS = 300  # OpenAI's bound on logit_bias entries
+MAX_KEEP_ALIVE = 366 * 86_400.0  # seconds a request's keep_alive may ask for (a year; negative: for good)
 MAX_EMBED_INPUTS = 2_048  # OpenAI's bound on the inputs of one embedding request
 MAX_EMBED_DIMENSIONS = 1 << 16
 MAX_TOOLS = 128  # functions offered to one request
@@ -238,6 +239,11 @@ class GenerationFields(BaseModel):
                                     "token generated so far")
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, description="taken off once per time a "
                                      "token was generated so far")
+    keep_alive: float | None = Field(default=None, ge=-MAX_KEEP_ALIVE, le=MAX_KEEP_ALIVE, description="Ollama's "
+                                     "keep_alive: seconds the worker keeps its model loaded once idle, from this "
+                                     "request on (on a worker offering a folder, --model-dir; elsewhere the model "
+                                     "is never unloaded); 0 unloads it as soon as it is idle, a negative number "
+                                     "keeps it loaded; null: the worker's own WORKER_KEEP_ALIVE")
 
     @field_validator("logit_bias")
     @classmethod

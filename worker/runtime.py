@@ -105,6 +105,9 @@ class WorkerRuntime:
         self.jobs: set[Job] = set()  # the jobs whose stream is open (app.py keeps it), for the drain
         self._clock = clock
         self.used_at = clock()  # when a request last ended here (`used`), or the runtime was made
+        # Seconds its model stays loaded once idle (worker/api/swap.py); None: for good. A request's
+        # `keep_alive` sets it from then on (Ollama's meaning), as WORKER_KEEP_ALIVE did at start.
+        self.keep_alive: float | None = settings.keep_alive or None
         self.heartbeats: HeartbeatSender | None = None
         self._beating: asyncio.Task[None] | None = None
         metrics.bind(

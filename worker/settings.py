@@ -97,8 +97,8 @@ class WorkerSettings(BaseModel):
                                 "replaced or removed swapped for what is there now; 0: read once, at start")
     keep_alive: float = Field(default=0.0, ge=0, description="seconds a model of the folder stays loaded with "
                               "no request and no kept session, then it is unloaded and the worker holds no model "
-                              "until one is asked for (its heartbeats say `standby`); 0: never unloaded. Needs "
-                              "--model-dir")
+                              "until one is asked for (its heartbeats say `standby`); 0: never unloaded. A request's "
+                              "`keep_alive` (Ollama's) sets it from then on. Needs --model-dir")
     worker_id: str = Field(default="", max_length=128, description="default: worker-<port>")
     worker_url: str = Field(default="", description="URL the coordinator uses; default http://host:port")
     coordinator_url: str = Field(default="http://127.0.0.1:1337", max_length=4096,

@@ -11,6 +11,7 @@ Must not: admit, schedule or relay; the gateway does, exactly as for `/coordinat
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeVar
@@ -37,6 +38,7 @@ from protocol import reasons
 from protocol.openapi import inlined
 from protocol.worker import (
     MAX_CHOICES,
+    MAX_KEEP_ALIVE,
     MAX_PROMPT_CHARS,
     REQUEST_ID_HEADER,
     WORKER_ID_HEADER,
@@ -248,12 +250,40 @@ def _common(body: oa.ChatCompletionRequest | oa.CompletionRequest, max_tokens: i
         value = getattr(body, name)
         if value is not None:
             fields[name] = value
+    if body.keep_alive is not None:
+        fields["keep_alive"] = keep_alive_seconds(body.keep_alive)
     schema = _schema_of(body.response_format)
     if schema is not None:
         if "grammar" in fields or "json_schema" in fields:
             raise _invalid("response_format: give it, or grammar / json_schema, not both", "response_format")
         fields["json_schema"] = schema
     return fields
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def keep_alive_seconds(value: float | str) -> float:
+    """Ollama's `keep_alive` in seconds: a number of seconds, or a duration as Go writes one ("5m",
+    "1h30m", "300ms", "-1m"; a bare number in a string is seconds). 400 for anything else."""
+    seconds = value if not isinstance(value, str) else _duration(value)
+    if abs(seconds) > MAX_KEEP_ALIVE:
+        raise _invalid(f"keep_alive: at most {MAX_KEEP_ALIVE:.0f} seconds either way", "keep_alive")
+    return float(seconds)
+
+
+def _duration(given: str) -> float:
+    text = given.strip()
+    sign, text = (-1.0, text[1:]) if text.startswith("-") else (1.0, text)
+    try:
+        return sign * float(text)
+    except ValueError:
+        parts = _DURATION_PART.findall(text)
+        if not text or "".join(n + u for n, u in parts) != text:
+            raise _invalid(f"keep_alive: {given[:40]!r} is neither seconds nor a duration such as \"5m\" or "
+                           "\"1h30m\"", "keep_alive") from None
+        return sign * sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
 
 
 def _refuse_unsupported(body: oa.ChatCompletionRequest | oa.CompletionRequest) -> None:

@@ -51,6 +51,8 @@ def test_the_key_covers_surface_model_and_every_field() -> None:
     assert cache_key("openai-chat", "m", GenerateRequest.model_validate(base)) != key
     assert cache_key("infer", "other", GenerateRequest.model_validate(base)) != key
     assert cache_key("infer", "m", GenerateRequest.model_validate(base)) == key
+    # How long the model stays loaded after changes nothing of the answer.
+    assert cache_key("infer", "m", GenerateRequest.model_validate({**base, "keep_alive": 0})) == key
 
 
 def test_bounded_by_entries_bytes_and_ttl() -> None:

@@ -160,6 +160,8 @@ async def test_an_error_after_the_first_token_is_an_error_chunk_then_done() -> N
       for field, value in [
           ("tool_choice", "required"), ("typical_p", 0.5), ("min_p", 0.1), ("modalities", ["audio"]),
           ("top_logprobs", 21)]],
+    *[({"messages": [{"role": "user", "content": "x"}], "keep_alive": value}, 400, "keep_alive", "invalid_request")
+      for value in ("5 minutes", "m", "", "1y", 1e9, "-1e9")],
     ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}, 400,
      "response_format.type", "invalid_request"),
     ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}, 400,
@@ -322,6 +324,11 @@ async def test_chat_stream_opens_with_the_role_alone_closes_with_an_empty_delta_
     ({"json_schema": {"type": "array"}}, {"json_schema": {"type": "array"}}),
     ({"logit_bias": {"42": -100}, "presence_penalty": 0.5, "frequency_penalty": 1},
      {"logit_bias": {"42": -100}, "presence_penalty": 0.5, "frequency_penalty": 1}),
+    # Ollama's keep_alive, in seconds or as a duration.
+    ({"keep_alive": 30}, {"keep_alive": 30.0}),
+    ({"keep_alive": "1h30m"}, {"keep_alive": 5400.0}),
+    ({"keep_alive": "-1"}, {"keep_alive": -1.0}),
+    ({"keep_alive": "250ms"}, {"keep_alive": 0.25}),
 ])
 async def test_structured_output_and_sampling_fields_reach_the_worker(extra: dict, sent: dict) -> None:  # type: ignore[type-arg]
     fakes = FakeWorkers({"w1": streaming(STREAM)})
@@ -330,7 +337,7 @@ async def test_structured_output_and_sampling_fields_reach_the_worker(extra: dic
                                      json={"messages": [{"role": "user", "content": "x"}], **extra})
     assert response.status_code == 200, response.text
     body = sent_body(fakes)
-    keys = ("grammar", "json_schema", "logit_bias", "presence_penalty", "frequency_penalty")
+    keys = ("grammar", "json_schema", "logit_bias", "presence_penalty", "frequency_penalty", "keep_alive")
     assert {k: body[k] for k in keys if k in body} == sent
 
 

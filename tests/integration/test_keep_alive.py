@@ -3,7 +3,8 @@ its model, idle past the keep-alive, is unloaded (the worker's memory falls by a
 file, its heartbeats say `standby`, `/v1/models` lists the model as offered, its health is 200
 `standby`), and the next request, one naming no model included, has it loaded again and is answered
 whole; a kept session holds its model loaded until the session's TTL ends it; a request for another
-model of the folder loads that one from standby."""
+model of the folder loads that one from standby. A request's own `keep_alive` (Ollama's) rules from then
+on: -1 keeps the model loaded past the worker's keep-alive, 0 unloads it as soon as it is idle."""
 
 from __future__ import annotations
 
@@ -88,7 +89,12 @@ def test_an_idle_model_is_unloaded_and_the_next_request_loads_it_again(pool: tup
     standby_kib = rss_kib(worker.popen.pid)
     assert standby_kib < loaded_kib - model_path.stat().st_size / 2048, (loaded_kib, standby_kib)
 
-    # Another model of the folder, from standby.
-    _, events = answer(url, {"prompt": "Say hi.", "max_tokens": 8, "model": GEMMA, "temperature": 0})
+    # Another model of the folder, from standby, asked to stay loaded; then to go as soon as it is idle.
+    _, events = answer(url, {"prompt": "Say hi.", "max_tokens": 8, "model": GEMMA, "keep_alive": -1})
     assert events[-1] == "done", events
     wait_until(lambda: (listing(url) or {}).get("model") == GEMMA, 10, "gemma served", interval=0.2)
+    time.sleep(KEEP_ALIVE + 1)
+    assert not standby(url)
+    _, events = answer(url, {"prompt": "Say hi.", "max_tokens": 4, "model": GEMMA, "keep_alive": 0})
+    assert events[-1] == "done", events
+    wait_until(lambda: standby(url), 5, "the model unloaded once idle, as its last request asked", interval=0.1)

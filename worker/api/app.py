@@ -88,8 +88,8 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
             app.state.swapper = Swapper(app, offers, build, on_lost=on_load_failure)
             if settings.model_dir is not None and settings.model_rescan > 0:
                 app.state.swapper.watch(functools.partial(rescan, settings, {}), settings.model_rescan)
-            if settings.keep_alive > 0:
-                app.state.swapper.keep_alive(settings.keep_alive)
+            if settings.model_dir is not None:  # WORKER_KEEP_ALIVE, or a request's keep_alive
+                app.state.swapper.keep_alive()
         except Exception as exc:
             # Answering 503 loading forever would hide it: record why and stop the process (non-zero exit).
             log.exception("worker failed to start")

@@ -183,6 +183,8 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
         trace.fail(refused.reason)
         trace.end()
         raise
+    if body.keep_alive is not None:  # from now on, as Ollama's keep_alive (a negative one: for good)
+        runtime.keep_alive = body.keep_alive if body.keep_alive >= 0 else None
     if (given := trace.traceparent()) is not None:  # traced: a peer's prefix export joins this trace
         ticket = dataclasses.replace(ticket, traceparent=given)
     # The head goes now, and pings while the prompt is prepared: silence means a hung worker, never

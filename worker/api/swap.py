@@ -15,8 +15,8 @@ read again (new files offered, removed ones no longer), and a served model whose
 written over (its identity digest differs from the loaded model's) or removed is never served on from
 the stale mapping: the worker swaps, as above, to the file now there, or, with none, to the first
 model offered; with no model left to serve it drains and stops.
-And the keep-alive (`keep_alive`, WORKER_KEEP_ALIVE): a model with no request and no kept session for
-that long is drained and closed like a swap's, and the worker holds no model (standby): the closed
+And the keep-alive (`keep_alive`: WORKER_KEEP_ALIVE, or the latest request's `keep_alive`, as Ollama's): a
+model with no request and no kept session for that long is drained and closed like a swap's, and the worker holds no model (standby): the closed
 runtime's heartbeats go on, saying `standby` with the folder and nothing loaded, until a load is asked
 for, which builds the runtime of the model asked for; one that fails to load leaves it in standby.
 Must not: judge the folder's files (worker/models/) or build a runtime (app.py hands in `build`).
@@ -47,6 +47,7 @@ from worker.settings import WorkerSettings
 
 log = logging.getLogger("worker.swap")
 router = APIRouter()
+KEEP_ALIVE_LOOK = 0.25  # seconds between two looks at whether the model served is idle past its keep-alive
 Build = Callable[[WorkerSettings], Awaitable[WorkerRuntime]]
 
 
@@ -115,15 +116,16 @@ class Swapper:
         self._task = asyncio.create_task(self._guarded(self._swap(runtime, offer, offer.names.name, why),
                                                        f"swap to {offer.names.name}"))
 
-    def keep_alive(self, seconds: float) -> None:
-        """Unloads the model served once it has been idle `seconds` (`WorkerRuntime.idle_for`: no request
-        and no kept session), looking every quarter of that (at most every second), for the worker's life."""
+    def keep_alive(self, every: float = KEEP_ALIVE_LOOK) -> None:
+        """Unloads the model served once it has been idle its runtime's `keep_alive` (`WorkerRuntime.idle_for`:
+        no request and no kept session), looking every `every` seconds, for the worker's life."""
         async def loop() -> None:
             while True:
-                await asyncio.sleep(min(1.0, seconds / 4))
+                await asyncio.sleep(every)
                 runtime: WorkerRuntime | None = self._app.state.runtime
                 busy = self._task is not None and not self._task.done()
-                if runtime is not None and not busy and runtime.idle_for() >= seconds:
+                if (runtime is not None and not busy and runtime.keep_alive is not None
+                        and runtime.idle_for() >= runtime.keep_alive):
                     self._target = ""
                     self._task = asyncio.create_task(self._guarded(self._unload(runtime), "unload"))
 

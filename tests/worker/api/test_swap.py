@@ -40,6 +40,7 @@ class Runtime:
         self.heartbeats = SimpleNamespace(swapping="", standby=False, offered=[])
         self.gate = SimpleNamespace(swapping="")
         self.idle = 0.0  # what idle_for says: seconds with no request and no kept session
+        self.keep_alive: float | None = 0.2
 
     def idle_for(self) -> float:
         return self.idle
@@ -202,10 +203,13 @@ async def until(check: Any, seconds: float = 2.0) -> None:
 async def test_a_model_idle_past_the_keep_alive_is_unloaded_and_a_load_ends_the_standby() -> None:
     swap, app, steps = swapper(set(), [0.0])
     old = app.state.runtime
-    swap.keep_alive(0.2)
+    swap.keep_alive(0.05)
     await asyncio.sleep(0.3)
     assert steps == [] and swap.standby == ""  # busy (idle_for 0): kept however long
-    old.idle = 0.25
+    old.idle, old.keep_alive = 0.25, None
+    await asyncio.sleep(0.3)
+    assert steps == [] and swap.standby == ""  # a request's keep_alive -1: kept for good
+    old.keep_alive = 0.2
     await until(lambda: swap.standby == "small" and steps[-1:] == ["stop small beating"])
     await swap._task  # type: ignore[misc]
     # Drained and closed as for a swap; its beats go on, saying standby, with nothing loaded.
@@ -226,7 +230,7 @@ async def test_a_load_that_fails_from_standby_stays_in_standby_and_is_refused_fo
     clock = [0.0]
     swap, app, steps = swapper({"b.gguf"}, clock)
     app.state.runtime.idle = 1.0
-    swap.keep_alive(0.04)
+    swap.keep_alive(0.01)
     await until(lambda: swap.standby == "small")
     await swap._task  # type: ignore[misc]
     with pytest.raises(WorkerError) as unloading:
