@@ -179,6 +179,7 @@ class ResponsesRequest(BaseModel):
     top_k: int | None = Field(default=None, ge=0, le=100_000)
     session_id: str | None = Field(default=None, pattern=SESSION_ID_PATTERN)
     ignore_eos: bool | None = None
+    keep_alive: float | str | None = None  # Ollama's, as on chat
 
     @field_validator("input", mode="before")
     @classmethod

@@ -27,7 +27,7 @@ from coordinator.relay.collect import CollectedResponse
 from coordinator.relay.response import RelayResponse
 from coordinator.state import CoordinatorState
 from coordinator.surfaces.infer import event_stream, json_body, refusals
-from coordinator.surfaces.openai import open_generation
+from coordinator.surfaces.openai import keep_alive_seconds, open_generation
 from coordinator.surfaces.responses_format import Echo, EventEncoder, Shape, assemble
 from coordinator.surfaces.tools import Tools, called, choose, offer
 from coordinator.validate import describe, first_field
@@ -82,6 +82,8 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Echo]:
         value = getattr(body, name)
         if value is not None:
             fields[name] = value
+    if body.keep_alive is not None:
+        fields["keep_alive"] = keep_alive_seconds(body.keep_alive)
     text_format = body.text.format if body.text is not None else None
     schema = _schema_of(text_format)
     if schema is not None:
