@@ -18,6 +18,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -39,6 +40,12 @@ def clean_env() -> dict[str, str]:
     """The environment without anything either service would read as configuration."""
     names = {name.upper() for name in Settings.model_fields} | {"MODEL_PATH", "COORDINATOR_URL"}
     return {k: v for k, v in os.environ.items() if k not in names and not k.startswith("WORKER_")}
+
+
+def alive_worker(coordinator_url: str, worker_id: str) -> dict[str, Any] | None:
+    """The coordinator's listing of `worker_id` (/coordinator/health/workers) while it is alive, else None."""
+    workers = httpx.get(coordinator_url + "/coordinator/health/workers", timeout=2).json()["workers"]
+    return next((w for w in workers if w["worker_id"] == worker_id and w["state"] == "alive"), None)
 
 
 @dataclass

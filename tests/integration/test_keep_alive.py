@@ -19,7 +19,7 @@ import pytest
 
 from bench.scale_bench import rss_kib
 from tests.conftest import free_port
-from tests.integration.conftest import Proc, start_coordinator
+from tests.integration.conftest import Proc, alive_worker, start_coordinator
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.model
@@ -50,8 +50,7 @@ def pool(model_path: Path, gemma_path: Path, tmp_path_factory: pytest.TempPathFa
 
 
 def listing(url: str) -> dict[str, Any] | None:
-    workers = httpx.get(url + "/coordinator/health/workers", timeout=2).json()["workers"]
-    return next((w for w in workers if w["worker_id"] == "idle" and w["state"] == "alive"), None)
+    return alive_worker(url, "idle")
 
 
 def standby(url: str) -> bool:

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
-from tests.integration.conftest import Proc, start_coordinator
+from tests.integration.conftest import Proc, alive_worker, start_coordinator
 from tests.integration.streams import Timed, infer
 from tests.polling import wait_until
 
@@ -56,8 +56,7 @@ def folder_pool(model_path: Path, gemma_path: Path, folder: Path) -> Iterator[st
 
 
 def listing(url: str) -> dict[str, Any] | None:
-    workers = httpx.get(url + "/coordinator/health/workers", timeout=2).json()["workers"]
-    return next((w for w in workers if w["worker_id"] == "folder" and w["state"] == "alive"), None)
+    return alive_worker(url, "folder")
 
 
 async def stream_started(client: httpx.AsyncClient, url: str, tokens: int) -> asyncio.Task[Timed]:
