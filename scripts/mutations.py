@@ -413,6 +413,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("request-keep-alive-ignored", "a request's keep_alive sets its model's keep-alive from then on",
              "worker/api/routes.py", "runtime.keep_alive = body.keep_alive if body.keep_alive >= 0 else None",
              "pass", ("tests/integration/test_keep_alive.py",)),
+    Mutation("swap-keeps-the-runtime-before", "a swap gives the closed runtime's memory back at once, cycles and all",
+             "worker/api/swap.py", "    gc.collect()\n", "\n", ("tests/worker/api/test_swap.py",)),
     Mutation("standby-serves-its-model", "a worker in standby serves no model: its model is offered, and loaded "
              "when asked for", "coordinator/pool/registry.py", "if any(not w.standby for w in workers.values()))",
              "if workers)", ("tests/coordinator/pool/test_loads.py",)),

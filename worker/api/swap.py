@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import gc
 import json
 import logging
 import time
@@ -187,9 +188,11 @@ class Swapper:
 
     async def _guarded(self, work: Awaitable[None], what: str) -> None:
         """A swap, unload or load, with any failure logged and counted; a worker left with no model and
-        no standby (which still beats and can load one) stops."""
+        no standby (which still beats and can load one) stops. Once it ends, what the runtime before
+        held goes back to the system (`give_back_freed_memory`)."""
         try:
             await work
+            await asyncio.to_thread(give_back_freed_memory)
         except Exception:
             log.exception("the %s failed", what)
             self._app.state.metrics.internal_errors.labels(task="swap").inc()
@@ -209,7 +212,6 @@ class Swapper:
         self._app.state.runtime = None
         self._standby = old
         await old.stop(leaving=False)
-        await asyncio.to_thread(give_back_freed_memory)
         old.metrics.model_swaps.labels("unloaded").inc()
 
     async def _wake(self, offer: Offer, model: str) -> None:
@@ -301,8 +303,13 @@ class Swapper:
 
 
 def give_back_freed_memory() -> None:
-    """glibc keeps in its heaps what a closed model's context and buffers freed, so each swap would leave
-    the worker larger; `malloc_trim` returns the free pages to the system. Elsewhere (no glibc) nothing."""
+    """A closed runtime's objects hold each other in cycles (its table's, gate's and heartbeats' callbacks),
+    which only Python's cyclic collector frees, and it runs when allocations cross its thresholds, not
+    after a swap: without this collection a worker swapping two models held 100 to 270 MB more than it
+    needed, depending on when the collector had last run (bench/model_soak.py, docs/benchmarks.md). Then
+    glibc keeps in its heaps what was freed; `malloc_trim` returns the free pages to the system
+    (elsewhere, no glibc: nothing)."""
+    gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):

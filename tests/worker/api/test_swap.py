@@ -6,6 +6,8 @@ model (standby) and the load that ends it."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -248,3 +250,20 @@ async def test_a_load_that_fails_from_standby_stays_in_standby_and_is_refused_fo
     await swap._task  # type: ignore[misc]
     assert app.state.runtime.names.name == "small" and steps[-2:] == ["load a.gguf", "beats end small"]
     await swap.close()
+
+
+async def test_the_runtime_before_is_given_back_once_the_swap_ends_whatever_cycles_hold_it() -> None:
+    """The closed runtime's objects hold each other in cycles, which only the cyclic collector frees; with it
+    switched off here, only the swap's own collection can."""
+    swap, app, _ = swapper(set(), [0.0])
+    old = app.state.runtime
+    old.cycle = old  # as the real runtime's callbacks make one
+    gone = weakref.ref(old)
+    del old
+    gc.disable()
+    try:
+        swap.load("gemma")
+        await swap._task  # type: ignore[misc]
+        assert gone() is None
+    finally:
+        gc.enable()
