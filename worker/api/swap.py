@@ -305,8 +305,8 @@ class Swapper:
 def give_back_freed_memory() -> None:
     """A closed runtime's objects hold each other in cycles (its table's, gate's and heartbeats' callbacks),
     which only Python's cyclic collector frees, and it runs when allocations cross its thresholds, not
-    after a swap: without this collection a worker swapping two models held 100 to 270 MB more than it
-    needed, depending on when the collector had last run (bench/model_soak.py, docs/benchmarks.md). Then
+    after a swap: after ten minutes of swaps a worker held 539 MB with its first model loaded again, and
+    349 MB with this collection (bench/model_soak.py, docs/benchmarks.md). Then
     glibc keeps in its heaps what was freed; `malloc_trim` returns the free pages to the system
     (elsewhere, no glibc: nothing)."""
     gc.collect()
