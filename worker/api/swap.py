@@ -15,10 +15,12 @@ read again (new files offered, removed ones no longer), and a served model whose
 written over (its identity digest differs from the loaded model's) or removed is never served on from
 the stale mapping: the worker swaps, as above, to the file now there, or, with none, to the first
 model offered; with no model left to serve it drains and stops.
-And the keep-alive (`keep_alive`: WORKER_KEEP_ALIVE, or the latest request's `keep_alive`, as Ollama's): a
-model with no request and no kept session for that long is drained and closed like a swap's, and the worker holds no model (standby): the closed
-runtime's heartbeats go on, saying `standby` with the folder and nothing loaded, until a load is asked
-for, which builds the runtime of the model asked for; one that fails to load leaves it in standby.
+And the keep-alive (`keep_alive`: WORKER_KEEP_ALIVE, or the latest request's `keep_alive`, as Ollama's):
+a model with no request and no kept session for that long is drained and closed as for a swap, and the
+worker holds no model (standby): the closed runtime's heartbeats go on, saying `standby` with the folder
+and nothing loaded, until a load is asked for, which builds the runtime of the model asked for; one that
+fails to load leaves it in standby. Each swap, unload or load ends by giving the memory of the runtime
+before back to the system.
 Must not: judge the folder's files (worker/models/) or build a runtime (app.py hands in `build`).
 """
 
