@@ -58,11 +58,15 @@ class Swapper:
     """`load(name)`: the model served now, or the swap to it started (or joined)."""
 
     def __init__(self, app: FastAPI, offers: Sequence[Offer], build: Build,
-                 clock: Callable[[], float] = time.monotonic, on_lost: Callable[[], None] = lambda: None) -> None:
+                 clock: Callable[[], float] = time.monotonic, on_lost: Callable[[], None] = lambda: None,
+                 give_back: Callable[[], None] | None = None) -> None:
         """`on_lost`: called when a swap leaves the worker serving nothing (the model before could not be
-        loaded again either): the process entry point stops the server, as when the first load fails."""
+        loaded again either): the process entry point stops the server, as when the first load fails.
+        `give_back`: returns what a closed runtime held to the system (`give_back_freed_memory`; a test
+        process, whose collector would walk every test's objects, may hand in its own)."""
         self._app, self._offers, self._build, self._clock = app, list(offers), build, clock
         self._on_lost = on_lost
+        self._give_back = give_back or give_back_freed_memory
         self._task: asyncio.Task[None] | None = None
         self._target = ""
         self._failed: dict[str, tuple[float, str]] = {}  # model -> (refused until, why it failed)
@@ -194,7 +198,7 @@ class Swapper:
         held goes back to the system (`give_back_freed_memory`)."""
         try:
             await work
-            await asyncio.to_thread(give_back_freed_memory)
+            await asyncio.to_thread(self._give_back)
         except Exception:
             log.exception("the %s failed", what)
             self._app.state.metrics.internal_errors.labels(task="swap").inc()
@@ -270,7 +274,7 @@ class Swapper:
         await old.drain(settings.request_timeout)  # every request ends within it: none is cut
         app.state.runtime = None
         await old.stop(leaving=False)  # its heartbeats go on (draining, holding nothing) until the next model's
-        await asyncio.to_thread(give_back_freed_memory)
+        await asyncio.to_thread(self._give_back)
         drained = self._clock()
         wanted = settings.model_copy(update={"model_path": offer.path, "model_name": "", "model_aliases": ()})
         try:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from protocol.worker import MODEL_LOAD_BACKOFF
-from worker.api.swap import Swapper
+from worker.api.swap import Swapper, give_back_freed_memory
 from worker.errors import WorkerError
 from worker.metrics import WorkerMetrics
 from worker.models.catalog import Offer
@@ -60,7 +60,8 @@ class Runtime:
         self._steps.append(f"beats end {self.names.name}")
 
 
-def swapper(fails: set[str], clock: list[float], lost: list[bool] | None = None) -> tuple[Swapper, Any, list[str]]:
+def swapper(fails: set[str], clock: list[float], lost: list[bool] | None = None,
+            give_back: Any = lambda: None) -> tuple[Swapper, Any, list[str]]:
     steps: list[str] = []
     metrics = WorkerMetrics()
     app = SimpleNamespace(state=SimpleNamespace(
@@ -75,7 +76,8 @@ def swapper(fails: set[str], clock: list[float], lost: list[bool] | None = None)
         return Runtime({"a.gguf": "small", "b.gguf": "gemma"}[wanted.model_path.name], steps, metrics)
 
     on_lost = (lambda: lost.append(True)) if lost is not None else (lambda: None)
-    return Swapper(app, OFFERS, build, clock=lambda: clock[0], on_lost=on_lost), app, steps  # type: ignore[arg-type]
+    swap = Swapper(app, OFFERS, build, clock=lambda: clock[0], on_lost=on_lost, give_back=give_back)  # type: ignore[arg-type]
+    return swap, app, steps
 
 
 async def test_a_swap_drains_stops_then_loads_and_a_second_ask_joins_it() -> None:
@@ -255,7 +257,7 @@ async def test_a_load_that_fails_from_standby_stays_in_standby_and_is_refused_fo
 async def test_the_runtime_before_is_given_back_once_the_swap_ends_whatever_cycles_hold_it() -> None:
     """The closed runtime's objects hold each other in cycles, which only the cyclic collector frees; with it
     switched off here, only the swap's own collection can."""
-    swap, app, _ = swapper(set(), [0.0])
+    swap, app, _ = swapper(set(), [0.0], give_back=give_back_freed_memory)
     old = app.state.runtime
     old.cycle = old  # as the real runtime's callbacks make one
     gone = weakref.ref(old)
