@@ -320,8 +320,7 @@ class Gateway:
         and the request waits for it within the queue's timeout."""
         state = self._state
         if requested is None:  # the model it would get: the default, or the only one (standby workers' too)
-            known = state.registry.known_models()
-            requested = state.settings.default_model or (known[0] if len(known) == 1 else None)
+            requested = resolve_model(state.registry, state.settings.default_model, None)
         if requested is None or not state.settings.model_loads:
             return
         named = state.registry.resolve(requested)  # O(1): a served model's name or alias ends it here

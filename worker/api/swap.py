@@ -77,7 +77,12 @@ class Swapper:
     @property
     def swapping(self) -> str:
         """The model being swapped to, or ""."""
-        return self._target if self._task is not None and not self._task.done() else ""
+        return self._target if self._busy else ""
+
+    @property
+    def _busy(self) -> bool:
+        """A swap, unload or load runs."""
+        return self._task is not None and not self._task.done()
 
     @property
     def standby(self) -> str:
@@ -85,7 +90,7 @@ class Swapper:
         return self._standby.names.name if self._standby is not None else ""
 
     def load(self, name: str) -> ModelLoadAnswer:
-        if self._task is not None and not self._task.done():
+        if self._busy:
             if self._target and (asked := self._offer(name)) is not None and asked is self._offer(self._target):
                 return ModelLoadAnswer(model=self._target, state="loading")
             doing = f"swapping to {self._target!r}" if self._target else "unloading its idle model"
@@ -130,8 +135,7 @@ class Swapper:
             while True:
                 await asyncio.sleep(every)
                 runtime: WorkerRuntime | None = self._app.state.runtime
-                busy = self._task is not None and not self._task.done()
-                if (runtime is not None and not busy and runtime.keep_alive is not None
+                if (runtime is not None and not self._busy and runtime.keep_alive is not None
                         and runtime.idle_for() >= runtime.keep_alive):
                     self._target = ""
                     self._task = asyncio.create_task(self._guarded(self._unload(runtime), "unload"))
@@ -161,7 +165,7 @@ class Swapper:
         if self._standby is not None and self._standby.heartbeats is not None:
             self._standby.heartbeats.offered = folder.listed(self._offers, None, self._standby.names)
         runtime: WorkerRuntime | None = self._app.state.runtime
-        if runtime is None or (self._task is not None and not self._task.done()):
+        if runtime is None or self._busy:
             return  # a swap or unload runs: the next read sees what it left
         runtime.offer(self._offers)
         changed = self._file_change(runtime)
@@ -229,11 +233,11 @@ class Swapper:
         log.warning(json.dumps({"event": "load", "from": "standby", "to": model}))
         if standby.heartbeats is not None:
             standby.heartbeats.swapping = model
-        wanted = settings.model_copy(update={"model_path": offer.path, "model_name": "", "model_aliases": ()})
+        wanted = _serving(settings, offer)
         try:
             runtime = await self._build(wanted)
         except Exception as exc:
-            self._failed[model] = (self._clock() + MODEL_LOAD_BACKOFF, f"{type(exc).__name__}: {exc}"[:200])
+            self._refuse_for_a_while(model, exc)
             log.exception("model %s failed to load; the worker stays in standby", model)
             standby.metrics.model_swaps.labels("failed").inc()
             if standby.heartbeats is not None:
@@ -242,12 +246,7 @@ class Swapper:
         runtime.offer(self._offers)
         await standby.end_beats()
         self._standby = None
-        self._app.state.settings, self._app.state.runtime = wanted, runtime
-        runtime.metrics.model_swaps.labels("loaded").inc()
-        runtime.metrics.model_swap_seconds.labels("wait").set(0.0)
-        runtime.metrics.model_swap_seconds.labels("load").set(self._clock() - started)
-        log.warning(json.dumps({"event": "swapped", "to": model, "outcome": "loaded", "from": "standby",
-                                "load_s": round(self._clock() - started, 3)}))
+        self._served(runtime, wanted, "loaded", started, started)
 
     async def _retire(self, old: WorkerRuntime) -> None:
         """The served model's file is gone and the folder offers no other: its streams end whole, then
@@ -263,7 +262,7 @@ class Swapper:
             self._on_lost()
 
     async def _swap(self, old: WorkerRuntime, offer: Offer, model: str, why: str) -> None:
-        app, metrics = self._app, old.metrics
+        app = self._app
         settings: WorkerSettings = app.state.settings
         started = self._clock()
         log.warning(json.dumps({"event": "swap", "from": old.names.name, "to": model, "why": why,
@@ -276,19 +275,30 @@ class Swapper:
         await old.stop(leaving=False)  # its heartbeats go on (draining, holding nothing) until the next model's
         await asyncio.to_thread(self._give_back)
         drained = self._clock()
-        wanted = settings.model_copy(update={"model_path": offer.path, "model_name": "", "model_aliases": ()})
+        wanted = _serving(settings, offer)
         try:
             try:
                 runtime, outcome = await self._build(wanted), "loaded"
             except Exception as exc:
-                self._failed[model] = (self._clock() + MODEL_LOAD_BACKOFF, f"{type(exc).__name__}: {exc}"[:200])
+                self._refuse_for_a_while(model, exc)
                 log.exception("model %s failed to load; loading %s again", model, old.names.name)
                 wanted, outcome = settings, "failed"
                 runtime = await self._build(settings)
             runtime.offer(self._offers)  # the folder as last read, before its first heartbeat
         finally:
             await old.end_beats()
-        app.state.settings, app.state.runtime = wanted, runtime
+        self._served(runtime, wanted, outcome, started, drained)
+
+    def _refuse_for_a_while(self, model: str, failure: Exception) -> None:
+        """`model` failed to load: asked for again, it is refused with why for MODEL_LOAD_BACKOFF."""
+        self._failed[model] = (self._clock() + MODEL_LOAD_BACKOFF, f"{type(failure).__name__}: {failure}"[:200])
+
+    def _served(self, runtime: WorkerRuntime, wanted: WorkerSettings, outcome: str, started: float,
+                drained: float) -> None:
+        """`runtime` serves now; the swap (or load) counted and logged: its wait, from `started` until the
+        model before was `drained`, and its load since."""
+        self._app.state.settings, self._app.state.runtime = wanted, runtime
+        metrics = runtime.metrics
         metrics.model_swaps.labels(outcome).inc()
         metrics.model_swap_seconds.labels("wait").set(drained - started)
         metrics.model_swap_seconds.labels("load").set(self._clock() - drained)
@@ -306,6 +316,11 @@ class Swapper:
                 await self._standby.heartbeats.send_once(leaving=True)
             await self._standby.end_beats()
             self._standby = None
+
+
+def _serving(settings: WorkerSettings, offer: Offer) -> WorkerSettings:
+    """The worker's settings, serving `offer`'s file under the names it derives from it."""
+    return settings.model_copy(update={"model_path": offer.path, "model_name": "", "model_aliases": ()})
 
 
 def give_back_freed_memory() -> None:
