@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -16,9 +17,9 @@ from serving.edge import EdgeLimits, guarded_protocol
 from serving.server import DrainingServer
 from serving.tracing import Tracing, TracingError
 from worker.api.app import create_app
+from worker.api.slots import loaded
 from worker.backends import backends
-from worker.runtime import WorkerRuntime
-from worker.settings import WorkerSettings
+from worker.settings import SLOTS_PATH, WorkerSettings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     limits = EdgeLimits(max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes,
                         max_headers=settings.max_headers, header_timeout=settings.header_timeout,
                         body_timeout=settings.body_timeout,
-                        prefix_body_limits={SESSIONS_PATH + "/": settings.kv_transfer_max_bytes})
+                        prefix_body_limits={prefix + SESSIONS_PATH + "/": settings.kv_transfer_max_bytes
+                                            for prefix in ["", *(f"{SLOTS_PATH}/{k}" for k in range(1, settings.max_models))]})
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             access_log=False, timeout_graceful_shutdown=5, date_header=False, server_header=False,
                             http=guarded_protocol(limits), limit_concurrency=settings.max_connections)
@@ -56,9 +58,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _drain(app: FastAPI, timeout: float) -> None:
-    runtime: WorkerRuntime | None = app.state.runtime
-    if runtime is not None:  # still loading: nothing to finish
-        await runtime.drain(timeout)
+    # Every model served drains at once (none while still loading: nothing to finish).
+    await asyncio.gather(*(runtime.drain(timeout) for runtime in loaded(app)))
 
 
 if __name__ == "__main__":

@@ -52,6 +52,28 @@ DRAIN_FLUSH = 2.0
 HANDOVER_GRACE = 2.0  # for the `error` events of the streams ended at the drain deadline to be sent
 
 
+def bind_gauges(metrics: WorkerMetrics, runtimes: Callable[[], Sequence[WorkerRuntime]]) -> None:
+    """The worker's gauges read from `runtimes` (those of the models served now), added up: the KV ones
+    as a share of all their caches."""
+    def total(read: Callable[[WorkerRuntime], float]) -> Callable[[], float]:
+        return lambda: sum(read(r) for r in runtimes())
+
+    def share(read: Callable[[WorkerRuntime], float]) -> Callable[[], float]:
+        def shared() -> float:
+            served = runtimes()
+            capacity = sum(r.table.limits.capacity_tokens for r in served)
+            return sum(read(r) for r in served) / capacity if capacity else 0.0
+        return shared
+
+    metrics.bind(
+        running=total(lambda r: r.engine.running), waiting=total(lambda r: r.engine.queue_depth),
+        kv_usage=share(lambda r: r.table.stats()[1]), kv_reserved=share(lambda r: r.table.stats()[2]),
+        sessions=total(lambda r: r.table.stats()[0]), expired=total(lambda r: r.table.expired_total),
+        evicted=total(lambda r: r.table.evicted_total),
+        embeddings_held=total(lambda r: r.embedder.held if r.embedder is not None else 0),
+        parked=total(lambda r: r.table.parked))
+
+
 class WorkerRuntime:
     def __init__(self, settings: WorkerSettings, model: ModelBackend, metrics: WorkerMetrics, *,
                  clock: Callable[[], float], owns_model: bool = True, offers: Sequence[Offer] = ()) -> None:
@@ -110,14 +132,7 @@ class WorkerRuntime:
         self.keep_alive: float | None = settings.keep_alive or None
         self.heartbeats: HeartbeatSender | None = None
         self._beating: asyncio.Task[None] | None = None
-        metrics.bind(
-            running=lambda: self.engine.running, waiting=lambda: self.engine.queue_depth,
-            kv_usage=lambda: self.table.stats()[1] / limits.capacity_tokens,
-            kv_reserved=lambda: self.table.stats()[2] / limits.capacity_tokens,
-            sessions=lambda: self.table.stats()[0], expired=lambda: self.table.expired_total,
-            evicted=lambda: self.table.evicted_total,
-            embeddings_held=lambda: self.embedder.held if self.embedder is not None else 0,
-            parked=lambda: self.table.parked)
+        bind_gauges(metrics, lambda: (self,))
 
     def cells(self) -> KvTransfer:
         """The engine, as one whose cells can move; 400 when its backend cannot (checked per call, from

@@ -19,6 +19,8 @@ from protocol.health import MAX_SESSIONS
 from protocol.worker import MAX_EMBED_INPUTS, MODEL_NAME_PATTERN
 from worker.provision import DEFAULT_MODEL_PATH
 
+MAX_MODELS = 8  # WORKER_MAX_MODELS: the slots a worker serves models in at once (worker/api/slots.py)
+SLOTS_PATH = "/slots"  # slot k > 0 is reached at <worker URL>/slots/k
 MAX_COORDINATORS = 64  # URLs in COORDINATOR_URL, and addresses heartbeaten in all (worker/heartbeat.py)
 
 # field name -> environment variable (design.md keeps the original system's names where it has them)
@@ -30,6 +32,7 @@ ENV_NAMES = {
     "model_memory": "WORKER_MODEL_MEMORY",
     "model_rescan": "WORKER_MODEL_RESCAN",
     "keep_alive": "WORKER_KEEP_ALIVE",
+    "max_models": "WORKER_MAX_MODELS",
     "worker_id": "WORKER_ID",
     "worker_url": "WORKER_URL",
     "coordinator_url": "COORDINATOR_URL",
@@ -99,6 +102,9 @@ class WorkerSettings(BaseModel):
                               "no request and no kept session, then it is unloaded and the worker holds no model "
                               "until one is asked for (its heartbeats say `standby`); 0: never unloaded. A request's "
                               "`keep_alive` (Ollama's) sets it from then on. Needs --model-dir")
+    max_models: int = Field(default=1, ge=1, le=MAX_MODELS, description="models of the folder loaded at once, "
+                            "within --model-memory; each serves under its own worker id and URL "
+                            "(worker-<port>.m1 at <url>/slots/1, ...; the first as the worker's own). Needs --model-dir")
     worker_id: str = Field(default="", max_length=128, description="default: worker-<port>")
     worker_url: str = Field(default="", description="URL the coordinator uses; default http://host:port")
     coordinator_url: str = Field(default="http://127.0.0.1:1337", max_length=4096,
@@ -211,6 +217,14 @@ class WorkerSettings(BaseModel):
             return self.room_wait
         return 2.0 if len(self.coordinator_urls) > 1 or self.coordinator_resolve_all else 0.0
 
+    def for_slot(self, slot: int) -> WorkerSettings:
+        """The settings of the slot `slot` serves a model in (`max_models`): the first is the worker itself,
+        each other one is its own worker to coordinators, `<worker_id>.m<k>` at `<worker_url>/slots/<k>`."""
+        if slot == 0:
+            return self
+        return self.model_copy(update={"worker_id": f"{self.worker_id[:124]}.m{slot}",
+                                       "worker_url": f"{self.worker_url.rstrip('/')}{SLOTS_PATH}/{slot}"})
+
     @property
     def coordinator_urls(self) -> tuple[str, ...]:
         return tuple(u.strip() for u in self.coordinator_url.split(",") if u.strip())
@@ -220,6 +234,8 @@ class WorkerSettings(BaseModel):
         if self.keep_alive > 0 and self.model_dir is None:
             raise ValueError("keep_alive unloads an idle model of a folder: give --model-dir too (a worker with "
                              "no model loaded loads one of its folder when asked)")
+        if self.max_models > 1 and self.model_dir is None:
+            raise ValueError("max_models loads several models of a folder: give --model-dir too")
         if not self.worker_id:
             object.__setattr__(self, "worker_id", f"worker-{self.port}")
         if not self.worker_url:

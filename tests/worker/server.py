@@ -37,7 +37,7 @@ class RunningWorker:
 
     @property
     def runtime(self) -> WorkerRuntime:
-        return self.app.state.runtime
+        return self.app.state.slots[0].runtime
 
     def health(self) -> dict[str, Any]:
         return httpx.get(self.url + "/worker/health", timeout=5).json()

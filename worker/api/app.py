@@ -1,7 +1,7 @@
 """The worker's FastAPI app: `create_app(settings, clock=..., transport=...)`.
 
-Owns: the lifespan that loads the model off the event loop and starts the runtime (`app.state.runtime`,
-None while loading), the routes (routes.py), and the one place where errors become the documented
+Owns: the lifespan that loads the model off the event loop and starts the runtime (in the first of
+`app.state.slots`, worker/api/slots.py; empty while loading), the routes (routes.py), and the one place where errors become the documented
 JSON body (`WorkerError`, validation errors, unknown routes).
 Must not: read the environment or hold module-level state; the settings come in as an argument.
 """
@@ -26,6 +26,7 @@ from protocol import reasons
 from serving.tracing import Tracing
 from worker.api import routes, swap, tokenizer, transfer
 from worker.api.routes import request_id_of
+from worker.api.slots import SlotPaths, loaded, make_slots
 from worker.api.swap import Swapper
 from worker.backends import load_model
 from worker.backends.base import ModelBackend
@@ -49,7 +50,7 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
     (serving/tracing.py; `Tracing.from_env` makes it from OTEL_*), None: nowhere."""
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.runtime = None
+        app.state.slots = make_slots(settings)  # slot 0 loads the first model; the others wait for a load
         app.state.swapper = None  # made once the first model is served (swap.py)
         app.state.load_error = None
         app.state.metrics = WorkerMetrics()
@@ -61,8 +62,8 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
             await loading
         if app.state.swapper is not None:
             await app.state.swapper.close()
-        if app.state.runtime is not None:
-            await app.state.runtime.stop()
+        for runtime in loaded(app):
+            await runtime.stop()
         if tracing is not None:
             tracing.shutdown()  # the spans still queued go out now
 
@@ -71,6 +72,7 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
             # A folder (--model-dir) is read first: it may choose the model to serve.
             chosen, offers = await asyncio.to_thread(open_folder, settings)
             app.state.settings = chosen
+            app.state.slots[0].settings = chosen
 
             async def build(wanted: WorkerSettings, given: ModelBackend | None = None) -> WorkerRuntime:
                 loaded = given if given is not None else await asyncio.to_thread(load_model, wanted)
@@ -96,7 +98,7 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
             app.state.load_error = f"{type(exc).__name__}: {exc}"
             on_load_failure()
             raise
-        app.state.runtime = runtime
+        app.state.slots[0].runtime = runtime
         log.info(json.dumps({"event": "ready", "worker_id": chosen.worker_id, "model": runtime.names.name,
                              "aliases": runtime.names.aliases,
                              "kv_capacity_tokens": runtime.table.limits.capacity_tokens,
@@ -112,6 +114,7 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
     app.include_router(transfer.router)
     app.include_router(tokenizer.router)
     app.include_router(swap.router)
+    app.add_middleware(SlotPaths, count=settings.max_models)
     return app
 
 

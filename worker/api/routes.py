@@ -67,11 +67,11 @@ from serving import tracing
 from serving.tracing import NO_TRACE, Trace
 from worker.admission import Ticket
 from worker.api.event_stream import EventStream, token_event
+from worker.api.slots import loaded, slot_of
 from worker.engine.jobs import Failed, Finished, Job, PromptScored
 from worker.errors import WorkerError
 from worker.metrics import WorkerMetrics
 from worker.runtime import WorkerRuntime
-from worker.settings import WorkerSettings
 
 log = logging.getLogger("worker.requests")
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -139,19 +139,16 @@ def _generate_headers() -> list[dict[str, Any]]:
 
 
 def runtime_of(request: Request) -> WorkerRuntime:
-    runtime: WorkerRuntime | None = request.app.state.runtime
-    if runtime is None:
-        if standby := _standby(request):
-            raise WorkerError(503, reasons.LOADING, f"no model is loaded ({standby} was unloaded, idle past the "
-                                                    "keep-alive): POST /worker/models/load loads one")
-        raise WorkerError(503, reasons.LOADING, "the model is still loading")
-    return runtime
+    """The runtime of the model the request's slot serves (worker/api/slots.py), or 503 `loading`."""
+    slot = slot_of(request)
+    if slot.runtime is None:
+        if slot.standby is not None:
+            raise WorkerError(503, reasons.LOADING, f"no model is loaded ({slot.standby.names.name} was unloaded, "
+                                                    "idle past the keep-alive): POST /worker/models/load loads one")
+        raise WorkerError(503, reasons.LOADING, "the model is still loading" if slot.index == 0 else
+                          f"slot {slot.index} of this worker serves no model now")
+    return slot.runtime
 
-
-def _standby(request: Request) -> str:
-    """The model unloaded after the keep-alive while none is loaded (worker/api/swap.py), or ""."""
-    swapper = getattr(request.app.state, "swapper", None)
-    return swapper.standby if swapper is not None else ""
 
 def authorize(request: Request) -> None:
     """With a worker token set, only its holder (the coordinator, a scraper given it) may use any
@@ -166,7 +163,7 @@ def authorize(request: Request) -> None:
 @router.post(GENERATE_PATH, response_class=Response, responses=_generate_responses(),
           openapi_extra={"parameters": _generate_headers(), "requestBody": _ONE_OF_PROMPT_OR_MESSAGES})
 async def generate(body: GenerateRequest, request: Request) -> Response:
-    settings: WorkerSettings = request.app.state.settings
+    settings = slot_of(request).settings
     request_id = request.state.request_id = request_id_of(request)
     authorize(request)
     _check_protocol(request)
@@ -212,7 +209,7 @@ _EMBED_REFUSALS: dict[int | str, str] = {
 async def embed(body: EmbedRequest, request: Request) -> JSONResponse:
     """One vector per input, computed by the embedder's own thread and llama.cpp context: never in the
     decode loop's batch, and never on the event loop."""
-    settings: WorkerSettings = request.app.state.settings
+    settings = slot_of(request).settings
     request_id = request.state.request_id = request_id_of(request)
     authorize(request)
     _check_protocol(request)
@@ -244,12 +241,15 @@ async def embed(body: EmbedRequest, request: Request) -> JSONResponse:
 # Open even with a worker token: probes cannot send one (see the module docstring).
 @router.get(HEALTH_PATH)
 async def health(request: Request) -> JSONResponse:
-    settings: WorkerSettings = request.app.state.settings
-    runtime: WorkerRuntime | None = request.app.state.runtime
-    if runtime is None and (standby := _standby(request)):
-        # Alive and well with no model loaded: a liveness probe must not restart it.
+    slot = slot_of(request)
+    settings, runtime = slot.settings, slot.runtime
+    if runtime is None and (slot.standby is not None or slot.index == 0 and loaded(request.app)):
+        # Alive and well with no model loaded here: a liveness probe must not restart it.
+        standby = slot.standby.names.name if slot.standby is not None else ""
         body = WorkerHealth(status="standby", worker_id=settings.worker_id, model=standby)
         return JSONResponse(body.model_dump(), status_code=200)
+    if runtime is None and slot.index > 0:
+        raise WorkerError(404, reasons.UNKNOWN_MODEL, f"slot {slot.index} of this worker serves no model now")
     if runtime is None:
         body = WorkerHealth(status="loading", worker_id=settings.worker_id, model=settings.model_path.stem)
         return JSONResponse(body.model_dump(), status_code=503)

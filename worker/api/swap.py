@@ -42,10 +42,11 @@ from fastapi.responses import JSONResponse
 from protocol import reasons
 from protocol.worker import MODEL_LOAD_BACKOFF, MODEL_LOAD_PATH, ErrorBody, ModelLoadAnswer, ModelLoadRequest
 from worker.api.routes import authorize
+from worker.api.slots import Slot, slots_of
 from worker.errors import WorkerError
 from worker.models import folder
 from worker.models.catalog import Offer
-from worker.runtime import WorkerRuntime
+from worker.runtime import WorkerRuntime, bind_gauges
 from worker.settings import WorkerSettings
 
 log = logging.getLogger("worker.swap")
@@ -55,7 +56,7 @@ Build = Callable[[WorkerSettings], Awaitable[WorkerRuntime]]
 
 
 class Swapper:
-    """`load(name)`: the model served now, or the swap to it started (or joined)."""
+    """`load(name)`: the model served now, or its load (into a free slot, or by a swap) started or joined."""
 
     def __init__(self, app: FastAPI, offers: Sequence[Offer], build: Build,
                  clock: Callable[[], float] = time.monotonic, on_lost: Callable[[], None] = lambda: None,
@@ -65,6 +66,7 @@ class Swapper:
         `give_back`: returns what a closed runtime held to the system (`give_back_freed_memory`; a test
         process, whose collector would walk every test's objects, may hand in its own)."""
         self._app, self._offers, self._build, self._clock = app, list(offers), build, clock
+        self._slots = slots_of(app)
         self._on_lost = on_lost
         self._give_back = give_back or give_back_freed_memory
         self._task: asyncio.Task[None] | None = None
@@ -72,7 +74,6 @@ class Swapper:
         self._failed: dict[str, tuple[float, str]] = {}  # model -> (refused until, why it failed)
         self._watching: asyncio.Task[None] | None = None
         self._idle_watch: asyncio.Task[None] | None = None
-        self._standby: WorkerRuntime | None = None  # the closed runtime that beats while no model is loaded
 
     @property
     def swapping(self) -> str:
@@ -87,7 +88,7 @@ class Swapper:
     @property
     def standby(self) -> str:
         """The model unloaded after the keep-alive while no other is loaded yet, or ""."""
-        return self._standby.names.name if self._standby is not None else ""
+        return next((s.standby.names.name for s in self._slots if s.standby is not None), "")
 
     def load(self, name: str) -> ModelLoadAnswer:
         if self._busy:
@@ -95,19 +96,55 @@ class Swapper:
                 return ModelLoadAnswer(model=self._target, state="loading")
             doing = f"swapping to {self._target!r}" if self._target else "unloading its idle model"
             raise WorkerError(409, reasons.MODEL_SWAPPING, f"this worker is {doing}; ask again once it is done")
-        runtime: WorkerRuntime | None = self._app.state.runtime
-        if runtime is None and self._standby is None:
+        if not any(s.runtime is not None or s.standby is not None for s in self._slots):
             raise WorkerError(503, reasons.LOADING, "the model is still loading")
-        if runtime is not None and runtime.names.serves(name):
-            return ModelLoadAnswer(model=runtime.names.name, state="loaded")
+        if (served := self._serving_now(name)) is not None:
+            return ModelLoadAnswer(model=served.names.name, state="loaded")
         offer = self._loadable(name)
         model = offer.names.name if offer.names is not None else name
-        if runtime is None:
-            self._target = model
-            self._task = asyncio.create_task(self._guarded(self._wake(offer, model), f"load of {model}"))
+        self._target = model
+        standby = next((s for s in self._slots if s.standby is not None), None)
+        if standby is not None:
+            self._task = asyncio.create_task(self._guarded(self._wake(standby, offer, model), f"load of {model}"))
+            return ModelLoadAnswer(model=model, state="loading")
+        slot, others = self._room_for(offer)
+        if slot.runtime is None:
+            self._task = asyncio.create_task(self._guarded(self._add(slot, offer, model), f"load of {model}"))
         else:
-            self._start(runtime, offer, "asked")
+            self._start(slot, offer, "asked", others)
         return ModelLoadAnswer(model=model, state="loading")
+
+    def _serving_now(self, name: str) -> WorkerRuntime | None:
+        """The runtime serving the model `name` names, by its names or its folder's (the same file)."""
+        offer = self._offer(name)
+        return next((s.runtime for s in self._slots if s.runtime is not None and (
+            s.runtime.names.serves(name) or offer is not None and offer.path == s.settings.model_path)), None)
+
+    def _room_for(self, offer: Offer) -> tuple[Slot, list[Slot]]:
+        """Where `offer` loads: a free slot while the models loaded and it fit the memory budget; else the
+        slot of the least wanted model (idle ones first, the longest unused first; then the fewest streams),
+        swapped, and, while that is not room enough, the next least wanted ones unloaded too."""
+        loaded = [s for s in self._slots if s.runtime is not None]
+        free = [s for s in self._slots if s.runtime is None]
+        budget = folder.budget_bytes(self._app.state.settings)
+        used = sum(self._need(s) for s in loaded)
+        order = sorted(loaded, key=_least_wanted)
+        out: list[Slot] = []
+        while order and (not free and not out or used + offer.need_bytes > budget):
+            out.append(order.pop(0))
+            used -= self._need(out[-1])
+        return (out[0], out[1:]) if out else (free[0], [])
+
+    def _need(self, slot: Slot) -> int:
+        """The memory the model `slot` serves takes, as its folder's offer says (its file's size, for a
+        --model outside the folder)."""
+        path = slot.settings.model_path
+        offer = next((o for o in self._offers if o.path == path and o.state == "offered"), None)
+        if offer is not None:
+            return offer.need_bytes
+        with contextlib.suppress(OSError):
+            return path.stat().st_size
+        return 0
 
     def _loadable(self, name: str) -> Offer:
         """The folder's offer `name` names, or why it cannot be loaded now (a `WorkerError`)."""
@@ -122,23 +159,23 @@ class Swapper:
                                                               f"tried again in {until - self._clock():.0f} s")
         return offer
 
-    def _start(self, runtime: WorkerRuntime, offer: Offer, why: str) -> None:
+    def _start(self, slot: Slot, offer: Offer, why: str, others: Sequence[Slot] = ()) -> None:
         assert offer.names is not None
         self._target = offer.names.name
-        self._task = asyncio.create_task(self._guarded(self._swap(runtime, offer, offer.names.name, why),
+        self._task = asyncio.create_task(self._guarded(self._swap(slot, offer, offer.names.name, why, others),
                                                        f"swap to {offer.names.name}"))
 
     def keep_alive(self, every: float = KEEP_ALIVE_LOOK) -> None:
-        """Unloads the model served once it has been idle its runtime's `keep_alive` (`WorkerRuntime.idle_for`:
+        """Unloads a model served once it has been idle its runtime's `keep_alive` (`WorkerRuntime.idle_for`:
         no request and no kept session), looking every `every` seconds, for the worker's life."""
         async def loop() -> None:
             while True:
                 await asyncio.sleep(every)
-                runtime: WorkerRuntime | None = self._app.state.runtime
-                if (runtime is not None and not self._busy and runtime.keep_alive is not None
-                        and runtime.idle_for() >= runtime.keep_alive):
+                idle = next((s for s in self._slots if s.runtime is not None and s.runtime.keep_alive is not None
+                             and s.runtime.idle_for() >= s.runtime.keep_alive), None)
+                if idle is not None and not self._busy:
                     self._target = ""
-                    self._task = asyncio.create_task(self._guarded(self._unload(runtime), "unload"))
+                    self._task = asyncio.create_task(self._guarded(self._unload(idle), "unload"))
 
         self._idle_watch = asyncio.create_task(loop())
 
@@ -159,39 +196,50 @@ class Swapper:
     def refresh(self, offers: Sequence[Offer]) -> None:
         """The folder as read now: its offers replace the ones before (the heartbeats list them), and a
         served model whose file is not the one loaded any more is swapped for the file there now, else
-        for the first model offered, else drained and stopped. Nothing while a swap runs (the next read
-        sees what it left)."""
+        for the first model offered that no other slot serves; else, with another model served, its
+        slot is emptied, and with none it is drained and the worker stops. Nothing while a swap runs
+        (the next read sees what it left)."""
         self._offers = list(offers)
-        if self._standby is not None and self._standby.heartbeats is not None:
-            self._standby.heartbeats.offered = folder.listed(self._offers, None, self._standby.names)
-        runtime: WorkerRuntime | None = self._app.state.runtime
-        if runtime is None or self._busy:
+        for slot in self._slots:
+            if slot.standby is not None and slot.standby.heartbeats is not None:
+                slot.standby.heartbeats.offered = folder.listed(self._offers, None, slot.standby.names)
+        if self._busy:
             return  # a swap or unload runs: the next read sees what it left
-        runtime.offer(self._offers)
-        changed = self._file_change(runtime)
-        if changed is None:
-            return
-        now, target = changed
-        log.warning(json.dumps({"event": "model_file_changed", "model": runtime.names.name,
-                                "file": str(self._app.state.settings.model_path), "now": now,
-                                "next": target.path.name if target is not None else None}))
-        if target is not None:
-            self._start(runtime, target, f"file_{now}")
-        else:
-            self._target = runtime.names.name
-            self._task = asyncio.create_task(self._retire(runtime))
+        for slot in self._slots:
+            if slot.runtime is not None:
+                slot.runtime.offer(self._offers)
+        for slot in self._slots:
+            if slot.runtime is not None and (changed := self._file_change(slot)) is not None:
+                self._changed(slot, *changed)
+                return
 
-    def _file_change(self, runtime: WorkerRuntime) -> tuple[str, Offer | None] | None:
-        """None while the served model's file is the one loaded (or not the folder's to watch); else what
+    def _changed(self, slot: Slot, now: str, target: Offer | None) -> None:
+        runtime = slot.runtime
+        assert runtime is not None
+        log.warning(json.dumps({"event": "model_file_changed", "model": runtime.names.name,
+                                "file": str(slot.settings.model_path), "now": now,
+                                "next": target.path.name if target is not None else None}))
+        self._target = runtime.names.name
+        if target is not None:
+            self._start(slot, target, f"file_{now}")
+        elif any(s.runtime is not None for s in self._slots if s is not slot):
+            self._task = asyncio.create_task(self._guarded(self._unload(slot), "unload"))
+        else:
+            self._task = asyncio.create_task(self._retire(slot))
+
+    def _file_change(self, slot: Slot) -> tuple[str, Offer | None] | None:
+        """None while the slot's model's file is the one loaded (or not the folder's to watch); else what
         became of it (`replaced`, `gone`, or its verdict now) and the offer to serve instead (None: none)."""
-        served: Path = self._app.state.settings.model_path
-        folder: Path | None = self._app.state.settings.model_dir
-        if folder is None or not _inside(served, folder):
+        assert slot.runtime is not None
+        served, folder_path = slot.settings.model_path, slot.settings.model_dir
+        if folder_path is None or not _inside(served, folder_path):
             return None  # a --model outside the folder is not the folder's to watch
         there = next((o for o in self._offers if o.path.name == served.name), None)
         if there is not None and there.state == "offered":
-            return None if there.identity == runtime.model.identity else ("replaced", there)
-        return ("gone" if there is None else there.state), next((o for o in self._offers if o.state == "offered"), None)
+            return None if there.identity == slot.runtime.model.identity else ("replaced", there)
+        others = {s.settings.model_path for s in self._slots if s.runtime is not None and s is not slot}
+        instead = next((o for o in self._offers if o.state == "offered" and o.path not in others), None)
+        return ("gone" if there is None else there.state), instead
 
     def _offer(self, name: str) -> Offer | None:
         return next((o for o in self._offers if o.names is not None and o.names.serves(name)), None)
@@ -206,34 +254,56 @@ class Swapper:
         except Exception:
             log.exception("the %s failed", what)
             self._app.state.metrics.internal_errors.labels(task="swap").inc()
-            if self._app.state.runtime is None and self._standby is None:
+            if not any(s.runtime is not None or s.standby is not None for s in self._slots):
                 self._app.state.load_error = f"the {what} left no model loaded"
                 self._on_lost()
 
-    async def _unload(self, old: WorkerRuntime) -> None:
-        """Idle past the keep-alive: drained (a request that came in meanwhile ends whole) and closed as for
-        a swap; its heartbeats go on, saying `standby`, with nothing loaded."""
-        settings: WorkerSettings = self._app.state.settings
-        log.warning(json.dumps({"event": "unload", "model": old.names.name, "idle_s": round(old.idle_for(), 1)}))
-        if old.heartbeats is not None:  # the drain's first beat says so: no coordinator sends it more
+    async def _unload(self, slot: Slot) -> None:
+        """Idle past the keep-alive (or its file gone while another model is served): drained (a request
+        that came in meanwhile ends whole) and closed as for a swap. The last model served leaves its
+        heartbeats beating, saying `standby`, with nothing loaded; another one's last beat says it leaves."""
+        old = slot.runtime
+        assert old is not None
+        last = not any(s.runtime is not None for s in self._slots if s is not slot)
+        log.warning(json.dumps({"event": "unload", "model": old.names.name, "slot": slot.index,
+                                "idle_s": round(old.idle_for(), 1)}))
+        if last and old.heartbeats is not None:  # the drain's first beat says so: no coordinator sends it more
             old.heartbeats.standby = True
             old.heartbeats.offered = folder.listed(self._offers, None, old.names)
-        await old.drain(settings.request_timeout)
-        self._app.state.runtime = None
-        self._standby = old
-        await old.stop(leaving=False)
+        await old.drain(slot.settings.request_timeout)
+        slot.runtime = None
+        if last:
+            slot.standby = old
+        await old.stop(leaving=not last)
         old.metrics.model_swaps.labels("unloaded").inc()
+        self._bind_metrics()
 
-    async def _wake(self, offer: Offer, model: str) -> None:
+    async def _add(self, slot: Slot, offer: Offer, model: str) -> None:
+        """Into a free slot, beside the models served: nothing drains. One that fails to load is refused for
+        MODEL_LOAD_BACKOFF and the slot stays free."""
+        started = self._clock()
+        log.warning(json.dumps({"event": "load", "slot": slot.index, "to": model}))
+        wanted = _serving(slot.settings, offer)
+        try:
+            runtime = await self._build(wanted)
+        except Exception as exc:
+            self._refuse_for_a_while(model, exc)
+            log.exception("model %s failed to load into slot %d", model, slot.index)
+            self._app.state.metrics.model_swaps.labels("failed").inc()
+            return
+        runtime.offer(self._offers)  # before its first heartbeat, whose registration asks its slot's health
+        self._served(slot, runtime, wanted, "loaded", started, started)
+
+    async def _wake(self, slot: Slot, offer: Offer, model: str) -> None:
         """From standby: the model asked for is loaded (its runtime's heartbeats replace the standby's); one
         that fails to load is refused for MODEL_LOAD_BACKOFF and the worker stays in standby."""
-        standby, settings = self._standby, self._app.state.settings
+        standby = slot.standby
         assert standby is not None
         started = self._clock()
         log.warning(json.dumps({"event": "load", "from": "standby", "to": model}))
         if standby.heartbeats is not None:
             standby.heartbeats.swapping = model
-        wanted = _serving(settings, offer)
+        wanted = _serving(slot.settings, offer)
         try:
             runtime = await self._build(wanted)
         except Exception as exc:
@@ -244,34 +314,39 @@ class Swapper:
                 standby.heartbeats.swapping = ""
             return
         runtime.offer(self._offers)
+        slot.standby = None
+        self._served(slot, runtime, wanted, "loaded", started, started)
         await standby.end_beats()
-        self._standby = None
-        self._served(runtime, wanted, "loaded", started, started)
 
-    async def _retire(self, old: WorkerRuntime) -> None:
+    async def _retire(self, slot: Slot) -> None:
         """The served model's file is gone and the folder offers no other: its streams end whole, then
         the worker stops (as when its first load fails)."""
-        settings: WorkerSettings = self._app.state.settings
+        old = slot.runtime
+        assert old is not None
         try:
-            await old.drain(settings.request_timeout)
+            await old.drain(slot.settings.request_timeout)
             await old.stop()
         finally:
-            self._app.state.runtime = None
+            slot.runtime = None
             self._app.state.load_error = f"the file of {old.names.name} is gone and the folder offers no other model"
             log.error(json.dumps({"event": "no_model_left", "model": old.names.name}))
             self._on_lost()
 
-    async def _swap(self, old: WorkerRuntime, offer: Offer, model: str, why: str) -> None:
-        app = self._app
-        settings: WorkerSettings = app.state.settings
+    async def _swap(self, slot: Slot, offer: Offer, model: str, why: str, others: Sequence[Slot] = ()) -> None:
+        """The slot's model drains (with `others`, unloaded to make room), is closed, and `model` loaded in its
+        place; one that fails to load brings the model before back."""
+        old, settings = slot.runtime, slot.settings
+        assert old is not None
         started = self._clock()
         log.warning(json.dumps({"event": "swap", "from": old.names.name, "to": model, "why": why,
-                                "streams": len(old.jobs)}))
+                                "slot": slot.index, "streams": len(old.jobs),
+                                "unloading": [s.model for s in others]}))
         old.gate.swapping = model  # its refusals meanwhile say so (503 `model_swapping`, not `draining`)
         if old.heartbeats is not None:
             old.heartbeats.swapping = model  # and the drain's first beat, at once
-        await old.drain(settings.request_timeout)  # every request ends within it: none is cut
-        app.state.runtime = None
+        # Every request ends within the drain: none is cut.
+        await asyncio.gather(old.drain(settings.request_timeout), *(self._unload(s) for s in others))
+        slot.runtime = None
         await old.stop(leaving=False)  # its heartbeats go on (draining, holding nothing) until the next model's
         await asyncio.to_thread(self._give_back)
         drained = self._clock()
@@ -285,25 +360,33 @@ class Swapper:
                 wanted, outcome = settings, "failed"
                 runtime = await self._build(settings)
             runtime.offer(self._offers)  # the folder as last read, before its first heartbeat
+            self._served(slot, runtime, wanted, outcome, started, drained)
         finally:
+            if slot.runtime is None and old.heartbeats is not None and len(self._slots) > 1:
+                await old.heartbeats.send_once(leaving=True)  # nothing serves in this slot now
             await old.end_beats()
-        self._served(runtime, wanted, outcome, started, drained)
 
     def _refuse_for_a_while(self, model: str, failure: Exception) -> None:
         """`model` failed to load: asked for again, it is refused with why for MODEL_LOAD_BACKOFF."""
         self._failed[model] = (self._clock() + MODEL_LOAD_BACKOFF, f"{type(failure).__name__}: {failure}"[:200])
 
-    def _served(self, runtime: WorkerRuntime, wanted: WorkerSettings, outcome: str, started: float,
+    def _served(self, slot: Slot, runtime: WorkerRuntime, wanted: WorkerSettings, outcome: str, started: float,
                 drained: float) -> None:
-        """`runtime` serves now; the swap (or load) counted and logged: its wait, from `started` until the
-        model before was `drained`, and its load since."""
-        self._app.state.settings, self._app.state.runtime = wanted, runtime
+        """`runtime` serves in `slot` now; the swap (or load) counted and logged: its wait, from `started`
+        until the model before was `drained`, and its load since."""
+        slot.settings, slot.runtime = wanted, runtime
+        self._bind_metrics()
         metrics = runtime.metrics
         metrics.model_swaps.labels(outcome).inc()
         metrics.model_swap_seconds.labels("wait").set(drained - started)
         metrics.model_swap_seconds.labels("load").set(self._clock() - drained)
-        log.warning(json.dumps({"event": "swapped", "to": runtime.names.name, "outcome": outcome,
+        log.warning(json.dumps({"event": "swapped", "to": runtime.names.name, "outcome": outcome, "slot": slot.index,
                                 "wait_s": round(drained - started, 3), "load_s": round(self._clock() - drained, 3)}))
+
+    def _bind_metrics(self) -> None:
+        """With several slots, the worker's gauges (running, waiting, KV, sessions) add up every model served."""
+        if len(self._slots) > 1:
+            bind_gauges(self._app.state.metrics, lambda: [s.runtime for s in self._slots if s.runtime is not None])
 
     async def close(self) -> None:
         for task in (self._watching, self._idle_watch, self._task):
@@ -311,11 +394,20 @@ class Swapper:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-        if self._standby is not None:  # its last beat says it leaves, as a served runtime's stop does
-            if self._standby.heartbeats is not None:
-                await self._standby.heartbeats.send_once(leaving=True)
-            await self._standby.end_beats()
-            self._standby = None
+        for slot in self._slots:
+            if slot.standby is not None:  # its last beat says it leaves, as a served runtime's stop does
+                if slot.standby.heartbeats is not None:
+                    await slot.standby.heartbeats.send_once(leaving=True)
+                await slot.standby.end_beats()
+                slot.standby = None
+
+
+def _least_wanted(slot: Slot) -> tuple[bool, int, float]:
+    """The order models are unloaded to make room: idle ones first, the longest unused first; then those
+    with the fewest streams."""
+    runtime = slot.runtime
+    assert runtime is not None
+    return runtime.idle_for() == 0.0, len(runtime.jobs), runtime.used_at
 
 
 def _serving(settings: WorkerSettings, offer: Offer) -> WorkerSettings:

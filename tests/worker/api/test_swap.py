@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from protocol.worker import MODEL_LOAD_BACKOFF
+from worker.api.slots import make_slots
 from worker.api.swap import Swapper, give_back_freed_memory
 from worker.errors import WorkerError
 from worker.metrics import WorkerMetrics
@@ -28,6 +29,9 @@ OFFERS = [Offer(Path("/m/a.gguf"), "offered", ModelNames("small", ("a",)), ident
           Offer(Path("/m/b.gguf"), "offered", ModelNames("gemma", ("b",)), identity="gguf:b"),
           Offer(Path("/m/c.gguf"), "too_large", ModelNames("big", ("c",)), reason="needs 9 bytes; the budget is 8")]
 
+NAMES = {"a.gguf": "small", "b.gguf": "gemma", "d.gguf": "third"}
+THIRD = Offer(Path("/m/d.gguf"), "offered", ModelNames("third", ("d",)), identity="gguf:d")
+
 
 @pytest.fixture
 def anyio_backend() -> str:
@@ -37,12 +41,13 @@ def anyio_backend() -> str:
 class Runtime:
     def __init__(self, name: str, steps: list[str], metrics: WorkerMetrics) -> None:
         self.names, self.jobs, self.metrics, self._steps = ModelNames(name), [], metrics, steps
-        self.model = SimpleNamespace(identity={"small": "gguf:a", "gemma": "gguf:b"}[name])
+        self.model = SimpleNamespace(identity={"small": "gguf:a", "gemma": "gguf:b", "third": "gguf:d"}[name])
         self.offers: list[Offer] = []
-        self.heartbeats = SimpleNamespace(swapping="", standby=False, offered=[])
+        self.heartbeats = SimpleNamespace(swapping="", standby=False, offered=[], send_once=self._beat)
         self.gate = SimpleNamespace(swapping="")
         self.idle = 0.0  # what idle_for says: seconds with no request and no kept session
         self.keep_alive: float | None = 0.2
+        self.used_at = 0.0
 
     def idle_for(self) -> float:
         return self.idle
@@ -56,27 +61,34 @@ class Runtime:
     async def stop(self, *, leaving: bool = True) -> None:
         self._steps.append(f"stop {self.names.name}" + ("" if leaving else " beating"))
 
+    async def _beat(self, *, leaving: bool = False) -> bool:
+        self._steps.append(f"beat {self.names.name}" + (" leaving" if leaving else ""))
+        return True
+
     async def end_beats(self) -> None:
         self._steps.append(f"beats end {self.names.name}")
 
 
 def swapper(fails: set[str], clock: list[float], lost: list[bool] | None = None,
-            give_back: Any = lambda: None) -> tuple[Swapper, Any, list[str]]:
+            give_back: Any = lambda: None, offers: list[Offer] = OFFERS,
+            **more: Any) -> tuple[Swapper, Any, list[str]]:
+    """`more`: settings of the worker (`max_models`, `model_memory`)."""
     steps: list[str] = []
     metrics = WorkerMetrics()
-    app = SimpleNamespace(state=SimpleNamespace(
-        settings=WorkerSettings(model_path=Path("/m/a.gguf"), model_dir=Path("/m")),
-        runtime=Runtime("small", steps, metrics), metrics=metrics, load_error=None))
+    settings = WorkerSettings(model_path=Path("/m/a.gguf"), model_dir=Path("/m"), port=8000, **more)
+    slots = make_slots(settings)
+    slots[0].runtime = Runtime("small", steps, metrics)
+    app = SimpleNamespace(state=SimpleNamespace(settings=settings, slots=slots, metrics=metrics, load_error=None))
 
     async def build(wanted: WorkerSettings) -> Any:
         await asyncio.sleep(0)
         steps.append(f"load {wanted.model_path.name}")
         if wanted.model_path.name in fails:
             raise RuntimeError("the tensors do not fit")
-        return Runtime({"a.gguf": "small", "b.gguf": "gemma"}[wanted.model_path.name], steps, metrics)
+        return Runtime(NAMES[wanted.model_path.name], steps, metrics)
 
     on_lost = (lambda: lost.append(True)) if lost is not None else (lambda: None)
-    swap = Swapper(app, OFFERS, build, clock=lambda: clock[0], on_lost=on_lost, give_back=give_back)  # type: ignore[arg-type]
+    swap = Swapper(app, offers, build, clock=lambda: clock[0], on_lost=on_lost, give_back=give_back)  # type: ignore[arg-type]
     return swap, app, steps
 
 
@@ -88,12 +100,12 @@ async def test_a_swap_drains_stops_then_loads_and_a_second_ask_joins_it() -> Non
     with pytest.raises(WorkerError) as busy:
         swap.load("small")
     assert (busy.value.status, busy.value.reason) == (409, "model_swapping")
-    old = app.state.runtime
+    old = app.state.slots[0].runtime
     await swap._task  # type: ignore[misc]
     assert old.heartbeats.swapping == old.gate.swapping == "gemma"  # its beats and refusals said where it went
     # The old model's heartbeats go on while the next loads, and end once it is loaded.
     assert steps == ["drain small 600", "stop small beating", "load b.gguf", "beats end small"]
-    assert app.state.runtime.names.name == "gemma" and app.state.settings.model_path == Path("/m/b.gguf")
+    assert app.state.slots[0].runtime.names.name == "gemma" and app.state.slots[0].settings.model_path == Path("/m/b.gguf")
     assert swap.load("gemma").state == "loaded" and swap.swapping == ""
 
 
@@ -103,7 +115,7 @@ async def test_a_model_that_fails_to_load_brings_back_the_one_before_and_is_refu
     swap.load("gemma")
     await swap._task  # type: ignore[misc]
     assert steps[-3:] == ["load b.gguf", "load a.gguf", "beats end small"]
-    assert app.state.runtime.names.name == "small"
+    assert app.state.slots[0].runtime.names.name == "small"
     with pytest.raises(WorkerError) as refused:
         swap.load("gemma")
     assert (refused.value.status, refused.value.reason) == (503, "model_load_failed")
@@ -118,7 +130,7 @@ async def test_a_swap_that_leaves_no_model_stops_the_worker() -> None:
     swap, app, steps = swapper({"a.gguf", "b.gguf"}, [0.0], lost)
     swap.load("gemma")
     await swap._task  # type: ignore[misc]
-    assert steps[-3:] == ["load b.gguf", "load a.gguf", "beats end small"] and app.state.runtime is None
+    assert steps[-3:] == ["load b.gguf", "load a.gguf", "beats end small"] and app.state.slots[0].runtime is None
     assert lost == [True] and "left no model loaded" in app.state.load_error
 
 
@@ -137,7 +149,7 @@ async def test_an_unchanged_folder_swaps_nothing_and_a_new_file_is_listed() -> N
     swap, app, steps = swapper(set(), [0.0])
     more = [*OFFERS, Offer(Path("/m/d.gguf"), "offered", ModelNames("new", ("d",)), identity="gguf:d")]
     swap.refresh(more)
-    assert swap.swapping == "" and steps == [] and app.state.runtime.offers == more
+    assert swap.swapping == "" and steps == [] and app.state.slots[0].runtime.offers == more
     assert swap.load("new").state == "loading"  # the new file can be asked for
     await swap._task  # type: ignore[misc]
 
@@ -150,7 +162,7 @@ async def test_a_served_file_replaced_on_disk_is_loaded_again_after_its_streams(
     await swap._task  # type: ignore[misc]
     # The file there now, not the old mapping.
     assert steps == ["drain small 600", "stop small beating", "load a.gguf", "beats end small"]
-    assert app.state.runtime.offers == replaced
+    assert app.state.slots[0].runtime.offers == replaced
 
 
 async def test_a_served_file_removed_swaps_to_the_first_model_offered() -> None:
@@ -158,7 +170,7 @@ async def test_a_served_file_removed_swaps_to_the_first_model_offered() -> None:
     swap.refresh(OFFERS[1:])
     await swap._task  # type: ignore[misc]
     assert steps == ["drain small 600", "stop small beating", "load b.gguf", "beats end small"]
-    assert app.state.runtime.names.name == "gemma"
+    assert app.state.slots[0].runtime.names.name == "gemma"
 
 
 async def test_a_served_file_removed_with_no_other_model_drains_then_stops_the_worker() -> None:
@@ -166,13 +178,13 @@ async def test_a_served_file_removed_with_no_other_model_drains_then_stops_the_w
     swap, app, steps = swapper(set(), [0.0], lost)
     swap.refresh([OFFERS[2]])  # only a file too large to load
     await swap._task  # type: ignore[misc]
-    assert steps == ["drain small 600", "stop small"] and app.state.runtime is None
+    assert steps == ["drain small 600", "stop small"] and app.state.slots[0].runtime is None
     assert lost == [True] and "is gone" in app.state.load_error
 
 
 async def test_a_model_outside_the_folder_is_not_watched() -> None:
     swap, app, steps = swapper(set(), [0.0])
-    app.state.settings = WorkerSettings(model_path=Path("/elsewhere/a.gguf"), model_dir=Path("/m"))
+    app.state.slots[0].settings = WorkerSettings(model_path=Path("/elsewhere/a.gguf"), model_dir=Path("/m"))
     swap.refresh([])
     assert swap.swapping == "" and steps == []
 
@@ -189,7 +201,7 @@ async def test_the_watch_reads_the_folder_again_and_survives_a_failed_read() -> 
 
     swap.watch(read, 0.01)
     for _ in range(200):
-        if swap.swapping or app.state.runtime.names.name == "gemma":
+        if swap.swapping or app.state.slots[0].runtime.names.name == "gemma":
             break
         await asyncio.sleep(0.01)
     assert len(reads) >= 2 and app.state.metrics.internal_errors.labels(task="folder_watch")._value.get() == 1
@@ -206,7 +218,7 @@ async def until(check: Any, seconds: float = 2.0) -> None:
 
 async def test_a_model_idle_past_the_keep_alive_is_unloaded_and_a_load_ends_the_standby() -> None:
     swap, app, steps = swapper(set(), [0.0])
-    old = app.state.runtime
+    old = app.state.slots[0].runtime
     swap.keep_alive(0.05)
     await asyncio.sleep(0.3)
     assert steps == [] and swap.standby == ""  # busy (idle_for 0): kept however long
@@ -217,7 +229,7 @@ async def test_a_model_idle_past_the_keep_alive_is_unloaded_and_a_load_ends_the_
     await until(lambda: swap.standby == "small" and steps[-1:] == ["stop small beating"])
     await swap._task  # type: ignore[misc]
     # Drained and closed as for a swap; its beats go on, saying standby, with nothing loaded.
-    assert steps == ["drain small 600", "stop small beating"] and app.state.runtime is None
+    assert steps == ["drain small 600", "stop small beating"] and app.state.slots[0].runtime is None
     assert old.heartbeats.standby and [o.state for o in old.heartbeats.offered] == ["offered", "offered", "too_large"]
     assert app.state.metrics.model_swaps.labels("unloaded")._value.get() == 1
     swap.refresh(OFFERS[:2])  # the folder read again: the standby's beats list it
@@ -226,14 +238,14 @@ async def test_a_model_idle_past_the_keep_alive_is_unloaded_and_a_load_ends_the_
     assert swap.load("b").state == "loading"  # the same load
     await swap._task  # type: ignore[misc]
     assert steps[2:] == ["load b.gguf", "beats end small"] and swap.standby == ""
-    assert app.state.runtime.names.name == "gemma" and app.state.settings.model_path == Path("/m/b.gguf")
+    assert app.state.slots[0].runtime.names.name == "gemma" and app.state.slots[0].settings.model_path == Path("/m/b.gguf")
     await swap.close()
 
 
 async def test_a_load_that_fails_from_standby_stays_in_standby_and_is_refused_for_a_while() -> None:
     clock = [0.0]
     swap, app, steps = swapper({"b.gguf"}, clock)
-    app.state.runtime.idle = 1.0
+    app.state.slots[0].runtime.idle = 1.0
     swap.keep_alive(0.01)
     await until(lambda: swap.standby == "small")
     await swap._task  # type: ignore[misc]
@@ -244,13 +256,13 @@ async def test_a_load_that_fails_from_standby_stays_in_standby_and_is_refused_fo
     await swap._task
     swap.load("gemma")
     await swap._task  # type: ignore[misc]
-    assert steps[-1] == "load b.gguf" and app.state.runtime is None and swap.standby == "small"
+    assert steps[-1] == "load b.gguf" and app.state.slots[0].runtime is None and swap.standby == "small"
     with pytest.raises(WorkerError) as refused:
         swap.load("gemma")
     assert (refused.value.status, refused.value.reason) == (503, "model_load_failed")
     assert swap.load("small").state == "loading"  # another model loads
     await swap._task  # type: ignore[misc]
-    assert app.state.runtime.names.name == "small" and steps[-2:] == ["load a.gguf", "beats end small"]
+    assert app.state.slots[0].runtime.names.name == "small" and steps[-2:] == ["load a.gguf", "beats end small"]
     await swap.close()
 
 
@@ -258,7 +270,7 @@ async def test_the_runtime_before_is_given_back_once_the_swap_ends_whatever_cycl
     """The closed runtime's objects hold each other in cycles, which only the cyclic collector frees; with it
     switched off here, only the swap's own collection can."""
     swap, app, _ = swapper(set(), [0.0], give_back=give_back_freed_memory)
-    old = app.state.runtime
+    old = app.state.slots[0].runtime
     old.cycle = old  # as the real runtime's callbacks make one
     gone = weakref.ref(old)
     del old
@@ -269,3 +281,93 @@ async def test_the_runtime_before_is_given_back_once_the_swap_ends_whatever_cycl
         assert gone() is None
     finally:
         gc.enable()
+
+
+# --- several models at once (WORKER_MAX_MODELS): each in a slot of its own -------------------------------
+
+
+async def test_with_two_slots_a_second_model_loads_beside_the_first_and_nothing_drains() -> None:
+    swap, app, steps = swapper(set(), [0.0], max_models=2)
+    first, second = app.state.slots
+    assert swap.load("gemma").state == "loading"
+    await swap._task  # type: ignore[misc]
+    assert steps == ["load b.gguf"]  # the model served goes on: no drain, no stop
+    assert first.runtime.names.name == "small" and second.runtime.names.name == "gemma"
+    assert (second.settings.worker_id, second.settings.worker_url) == ("worker-8000.m1",
+                                                                       "http://127.0.0.1:8000/slots/1")
+    assert second.settings.model_path == Path("/m/b.gguf") and second.runtime.offers == OFFERS
+    assert swap.load("b").state == swap.load("small").state == "loaded"
+    assert app.state.metrics.model_swaps.labels("loaded")._value.get() == 1
+
+
+async def test_with_every_slot_taken_the_least_wanted_model_is_swapped() -> None:
+    swap, app, steps = swapper(set(), [0.0], offers=[*OFFERS, THIRD], max_models=2)
+    swap.load("gemma")
+    await swap._task  # type: ignore[misc]
+    first, second = app.state.slots
+    first.runtime.idle, second.runtime.idle = 0.0, 5.0  # small has a stream; gemma is idle
+    swap.load("third")
+    await swap._task  # type: ignore[misc]
+    assert steps[1:] == ["drain gemma 600", "stop gemma beating", "load d.gguf", "beats end gemma"]
+    assert first.runtime.names.name == "small" and second.runtime.names.name == "third"
+    first.runtime.idle, second.runtime.idle = 3.0, 0.0  # now small is the idle one
+    swap.load("gemma")
+    await swap._task  # type: ignore[misc]
+    assert first.runtime.names.name == "gemma" and second.runtime.names.name == "third"
+
+
+async def test_past_the_memory_budget_a_model_is_swapped_not_added() -> None:
+    sized = [replace(o, weight_bytes=600) for o in OFFERS[:2]]
+    swap, app, steps = swapper(set(), [0.0], offers=sized, max_models=2, model_memory=1000)
+    swap.load("gemma")  # 600 + 600 > 1000: small makes room, though a slot is free
+    await swap._task  # type: ignore[misc]
+    assert steps == ["drain small 600", "stop small beating", "load b.gguf", "beats end small"]
+    assert [s.model for s in app.state.slots] == ["gemma", ""]
+
+
+async def test_making_room_unloads_more_than_one_model_when_one_is_not_enough() -> None:
+    sized = [replace(OFFERS[0], weight_bytes=300), replace(OFFERS[1], weight_bytes=300),
+             replace(THIRD, weight_bytes=900)]
+    swap, app, steps = swapper(set(), [0.0], offers=sized, max_models=3, model_memory=1000)
+    swap.load("gemma")
+    await swap._task  # type: ignore[misc]
+    swap.load("third")  # 900: both others go; the one swapped keeps its slot, the other leaves
+    await swap._task  # type: ignore[misc]
+    assert {"stop small beating", "stop gemma", "load d.gguf", "beats end small"} <= set(steps)
+    assert [s.model for s in app.state.slots] == ["third", "", ""]
+    assert app.state.slots[1].standby is None  # emptied, not standby: another model is served
+
+
+async def test_with_two_slots_an_idle_model_leaves_and_the_last_one_stays_in_standby() -> None:
+    swap, app, steps = swapper(set(), [0.0], max_models=2)
+    swap.load("gemma")
+    await swap._task  # type: ignore[misc]
+    first, second = app.state.slots
+    second.runtime.idle, first.runtime.keep_alive = 1.0, None
+    swap.keep_alive(0.01)
+    await until(lambda: second.runtime is None)
+    await swap._task  # type: ignore[misc]
+    assert steps[1:] == ["drain gemma 600", "stop gemma"]  # its last beat says it leaves
+    assert second.standby is None and swap.standby == "" and first.runtime.names.name == "small"
+    first.runtime.idle, first.runtime.keep_alive = 1.0, 0.2
+    await until(lambda: swap.standby == "small")
+    await swap._task  # type: ignore[misc]
+    assert steps[3:] == ["drain small 600", "stop small beating"] and first.standby is not None
+    swap.load("gemma")  # from standby: into the standby's slot
+    await swap._task  # type: ignore[misc]
+    assert [s.model for s in app.state.slots] == ["gemma", ""]
+    await swap.close()
+
+
+async def test_a_failed_swap_in_one_of_several_slots_empties_it_and_says_so() -> None:
+    lost: list[bool] = []
+    swap, app, steps = swapper({"a.gguf", "d.gguf"}, [0.0], lost, offers=[*OFFERS, THIRD], max_models=2)
+    swap.load("gemma")
+    await swap._task  # type: ignore[misc]
+    app.state.slots[1].runtime.idle = 0.0  # gemma busy: small (idle) is swapped
+    app.state.slots[0].runtime.idle = 2.0
+    swap.load("third")
+    await swap._task  # type: ignore[misc]
+    # Neither third nor small could be loaded: the slot's beats say it leaves; gemma goes on serving.
+    assert steps[-4:] == ["load d.gguf", "load a.gguf", "beat small leaving", "beats end small"]
+    assert [s.model for s in app.state.slots] == ["", "gemma"] and lost == []
