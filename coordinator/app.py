@@ -144,7 +144,7 @@ class FastPaths:
             return on_error(request_id_of(request), exc)
 
 
-HEARTBEAT_MAX_BYTES = 96 * 1024  # the largest the protocol allows is 97,629 bytes (tests/coordinator/pool/test_heartbeat.py)
+HEARTBEAT_MAX_BYTES = 96 * 1024  # the largest the protocol allows is 98,109 bytes (tests/coordinator/pool/test_heartbeat.py)
 
 
 def edge_limits(settings: Settings) -> EdgeLimits:

@@ -188,6 +188,8 @@ class OfferedModel(BaseModel):
                               "model it can read) or too_large (past its memory budget)")
     need_bytes: int = Field(default=0, ge=0, le=MAX_BYTES, description="its weights and its sessions' KV cache")
     reason: str = Field(default="", max_length=MAX_OFFER_REASON, description="why it is not offered")
+    beside: bool = Field(default=False, description="offered, and loaded beside the models the worker serves "
+                         "now, unloading none (WORKER_MAX_MODELS: a free slot, and the memory for it)")
 
 
 class Heartbeat(BaseModel):

@@ -36,7 +36,9 @@ folder in its heartbeats (`protocol.health.Heartbeat.offered`; an older coordina
 unknown field); version 11 the model a worker is swapping to (`Heartbeat.swapping`), so that requests
 for either model wait for the swap instead of finding no worker; version 12 a worker with no model loaded
 (`Heartbeat.standby`: its model unloaded after WORKER_KEEP_ALIVE idle), which loads one of its folder's
-models when asked, and a request's `keep_alive` (Ollama's: how long the model stays loaded once idle).
+models when asked, and a request's `keep_alive` (Ollama's: how long the model stays loaded once idle);
+version 13 which offered models a worker would load beside those it serves (`OfferedModel.beside`:
+WORKER_MAX_MODELS, a free slot and the memory), so that a coordinator asks one that unloads nothing.
 Embeddings need no version of their own: a worker that does not serve them never says so in its
 heartbeat (`protocol.health.Heartbeat.embeddings`), so no coordinator sends it an `EmbedRequest`.
 """
@@ -48,7 +50,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-PROTOCOL_VERSION = 12
+PROTOCOL_VERSION = 13
 GENERATE_PATH = "/worker/generate"
 # Open even with a worker token (probes cannot send one); the coordinator reads it before it registers
 # a new worker (coordinator/pool/probe.py).

@@ -13,7 +13,8 @@ import contextlib
 import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from pathlib import Path
 
 import httpx
 
@@ -228,11 +229,12 @@ class WorkerRuntime:
             return 0.0
         return max(0.0, self._clock() - self.used_at)
 
-    def offer(self, offers: Sequence[Offer]) -> None:
-        """The folder as read again (worker/api/swap.py's watch): the heartbeats list these from now on."""
+    def offer(self, offers: Sequence[Offer], beside: Collection[Path] = ()) -> None:
+        """The folder as read again (worker/api/swap.py's watch): the heartbeats list these from now on,
+        those in `beside` as loading beside the models served (`folder.listed`)."""
         self._offers = list(offers)
         if self.heartbeats is not None:
-            self.heartbeats.offered = folder.listed(self._offers, self.settings.model_path, self.names)
+            self.heartbeats.offered = folder.listed(self._offers, self.settings.model_path, self.names, beside)
 
     async def _supervised(self, task: str, run: Callable[[], Awaitable[None]]) -> None:
         """Runs a background loop for the worker's life: an unexpected exception is logged with its

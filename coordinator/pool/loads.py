@@ -1,8 +1,9 @@
 """Loading a model on demand (issue 37): a request for a model that a worker offers from its folder but
 none serves makes one worker swap to it, and waits, with its deadline, until a worker serves it.
 
-Owns: choosing the worker that loads (among the alive ones offering it, the least busy: fewest sessions
-and streams of this coordinator, then the smallest memory need), asking it (`POST /worker/models/load`),
+Owns: choosing the worker that loads (among the alive ones offering it, one that loads it beside the
+models it serves, unloading none (`OfferedModel.beside`: WORKER_MAX_MODELS), then the least busy: fewest
+sessions and streams of this coordinator, then the smallest memory need), asking it (`POST /worker/models/load`),
 one ask per model at a time (a burst of requests waits for that one load: asked again only once
 ASK_AGAIN has passed without the model served, or BUSY_AGAIN after a worker said it is busy swapping to
 another; none while a worker's heartbeats say it swaps to the model or away from it, nor of a worker
@@ -131,8 +132,8 @@ class ModelLoads:
                     if o.state == "offered" and o.name == model and (w.standby or not w.draining)]
         if not offering:
             return None
-        worker, _ = min(offering, key=lambda wo: (wo[0].sessions + wo[0].in_flight, wo[1].need_bytes,
-                                                 wo[0].worker_id))
+        worker, _ = min(offering, key=lambda wo: (not wo[1].beside, wo[0].sessions + wo[0].in_flight,
+                                                 wo[1].need_bytes, wo[0].worker_id))
         return worker
 
 

@@ -74,6 +74,7 @@ class Swapper:
         self._failed: dict[str, tuple[float, str]] = {}  # model -> (refused until, why it failed)
         self._watching: asyncio.Task[None] | None = None
         self._idle_watch: asyncio.Task[None] | None = None
+        self._relist()
 
     @property
     def swapping(self) -> str:
@@ -200,18 +201,33 @@ class Swapper:
         slot is emptied, and with none it is drained and the worker stops. Nothing while a swap runs
         (the next read sees what it left)."""
         self._offers = list(offers)
-        for slot in self._slots:
-            if slot.standby is not None and slot.standby.heartbeats is not None:
-                slot.standby.heartbeats.offered = folder.listed(self._offers, None, slot.standby.names)
+        self._relist()
         if self._busy:
             return  # a swap or unload runs: the next read sees what it left
-        for slot in self._slots:
-            if slot.runtime is not None:
-                slot.runtime.offer(self._offers)
         for slot in self._slots:
             if slot.runtime is not None and (changed := self._file_change(slot)) is not None:
                 self._changed(slot, *changed)
                 return
+
+    def _relist(self) -> None:
+        """Every slot's heartbeats list the folder as last read, with the offers that would load beside the
+        models served now (`_beside`)."""
+        beside = self._beside()
+        for slot in self._slots:
+            if slot.runtime is not None:
+                slot.runtime.offer(self._offers, beside)
+            elif slot.standby is not None and slot.standby.heartbeats is not None:
+                slot.standby.heartbeats.offered = folder.listed(self._offers, None, slot.standby.names, beside)
+
+    def _beside(self) -> set[Path]:
+        """The files offered that a load would put in a free slot, unloading nothing (`_room_for`)."""
+        if all(s.runtime is not None for s in self._slots):
+            return set()
+        served = [s for s in self._slots if s.runtime is not None]
+        used, paths = sum(self._need(s) for s in served), {s.settings.model_path for s in served}
+        budget = folder.budget_bytes(self._app.state.settings)
+        return {o.path for o in self._offers
+                if o.state == "offered" and o.path not in paths and used + o.need_bytes <= budget}
 
     def _changed(self, slot: Slot, now: str, target: Offer | None) -> None:
         runtime = slot.runtime
@@ -277,6 +293,7 @@ class Swapper:
         await old.stop(leaving=not last)
         old.metrics.model_swaps.labels("unloaded").inc()
         self._bind_metrics()
+        self._relist()
 
     async def _add(self, slot: Slot, offer: Offer, model: str) -> None:
         """Into a free slot, beside the models served: nothing drains. One that fails to load is refused for
@@ -376,6 +393,7 @@ class Swapper:
         until the model before was `drained`, and its load since."""
         slot.settings, slot.runtime = wanted, runtime
         self._bind_metrics()
+        self._relist()
         metrics = runtime.metrics
         metrics.model_swaps.labels(outcome).inc()
         metrics.model_swap_seconds.labels("wait").set(drained - started)

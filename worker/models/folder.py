@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from protocol.health import MAX_OFFER_REASON, OfferedModel
@@ -84,9 +84,11 @@ def rescan(settings: WorkerSettings, judged: dict[Path, Offer]) -> list[Offer]:
     return scan(folder, sizing(settings), judged)
 
 
-def listed(offers: Sequence[Offer], serving: Path | None, names: ModelNames) -> list[OfferedModel]:
+def listed(offers: Sequence[Offer], serving: Path | None, names: ModelNames,
+           beside: Collection[Path] = ()) -> list[OfferedModel]:
     """The offers as a heartbeat lists them: the file this worker serves as `loaded`, under the names it
-    serves it by (`serving` None: none loaded, the worker's model unloaded)."""
+    serves it by (`serving` None: none loaded, the worker's model unloaded); those whose path is in
+    `beside` as loading beside the models served (worker/api/swap.py)."""
     out = []
     exact = any(o.path == serving for o in offers)  # else the file given by another path (--model)
     for o in offers:
@@ -97,7 +99,8 @@ def listed(offers: Sequence[Offer], serving: Path | None, names: ModelNames) -> 
         aliases = [a for a in shown.aliases if re.fullmatch(MODEL_NAME_PATTERN, a)][:MAX_LISTED_ALIASES]
         out.append(OfferedModel(name=shown.name, aliases=aliases,
                                 identity=o.identity, state="loaded" if loaded else o.state,
-                                need_bytes=o.need_bytes, reason=o.reason[:MAX_OFFER_REASON]))
+                                need_bytes=o.need_bytes, reason=o.reason[:MAX_OFFER_REASON],
+                                beside=not loaded and o.state == "offered" and o.path in beside))
     return out
 
 

@@ -49,6 +49,19 @@ def loads(reg: Registry, asked: Any, queue_size: int = 8) -> ModelLoads:
     return ModelLoads(reg, asked, worker_token="t", now=time.monotonic, queue_size=queue_size)
 
 
+async def test_a_worker_that_loads_the_model_beside_those_it_serves_is_asked_before_a_less_busy_one() -> None:
+    """WORKER_MAX_MODELS: the busier worker has a free slot and the memory; the idle one would have to swap."""
+    reg, asked = Registry(stale_after=30.0, dead_after=60.0), Asked()
+    beat(reg, "idle", "smol", sessions=0)
+    beat(reg, "roomy", "smol", sessions=3, offered=(GEMMA.model_copy(update={"beside": True}),))
+    on_demand = loads(reg, asked)
+    waiting = asyncio.create_task(on_demand.until_served("gemma", time.monotonic() + 5))
+    await asyncio.sleep(0.2)
+    assert asked.urls == ["http://roomy.test/worker/models/load"]
+    beat(reg, "roomy.m1", "gemma", offered=())
+    await asyncio.wait_for(waiting, 2)
+
+
 async def test_a_burst_makes_one_ask_of_the_least_busy_worker_and_returns_once_it_serves_the_model() -> None:
     reg, asked = Registry(stale_after=30.0, dead_after=60.0), Asked()
     beat(reg, "busy", "smol", sessions=3)

@@ -52,8 +52,8 @@ class Runtime:
     def idle_for(self) -> float:
         return self.idle
 
-    def offer(self, offers: list[Offer]) -> None:
-        self.offers = offers
+    def offer(self, offers: list[Offer], beside: Any = ()) -> None:
+        self.offers, self.beside = offers, set(beside)
 
     async def drain(self, timeout: float) -> None:
         self._steps.append(f"drain {self.names.name} {timeout:g}")
@@ -289,6 +289,7 @@ async def test_the_runtime_before_is_given_back_once_the_swap_ends_whatever_cycl
 async def test_with_two_slots_a_second_model_loads_beside_the_first_and_nothing_drains() -> None:
     swap, app, steps = swapper(set(), [0.0], max_models=2)
     first, second = app.state.slots
+    assert first.runtime.beside == {Path("/m/b.gguf")}  # its beats say gemma would load beside it
     assert swap.load("gemma").state == "loading"
     await swap._task  # type: ignore[misc]
     assert steps == ["load b.gguf"]  # the model served goes on: no drain, no stop
@@ -298,6 +299,7 @@ async def test_with_two_slots_a_second_model_loads_beside_the_first_and_nothing_
     assert second.settings.model_path == Path("/m/b.gguf") and second.runtime.offers == OFFERS
     assert swap.load("b").state == swap.load("small").state == "loaded"
     assert app.state.metrics.model_swaps.labels("loaded")._value.get() == 1
+    assert first.runtime.beside == second.runtime.beside == set()  # no slot free: a third would swap
 
 
 async def test_with_every_slot_taken_the_least_wanted_model_is_swapped() -> None:
@@ -319,6 +321,7 @@ async def test_with_every_slot_taken_the_least_wanted_model_is_swapped() -> None
 async def test_past_the_memory_budget_a_model_is_swapped_not_added() -> None:
     sized = [replace(o, weight_bytes=600) for o in OFFERS[:2]]
     swap, app, steps = swapper(set(), [0.0], offers=sized, max_models=2, model_memory=1000)
+    assert app.state.slots[0].runtime.beside == set()  # gemma would not fit beside small
     swap.load("gemma")  # 600 + 600 > 1000: small makes room, though a slot is free
     await swap._task  # type: ignore[misc]
     assert steps == ["drain small 600", "stop small beating", "load b.gguf", "beats end small"]
@@ -371,3 +374,13 @@ async def test_a_failed_swap_in_one_of_several_slots_empties_it_and_says_so() ->
     # Neither third nor small could be loaded: the slot's beats say it leaves; gemma goes on serving.
     assert steps[-4:] == ["load d.gguf", "load a.gguf", "beat small leaving", "beats end small"]
     assert [s.model for s in app.state.slots] == ["", "gemma"] and lost == []
+
+
+async def test_with_two_slots_a_removed_file_empties_its_slot_and_the_other_model_goes_on() -> None:
+    swap, app, steps = swapper(set(), [0.0], max_models=2)
+    swap.load("gemma")
+    await swap._task  # type: ignore[misc]
+    swap.refresh([OFFERS[0]])  # gemma's file is gone; small, the only model left, is served already
+    await swap._task  # type: ignore[misc]
+    assert steps[1:] == ["drain gemma 600", "stop gemma"]
+    assert [s.model for s in app.state.slots] == ["small", ""] and app.state.load_error is None
