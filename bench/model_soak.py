@@ -8,7 +8,9 @@ start (its first model loaded, before any request), at its peak and at the end (
 again after the soak, asked of each worker directly: the swaps' memory given back or not). With
 `--keep-alive S` the workers unload an idle model after S seconds (WORKER_KEEP_ALIVE), and the bench also
 waits, after the end's load, for each worker to unload it and reports its memory then, in standby with no
-model loaded (`standby_kib`), against its start.
+model loaded (`standby_kib`), against its start. With `--max-models N` each worker keeps up to N models
+loaded at once (WORKER_MAX_MODELS): with 2, both models load once and nothing is swapped (`swaps` counts
+those loads as `added`); the end's memory is then with both loaded.
 
 Owns: the folder (links to the provisioned files), the clients, the table and `--out` JSON. Must not
 change either service.
@@ -117,6 +119,15 @@ def worker_pid(worker_url: str) -> int:
     raise RuntimeError(f"no worker process listens at {worker_url}")
 
 
+async def all_unloaded(client: httpx.AsyncClient, url: str, slots: int) -> bool:
+    """No slot of the worker at `url` serves a model: each answers `standby`, or not found (empty)."""
+    for base in [url, *(f"{url}/slots/{k}" for k in range(1, slots))]:
+        answer = await client.get(base + "/worker/health")
+        if answer.status_code != 404 and answer.json()["status"] != "standby":
+            return False
+    return True
+
+
 def swaps(running: Pool) -> Counter[str]:
     """The workers' swaps so far, by outcome."""
     total: Counter[str] = Counter()
@@ -157,14 +168,15 @@ async def soak(running: Pool, args: argparse.Namespace) -> dict[str, Any]:
         async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT) as client:
             for i, (url, p) in enumerate(zip(running.worker_urls, pids, strict=True)):
                 deadline = time.monotonic() + args.keep_alive + 60
-                while (await client.get(url + "/worker/health")).json()["status"] != "standby":
+                while not await all_unloaded(client, url, args.max_models):
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"{url} did not unload its idle model")
                     await asyncio.sleep(0.2)
                 await asyncio.sleep(3.0)
                 memory[i]["standby_kib"] = rss_kib(p)
     return {"minutes": round(minutes, 2), "workers": len(pids), "clients_per_model": args.clients,
-            "max_tokens": args.max_tokens, "threads": args.threads, "keep_alive_s": args.keep_alive, "done": dict(tally.done),
+            "max_tokens": args.max_tokens, "threads": args.threads, "keep_alive_s": args.keep_alive,
+            "max_models": args.max_models, "done": dict(tally.done),
             "cut": len(tally.cut), "cut_examples": tally.cut[:5], "refused": dict(tally.refused),
             "swaps": dict(swapped), "swaps_per_minute": round(sum(swapped.values()) / minutes, 2),
             "first_token_median_s": {m: round(sorted(v)[len(v) // 2], 3) for m, v in tally.first_token_s.items()},
@@ -182,11 +194,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--keep-alive", type=float, default=0.0,
                         help="the workers' WORKER_KEEP_ALIVE: an idle model is unloaded after it (0: never)")
+    parser.add_argument("--max-models", type=int, default=1,
+                        help="the workers' WORKER_MAX_MODELS: models each keeps loaded at once")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     work, worker = folder_worker("model-soak-", args.threads)
     if args.keep_alive > 0:
         worker = [*worker, "--keep-alive", str(args.keep_alive)]
+    if args.max_models > 1:
+        worker = [*worker, "--max-models", str(args.max_models)]
     with pool(work, workers=[worker] * args.workers) as running:
         result = asyncio.run(soak(running, args))
     print(json.dumps(result, indent=1))

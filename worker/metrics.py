@@ -40,8 +40,9 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
                                        "(engine step, heartbeats, session sweeper, a model swap)", ["task"], registry=r)
         self.steps = Counter("worker_decode_steps", "llama_decode calls made by the batch loop", registry=r)
         self.model_swaps = Counter("worker_model_swaps", "Swaps to another model of the folder, by outcome "
-                                   "(loaded; failed: the model served before, if any, is loaded again; unloaded: idle "
-                                   "past the keep-alive, no model loaded after)", ["outcome"], registry=r)
+                                   "(loaded; added: loaded into a free slot of WORKER_MAX_MODELS, nothing unloaded; "
+                                   "failed: the model served before, if any, is loaded again; unloaded: idle "
+                                   "past the keep-alive, or to make room)", ["outcome"], registry=r)
         self.model_swap_seconds = Gauge("worker_model_swap_seconds", "The last swap's seconds: waiting for its "
                                         "streams and sessions to leave (wait), then loading (load)", ["phase"],
                                         registry=r)

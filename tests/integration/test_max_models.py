@@ -74,7 +74,7 @@ def test_a_second_model_loads_beside_the_first_without_cutting_its_stream(pool: 
     overlapped = streaming.is_alive()  # most runs: the first stream outlives the load and the answer
     streaming.join(60)
     assert first and first[0][-1] == "done" and "error" not in first[0], first
-    assert swaps(worker_url) == {"loaded": 1.0}  # one load, no swap: nothing drained, nothing unloaded
+    assert swaps(worker_url) == {"added": 1.0}  # one load, no swap: nothing drained, nothing unloaded
     print(f"the first model's stream outlived the second's load: {overlapped}")
 
     one, two = alive_worker(url, "two"), alive_worker(url, "two.m1")

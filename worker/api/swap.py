@@ -309,7 +309,7 @@ class Swapper:
             self._app.state.metrics.model_swaps.labels("failed").inc()
             return
         runtime.offer(self._offers)  # before its first heartbeat, whose registration asks its slot's health
-        self._served(slot, runtime, wanted, "loaded", started, started)
+        self._served(slot, runtime, wanted, "added", started, started)
 
     async def _wake(self, slot: Slot, offer: Offer, model: str) -> None:
         """From standby: the model asked for is loaded (its runtime's heartbeats replace the standby's); one

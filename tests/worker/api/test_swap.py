@@ -298,7 +298,7 @@ async def test_with_two_slots_a_second_model_loads_beside_the_first_and_nothing_
                                                                        "http://127.0.0.1:8000/slots/1")
     assert second.settings.model_path == Path("/m/b.gguf") and second.runtime.offers == OFFERS
     assert swap.load("b").state == swap.load("small").state == "loaded"
-    assert app.state.metrics.model_swaps.labels("loaded")._value.get() == 1
+    assert app.state.metrics.model_swaps.labels("added")._value.get() == 1
     assert first.runtime.beside == second.runtime.beside == set()  # no slot free: a third would swap
 
 
