@@ -1,5 +1,9 @@
 """Swapping the model a worker serves for another of its folder (`--model-dir`, issue 37), without
-cutting a stream: `POST /worker/models/load`.
+cutting a stream: `POST /worker/models/load`. With WORKER_MAX_MODELS > 1 the worker serves a model in each
+of its slots (slots.py): a model asked for loads into a free slot, beside those served and draining none,
+while they all fit the memory budget (`WORKER_MODEL_MEMORY`); else the least wanted model's slot (idle
+first, the longest unused first; then the fewest streams) is swapped as below, and more unloaded while
+that frees too little. Each slot's heartbeats say which offers would load beside (`OfferedModel.beside`).
 
 Owns: the one swap a worker runs at a time (a second request for the same model joins it; one for a
 third model is told which swap runs), and its order: the served model drains as at SIGTERM, but with

@@ -1,0 +1,54 @@
+"""worker/api/slots.py: `<url>/slots/<k>/...` reaches the same routes as `<url>/...`, for slot k; any other
+path (slot 0 itself, a slot past the count, a slot with no route after it) is left alone; and each slot
+is a worker of its own, `<id>.m<k>` at `<url>/slots/<k>`."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.testclient import TestClient
+
+from worker.api.slots import SlotPaths, make_slots, slot_of
+from worker.settings import WorkerSettings
+
+
+def client(max_models: int) -> TestClient:
+    settings = WorkerSettings(worker_id="w", worker_url="http://h:1/", max_models=max_models,
+                              model_dir="/m" if max_models > 1 else None)  # type: ignore[arg-type]
+    app = FastAPI()
+    app.state.slots = make_slots(settings)
+
+    @app.get("/worker/who")
+    async def who(request: Request) -> dict[str, object]:
+        slot = slot_of(request)
+        return {"slot": slot.index, "worker_id": slot.settings.worker_id, "url": slot.settings.worker_url,
+                "path": request.url.path}
+
+    app.add_middleware(SlotPaths, count=max_models)
+    return TestClient(app)
+
+
+def test_a_slot_url_reaches_the_same_route_for_that_slot() -> None:
+    with client(3) as http:
+        assert http.get("/worker/who").json() == {"slot": 0, "worker_id": "w", "url": "http://h:1/",
+                                                  "path": "/worker/who"}
+        assert http.get("/slots/2/worker/who?x=1").json() == {"slot": 2, "worker_id": "w.m2",
+                                                              "url": "http://h:1/slots/2", "path": "/worker/who"}
+
+
+@pytest.mark.parametrize("path", ["/slots/3/worker/who", "/slots/0/worker/who", "/slots/01/worker/who",
+                                  "/slots/1", "/slots/x/worker/who", "/slots//worker/who"])
+def test_any_other_slot_path_is_not_found(path: str) -> None:
+    with client(3) as http:
+        assert http.get(path).status_code == 404
+
+
+def test_one_slot_has_no_slot_urls() -> None:
+    with client(1) as http:
+        assert http.get("/slots/1/worker/who").status_code == 404
+        assert http.get("/worker/who").json()["worker_id"] == "w"
+
+
+def test_several_slots_need_a_folder() -> None:
+    with pytest.raises(ValueError, match="model-dir"):
+        WorkerSettings(max_models=2)
