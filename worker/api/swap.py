@@ -14,14 +14,16 @@ the asked-for model loaded in its place, with the worker's settings; meanwhile t
 go on, saying it drains and holds nothing, so coordinators keep it and its folder (requests for either
 model wait for the swap in the coordinator's queue rather than find no worker). A model that fails to load
 is refused with 503 `model_load_failed` and its reason for MODEL_LOAD_BACKOFF seconds, and the model served
-before is loaded again. And the folder's watch (`watch`, every WORKER_MODEL_RESCAN seconds): its offers
+before is loaded again (one that fails too, beside other models served, leaves its slot empty: its last
+beat says it leaves). And the folder's watch (`watch`, every WORKER_MODEL_RESCAN seconds): its offers
 read again (new files offered, removed ones no longer), and a served model whose file was replaced or
 written over (its identity digest differs from the loaded model's) or removed is never served on from
 the stale mapping: the worker swaps, as above, to the file now there, or, with none, to the first
-model offered; with no model left to serve it drains and stops.
+model offered that no other slot serves; with none, a slot beside others served is emptied, and the
+last model served drains and the worker stops.
 And the keep-alive (`keep_alive`: WORKER_KEEP_ALIVE, or the latest request's `keep_alive`, as Ollama's):
-a model with no request and no kept session for that long is drained and closed as for a swap, and the
-worker holds no model (standby): the closed runtime's heartbeats go on, saying `standby` with the folder
+a model with no request and no kept session for that long is drained and closed as for a swap, its slot
+emptied while other models are served; the last one leaves the worker holding no model (standby): the closed runtime's heartbeats go on, saying `standby` with the folder
 and nothing loaded, until a load is asked for, which builds the runtime of the model asked for; one that
 fails to load leaves it in standby. Each swap, unload or load ends by giving the memory of the runtime
 before back to the system.
