@@ -5,11 +5,6 @@ from __future__ import annotations
 
 import jsonschema
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
-from langchain_core.tools import tool
-from langchain_core.utils.function_calling import convert_to_openai_tool
-from langchain_openai import ChatOpenAI
-from pydantic import BaseModel, Field
 
 from tests.integration.conftest import Cluster
 from tests.integration.test_openai import MODEL
@@ -17,30 +12,13 @@ from tests.integration.test_openai import MODEL
 pytestmark = [pytest.mark.model]
 
 
-class City(BaseModel):
-    """A city and the country it is in."""
-
-    name: str = Field(max_length=20)
-    country: str = Field(max_length=20)
-    population: int
-
-
-@tool
-def get_weather(city: str) -> str:
-    """The current weather in a city."""
-    return "18 degrees and clear"
-
-
-def chat(cluster: Cluster) -> ChatOpenAI:
-    return ChatOpenAI(model=MODEL, base_url=cluster.url + "/v1", api_key="unused",  # type: ignore[call-arg, arg-type]
-                      temperature=0, max_tokens=120, max_retries=0, timeout=60)
-
-
 def test_with_structured_output_gives_a_valid_instance(cluster: Cluster) -> None:
     """`with_structured_output(..., method="json_schema")` sends OpenAI's strict `response_format`; the
     answer must parse into the Pydantic model (pydantic refuses invalid JSON, a raw control character in
     a string included, and values past their bounds)."""
-    structured = chat(cluster).with_structured_output(City, method="json_schema", include_raw=True)
+    from tests.integration.langchain_parts import City, chat
+
+    structured = chat(cluster.url, MODEL).with_structured_output(City, method="json_schema", include_raw=True)
     for ask in ("Name a big city in Japan.", "Describe Paris as data."):
         out = structured.invoke(ask)
         assert out["parsing_error"] is None, out["raw"]
@@ -48,7 +26,12 @@ def test_with_structured_output_gives_a_valid_instance(cluster: Cluster) -> None
 
 
 def test_bind_tools_calls_the_tool_and_the_round_trip_goes_through_the_template(cluster: Cluster) -> None:
-    llm = chat(cluster)
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    from tests.integration.langchain_parts import chat, get_weather
+
+    llm = chat(cluster.url, MODEL)
     ask = HumanMessage("What is the weather in Paris?")
     called = llm.bind_tools([get_weather], tool_choice="required").invoke([ask])
     assert isinstance(called, AIMessage) and called.response_metadata["finish_reason"] == "tool_calls"
