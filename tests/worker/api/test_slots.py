@@ -4,11 +4,16 @@ is a worker of its own, `<id>.m<k>` at `<url>/slots/<k>`."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
+from worker.api import routes
 from worker.api.slots import SlotPaths, make_slots, slot_of
+from worker.errors import WorkerError
+from worker.naming import ModelNames
 from worker.settings import WorkerSettings
 
 
@@ -52,3 +57,21 @@ def test_one_slot_has_no_slot_urls() -> None:
 def test_several_slots_need_a_folder() -> None:
     with pytest.raises(ValueError, match="model-dir"):
         WorkerSettings(max_models=2)
+
+
+def test_the_workers_own_health_stays_200_while_another_slot_serves_or_beats_in_standby() -> None:
+    """Slot 0 emptied by the keep-alive while slot 1's model went to standby: a liveness probe of the
+    worker's URL must not see 503 `loading` and restart it; an empty slot past 0 is not found."""
+    settings = WorkerSettings(worker_id="w", max_models=3, model_dir="/m")  # type: ignore[arg-type]
+    app = FastAPI()
+    app.include_router(routes.router)
+    app.add_exception_handler(WorkerError, lambda _, exc: exc.to_response(""))  # type: ignore[arg-type, attr-defined]
+    app.add_middleware(SlotPaths, count=3)
+    app.state.settings, app.state.slots = settings, make_slots(settings)
+    with TestClient(app) as http:
+        assert http.get("/worker/health").status_code == 503  # nothing loaded yet: still loading
+        app.state.slots[1].standby = SimpleNamespace(names=ModelNames("gemma"))
+        own, second = http.get("/worker/health"), http.get("/slots/1/worker/health")
+        assert (own.status_code, own.json()["status"], own.json()["worker_id"]) == (200, "standby", "w")
+        assert (second.status_code, second.json()["model"], second.json()["worker_id"]) == (200, "gemma", "w.m1")
+        assert http.get("/slots/2/worker/health").status_code == 404
