@@ -259,9 +259,12 @@ class Swapper:
         there = next((o for o in self._offers if o.path.name == served.name), None)
         if there is not None and there.state == "offered":
             return None if there.identity == slot.runtime.model.identity else ("replaced", there)
+        return ("gone" if there is None else there.state), self._instead(slot)
+
+    def _instead(self, slot: Slot) -> Offer | None:
+        """The first model offered that no slot but `slot` serves (None: none)."""
         others = {s.settings.model_path for s in self._slots if s.runtime is not None and s is not slot}
-        instead = next((o for o in self._offers if o.state == "offered" and o.path not in others), None)
-        return ("gone" if there is None else there.state), instead
+        return next((o for o in self._offers if o.state == "offered" and o.path not in others), None)
 
     def _offer(self, name: str) -> Offer | None:
         return next((o for o in self._offers if o.names is not None and o.names.serves(name)), None)
