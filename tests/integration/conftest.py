@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,15 +71,32 @@ class Proc:
             os.kill(self.popen.pid, sig)
 
     def stop(self) -> None:
-        if self.popen is None:
-            return
+        self.terminate()
+        self.reap()
+
+    def terminate(self) -> None:
+        """SIGTERM (after SIGCONT, should a test have stopped it): it drains and exits."""
         self.signal(signal.SIGCONT)
         self.signal(signal.SIGTERM)
+
+    def reap(self) -> None:
+        """Waits for it to exit, 5 s at most, then kills it."""
+        if self.popen is None:
+            return
         try:
             self.popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait(timeout=5)
+
+
+def stop_all(procs: Iterable[Proc]) -> None:
+    """Every one told to stop at once, then each waited for: their drains overlap instead of adding up."""
+    procs = list(procs)
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.reap()
 
     def log_tail(self, lines: int = 20) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -161,8 +178,7 @@ class Cluster:
         wait_until(lambda: self.coordinator_health()["requests_running"] == 0, 10, "no request in flight")
 
     def stop(self) -> None:
-        for proc in [*self.workers.values(), self.coordinator]:
-            proc.stop()
+        stop_all([*self.workers.values(), self.coordinator])
 
 
 def _idle(status: dict) -> bool:  # type: ignore[type-arg]

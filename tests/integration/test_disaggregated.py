@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.conftest import Proc, start_coordinator, start_worker
+from tests.integration.conftest import Proc, start_coordinator, start_worker, stop_all
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.model
@@ -60,5 +60,4 @@ def test_a_long_prompt_prefilled_on_one_worker_is_decoded_on_the_other_with_the_
         assert "".join(data["token"] for name, data in own if name == "token") == text
         assert own[-1][1]["usage"]["cached_tokens"] >= prompt_tokens - 8  # its leftover from the prefill
     finally:
-        for proc in reversed(procs):
-            proc.stop()
+        stop_all(reversed(procs))

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.conftest import Proc, start_coordinator, start_worker
+from tests.integration.conftest import Proc, start_coordinator, start_worker, stop_all
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.model
@@ -41,8 +41,7 @@ def pool(tiny_model_path: Path, tmp_path: Path) -> Iterator[tuple[str, str]]:
                        60, f"w1 alive at {url}")
         yield urls[0], urls[1]
     finally:
-        for proc in reversed(procs):
-            proc.stop()
+        stop_all(reversed(procs))
 
 
 def tenants(url: str) -> dict[str, dict[str, float]]:

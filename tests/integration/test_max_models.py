@@ -89,6 +89,9 @@ def test_a_second_model_loads_beside_the_first_without_cutting_its_stream(pool: 
     assert events_of(url, {"prompt": " And again.", "max_tokens": 8, "model": GEMMA, "session_id": "kept",
                            "temperature": 0})[-1] == "done"
     assert (alive_worker(url, "two") or {}).get("sessions") == 0
+    # Ended through the coordinator, which finds it in slot 1 (and the worker's stop waits for no move).
+    assert httpx.delete(url + "/coordinator/sessions/kept", timeout=5).status_code == 204
+    wait_until(lambda: (alive_worker(url, "two.m1") or {}).get("sessions") == 0, 10, "the session ended")
 
     # Each slot answers for itself; the worker's own URL stays healthy, a slot past the count is not found.
     assert httpx.get(worker_url + "/slots/1/worker/health", timeout=5).json()["worker_id"] == "two.m1"

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
-from tests.integration.conftest import Proc, start_coordinator
+from tests.integration.conftest import Proc, start_coordinator, stop_all
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.model
@@ -60,8 +60,7 @@ class Pool:
         return worker, done
 
     def stop(self) -> None:
-        for proc in [*self.workers.values(), self.coordinator]:
-            proc.stop()
+        stop_all([*self.workers.values(), self.coordinator])
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
-from tests.integration.conftest import Proc, start_coordinator, start_worker
+from tests.integration.conftest import Proc, start_coordinator, start_worker, stop_all
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.model
@@ -53,8 +53,7 @@ def pool(tiny_model_path: Path, tmp_path: Path) -> Iterator[tuple[Proc, str, Pro
         procs.append(worker)
         yield c1, url1, c2, url2
     finally:
-        for proc in reversed(procs):
-            proc.stop()
+        stop_all(reversed(procs))
 
 
 def test_a_worker_heartbeats_to_every_coordinator_and_outlives_one(pool: tuple[Proc, str, Proc, str]) -> None:
@@ -102,8 +101,7 @@ def test_two_coordinator_processes_share_one_port_and_outlive_each_other(tiny_mo
         assert [served_by(url) for _ in range(8)] == ["w1"] * 8  # the port is the survivor's alone now
         assert finished(own_urls[1]) == counts[1] + 8
     finally:
-        for proc in reversed(procs):
-            proc.stop()
+        stop_all(reversed(procs))
 
 
 def turn(url: str, session_id: str, prompt: str) -> tuple[str, dict[str, int]]:
@@ -147,8 +145,7 @@ def test_a_sessions_turns_alternating_between_coordinators_stay_on_its_worker(mo
                 assert usage["cached_tokens"] > 0, (i, usage)  # its history was there
         assert len(set(served)) == 1 and served[0] != anchor, (anchor, served)
     finally:
-        for proc in reversed(procs):
-            proc.stop()
+        stop_all(reversed(procs))
 
 
 def stream(url: str, max_tokens: int, started: threading.Event | None = None) -> tuple[str, int]:
@@ -215,8 +212,7 @@ def test_a_coordinator_killed_under_load_loses_only_its_own_streams(model_path: 
             wait_until(lambda u=worker_url: httpx.get(u + "/worker/health", timeout=2).json()["load"]["sessions"] == 0,
                        15, f"{worker_url} to free every sequence")
     finally:
-        for proc in reversed(procs):
-            proc.stop()
+        stop_all(reversed(procs))
 
 
 SYSTEM = ("You are the archivist of a small mountain library. You answer questions about its catalogue, "
@@ -277,5 +273,4 @@ def test_a_prefix_one_coordinator_sent_is_known_to_the_other_from_the_workers_he
         assert [w for w, _ in served] == [holder] * 3, (holder, served)
         assert all(cached >= 200 for _, cached in served), served  # the system prompt was reused
     finally:
-        for proc in reversed(procs):
-            proc.stop()
+        stop_all(reversed(procs))

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
-from tests.integration.conftest import Proc, start_coordinator
+from tests.integration.conftest import Proc, start_coordinator, stop_all
 from tests.integration.test_session_moves import HISTORY
 from tests.polling import wait_until
 
@@ -67,8 +67,7 @@ class Pool:
         return worker, {"held": usage["prompt_tokens"] + usage["completion_tokens"], "cached": usage["cached_tokens"]}
 
     def stop(self) -> None:
-        for proc in [*self.workers, self.coordinator]:
-            proc.stop()
+        stop_all([*self.workers, self.coordinator])
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import Proc, start_coordinator, start_worker
+from tests.integration.conftest import Proc, start_coordinator, start_worker, stop_all
 from tests.polling import wait_until
 from tests.tagged_model import TEMPLATE, write_tagged_model
 from worker.backends.chat_template import ChatTemplate
@@ -43,8 +43,7 @@ def pool(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                    60, "the tagged worker alive", interval=0.2)
         yield url, worker_url, tagged
     finally:
-        for proc in procs:
-            proc.stop()
+        stop_all(procs)
 
 
 def client(url: str) -> openai.OpenAI:

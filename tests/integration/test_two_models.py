@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
-from tests.integration.conftest import Proc, start_coordinator
+from tests.integration.conftest import Proc, start_coordinator, stop_all
 from tests.integration.streams import Timed, infer, read_events
 from tests.polling import wait_until
 
@@ -54,8 +54,7 @@ class Pool:
         return None if found is None else found["state"]
 
     def stop(self) -> None:
-        for proc in [*self.workers.values(), self.coordinator]:
-            proc.stop()
+        stop_all([*self.workers.values(), self.coordinator])
 
 
 @pytest.fixture(scope="module")
