@@ -42,6 +42,30 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in names and not k.startswith("WORKER_")}
 
 
+@contextlib.contextmanager
+def folder_pool(log_dir: Path, model_path: Path, gemma_path: Path, worker_id: str,
+                *flags: str) -> Iterator[tuple[str, Proc, int]]:
+    """A coordinator and one worker, `worker_id`, offering a folder of SmolLM2 (`a-smol.gguf`) and Gemma
+    (`b-gemma.gguf`), 2 sequences of 512 tokens, with `flags` more; (the coordinator's URL, the worker,
+    its port) once it is registered."""
+    folder = log_dir / "models"
+    folder.mkdir()
+    (folder / "a-smol.gguf").symlink_to(model_path)
+    (folder / "b-gemma.gguf").symlink_to(gemma_path)
+    coordinator, url = start_coordinator(log_dir, f"coordinator-{worker_id}", "--heartbeat-interval", "1")
+    port = free_port()
+    worker = Proc(worker_id, [sys.executable, "-m", "worker", "--port", str(port), "--worker-id", worker_id,
+                              "--coordinator-url", url, "--model-dir", str(folder), "--max-sessions", "2",
+                              "--session-max-tokens", "512", "--threads", "1", "--heartbeat-interval", "0.5",
+                              *flags], log_dir / f"{worker_id}.log")
+    worker.start()
+    try:
+        wait_until(lambda: alive_worker(url, worker_id) is not None, 60, "the worker to register", interval=0.2)
+        yield url, worker, port
+    finally:
+        stop_all([worker, coordinator])
+
+
 def alive_worker(coordinator_url: str, worker_id: str) -> dict[str, Any] | None:
     """The coordinator's listing of `worker_id` (/coordinator/health/workers) while it is alive, else None."""
     workers = httpx.get(coordinator_url + "/coordinator/health/workers", timeout=2).json()["workers"]

@@ -8,7 +8,6 @@ on: -1 keeps the model loaded past the worker's keep-alive, 0 unloads it as soon
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +17,7 @@ import httpx
 import pytest
 
 from bench.scale_bench import rss_kib
-from tests.conftest import free_port
-from tests.integration.conftest import Proc, alive_worker, start_coordinator
+from tests.integration.conftest import Proc, alive_worker, folder_pool
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.model
@@ -29,24 +27,9 @@ KEEP_ALIVE, TTL = 1.0, 3.0
 
 @pytest.fixture(scope="module")
 def pool(model_path: Path, gemma_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Proc]]:
-    log_dir = tmp_path_factory.mktemp("keep-alive")
-    folder = log_dir / "models"
-    folder.mkdir()
-    (folder / "a-smol.gguf").symlink_to(model_path)
-    (folder / "b-gemma.gguf").symlink_to(gemma_path)
-    coordinator, url = start_coordinator(log_dir, "coordinator-keep-alive", "--heartbeat-interval", "1")
-    worker = Proc("idle", [sys.executable, "-m", "worker", "--port", str(free_port()), "--worker-id", "idle",
-                           "--coordinator-url", url, "--model-dir", str(folder), "--max-sessions", "2",
-                           "--session-max-tokens", "512", "--threads", "1", "--heartbeat-interval", "0.5",
-                           "--keep-alive", str(KEEP_ALIVE), "--session-ttl", str(TTL)],
-                  log_dir / "idle.log")
-    worker.start()
-    try:
-        wait_until(lambda: listing(url) is not None, 60, "the worker to register", interval=0.2)
+    with folder_pool(tmp_path_factory.mktemp("keep-alive"), model_path, gemma_path, "idle", "--keep-alive",
+                     str(KEEP_ALIVE), "--session-ttl", str(TTL)) as (url, worker, _):
         yield url, worker
-    finally:
-        worker.stop()
-        coordinator.stop()
 
 
 def listing(url: str) -> dict[str, Any] | None:

@@ -6,7 +6,6 @@ worker's own health stays 200 at its URL, and a slot past its count is not found
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import free_port
-from tests.integration.conftest import Proc, alive_worker, start_coordinator
+from tests.integration.conftest import alive_worker, folder_pool
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.model
@@ -25,24 +23,9 @@ SMOL, GEMMA = "smollm2-135m-8k-lc100k-mix1-ep2", "gemma-3-270m"
 
 @pytest.fixture(scope="module")
 def pool(model_path: Path, gemma_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    log_dir = tmp_path_factory.mktemp("max-models")
-    folder = log_dir / "models"
-    folder.mkdir()
-    (folder / "a-smol.gguf").symlink_to(model_path)
-    (folder / "b-gemma.gguf").symlink_to(gemma_path)
-    coordinator, url = start_coordinator(log_dir, "coordinator-max-models", "--heartbeat-interval", "1")
-    port = free_port()
-    worker = Proc("two", [sys.executable, "-m", "worker", "--port", str(port), "--worker-id", "two",
-                          "--coordinator-url", url, "--model-dir", str(folder), "--max-models", "2",
-                          "--max-sessions", "2", "--session-max-tokens", "512", "--threads", "1",
-                          "--heartbeat-interval", "0.5"], log_dir / "two.log")
-    worker.start()
-    try:
-        wait_until(lambda: alive_worker(url, "two") is not None, 60, "the worker to register", interval=0.2)
+    with folder_pool(tmp_path_factory.mktemp("max-models"), model_path, gemma_path, "two",
+                     "--max-models", "2") as (url, _, port):
         yield url, f"http://127.0.0.1:{port}"
-    finally:
-        worker.stop()
-        coordinator.stop()
 
 
 def events_of(url: str, body: dict[str, Any]) -> list[str]:
