@@ -34,3 +34,30 @@ def test_metrics_follow_real_requests(model_path: Path) -> None:
         assert httpx.delete(worker.url + "/worker/sessions/nobody").status_code == 404
         with pytest.raises(KeyError):
             m('worker_admission_decisions_total{outcome="rejected",reason="unknown_session"}')
+
+
+def test_the_gauges_add_up_every_model_served() -> None:
+    """WORKER_MAX_MODELS: one worker's gauges over the runtimes of its slots (worker/runtime.py bind_gauges),
+    the KV ratio over all their cells; with none served, zeros."""
+    from types import SimpleNamespace
+
+    from worker.metrics import WorkerMetrics
+    from worker.runtime import bind_gauges
+
+    def runtime(running: int, sessions: int, used: int, capacity: int) -> SimpleNamespace:
+        table = SimpleNamespace(stats=lambda: (sessions, used, used), limits=SimpleNamespace(capacity_tokens=capacity),
+                                expired_total=1, evicted_total=0, parked=0)
+        return SimpleNamespace(engine=SimpleNamespace(running=running, queue_depth=0), table=table, embedder=None)
+
+    served = [runtime(2, 3, 100, 1000), runtime(1, 1, 300, 1000)]
+    metrics = WorkerMetrics()
+    bind_gauges(metrics, lambda: served)  # type: ignore[arg-type, return-value]
+
+    def value(name: str) -> float:
+        line = next(line for line in metrics.render().decode().splitlines() if line.startswith(name + " "))
+        return float(line.split()[1])
+
+    assert (value("worker_num_requests_running"), value("worker_sessions")) == (3, 4)
+    assert value("worker_kv_cache_usage_ratio") == 0.2 and value("worker_sessions_expired_total") == 2
+    served.clear()
+    assert (value("worker_num_requests_running"), value("worker_kv_cache_usage_ratio")) == (0, 0)

@@ -1,8 +1,9 @@
 """The worker's FastAPI app: `create_app(settings, clock=..., transport=...)`.
 
 Owns: the lifespan that loads the model off the event loop and starts the runtime (in the first of
-`app.state.slots`, worker/api/slots.py; empty while loading), the routes (routes.py), and the one place where errors become the documented
-JSON body (`WorkerError`, validation errors, unknown routes).
+`app.state.slots`, worker/api/slots.py; empty while loading), the routes (routes.py) and their slot URLs
+(`SlotPaths`), and the one place where errors become the documented JSON body (`WorkerError`, validation
+errors, unknown routes).
 Must not: read the environment or hold module-level state; the settings come in as an argument.
 """
 
