@@ -191,12 +191,10 @@ class Network:
             _stop(line.popen)
 
     def close(self) -> None:
-        """Stops every process (its whole group), then anything still inside our namespaces, then
-        deletes the namespaces, which takes their links with them. Every step is tried, whatever an
-        earlier one did: it runs in finalizers."""
-        for proc in self.procs:
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
-                _stop(proc.popen)
+        """Stops every process (its whole group; all told at once, so their drains overlap), then anything
+        still inside our namespaces, then deletes the namespaces, which takes their links with them.
+        Every step is tried, whatever an earlier one did: it runs in finalizers."""
+        _stop(*(proc.popen for proc in self.procs))
         for namespace in reversed(self._namespaces):
             with contextlib.suppress(OSError, subprocess.SubprocessError):
                 _remove_namespace(namespace)
@@ -249,19 +247,20 @@ def _remove_namespace(namespace: str) -> None:
     ip("netns", "del", namespace, check=False)
 
 
-def _stop(popen: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the process group, SIGKILL after 5 s; the group is killed even if its leader exited."""
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+def _stop(*popens: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to each process group at once, then to each, once its leader exited or 5 s after the
+    SIGTERM, SIGKILL (whatever else the group still holds); each leader waited for 5 s more."""
+    for popen in popens:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(popen.pid, sig)
-        try:
-            popen.wait(wait)
-            if sig == signal.SIGTERM:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(popen.pid, signal.SIGKILL)  # whatever else the group still holds
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            os.killpg(popen.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 5.0
+    for popen in popens:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            popen.wait(max(0.0, deadline - time.monotonic()))
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(popen.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+            popen.wait(5.0)
 
 
 def _wait_for_line(proc: Proc, text: str, timeout: float) -> None:
