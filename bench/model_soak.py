@@ -1,5 +1,6 @@
 """A mixed-model soak (issue 37): one coordinator and `--workers` workers, each offering a folder of the two
-models the project ships (SmolLM2-135M and Gemma 3 270M, `--model-dir`) and serving one at a time, under
+models the project ships (SmolLM2-135M and Gemma 3 270M, `--model-dir`) and serving one at a time (both
+at once with `--max-models 2`, below), under
 clients of both models for `--minutes`. What it tells: streams cut (a 200 whose stream ended without its
 `[DONE]`, or with an `error` event: must be 0), refusals by status and reason (the only ones the
 settings predict are `queue_timeout`, a request that waited past `QUEUE_TIMEOUT` for its model), swaps
