@@ -426,7 +426,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "before one that would swap", "coordinator/pool/loads.py", "key=lambda wo: (not wo[1].beside, ",
              "key=lambda wo: (False, ", ("tests/coordinator/pool/test_loads.py",)),
     Mutation("slot-urls-ignored", "a request to <url>/slots/<k>/... is served by slot k's model",
-             "worker/api/slots.py", 'if self._count > 1 and path.startswith(SLOTS_PATH + "/"):', "if False:",
+             "worker/api/slots.py", 'if path.startswith(SLOTS_PATH + "/"):', "if False:",
              ("tests/worker/api/test_slots.py",)),
     Mutation("standby-serves-its-model", "a worker in standby serves no model: its model is offered, and loaded "
              "when asked for", "coordinator/pool/registry.py", "if any(not w.standby for w in workers.values()))",

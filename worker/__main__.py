@@ -19,7 +19,7 @@ from serving.tracing import Tracing, TracingError
 from worker.api.app import create_app
 from worker.api.slots import loaded
 from worker.backends import backends
-from worker.settings import SLOTS_PATH, WorkerSettings
+from worker.settings import WorkerSettings, slot_prefix
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     limits = EdgeLimits(max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes,
                         max_headers=settings.max_headers, header_timeout=settings.header_timeout,
                         body_timeout=settings.body_timeout,
-                        prefix_body_limits={prefix + SESSIONS_PATH + "/": settings.kv_transfer_max_bytes
-                                            for prefix in ["", *(f"{SLOTS_PATH}/{k}" for k in range(1, settings.max_models))]})
+                        prefix_body_limits={slot_prefix(k) + SESSIONS_PATH + "/": settings.kv_transfer_max_bytes
+                                            for k in range(settings.max_models)})
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             access_log=False, timeout_graceful_shutdown=5, date_header=False, server_header=False,
                             http=guarded_protocol(limits), limit_concurrency=settings.max_connections)

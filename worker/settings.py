@@ -23,6 +23,12 @@ MAX_MODELS = 8  # WORKER_MAX_MODELS: the slots a worker serves models in at once
 SLOTS_PATH = "/slots"  # slot k > 0 is reached at <worker URL>/slots/k
 MAX_COORDINATORS = 64  # URLs in COORDINATOR_URL, and addresses heartbeaten in all (worker/heartbeat.py)
 
+
+def slot_prefix(slot: int) -> str:
+    """The path before a route of slot `slot` (worker/api/slots.py): "" for the first, the worker itself."""
+    return f"{SLOTS_PATH}/{slot}" if slot else ""
+
+
 # field name -> environment variable (design.md keeps the original system's names where it has them)
 ENV_NAMES = {
     "model_path": "MODEL_PATH",
@@ -223,7 +229,7 @@ class WorkerSettings(BaseModel):
         if slot == 0:
             return self
         return self.model_copy(update={"worker_id": f"{self.worker_id[:124]}.m{slot}",
-                                       "worker_url": f"{self.worker_url.rstrip('/')}{SLOTS_PATH}/{slot}"})
+                                       "worker_url": self.worker_url.rstrip("/") + slot_prefix(slot)})
 
     @property
     def coordinator_urls(self) -> tuple[str, ...]:

@@ -115,7 +115,8 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
     app.include_router(transfer.router)
     app.include_router(tokenizer.router)
     app.include_router(swap.router)
-    app.add_middleware(SlotPaths, count=settings.max_models)
+    if settings.max_models > 1:  # one slot: no slot URLs, and nothing more on any request's path
+        app.add_middleware(SlotPaths, count=settings.max_models)
     return app
 
 

@@ -67,7 +67,7 @@ from serving import tracing
 from serving.tracing import NO_TRACE, Trace
 from worker.admission import Ticket
 from worker.api.event_stream import EventStream, token_event
-from worker.api.slots import slot_of, slots_of
+from worker.api.slots import beating, slot_of, slots_of
 from worker.engine.jobs import Failed, Finished, Job, PromptScored
 from worker.errors import WorkerError
 from worker.metrics import WorkerMetrics
@@ -243,7 +243,7 @@ async def embed(body: EmbedRequest, request: Request) -> JSONResponse:
 async def health(request: Request) -> JSONResponse:
     slot = slot_of(request)
     settings, runtime = slot.settings, slot.runtime
-    if runtime is None and (slot.standby is not None or slot.index == 0 and _beating(request)):
+    if runtime is None and (slot.standby is not None or slot.index == 0 and beating(slots_of(request.app))):
         # Alive and well with no model loaded here (another slot may serve one, or beat in standby):
         # a liveness probe of the worker's own URL must not restart it.
         standby = slot.standby.names.name if slot.standby is not None else ""
@@ -260,11 +260,6 @@ async def health(request: Request) -> JSONResponse:
                         embeddings=runtime.embedding_service(), batch_steps=runtime.engine.steps)
     # Draining: not ready for new work (a readiness probe or load balancer moves away).
     return JSONResponse(body.model_dump(), status_code=503 if runtime.gate.draining else 200)
-
-def _beating(request: Request) -> bool:
-    """Some slot serves a model or beats in standby (WORKER_MAX_MODELS): an empty slot 0 is not loading."""
-    return any(s.runtime is not None or s.standby is not None for s in slots_of(request.app))
-
 
 @router.get(SESSIONS_PATH, responses={401: _UNAUTHORIZED,
                                         503: {"model": ErrorBody, "description": "`loading`"}})

@@ -13,7 +13,7 @@ Must not: decide what is loaded in which slot (swap.py), or serve a route (route
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +57,17 @@ def slot_of(request: Request) -> Slot:
     return slots_of(request.app)[request.scope.get(SLOT_KEY, 0)]
 
 
+def beating(slots: Sequence[Slot]) -> bool:
+    """Some slot serves a model or beats in standby: the worker is up (not still loading its first model,
+    nor left with none)."""
+    return any(s.runtime is not None or s.standby is not None for s in slots)
+
+
+def others_serve(slots: Sequence[Slot], slot: Slot) -> bool:
+    """A slot other than `slot` serves a model."""
+    return any(s.runtime is not None for s in slots if s is not slot)
+
+
 def loaded(app: FastAPI) -> list[WorkerRuntime]:
     """The runtimes of the models served now, in slot order."""
     return [slot.runtime for slot in slots_of(app) if slot.runtime is not None]
@@ -71,7 +82,7 @@ class SlotPaths:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if self._count > 1 and path.startswith(SLOTS_PATH + "/"):
+        if path.startswith(SLOTS_PATH + "/"):
             head, _, rest = path[len(SLOTS_PATH) + 1:].partition("/")
             if head.isascii() and head.isdigit() and len(head) == 1 and 0 < int(head) < self._count:
                 scope = {**scope, "path": "/" + rest, "raw_path": ("/" + rest).encode(), SLOT_KEY: int(head)}

@@ -48,7 +48,7 @@ from fastapi.responses import JSONResponse
 from protocol import reasons
 from protocol.worker import MODEL_LOAD_BACKOFF, MODEL_LOAD_PATH, ErrorBody, ModelLoadAnswer, ModelLoadRequest
 from worker.api.routes import authorize
-from worker.api.slots import Slot, slots_of
+from worker.api.slots import Slot, beating, others_serve, slots_of
 from worker.errors import WorkerError
 from worker.models import folder
 from worker.models.catalog import Offer
@@ -103,7 +103,7 @@ class Swapper:
                 return ModelLoadAnswer(model=self._target, state="loading")
             doing = f"swapping to {self._target!r}" if self._target else "unloading its idle model"
             raise WorkerError(409, reasons.MODEL_SWAPPING, f"this worker is {doing}; ask again once it is done")
-        if not any(s.runtime is not None or s.standby is not None for s in self._slots):
+        if not beating(self._slots):
             raise WorkerError(503, reasons.LOADING, "the model is still loading")
         if (served := self._serving_now(name)) is not None:
             return ModelLoadAnswer(model=served.names.name, state="loaded")
@@ -226,14 +226,12 @@ class Swapper:
                 slot.standby.heartbeats.offered = folder.listed(self._offers, None, slot.standby.names, beside)
 
     def _beside(self) -> set[Path]:
-        """The files offered that a load would put in a free slot, unloading nothing (`_room_for`)."""
+        """The files offered, not served, that a load would put in a free slot, unloading nothing (`_room_for`)."""
         if all(s.runtime is not None for s in self._slots):
             return set()
-        served = [s for s in self._slots if s.runtime is not None]
-        used, paths = sum(self._need(s) for s in served), {s.settings.model_path for s in served}
-        budget = folder.budget_bytes(self._app.state.settings)
+        served = {s.settings.model_path for s in self._slots if s.runtime is not None}
         return {o.path for o in self._offers
-                if o.state == "offered" and o.path not in paths and used + o.need_bytes <= budget}
+                if o.state == "offered" and o.path not in served and self._room_for(o)[0].runtime is None}
 
     def _changed(self, slot: Slot, now: str, target: Offer | None) -> None:
         runtime = slot.runtime
@@ -244,7 +242,7 @@ class Swapper:
         self._target = runtime.names.name
         if target is not None:
             self._start(slot, target, f"file_{now}")
-        elif any(s.runtime is not None for s in self._slots if s is not slot):
+        elif others_serve(self._slots, slot):
             self._task = asyncio.create_task(self._guarded(self._unload(slot), "unload"))
         else:
             self._task = asyncio.create_task(self._retire(slot))
@@ -279,7 +277,7 @@ class Swapper:
         except Exception:
             log.exception("the %s failed", what)
             self._app.state.metrics.internal_errors.labels(task="swap").inc()
-            if not any(s.runtime is not None or s.standby is not None for s in self._slots):
+            if not beating(self._slots):
                 self._app.state.load_error = f"the {what} left no model loaded"
                 self._on_lost()
 
@@ -289,7 +287,7 @@ class Swapper:
         heartbeats beating, saying `standby`, with nothing loaded; another one's last beat says it leaves."""
         old = slot.runtime
         assert old is not None
-        last = not any(s.runtime is not None for s in self._slots if s is not slot)
+        last = not others_serve(self._slots, slot)
         log.warning(json.dumps({"event": "unload", "model": old.names.name, "slot": slot.index,
                                 "idle_s": round(old.idle_for(), 1)}))
         if last and old.heartbeats is not None:  # the drain's first beat says so: no coordinator sends it more
@@ -317,7 +315,6 @@ class Swapper:
             log.exception("model %s failed to load into slot %d", model, slot.index)
             self._app.state.metrics.model_swaps.labels("failed").inc()
             return
-        runtime.offer(self._offers)  # before its first heartbeat, whose registration asks its slot's health
         self._served(slot, runtime, wanted, "added", started, started)
 
     async def _wake(self, slot: Slot, offer: Offer, model: str) -> None:
@@ -339,7 +336,6 @@ class Swapper:
             if standby.heartbeats is not None:
                 standby.heartbeats.swapping = ""
             return
-        runtime.offer(self._offers)
         slot.standby = None
         self._served(slot, runtime, wanted, "loaded", started, started)
         await standby.end_beats()
@@ -374,7 +370,6 @@ class Swapper:
         await asyncio.gather(old.drain(settings.request_timeout), *(self._unload(s) for s in others))
         slot.runtime = None
         await old.stop(leaving=False)  # its heartbeats go on (draining, holding nothing) until the next model's
-        await asyncio.to_thread(self._give_back)
         drained = self._clock()
         wanted = _serving(settings, offer)
         try:
@@ -385,7 +380,6 @@ class Swapper:
                 log.exception("model %s failed to load; loading %s again", model, old.names.name)
                 wanted, outcome = settings, "failed"
                 runtime = await self._build(settings)
-            runtime.offer(self._offers)  # the folder as last read, before its first heartbeat
             self._served(slot, runtime, wanted, outcome, started, drained)
         finally:
             if slot.runtime is None and old.heartbeats is not None and len(self._slots) > 1:
@@ -398,8 +392,10 @@ class Swapper:
 
     def _served(self, slot: Slot, runtime: WorkerRuntime, wanted: WorkerSettings, outcome: str, started: float,
                 drained: float) -> None:
-        """`runtime` serves in `slot` now; the swap (or load) counted and logged: its wait, from `started`
-        until the model before was `drained`, and its load since."""
+        """`runtime` serves in `slot` now, every slot's heartbeats listing the folder as last read (before its
+        first beat, whose registration asks the slot's health: no await comes between its build and this);
+        the swap (or load) counted and logged: its wait, from `started` until the model before was
+        `drained`, and its load since."""
         slot.settings, slot.runtime = wanted, runtime
         self._bind_metrics()
         self._relist()
