@@ -1,12 +1,13 @@
 """The one way in behind every public surface: the order of a request's steps, and nothing else.
 
-Owns: that order, so every surface decides its status code before the first byte: resolve the model
-(pool/models.py), answer from the response cache (cache.py), admit in turn (admission/), lean on
-affinity (affinity/), rank (scheduling/), dispatch and relay (relay/), and account for the request
-however it ends (relay/requests.py). Also what ties the steps together: the reservation a request
-holds from dispatch to its final event, and the guard that gives it back when a step after dispatch
-fails. An embedding request (`embed`) takes the same steps but the cache and affinity, with its own
-admission slots, queue and policy (it holds no sequence and no KV), and one JSON answer for a relay.
+Owns: that order, so every surface decides its status code before the first byte: the request's stages
+(coordinator/stages/: its span, its priority class, its key's limits, its fair-share charge), resolve
+the model (pool/models.py), answer from the response cache (cache.py), admit in turn (admission/),
+lean on affinity (affinity/), rank (scheduling/), dispatch (relay/), and the single end of what was
+admitted (stages/ending.py). Also what ties the steps together: the guard that gives a reservation
+back when a step after dispatch fails. An embedding request (`embed`) takes the same steps but the
+cache and affinity, with its own admission slots, queue and policy (it holds no sequence and no KV),
+and one JSON answer for a relay.
 Must not: know any public wire format. Surfaces (coordinator/surfaces/) parse their own requests into
 a `Generation` and turn the relay's internal events (protocol.worker) into their own bytes.
 """
@@ -14,20 +15,18 @@ a `Generation` and turn the relay's internal events (protocol.worker) into their
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-import functools
 import itertools
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from coordinator.admission import priority
 from coordinator.admission.demand import Demand
 from coordinator.admission.turn import in_turn
 from coordinator.affinity.placement import Leaning
-from coordinator.auth import Client, KeyLimits
-from coordinator.cache import Replay, cache_key
+from coordinator.auth import Client
+from coordinator.cache import cache_key
 from coordinator.embedding import Embedding
 from coordinator.errors import CoordinatorError
 from coordinator.generation import Generation
@@ -38,12 +37,15 @@ from coordinator.pool.registry import ALIVE, WorkerRecord
 from coordinator.relay.dispatch import OpenStream, PrefixHints, PrefixPeer
 from coordinator.relay.embeddings import EmbedAnswer
 from coordinator.relay.prefill import prefill_on
-from coordinator.relay.stream import Outcome, Relay
 from coordinator.relay.supervisor import Ending
 from coordinator.scheduling import Request
+from coordinator.stages import End, Entry, Passage, Stages, W, Work, ending
+from coordinator.stages.ending import Opened
+from coordinator.stages.fair_charge import FairCharge
+from coordinator.stages.key_limits import KeyLimitStage
+from coordinator.stages.priority_class import PriorityClass
+from coordinator.stages.span import Span
 from protocol import reasons
-from protocol.sse import SseEvent
-from serving import tracing
 from serving.tracing import NO_TRACE, Trace
 
 if TYPE_CHECKING:
@@ -51,56 +53,21 @@ if TYPE_CHECKING:
 
 # What an embedding request asks of the generation side: nothing (the scheduler's `Request` needs one).
 EMBEDDING_DEMAND = Demand(prompt_bytes=0, max_tokens=0, new_session=False)
-# A stream that ended with one of these counts against its worker's circuit breaker.
-WORKER_FAULTS = frozenset({reasons.WORKER_FAILED, reasons.ENGINE_FAILED})
 # Refusals for want of a worker that a model swap under way explains (the request waits and tries again).
 SWAP_REFUSALS = frozenset({reasons.MODEL_SWAPPING, reasons.DRAINING, reasons.NO_WORKERS, reasons.MODEL_UNAVAILABLE,
                            reasons.UNKNOWN_MODEL})
 SWAP_RETRIES = 100  # tries after the first; with SWAP_PAUSE, past any swap the queue's timeout allows
 SWAP_PAUSE = 0.2  # seconds between them
 Placed = Callable[[], None] | None
-CACHE_HIT = "cache"  # an `Opened`'s worker id when the response cache answered
-NO_LIMITS = KeyLimits()  # a request without an API key: no limits, every class
-
-
-@dataclass(slots=True)
-class Opened:
-    """An admitted request whose worker has sent its first event: the surface streams `relay`."""
-
-    relay: Relay
-    worker_id: str
-    model: str
-    finish: Callable[[Ending], None]  # call exactly once, when the client's response has ended
-
-
-def _ended(trace: Trace, outcome: Outcome) -> None:
-    """The request's span, ended with how its stream ended."""
-    if trace is NO_TRACE:
-        return
-    if outcome.done is not None:
-        trace.set({"llm_pool.finish_reason": outcome.done.finish_reason,
-                   "llm_pool.prompt_tokens": outcome.done.usage.prompt_tokens,
-                   "llm_pool.completion_tokens": outcome.done.usage.completion_tokens})
-    else:
-        trace.set({"llm_pool.tokens_relayed": outcome.tokens})
-        trace.fail(outcome.error_reason or "cut")
-    trace.end()
-
-
-def _usage(opened: Opened) -> tuple[int, int]:
-    """What a finished request used, (prompt, generated) tokens: as its usage says, or the tokens
-    relayed when it ended without one; nothing for a cached answer."""
-    if opened.worker_id == CACHE_HIT:
-        return 0, 0
-    outcome = opened.relay.outcome
-    if outcome.done is not None:
-        return outcome.done.usage.prompt_tokens, outcome.done.usage.completion_tokens
-    return 0, outcome.tokens
 
 
 class Gateway:
     def __init__(self, state: CoordinatorState) -> None:
         self._state = state
+        # The stages each kind of request passes, in the order it enters them (coordinator/stages/).
+        self._generations: Stages[Generation] = Stages([
+            Span(state.tracing), PriorityClass(), KeyLimitStage(state.limits), FairCharge(state.fair)])
+        self._embeddings: Stages[Embedding] = Stages([Span(state.tracing), KeyLimitStage(state.limits)])
 
     def now(self) -> float:
         return self._state.clock.monotonic()
@@ -119,58 +86,57 @@ class Gateway:
         """Admit (waiting in the queue while capacity is short), schedule and dispatch; raises a
         `CoordinatorError` (already counted and logged). `client_gone` returns when the client has
         disconnected, so a request waiting in the queue leaves it at once. `client`: the API key that
-        let it in, held to its limits (admission/limits.py). From here until its response ends, the
-        request's tenant is active for fair shares (admission/fairness.py). `headers`: the client's,
-        whose `traceparent` the request's span continues when this coordinator traces."""
-        state, tenant = self._state, gen.request.tenant
-        key = client.limits if client is not None else NO_LIMITS
-        trace = tracing.begin(state.tracing, f"{gen.surface} request", headers or {}, {
-            "llm_pool.request_id": gen.request_id, "llm_pool.surface": gen.surface, "llm_pool.tenant": tenant,
-            "llm_pool.model": gen.request.model or ""})
-        if trace is not NO_TRACE:  # an untraced request is not copied for it
-            gen = dataclasses.replace(gen, trace=trace)
+        let it in. `headers`: the client's, whose `traceparent` the request's span continues. The
+        request passes its stages (`self._generations`) around these steps, and leaves them when its
+        response ends (`Opened.finish`)."""
+        passage = self._entered(self._generations, gen, started, client, headers, tenant=gen.request.tenant)
         try:
-            rank = priority.resolve(gen.priority, key.priority, key.max_priority)
-            gen = gen.classed(priority.CLASSES[rank])
-            trace.set({"llm_pool.priority": priority.CLASSES[rank]})
-            if client is not None:
-                state.limits.admit(client.key_id, key)
-        except CoordinatorError as exc:
-            self.refused(gen.request_id, exc, started, surface=gen.surface, tenant=tenant)
-            trace.fail(exc.reason)
-            trace.end()
-            raise
-        state.fair.arrive(tenant)
-        try:
-            opened = await self._open(gen, started, client_gone, rank)
+            opened = await self._open(passage.work, started, client_gone, passage.entry)
         except BaseException as exc:
-            state.fair.depart(tenant)
-            if client is not None:
-                state.limits.finished(client.key_id, client.limits, 0)
-            trace.raised(exc)
-            trace.end()
+            passage.failed(exc)
             raise
         finish = opened.finish
-        trace.set({"llm_pool.worker": opened.worker_id, "llm_pool.model": opened.model})
 
         def finished(ending: Ending) -> None:
             try:
                 finish(ending)
             finally:
-                _ended(trace, opened.relay.outcome)
-                prompt, generated = _usage(opened)
-                state.fair.depart(tenant)
-                state.fair.ended(opened.worker_id, tenant, prompt, generated)  # the worker reports it too
-                if client is not None:
-                    state.limits.finished(client.key_id, client.limits, prompt + generated)
+                passage.ended(opened.end())
 
         opened.finish = finished
         return opened
 
-    async def _open(self, gen: Generation, started: float, client_gone: Callable[[], Awaitable[None]] | None,
-                    rank: int) -> Opened:
-        state = self._state
+    def _entered(self, stages: Stages[W], work: W, started: float, client: Client | None,
+                 headers: Mapping[str, str] | None, *, tenant: str | None = None) -> Passage[W]:
+        """`work` let in by its stages, or their refusal, counted and logged."""
         try:
+            return stages.enter(work, client, headers)
+        except CoordinatorError as exc:
+            self.refused(work.request_id, exc, started, surface=work.surface, tenant=tenant)
+            raise
+
+    @contextlib.contextmanager
+    def _accounted(self, task: str, work: Work, started: float, tenant: str | None = None) -> Iterator[None]:
+        """A refusal inside counted and logged; a bug inside logged with its traceback, and answered as a
+        500 naming no detail."""
+        try:
+            yield
+        except CoordinatorError as exc:
+            self.refused(work.request_id, exc, started, surface=work.surface, tenant=tenant)
+            raise
+        except Exception as exc:
+            state = self._state
+            state.log.error(json.dumps({"event": "internal_error", "task": task, "request_id": work.request_id,
+                                        "error": repr(exc)}), exc_info=exc)
+            state.metrics.internal_errors.labels(task=task).inc()
+            internal = CoordinatorError(reasons.INTERNAL, "internal error")
+            self.refused(work.request_id, internal, started, surface=work.surface, tenant=tenant)
+            raise internal from None
+
+    async def _open(self, gen: Generation, started: float, client_gone: Callable[[], Awaitable[None]] | None,
+                    entry: Entry[Generation]) -> Opened:
+        state = self._state
+        with self._accounted("open", gen, started, gen.request.tenant):
             self._check_own_limits()
             for attempt in itertools.count():
                 await self._until_loaded(gen.request.model, started)
@@ -185,54 +151,41 @@ class Gateway:
                         hit = state.cache.get(key)
                         state.metrics.cache_lookups.labels(outcome="hit" if hit else "miss").inc()
                         if hit is not None:  # answered at once: nothing admitted, reserved or computed
-                            return self._replay(gen, model, hit, started)
-                    gen, stream = await self._admitted(gen, model, started, client_gone, rank)
+                            return ending.replayed(state, gen, model, hit, started)
+                    gen, stream = await self._admitted(gen, model, started, client_gone, entry.rank)
                     break
                 except CoordinatorError as refused:
                     await self._through_swap(refused, gen.request.model, started, attempt)
             try:
-                return self._opened(gen, model, stream, (key, identity) if key is not None else None, started)
+                return ending.relayed(state, gen, model, stream, (key, identity) if key is not None else None,
+                                      started, entry.on_token)
             except BaseException:
                 state.admission.release(stream.reservation)
                 await stream.close()  # the worker cancels the request and frees its sequence
                 raise
-        except CoordinatorError as exc:
-            self.refused(gen.request_id, exc, started, surface=gen.surface, tenant=gen.request.tenant)
-            raise
-        except Exception as exc:  # a bug before the first byte: the client gets a 500 naming no detail
-            state.log.error(json.dumps({"event": "internal_error", "task": "open", "request_id": gen.request_id,
-                                        "error": repr(exc)}), exc_info=exc)
-            state.metrics.internal_errors.labels(task="open").inc()
-            internal = CoordinatorError(reasons.INTERNAL, "internal error")
-            self.refused(gen.request_id, internal, started, surface=gen.surface, tenant=gen.request.tenant)
-            raise internal from None
 
     async def embed(self, work: Embedding, started: float, *,
-                    client_gone: Callable[[], Awaitable[None]] | None = None,
+                    client_gone: Callable[[], Awaitable[None]] | None = None, client: Client | None = None,
                     headers: Mapping[str, str] | None = None) -> EmbedAnswer:
         """Admit (waiting in the embedding queue while every slot is taken), schedule and dispatch an
-        embedding request; its answer, or a `CoordinatorError` (already counted and logged). `headers`:
-        the client's, whose `traceparent` the request's span continues when this coordinator traces."""
-        trace = tracing.begin(self._state.tracing, f"{work.surface} request", headers or {}, {
-            "llm_pool.request_id": work.request_id, "llm_pool.surface": work.surface,
-            "llm_pool.tenant": work.request.tenant, "llm_pool.model": work.request.model or ""})
-        if trace is not NO_TRACE:  # an untraced request is not copied for it
-            work = dataclasses.replace(work, trace=trace)
+        embedding request; its answer, or a `CoordinatorError` (already counted and logged). It passes
+        its stages (`self._embeddings`: its span, its key's limits) as a generation does."""
+        passage = self._entered(self._embeddings, work, started, client, headers)
         try:
-            answer = await self._embed_admitted(work, started, client_gone)
+            answer = await self._embed_admitted(passage.work, started, client_gone)
         except BaseException as exc:
-            trace.raised(exc)
-            trace.end()
+            passage.failed(exc)
             raise
-        trace.set({"llm_pool.worker": answer.response.worker_id, "llm_pool.model": answer.response.model,
-                   "llm_pool.inputs": len(answer.response.embeddings), "llm_pool.attempts": answer.attempts})
-        trace.end()
+        response = answer.response
+        passage.ended(End(response.worker_id, response.model, prompt_tokens=sum(response.prompt_tokens),
+                          attributes={"llm_pool.inputs": len(response.embeddings),
+                                      "llm_pool.attempts": answer.attempts}))
         return answer
 
     async def _embed_admitted(self, work: Embedding, started: float,
                               client_gone: Callable[[], Awaitable[None]] | None) -> EmbedAnswer:
         state = self._state
-        try:
+        with self._accounted("embed", work, started):
             if state.draining:
                 raise CoordinatorError(reasons.DRAINING, "the coordinator is shutting down; try another",
                                        retry_after=state.settings.retry_after)
@@ -248,16 +201,6 @@ class Gateway:
                                        client_gone=client_gone)
             else:
                 answer = await self._embed(work, model, None)
-        except CoordinatorError as exc:
-            self.refused(work.request_id, exc, started, surface=work.surface)
-            raise
-        except Exception as exc:  # a bug: the client gets a 500 naming no detail
-            state.log.error(json.dumps({"event": "internal_error", "task": "embed", "request_id": work.request_id,
-                                        "error": repr(exc)}), exc_info=exc)
-            state.metrics.internal_errors.labels(task="embed").inc()
-            internal = CoordinatorError(reasons.INTERNAL, "internal error")
-            self.refused(work.request_id, internal, started, surface=work.surface)
-            raise internal from None
         response = answer.response
         state.requests.embedded(work.request_id, work.surface, worker_id=response.worker_id, model=response.model,
                                 inputs=len(response.embeddings), tokens=sum(response.prompt_tokens),
@@ -423,72 +366,3 @@ class Gateway:
         if record is None or record.state != ALIVE or record.draining:
             return None
         return PrefixPeer(worker_id, record.url, share, leaning.match)
-
-    def _opened(self, gen: Generation, model: str | None, stream: OpenStream, cached: tuple[bytes, str] | None,
-                started: float) -> Opened:
-        """The relay of a request whose worker has sent its first event, with its final callback."""
-        state = self._state
-        session_id = gen.request.session_id
-        reservation, admission = stream.reservation, state.admission
-        breakers, worker_id, cache = state.breakers, stream.worker.worker_id, state.cache
-        fair, tenant = state.fair, gen.request.tenant
-        generated = state.metrics.tenant_tokens.labels(tenant=tenant_label(tenant), kind="generated")
-
-        def release(outcome: Outcome) -> None:
-            """The reservation back (a second call does nothing); a named session that ended `done`
-            stays counted as kept, with all its tokens, until the worker's heartbeat says otherwise."""
-            done = outcome.done
-            admission.release(reservation, kept_tokens=done.usage.total_tokens
-                              if session_id is not None and done is not None else None)
-
-        def final(outcome: Outcome) -> None:
-            release(outcome)
-            done = outcome.done
-            # A token event may carry several tokens (a character split across them): the rest now.
-            made = max(done.usage.completion_tokens, outcome.tokens) if done is not None else outcome.tokens
-            if made > outcome.tokens:
-                fair.charge_output(tenant, made - outcome.tokens)
-            generated.inc(made)
-            if done is not None:
-                breakers.succeeded(worker_id)
-                if cached is not None and relay.record is not None and done.finish_reason != "cancelled":
-                    key, identity = cached
-                    cache.put(key, tuple(relay.record), identity)  # complete streams only
-            elif outcome.error_reason in WORKER_FAULTS:
-                breakers.failed(worker_id)
-            else:
-                breakers.settled(worker_id)  # the client left, or read too slowly: no verdict
-
-        settings = state.settings
-        # Each token event is charged to the tenant's fair share as it comes, not at the end.
-        relay = Relay(stream, request_id=gen.request_id, buffer_events=settings.relay_buffer_events,
-                      write_deadline=settings.relay_write_deadline, metrics=state.metrics, on_final=final,
-                      record_bytes=cache.entry_limit if cached is not None else 0,
-                      on_token=functools.partial(fair.charge_output, tenant))
-        state.streams.add(relay)
-        try:
-            state.metrics.admitted()
-            state.metrics.requests_running.inc()
-        except BaseException:
-            state.streams.discard(relay)  # open() gives the reservation back and closes the worker request
-            raise
-        # Only these outlive this call: not the parsed request, nor its prompt.
-        surface, trace_id = gen.surface, gen.trace.trace_id
-
-        def finish(ending: Ending) -> None:
-            """Runs once per admitted request, whatever the ending: release, count, log."""
-            state.streams.discard(relay)
-            release(relay.outcome)  # done already, unless cut short
-            state.requests.finished(relay.request_id, surface, stream, relay.outcome, ending, started, trace_id)
-
-        return Opened(relay, worker_id, model or stream.worker.model, finish)
-
-    def _replay(self, gen: Generation, model: str | None, events: tuple[SseEvent, ...], started: float) -> Opened:
-        """A cache hit: the recorded stream through the same relay and response as a live one."""
-        state, settings = self._state, self._state.settings
-        relay = Relay(Replay(events, gen.request_id), request_id=gen.request_id,
-                      buffer_events=settings.relay_buffer_events, write_deadline=settings.relay_write_deadline,
-                      metrics=state.metrics)
-        surface = gen.surface
-        return Opened(relay, CACHE_HIT, model or "",
-                      lambda ending: state.requests.replayed(relay.request_id, surface, relay.outcome, ending, started))

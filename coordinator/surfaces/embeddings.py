@@ -25,7 +25,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from coordinator.auth import tenant_of
+from coordinator.auth import client_of, tenant_of
 from coordinator.embedding import Embedding
 from coordinator.errors import CoordinatorError
 from coordinator.gateway import Gateway
@@ -69,7 +69,7 @@ async def create(request: Request) -> Response:
         return _error(request_id, exc)
     try:
         answer = await gateway.embed(work, started, client_gone=lambda: client_left_of(request.receive),
-                                     headers=request.headers)
+                                     client=client_of(request.scope.get("state", {})), headers=request.headers)
     except CoordinatorError as exc:
         return _error(request_id, exc)
     return JSONResponse(encode(answer, encoding), headers={REQUEST_ID_HEADER: request_id,

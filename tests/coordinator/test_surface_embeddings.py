@@ -261,3 +261,20 @@ async def test_with_api_keys_a_key_is_needed_and_its_tenant_reaches_the_worker()
         await sdk.embeddings.create(model="smol", input="a")
     assert anonymous.status_code == 401 and anonymous.json()["error"]["code"] == "unauthorized"
     assert sent(fakes)["tenant"] == own_tenant("the-key")
+
+
+async def test_a_keys_limits_hold_for_embeddings_too() -> None:
+    """Per-key limits apply to every kind of request a key sends: past `rpm=1` the second embedding
+    request is 429 `rate_limited` and reaches no worker; `tpm` is charged with the inputs' tokens."""
+    fakes = FakeWorkers({"w1": embedding()})
+    keyed = Settings(**{**SETTINGS.model_dump(), "api_keys": "rpm-key acme rpm=1,tpm-key bravo tpm=10"})
+    async with pool(fakes, EMBEDS, settings=keyed, api_key="rpm-key") as (client, sdk):
+        await sdk.embeddings.create(model="smol", input="a")
+        second = await client.post("/v1/embeddings", json={"input": "a"}, headers={"authorization": "Bearer rpm-key"})
+        assert second.status_code == 429 and second.json()["error"]["code"] == "rate_limited"
+        assert len(fakes.calls) == 1
+        tpm = {"authorization": "Bearer tpm-key"}
+        first = await client.post("/v1/embeddings", json={"input": "twelve chars"}, headers=tpm)  # 24 tokens
+        over = await client.post("/v1/embeddings", json={"input": "a"}, headers=tpm)
+    assert first.status_code == 200 and over.status_code == 429 and "tokens a minute" in over.json()["error"]["message"]
+    assert len(fakes.calls) == 2

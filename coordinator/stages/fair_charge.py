@@ -1,0 +1,42 @@
+"""The request's charge to its tenant's fair share (admission/fairness.py).
+
+Owns: the tenant's being active from the request's arrival to its end (`arrive`, `depart`), each token
+charged as it is relayed (`Entry.on_token`), the tokens its usage counts beyond those relayed (a token
+event may carry several tokens) charged at its end, and what it ran reported as ended on its worker.
+Must not: order the queue (queue.py reads the counters) or admit anything.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from coordinator.admission.fairness import FairShares
+from coordinator.generation import Generation
+from coordinator.stages import End, Entry
+
+
+class FairCharge:
+    def __init__(self, fair: FairShares) -> None:
+        self._fair = fair
+
+    def enter(self, entry: Entry[Generation]) -> _Active:
+        tenant = entry.work.request.tenant
+        self._fair.arrive(tenant)
+        entry.on_token = functools.partial(self._fair.charge_output, tenant)
+        return _Active(self._fair, tenant)
+
+
+class _Active:
+    __slots__ = ("_fair", "_tenant")
+
+    def __init__(self, fair: FairShares, tenant: str) -> None:
+        self._fair, self._tenant = fair, tenant
+
+    def failed(self, exc: BaseException) -> None:
+        self._fair.depart(self._tenant)
+
+    def ended(self, end: End) -> None:
+        if end.generated_tokens > end.relayed:
+            self._fair.charge_output(self._tenant, end.generated_tokens - end.relayed)
+        self._fair.depart(self._tenant)
+        self._fair.ended(end.worker_id, self._tenant, end.prompt_tokens, end.generated_tokens)  # the worker reports it too
