@@ -14,32 +14,25 @@ a `Generation` and turn the relay's internal events (protocol.worker) into their
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
-import itertools
-import json
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from coordinator.admission.demand import Demand
 from coordinator.admission.turn import in_turn
-from coordinator.affinity.placement import Leaning
 from coordinator.auth import Client
 from coordinator.cache import cache_key
 from coordinator.embedding import Embedding
 from coordinator.errors import CoordinatorError
 from coordinator.generation import Generation
-from coordinator.metrics import tenant_label
-from coordinator.pool.loads import serving
 from coordinator.pool.models import resolve_model, stand_in
-from coordinator.pool.registry import ALIVE, WorkerRecord
+from coordinator.pool.registry import WorkerRecord
 from coordinator.relay.dispatch import OpenStream, PrefixHints, PrefixPeer
 from coordinator.relay.embeddings import EmbedAnswer
 from coordinator.relay.prefill import prefill_on
 from coordinator.relay.supervisor import Ending
 from coordinator.scheduling import Request
-from coordinator.stages import End, Entry, Passage, Stages, W, Work, ending
+from coordinator.stages import End, Entry, Passage, Stages, W, ending
 from coordinator.stages.ending import Opened
 from coordinator.stages.fair_charge import FairCharge
 from coordinator.stages.key_limits import KeyLimitStage
@@ -53,12 +46,8 @@ if TYPE_CHECKING:
 
 # What an embedding request asks of the generation side: nothing (the scheduler's `Request` needs one).
 EMBEDDING_DEMAND = Demand(prompt_bytes=0, max_tokens=0, new_session=False)
-# Refusals for want of a worker that a model swap under way explains (the request waits and tries again).
-SWAP_REFUSALS = frozenset({reasons.MODEL_SWAPPING, reasons.DRAINING, reasons.NO_WORKERS, reasons.MODEL_UNAVAILABLE,
-                           reasons.UNKNOWN_MODEL})
-SWAP_RETRIES = 100  # tries after the first; with SWAP_PAUSE, past any swap the queue's timeout allows
-SWAP_PAUSE = 0.2  # seconds between them
 Placed = Callable[[], None] | None
+R = TypeVar("R", Generation, Embedding)
 
 
 class Gateway:
@@ -76,9 +65,7 @@ class Gateway:
                 tenant: str | None = None) -> None:
         """Count and log a request refused before its first byte (a surface's parse errors too); a
         generation's also for its tenant."""
-        self._state.requests.refused(request_id, exc, started, surface=surface)
-        if tenant is not None:
-            self._state.metrics.tenant_refusals.labels(tenant=tenant_label(tenant), reason=exc.reason).inc()
+        self._state.requests.refused(request_id, exc, started, surface=surface, tenant=tenant)
 
     async def open(self, gen: Generation, started: float, *,
                    client_gone: Callable[[], Awaitable[None]] | None = None, client: Client | None = None,
@@ -115,54 +102,45 @@ class Gateway:
             self.refused(work.request_id, exc, started, surface=work.surface, tenant=tenant)
             raise
 
-    @contextlib.contextmanager
-    def _accounted(self, task: str, work: Work, started: float, tenant: str | None = None) -> Iterator[None]:
-        """A refusal inside counted and logged; a bug inside logged with its traceback, and answered as a
-        500 naming no detail."""
-        try:
-            yield
-        except CoordinatorError as exc:
-            self.refused(work.request_id, exc, started, surface=work.surface, tenant=tenant)
-            raise
-        except Exception as exc:
-            state = self._state
-            state.log.error(json.dumps({"event": "internal_error", "task": task, "request_id": work.request_id,
-                                        "error": repr(exc)}), exc_info=exc)
-            state.metrics.internal_errors.labels(task=task).inc()
-            internal = CoordinatorError(reasons.INTERNAL, "internal error")
-            self.refused(work.request_id, internal, started, surface=work.surface, tenant=tenant)
-            raise internal from None
-
     async def _open(self, gen: Generation, started: float, client_gone: Callable[[], Awaitable[None]] | None,
                     entry: Entry[Generation]) -> Opened:
+        """Placed in turn: in its model's line of the queue while it waits, for capacity, for its model to
+        load or for a swap to end (`_waits`), woken by releases and heartbeats."""
         state = self._state
-        with self._accounted("open", gen, started, gen.request.tenant):
+        tenant = gen.request.tenant
+        with state.requests.accounted("open", gen.request_id, started, surface=gen.surface, tenant=tenant):
             self._check_own_limits()
-            for attempt in itertools.count():
-                await self._until_loaded(gen.request.model, started)
-                try:
-                    model = resolve_model(state.registry, state.settings.default_model, gen.request.model,
-                                          any_name=state.settings.any_model_name)
-                    if (name := stand_in(state.registry, gen.request.model, model)) is not None:
-                        gen = gen.for_model(name)
-                    identity = state.registry.identity_of(model) if model is not None else ""
-                    key = cache_key(gen.surface, model, gen.request, identity) if state.cache.enabled else None
-                    if key is not None:
-                        hit = state.cache.get(key)
-                        state.metrics.cache_lookups.labels(outcome="hit" if hit else "miss").inc()
-                        if hit is not None:  # answered at once: nothing admitted, reserved or computed
-                            return ending.replayed(state, gen, model, hit, started)
-                    gen, stream = await self._admitted(gen, model, started, client_gone, entry.rank)
-                    break
-                except CoordinatorError as refused:
-                    await self._through_swap(refused, gen.request.model, started, attempt)
-            try:
-                return ending.relayed(state, gen, model, stream, (key, identity) if key is not None else None,
-                                      started, entry.on_token)
-            except BaseException:
-                state.admission.release(stream.reservation)
-                await stream.close()  # the worker cancels the request and frees its sequence
-                raise
+            line = state.waiting.line(gen.request.model)
+            if not state.queue.enabled() or line is None:
+                return await self._try(gen, started, entry, None)
+            waiting = gen.trace.child("queue")
+            return await in_turn(state.queue, line, lambda placed: self._try(gen, started, entry, placed, waiting),
+                                 started=started, now=self.now, metrics=state.metrics, client_gone=client_gone,
+                                 tenant=tenant, rank=entry.rank, waits=state.waiting.waits(line))
+
+    async def _try(self, gen: Generation, started: float, entry: Entry[Generation], placed: Placed,
+                   waiting: Trace = NO_TRACE) -> Opened:
+        """One try: its model loaded (or asked for), resolved, the response cache, then placement; the
+        relay of the worker's stream, or a refusal."""
+        state = self._state
+        await state.waiting.loaded(gen.request.model)
+        gen, model = self._resolved(gen)
+        identity = state.registry.identity_of(model) if model is not None else ""
+        key = cache_key(gen.surface, model, gen.request, identity) if state.cache.enabled else None
+        if key is not None:
+            hit = state.cache.get(key)
+            state.metrics.cache_lookups.labels(outcome="hit" if hit else "miss").inc()
+            if hit is not None:  # answered at once: nothing admitted, reserved or computed
+                waiting.end()
+                return ending.replayed(state, gen, model, hit, started)
+        gen, stream = await self._admit(gen, model, placed, waiting)
+        try:
+            return ending.relayed(state, gen, model, stream, (key, identity) if key is not None else None,
+                                  started, entry.on_token)
+        except BaseException:
+            state.admission.release(stream.reservation)
+            await stream.close()  # the worker cancels the request and frees its sequence
+            raise
 
     async def embed(self, work: Embedding, started: float, *,
                     client_gone: Callable[[], Awaitable[None]] | None = None, client: Client | None = None,
@@ -185,14 +163,9 @@ class Gateway:
     async def _embed_admitted(self, work: Embedding, started: float,
                               client_gone: Callable[[], Awaitable[None]] | None) -> EmbedAnswer:
         state = self._state
-        with self._accounted("embed", work, started):
-            if state.draining:
-                raise CoordinatorError(reasons.DRAINING, "the coordinator is shutting down; try another",
-                                       retry_after=state.settings.retry_after)
-            model = resolve_model(state.registry, state.settings.default_model, work.request.model,
-                                  any_name=state.settings.any_model_name)
-            if (name := stand_in(state.registry, work.request.model, model)) is not None:
-                work = work.for_model(name)
+        with state.requests.accounted("embed", work.request_id, started, surface=work.surface):
+            self._check_own_limits(relayed=False)
+            work, model = self._resolved(work)
             if state.embedding_queue.enabled() and model is not None:
                 waiting = work.trace.child("queue")
                 answer = await in_turn(state.embedding_queue, model,
@@ -229,57 +202,23 @@ class Gateway:
                                    "dimensions, the only size served", param="dimensions")
         return await state.embedder.embed(work, ranked, reserved=placed)
 
-    async def _admitted(self, gen: Generation, model: str | None, started: float,
-                        client_gone: Callable[[], Awaitable[None]] | None, rank: int) -> tuple[Generation, OpenStream]:
-        """Admitted and placed, through the queue when it is on."""
+    def _resolved(self, work: R) -> tuple[R, str | None]:
+        """The served model a request means (pool/models.py), and the request naming it when the pool took
+        a name for it."""
         state = self._state
-        if state.queue.enabled() and model is not None:
-            waiting = gen.trace.child("queue")
-            return await in_turn(state.queue, model, lambda placed: self._admit(gen, model, placed, waiting),
-                                 started=started, now=self.now, metrics=state.metrics, client_gone=client_gone,
-                                 tenant=gen.request.tenant, rank=rank)
-        return await self._admit(gen, model, None)
+        model = resolve_model(state.registry, state.settings.default_model, work.request.model,
+                              any_name=state.settings.any_model_name)
+        name = stand_in(state.registry, work.request.model, model)
+        return (work.for_model(name) if name is not None else work), model
 
-    async def _through_swap(self, refused: CoordinatorError, requested: str | None, started: float,
-                            attempt: int) -> None:
-        """Returns when a request refused for want of a worker should try again, after SWAP_PAUSE: a
-        worker swaps to its model or away from it (the worker's refusal says so, 503 `model_swapping`,
-        or its heartbeats do). Raises `refused` otherwise, or `queue_timeout` once the queue's deadline
-        would pass, or SWAP_RETRIES tries have been made. A request placed the moment before a swap
-        began meets its drain; one for a model swapped away finds no undrained worker."""
-        state = self._state
-        if refused.reason not in SWAP_REFUSALS or requested is None:
-            raise refused
-        model = state.registry.resolve(requested) or state.registry.offered_as(requested) or requested
-        if refused.reason != reasons.MODEL_SWAPPING and not state.registry.swap_involves(model):
-            raise refused
-        if attempt >= SWAP_RETRIES or self.now() + SWAP_PAUSE >= started + state.settings.queue_timeout:
-            raise CoordinatorError(reasons.QUEUE_TIMEOUT, f"model {requested!r}: the swap under way did not end "
-                                   "within the queue's timeout", retry_after=state.settings.retry_after)
-        await asyncio.sleep(SWAP_PAUSE)
-
-    async def _until_loaded(self, requested: str | None, started: float) -> None:
-        """A model a worker offers from its folder but none serves: one worker loads it (pool/loads.py),
-        and the request waits for it within the queue's timeout."""
-        state = self._state
-        if requested is None:  # the model it would get: the default, or the only one (standby workers' too)
-            requested = resolve_model(state.registry, state.settings.default_model, None)
-        if requested is None or not state.settings.model_loads:
-            return
-        named = state.registry.resolve(requested)  # O(1): a served model's name or alias ends it here
-        if named is not None and serving(state.registry, named):
-            return
-        offered = state.registry.offered_as(requested)  # the workers' offers, only for a model none serves
-        if offered is not None and named in (None, offered):
-            await state.loads.until_served(offered, started + state.settings.queue_timeout)
-
-    def _check_own_limits(self) -> None:
-        """Also the process's own limit: past `max_streams` relayed at once, one more would slow them all."""
+    def _check_own_limits(self, *, relayed: bool = True) -> None:
+        """Not while it drains; and, for a request it would relay (`relayed`), the process's own limit:
+        past `max_streams` relayed at once, one more would slow them all."""
         state = self._state
         if state.draining:
             raise CoordinatorError(reasons.DRAINING, "the coordinator is shutting down; try another",
                                    retry_after=state.settings.retry_after)
-        if len(state.streams) >= state.settings.max_streams:
+        if relayed and len(state.streams) >= state.settings.max_streams:
             raise CoordinatorError(reasons.STREAMS_FULL, f"this coordinator is relaying {len(state.streams)} "
                                    "streams, its limit", retry_after=state.settings.retry_after)
 
@@ -325,7 +264,8 @@ class Gateway:
             raise CoordinatorError(decision.reason, f"no worker can take it now: {decision.reason}",
                                    retry_after=state.settings.retry_after)
         ranked = [w for w in (state.registry.get(v.worker_id) for v in decision.ranked) if w is not None]
-        peer = self._prefix_peer(leaning)
+        held = affinity.prefix_holder(leaning)  # it may hand the prefix's cells to the worker chosen
+        peer = PrefixPeer(held[0].worker_id, held[0].url, held[1], leaning.match) if held is not None else None
         if self._disaggregated(gen, ranked):
             # Prefill on the policy's first worker, decode on the others; without a finished prefill
             # the request goes to all of them as usual.
@@ -355,14 +295,3 @@ class Gateway:
         threshold = self._state.settings.disaggregate_prompt_bytes
         return (threshold > 0 and gen.demand.prompt_bytes >= threshold and gen.request.session_id is None
                 and gen.request.n == 1 and len(ranked) >= 2)
-
-    def _prefix_peer(self, leaning: Leaning) -> PrefixPeer | None:
-        """The alive worker that was sent most of this prompt's prefix, if any was: another worker the
-        request goes to may fetch those cells from it instead of prefilling them (issue 19)."""
-        if not leaning.match:
-            return None
-        worker_id, share = max(leaning.match.items(), key=lambda item: item[1])
-        record = self._state.registry.get(worker_id)
-        if record is None or record.state != ALIVE or record.draining:
-            return None
-        return PrefixPeer(worker_id, record.url, share, leaning.match)

@@ -18,6 +18,7 @@ from coordinator.admission.embeddings import EmbeddingAdmission
 from coordinator.admission.fairness import FairShares
 from coordinator.admission.limits import Limits
 from coordinator.admission.queue import AdmissionQueue
+from coordinator.admission.waiting import WaitingRoom
 from coordinator.affinity.conversations import ConversationTable
 from coordinator.affinity.placement import Affinity
 from coordinator.affinity.prefixes import PrefixIndex
@@ -76,6 +77,7 @@ class CoordinatorState:
     embedder: EmbeddingAttempts
     mover: SessionMover  # draining workers' kept sessions, moved to the others
     loads: ModelLoads  # models offered from workers' folders, loaded when asked for (pool/loads.py)
+    waiting: WaitingRoom  # what a request waits for in the queue, and in which line (admission/waiting.py)
     readiness: Readiness  # whether it has heard from the pool (joins a shared port and answers ready then)
     api_keys: ApiKeys | None = None  # None: no client key is needed
     tracing: Tracing | None = None  # None: this coordinator exports no traces (no OTEL_* set)
@@ -136,6 +138,8 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None,
                         admission, breakers, metrics, max_attempts=settings.max_failover_attempts,
                         retry_after=settings.retry_after, fair=fair)
     conversations = ConversationTable(settings.conversation_table_size)
+    loads = ModelLoads(registry, client, worker_token=settings.worker_token, now=clock.monotonic,
+                       retry_after=settings.retry_after)
     log = logging.getLogger("coordinator.requests")
     return CoordinatorState(
         settings=settings, clock=clock, registry=registry, sessions=sessions,
@@ -156,8 +160,8 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None,
             EmbeddingDispatcher(client, timeout=settings.embedding_timeout, worker_token=settings.worker_token),
             embedding_admission, breakers, metrics, max_attempts=settings.max_failover_attempts,
             timeout=settings.embedding_timeout, now=clock.monotonic, retry_after=settings.retry_after),
-        loads=ModelLoads(registry, client, worker_token=settings.worker_token, now=clock.monotonic,
-                         queue_size=settings.queue_size),
+        loads=loads, waiting=WaitingRoom(registry, loads, default_model=settings.default_model,
+                                         any_model_name=settings.any_model_name, model_loads=settings.model_loads),
         mover=SessionMover(registry, sessions.remember, client, metrics, worker_token=settings.worker_token,
                            timeout=settings.session_move_timeout, max_bytes=settings.session_move_max_bytes,
                            deadline=settings.session_move_deadline, now=clock.monotonic, tracing=tracing),

@@ -2,8 +2,10 @@
 and waits in the queue (bounded in length and time) while capacity is short.
 
 Owns: the loop between the queue (queue.py) and a placement attempt: join the back of the tenant's
-line when others wait or when the attempt finds capacity short, wait to be woken, try again, hand the place on as soon
-as a worker's capacity is reserved, and come back at the head when that worker refuses after all.
+line when others wait or when the attempt is refused for a reason worth waiting for (capacity short;
+the caller may add others: a model loading, a swap under way), wait to be woken, try again, hand the
+place on as soon as a worker's capacity is reserved, and come back at the head when that worker
+refuses after all. This is the one way a request waits: no loop of its own polls.
 Must not: decide whether a request fits (the attempt does) or hold a worker resource while it waits.
 """
 
@@ -21,18 +23,36 @@ from protocol import reasons
 T = TypeVar("T")
 # Capacity that is short for now, not a request that cannot be served: worth waiting for.
 QUEUEABLE = frozenset({reasons.SESSIONS_FULL, reasons.KV_FULL, reasons.EMBEDDINGS_FULL})
+
+
+def queueable(exc: CoordinatorError) -> bool:
+    return exc.reason in QUEUEABLE
+
+
+def _waited_for(exc: CoordinatorError, last: CoordinatorError | None, model: str, timeout: float
+                ) -> CoordinatorError:
+    """A timeout names what the request waited for when that was not capacity (a load, a swap)."""
+    if exc.reason == reasons.QUEUE_TIMEOUT and last is not None and not queueable(last):
+        return CoordinatorError(exc.reason, f"{model!r}: not served within {timeout:g} s ({last.message})",
+                                retry_after=exc.retry_after)
+    return exc
+
+
 # `placed` runs once a worker's capacity is reserved for the request, before that worker answers.
 Attempt = Callable[[Callable[[], None] | None], Awaitable[T]]
 
 
 async def in_turn(queue: AdmissionQueue, model: str, attempt: Attempt[T], *, started: float,
                   now: Callable[[], float], metrics: CoordinatorMetrics,
-                  client_gone: Callable[[], Awaitable[None]] | None, tenant: str = "", rank: int = 0) -> T:
+                  client_gone: Callable[[], Awaitable[None]] | None, tenant: str = "", rank: int = 0,
+                  waits: Callable[[CoordinatorError], bool] = queueable) -> T:
     """`attempt`'s result, once it succeeds in this request's turn; its `CoordinatorError` when not
     queueable, or 503 `queue_full` / `queue_timeout`, or `client_gone` if the client left while waiting.
     It waits in the line of `tenant`'s requests of its priority class (`rank`): the highest class goes
-    first, and within it the tenant whose fair-share counter is lowest."""
+    first, and within it the tenant whose fair-share counter is lowest. `waits`: whether a refusal is worth
+    waiting for (by default, capacity short for now)."""
     waiter = None
+    last: CoordinatorError | None = None  # the last refusal it waited for
     deadline = started + queue.timeout
     try:
         if queue.waiting(model):
@@ -47,8 +67,9 @@ async def in_turn(queue: AdmissionQueue, model: str, attempt: Attempt[T], *, sta
             try:
                 result = await attempt(placed)
             except CoordinatorError as exc:
-                if exc.reason not in QUEUEABLE:
+                if not waits(exc):
                     raise
+                last = exc
                 if waiter is None:
                     waiter = queue.join(model, tenant, rank)
                 else:
@@ -63,7 +84,7 @@ async def in_turn(queue: AdmissionQueue, model: str, attempt: Attempt[T], *, sta
     except CoordinatorError as exc:
         if exc.reason in (reasons.QUEUE_FULL, reasons.QUEUE_TIMEOUT):
             metrics.dequeued(exc.reason, now() - started, tenant)
-        raise
+        raise _waited_for(exc, last, model, queue.timeout) from None
     finally:
         if waiter is not None:
             queue.leave(waiter)  # admitted or not: the next one may try now

@@ -15,7 +15,7 @@ from coordinator.affinity.conversations import ConversationTable, continuation_k
 from coordinator.affinity.prefixes import PrefixIndex
 from coordinator.affinity.sessions import SessionTable
 from coordinator.generation import Generation, SessionKey
-from coordinator.pool.registry import Registry, WorkerRecord
+from coordinator.pool.registry import ALIVE, Registry, WorkerRecord
 
 
 @dataclass(slots=True)
@@ -54,6 +54,17 @@ class Affinity:
             leaning.hashes = self.prefixes.hashes(model, body)
             leaning.match = self.prefixes.match(leaning.hashes)
         return leaning
+
+    def prefix_holder(self, leaning: Leaning) -> tuple[WorkerRecord, float] | None:
+        """The alive worker that was sent most of this prompt's prefix, and its share, if any was: another
+        worker the request goes to may fetch those cells from it instead of prefilling them (issue 19)."""
+        if not leaning.match:
+            return None
+        worker_id, share = max(leaning.match.items(), key=lambda item: item[1])
+        record = self.registry.get(worker_id)
+        if record is None or record.state != ALIVE or record.draining:
+            return None
+        return record, share
 
     def placed(self, gen: Generation, model: str | None, worker_id: str, leaning: Leaning) -> None:
         """The request's worker sent its first event: remember where its session, conversation and

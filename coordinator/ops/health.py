@@ -99,6 +99,10 @@ async def _take(request: Request) -> HeartbeatAck:
     state.registry.sweep(now)
     state.readiness.heard(beat.pool_workers)
     state.queue.wake(record.model)  # it may have room now (and catches any wake-up missed before)
+    if not record.draining:
+        state.loads.served(record.model)  # an ask for its model is answered
+    for offer in record.offered:  # requests waiting for a model it may load, or for its swap to end
+        state.queue.wake(offer.name)
     state.embedding_queue.wake(record.model)
     if not record.draining:
         state.mover.serving(record.worker_id)

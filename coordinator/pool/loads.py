@@ -1,5 +1,7 @@
 """Loading a model on demand (issue 37): a request for a model that a worker offers from its folder but
-none serves makes one worker swap to it, and waits, with its deadline, until a worker serves it.
+none serves makes one worker swap to it, and waits in the admission queue's line for that model
+(admission/turn.py: its bound, deadline, class and fair order), woken by heartbeats, until a worker
+serves it.
 
 Owns: choosing the worker that loads (among the alive ones offering it, one that loads it beside the
 models it serves, unloading none (`OfferedModel.beside`: WORKER_MAX_MODELS), then the least busy: fewest
@@ -8,14 +10,13 @@ one ask per model at a time (a burst of requests waits for that one load: asked 
 ASK_AGAIN has passed without the model served, or BUSY_AGAIN after a worker said it is busy swapping to
 another; none while a worker's heartbeats say it swaps to the model or away from it, nor of a worker
 that finished a swap less than HOLD ago), a model that failed to load (its reason answered for the workers' own pause,
-MODEL_LOAD_BACKOFF, then asked for again), and the wait itself: bounded in count (`waiting`, at most
-`queue_size` a model) and in time (the queue's timeout).
-Must not: decide what a worker unloads (the worker swaps, waiting for its streams), or admit anything.
+MODEL_LOAD_BACKOFF, then asked for again).
+Must not: wait (the queue does), decide what a worker unloads (the worker swaps, waiting for its
+streams), or admit anything.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,11 +39,10 @@ from protocol.worker import (
 ASK_AGAIN = 120.0  # seconds after an ask the model is asked for again if no worker serves it by then
 BUSY_AGAIN = 1.0  # the same after a worker answered that it swaps to another model
 FAILED_AGAIN = MODEL_LOAD_BACKOFF  # and after its load failed: requests meanwhile get the failure
-POLL = 0.1  # seconds between looks at the registry while a request waits for its model
 # Seconds a model swapped in keeps its worker (from the first heartbeat after the swap, which every
 # coordinator sees) before an ask for another model may swap it away: its waiters are admitted first.
 # Without it, a worker asked for two models at once swapped to one and back before the first one's
-# waiters (polling every POLL) were let in: 24 of 940 requests timed out after 30 s in a 10-minute soak
+# waiters (then polling every 0.1 s) were let in: 24 of 940 requests timed out after 30 s in a 10-minute soak
 # of two models on one worker (bench/model_soak.py).
 HOLD = 2.0
 ANSWER_LIMIT = 4096  # bytes of a worker's answer to an ask
@@ -57,44 +57,44 @@ class _Ask:
 
 class ModelLoads:
     def __init__(self, registry: Registry, client: WorkerClient, *, worker_token: str | None,
-                 now: Callable[[], float], queue_size: int, timeout: float = 5.0) -> None:
+                 now: Callable[[], float], retry_after: int = 1, timeout: float = 5.0) -> None:
         self._registry, self._client, self._now = registry, client, now
         self._headers = {"content-type": "application/json", PROTOCOL_HEADER: str(PROTOCOL_VERSION)} | (
             {"authorization": f"Bearer {worker_token}"} if worker_token else {})
-        self._queue_size, self._timeout = queue_size, timeout
+        self._retry_after, self._timeout = retry_after, timeout
         self._asks: dict[str, _Ask] = {}  # by model: at most one per model a worker offers
-        self._waiting: dict[str, int] = {}
         self.asked = 0  # asks sent (the tests read it)
 
-    async def until_served(self, model: str, deadline: float) -> None:
-        """Returns once a worker serves `model` (offered, not served, when called), asking for its load;
-        `CoordinatorError` when it is not served by `deadline` (`queue_timeout`), its load failed
-        (`model_load_failed`), or too many requests wait for it already (`queue_full`)."""
-        if self._waiting.get(model, 0) >= self._queue_size:
-            raise CoordinatorError(reasons.QUEUE_FULL, f"{self._queue_size} requests wait for {model!r} to load")
-        self._waiting[model] = self._waiting.get(model, 0) + 1
-        try:
-            while not serving(self._registry, model):
-                ask = self._asks.get(model)
-                if ask is not None and ask.failed and self._now() < ask.again_at:
-                    raise CoordinatorError(reasons.MODEL_LOAD_FAILED, f"model {model!r} failed to load on "
-                                           f"{ask.worker_id}: {ask.failed}")
-                if ask is None or self._now() >= ask.again_at:
-                    await self._ask(model)
-                if self._now() >= deadline:
-                    raise CoordinatorError(reasons.QUEUE_TIMEOUT, f"model {model!r} was not loaded in time")
-                await asyncio.sleep(POLL)
-        finally:
-            self._waiting[model] -= 1
-            if not self._waiting[model]:
-                del self._waiting[model]
+    async def wanted(self, model: str) -> None:
+        """Returns when an alive worker serves `model`. Otherwise asks one to load it when an ask is due and
+        raises 503 `loading`: the request waits in the queue's line for `model`, woken by the heartbeats,
+        and calls again when woken. Raises `model_load_failed` while its last load's failure stands, and
+        `model_unavailable` when no alive worker offers it (and none swaps to it or away from it)."""
+        if serving(self._registry, model):
+            self._asks.pop(model, None)
+            return
+        ask = self._asks.get(model)
+        if ask is None or (self._now() >= ask.again_at and not self._failed(ask)):
+            await self._ask(model)
+            ask = self._asks.get(model)
+        if ask is not None and self._failed(ask):
+            raise CoordinatorError(reasons.MODEL_LOAD_FAILED, f"model {model!r} failed to load on "
+                                   f"{ask.worker_id}: {ask.failed}")
+        raise CoordinatorError(reasons.LOADING, f"model {model!r} is loading", retry_after=self._retry_after)
+
+    def served(self, model: str) -> None:
+        """A worker serves `model` now (its heartbeat says so): an ask for it is answered."""
         self._asks.pop(model, None)
 
+    def _failed(self, ask: _Ask) -> bool:
+        """Its load failed, and the workers' pause before the next try is not over."""
+        return bool(ask.failed) and self._now() < ask.again_at
+
     def loading(self, model: str) -> bool:
-        """This coordinator asked a worker to load `model`, which has not failed, and waits for it now; or
-        an alive worker's heartbeats say it swaps to it (whoever asked). O(alive workers) at most."""
+        """This coordinator asked a worker to load `model`, and the load has not failed; or an alive
+        worker's heartbeats say it swaps to it (whoever asked). O(alive workers) at most."""
         ask = self._asks.get(model)
-        if ask is not None and not ask.failed and model in self._waiting:
+        if ask is not None and not ask.failed:
             return True
         return any(w.swapping == model for w in self._registry.alive())
 
@@ -108,7 +108,7 @@ class ModelLoads:
             raise CoordinatorError(reasons.MODEL_UNAVAILABLE, f"no alive worker offers {model!r} now")
         if self._now() - worker.swap_ended < HOLD:
             # Its model was just swapped in (whoever asked): the requests that waited for it go in first.
-            self._asks[model] = _Ask("", self._now() + POLL)
+            self._asks[model] = _Ask("", self._now())  # asked at the next try, after the next heartbeat
             return
         ask = self._asks[model] = _Ask(worker.worker_id, self._now() + ASK_AGAIN)
         self.asked += 1

@@ -1,6 +1,6 @@
 """The account of every request: one structured log line and the request metrics, however it ended.
 
-Owns: counting and logging refusals before the first byte (logged at a bounded rate: a flood of 503s
+Owns: counting and logging refusals before the first byte (and turning a bug before it into a 500) (logged at a bounded rate: a flood of 503s
 must not become a flood of log lines), an admitted request's finish (its metrics, the finish reason,
 the worker's time-to-first-token signal, its log line), a cache hit's, and an answered embedding
 request's.
@@ -9,13 +9,14 @@ Must not: release capacity or decide an ending (the gateway and the relay's supe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from coordinator.errors import CoordinatorError
-from coordinator.metrics import CoordinatorMetrics
+from coordinator.metrics import CoordinatorMetrics, tenant_label
 from coordinator.pool.registry import Registry
 from coordinator.relay.dispatch import OpenStream
 from coordinator.relay.stream import Outcome
@@ -65,16 +66,37 @@ class RequestLog:
         self._now = now
         self._refusal_log = RateLimit(refusal_log_rate)
 
-    def refused(self, request_id: str, exc: CoordinatorError, started: float, *, surface: str) -> None:
-        """Every request refused before its first byte (a surface's parse errors too); the next line
-        logged says how many were left out since the last one."""
+    def refused(self, request_id: str, exc: CoordinatorError, started: float, *, surface: str,
+                tenant: str | None = None) -> None:
+        """Every request refused before its first byte (a surface's parse errors too), a generation's
+        also for its tenant; the next line logged says how many were left out since the last one."""
         self._metrics.rejected(exc.reason)
+        if tenant is not None:
+            self._metrics.tenant_refusals.labels(tenant=tenant_label(tenant), reason=exc.reason).inc()
         now = self._now()
         if not self._refusal_log.allow(now):
             return
         left_out, self._refusal_log.left_out = self._refusal_log.left_out, 0
         self.line(request_id=request_id, surface=surface, status=exc.status, reason=exc.reason,
                   duration_ms=_ms(now - started), **({"refusals_not_logged": left_out} if left_out else {}))
+
+    @contextlib.contextmanager
+    def accounted(self, task: str, request_id: str, started: float, *, surface: str,
+                  tenant: str | None = None) -> Iterator[None]:
+        """A refusal inside counted and logged (`refused`); a bug inside logged with its traceback,
+        counted, and raised as a 500 `internal` naming no detail."""
+        try:
+            yield
+        except CoordinatorError as exc:
+            self.refused(request_id, exc, started, surface=surface, tenant=tenant)
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug: logged with its traceback, answered as a 500
+            self._log.error(json.dumps({"event": "internal_error", "task": task, "request_id": request_id,
+                                        "error": repr(exc)}), exc_info=exc)
+            self._metrics.internal_errors.labels(task=task).inc()
+            internal = CoordinatorError(reasons.INTERNAL, "internal error")
+            self.refused(request_id, internal, started, surface=surface, tenant=tenant)
+            raise internal from None
 
     def finished(self, request_id: str, surface: str, stream: OpenStream, outcome: Outcome, ending: Ending,
                  started: float, trace_id: str = "") -> None:

@@ -1,4 +1,4 @@
-"""The prefix peer hint (coordinator/gateway.py `_prefix_peer`, coordinator/relay/dispatch.py
+"""The prefix peer hint (coordinator/affinity/placement.py `prefix_holder`, coordinator/relay/dispatch.py
 `PrefixPeer`): a worker the request goes to that was sent less of its prompt's prefix than another is
 told where those cells are; the worker that holds them, or one that was sent as much, is not."""
 

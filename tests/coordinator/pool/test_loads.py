@@ -1,6 +1,6 @@
-"""pool/loads.py: a burst for an offered model makes one ask, to the least busy worker offering it; the
-requests return once a worker serves it; a failed load, a full wait and a deadline each refuse with
-their reason."""
+"""pool/loads.py: a burst for an offered model makes one ask, to the least busy worker offering it, and
+each try is told `loading` (it waits in the queue: tests/coordinator/test_gateway_waits.py) until a
+worker serves it; a failed load refuses with the worker's reason until its pause is over."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from coordinator.errors import CoordinatorError
-from coordinator.pool.loads import FAILED_AGAIN, HOLD, ModelLoads
+from coordinator.pool.loads import BUSY_AGAIN, FAILED_AGAIN, HOLD, ModelLoads
 from coordinator.pool.registry import Registry
 from protocol import reasons
 from protocol.health import OfferedModel
@@ -45,8 +45,17 @@ def beat(reg: Registry, worker_id: str, model: str, *, sessions: int = 0, offere
         update={"offered": list(offered)}), now=time.monotonic())
 
 
-def loads(reg: Registry, asked: Any, queue_size: int = 8) -> ModelLoads:
-    return ModelLoads(reg, asked, worker_token="t", now=time.monotonic, queue_size=queue_size)
+def loads(reg: Registry, asked: Any) -> ModelLoads:
+    return ModelLoads(reg, asked, worker_token="t", now=time.monotonic)
+
+
+async def tried(on_demand: ModelLoads, model: str) -> str:
+    """One try at `model`: "served", or the reason it is refused."""
+    try:
+        await on_demand.wanted(model)
+    except CoordinatorError as exc:
+        return exc.reason
+    return "served"
 
 
 async def test_a_worker_that_loads_the_model_beside_those_it_serves_is_asked_before_a_less_busy_one() -> None:
@@ -55,11 +64,10 @@ async def test_a_worker_that_loads_the_model_beside_those_it_serves_is_asked_bef
     beat(reg, "idle", "smol", sessions=0)
     beat(reg, "roomy", "smol", sessions=3, offered=(GEMMA.model_copy(update={"beside": True}),))
     on_demand = loads(reg, asked)
-    waiting = asyncio.create_task(on_demand.until_served("gemma", time.monotonic() + 5))
-    await asyncio.sleep(0.2)
+    assert await tried(on_demand, "gemma") == reasons.LOADING
     assert asked.urls == ["http://roomy.test/worker/models/load"]
     beat(reg, "roomy.m1", "gemma", offered=())
-    await asyncio.wait_for(waiting, 2)
+    assert await tried(on_demand, "gemma") == "served"
 
 
 async def test_a_burst_makes_one_ask_of_the_least_busy_worker_and_returns_once_it_serves_the_model() -> None:
@@ -67,13 +75,11 @@ async def test_a_burst_makes_one_ask_of_the_least_busy_worker_and_returns_once_i
     beat(reg, "busy", "smol", sessions=3)
     beat(reg, "idle", "smol", sessions=0)
     on_demand = loads(reg, asked)
-    deadline = time.monotonic() + 5
-    burst = [asyncio.create_task(on_demand.until_served("gemma", deadline)) for _ in range(5)]
-    await asyncio.sleep(0.3)
-    assert asked.urls == ["http://idle.test/worker/models/load"] and not any(t.done() for t in burst)
+    burst = await asyncio.gather(*(tried(on_demand, "gemma") for _ in range(5)))
+    assert asked.urls == ["http://idle.test/worker/models/load"] and burst == [reasons.LOADING] * 5
     assert on_demand.loading("gemma") and not on_demand.loading("smol")
     beat(reg, "idle", "gemma", offered=(OfferedModel(name="gemma", state="loaded"),))
-    await asyncio.wait_for(asyncio.gather(*burst), 2)
+    assert await asyncio.gather(*(tried(on_demand, "gemma") for _ in range(5))) == ["served"] * 5
     assert on_demand.asked == 1 and not on_demand.loading("gemma")
 
 
@@ -83,40 +89,29 @@ async def test_a_failed_load_refuses_with_the_workers_reason_until_its_pause_is_
     failed = Asked(503, b'{"error": "model \'gemma\' failed to load (RuntimeError: no room)", '
                         b'"reason": "model_load_failed", "request_id": "r"}')
     clock = [time.monotonic()]
-    on_demand = ModelLoads(reg, failed, worker_token=None, now=lambda: clock[0], queue_size=8)
+    on_demand = ModelLoads(reg, failed, worker_token=None, now=lambda: clock[0])
     for _ in range(2):  # the second request gets the same answer without asking again
         with pytest.raises(CoordinatorError) as refused:
-            await on_demand.until_served("gemma", clock[0] + 5)
+            await on_demand.wanted("gemma")
         assert refused.value.reason == reasons.MODEL_LOAD_FAILED and "no room" in str(refused.value)
-    assert on_demand.asked == 1
+    assert on_demand.asked == 1 and not on_demand.loading("gemma")
     clock[0] += FAILED_AGAIN
     with pytest.raises(CoordinatorError):
-        await on_demand.until_served("gemma", clock[0] + 5)
+        await on_demand.wanted("gemma")
     assert on_demand.asked == 2  # asked again once the pause is over
-
-
-async def test_the_wait_is_bounded_in_count_and_in_time() -> None:
-    reg = Registry(stale_after=30.0, dead_after=60.0)
-    beat(reg, "w1", "smol")
-    on_demand = loads(reg, Asked(), queue_size=1)
-    first = asyncio.create_task(on_demand.until_served("gemma", time.monotonic() + 0.5))
-    await asyncio.sleep(0.05)
-    with pytest.raises(CoordinatorError) as full:
-        await on_demand.until_served("gemma", time.monotonic() + 5)
-    assert full.value.reason == reasons.QUEUE_FULL
-    with pytest.raises(CoordinatorError) as late:
-        await first
-    assert late.value.reason == reasons.QUEUE_TIMEOUT
 
 
 async def test_a_worker_busy_swapping_to_another_model_is_asked_again_soon() -> None:
     reg = Registry(stale_after=30.0, dead_after=60.0)
     beat(reg, "w1", "smol")
     busy = Asked(409, b'{"error": "swapping to x", "reason": "model_swapping", "request_id": "r"}')
-    on_demand = loads(reg, busy)
-    with pytest.raises(CoordinatorError):
-        await on_demand.until_served("gemma", time.monotonic() + 1.5)
-    assert 2 <= on_demand.asked <= 3  # once, then again after BUSY_AGAIN
+    clock = [time.monotonic()]
+    on_demand = ModelLoads(reg, busy, worker_token="t", now=lambda: clock[0])
+    assert await tried(on_demand, "gemma") == reasons.LOADING  # a request waits, woken by heartbeats
+    clock[0] += BUSY_AGAIN - 0.1
+    assert await tried(on_demand, "gemma") == reasons.LOADING and on_demand.asked == 1
+    clock[0] += 0.1
+    assert await tried(on_demand, "gemma") == reasons.LOADING and on_demand.asked == 2  # again after BUSY_AGAIN
 
 
 async def test_a_model_a_worker_swaps_to_or_away_from_waits_for_the_swap_without_an_ask() -> None:
@@ -131,21 +126,19 @@ async def test_a_model_a_worker_swaps_to_or_away_from_waits_for_the_swap_without
     assert reg.swap_involves("smol") and reg.swap_involves("gemma") and not reg.swap_involves("other")
     on_demand = loads(reg, asked)
     assert on_demand.loading("gemma") and not on_demand.loading("smol")  # /v1/models: whoever asked for it
-    deadline = time.monotonic() + 5
-    waiting = [asyncio.create_task(on_demand.until_served(m, deadline)) for m in ("gemma", "smol")]
+    assert [await tried(on_demand, m) for m in ("gemma", "smol")] == [reasons.LOADING] * 2
+    assert asked.urls == []  # no ask, no refusal: the swap runs (their requests wait in the queue)
     await asyncio.sleep(0.3)
-    assert asked.urls == [] and not any(t.done() for t in waiting)  # no ask, no refusal: the swap runs
     reg.upsert(heartbeat("w1", timestamp=2, model="gemma").model_copy(update={"offered": [
         OfferedModel(name="smol", aliases=["a-smol"], state="offered"), OfferedModel(name="gemma", state="loaded")]}),
         now=time.monotonic())
-    await asyncio.wait_for(waiting[0], 2)  # served now
+    assert await tried(on_demand, "gemma") == "served"
     swapped = reg.get("w1")
     assert swapped is not None and swapped.last_swap_s is not None and 0.25 <= swapped.last_swap_s < 2  # beats apart
     await asyncio.sleep(1.5)  # its requests are let in (HOLD) before the model it left is asked for
-    assert HOLD == 2.0 and asked.urls == []
+    assert await tried(on_demand, "smol") == reasons.LOADING and HOLD == 2.0 and asked.urls == []
     await asyncio.sleep(0.8)
-    assert asked.urls == ["http://w1.test/worker/models/load"] and not waiting[1].done()
-    waiting[1].cancel()
+    assert await tried(on_demand, "smol") == reasons.LOADING and asked.urls == ["http://w1.test/worker/models/load"]
 
 
 async def test_a_draining_worker_that_is_not_swapping_does_not_hold_requests() -> None:
@@ -153,9 +146,7 @@ async def test_a_draining_worker_that_is_not_swapping_does_not_hold_requests() -
     reg.upsert(heartbeat("w1", timestamp=1, model="smol", draining=True).model_copy(
         update={"offered": [OfferedModel(name="smol", state="loaded"), GEMMA]}), now=time.monotonic())
     assert reg.offered_as("smol") is None and not reg.swap_involves("gemma")
-    with pytest.raises(CoordinatorError) as refused:
-        await loads(reg, asked).until_served("gemma", time.monotonic() + 5)
-    assert refused.value.reason == reasons.MODEL_UNAVAILABLE and asked.urls == []
+    assert await tried(loads(reg, asked), "gemma") == reasons.MODEL_UNAVAILABLE and asked.urls == []
 
 
 async def test_a_worker_in_standby_serves_nothing_and_is_asked_to_load_the_model_it_unloaded() -> None:
@@ -168,10 +159,21 @@ async def test_a_worker_in_standby_serves_nothing_and_is_asked_to_load_the_model
     assert reg.alive_models() == [] and reg.offered_models() == {"gemma": ["w1"], "smol": ["w1"]}
     assert reg.offered_as("a-smol") == "smol" and not reg.swap_involves("smol")
     on_demand = loads(reg, asked)
-    waiting = asyncio.create_task(on_demand.until_served("smol", time.monotonic() + 5))
-    await asyncio.sleep(0.3)
-    assert asked.urls == ["http://w1.test/worker/models/load"] and not waiting.done()
+    assert await tried(on_demand, "smol") == reasons.LOADING
+    assert asked.urls == ["http://w1.test/worker/models/load"]
     reg.upsert(heartbeat("w1", timestamp=2, model="smol").model_copy(update={"offered": [
         OfferedModel(name="smol", aliases=["a-smol"], state="loaded"), GEMMA]}), now=time.monotonic())
-    await asyncio.wait_for(waiting, 2)
+    assert await tried(on_demand, "smol") == "served"
     assert reg.alive_models() == ["smol"] and reg.offered_models() == {"gemma": ["w1"]}
+
+
+async def test_a_heartbeat_that_shows_the_model_served_answers_its_ask_so_a_later_swap_asks_again() -> None:
+    """A request let in by the heartbeat never calls again: the ask is answered there (`served`), or a
+    model swapped away later would wait ASK_AGAIN for an ask already answered."""
+    reg, asked = Registry(stale_after=30.0, dead_after=60.0), Asked()
+    beat(reg, "w1", "smol")
+    on_demand = loads(reg, asked)
+    assert await tried(on_demand, "gemma") == reasons.LOADING and on_demand.loading("gemma")
+    on_demand.served("gemma")
+    assert not on_demand.loading("gemma")
+    assert await tried(on_demand, "gemma") == reasons.LOADING and on_demand.asked == 2
