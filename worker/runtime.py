@@ -139,14 +139,14 @@ class WorkerRuntime:
         """The engine, as one whose cells can move; 400 when its backend cannot (checked per call, from
         what `isinstance` found at start)."""
         if self._cells is None:
-            raise WorkerError(400, reasons.INVALID_REQUEST, f"this worker's engine ({self.settings.engine}) holds no "
+            raise WorkerError(reasons.INVALID_REQUEST, f"this worker's engine ({self.settings.engine}) holds no "
                               "KV cells that can move")
         return self._cells
 
     def prefix_cells(self) -> PrefixExport:
         """The engine, as one that exports a prompt's prefix; 400 when its backend cannot."""
         if self._prefixes is None:
-            raise WorkerError(400, reasons.INVALID_REQUEST, f"this worker's engine ({self.settings.engine}) exports "
+            raise WorkerError(reasons.INVALID_REQUEST, f"this worker's engine ({self.settings.engine}) exports "
                               "no prompt prefixes")
         return self._prefixes
 

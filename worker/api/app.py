@@ -127,11 +127,9 @@ async def _worker_error(request: Request, exc: WorkerError) -> JSONResponse:
 async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
     problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}"
                          for e in exc.errors())
-    return WorkerError(400, reasons.INVALID_REQUEST, problems).to_response(request_id_of(request))
+    return WorkerError(reasons.INVALID_REQUEST, problems).to_response(request_id_of(request))
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     # Unknown routes and methods get the documented error body too, not FastAPI's {"detail": ...}.
-    reason = reasons.INVALID_REQUEST if exc.status_code < 500 else reasons.INTERNAL
-    error = WorkerError(exc.status_code, reason, str(exc.detail))
-    return error.to_response(request_id_of(request))
+    return WorkerError.from_http(exc.status_code, str(exc.detail)).to_response(request_id_of(request))
 

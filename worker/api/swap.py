@@ -102,9 +102,9 @@ class Swapper:
             if self._target and (asked := self._offer(name)) is not None and asked is self._offer(self._target):
                 return ModelLoadAnswer(model=self._target, state="loading")
             doing = f"swapping to {self._target!r}" if self._target else "unloading its idle model"
-            raise WorkerError(409, reasons.MODEL_SWAPPING, f"this worker is {doing}; ask again once it is done")
+            raise WorkerError(reasons.MODEL_SWAPPING, f"this worker is {doing}; ask again once it is done")
         if not beating(self._slots):
-            raise WorkerError(503, reasons.LOADING, "the model is still loading")
+            raise WorkerError(reasons.LOADING, "the model is still loading")
         if (served := self._serving_now(name)) is not None:
             return ModelLoadAnswer(model=served.names.name, state="loaded")
         offer = self._loadable(name)
@@ -157,13 +157,13 @@ class Swapper:
         """The folder's offer `name` names, or why it cannot be loaded now (a `WorkerError`)."""
         offer = self._offer(name)
         if offer is None or offer.names is None:
-            raise WorkerError(404, reasons.UNKNOWN_MODEL, f"model {name!r} is not in this worker's folder")
+            raise WorkerError(reasons.UNKNOWN_MODEL, f"model {name!r} is not in this worker's folder")
         if offer.state != "offered":
-            raise WorkerError(400, reasons.INVALID_REQUEST, f"model {name!r} is {offer.state}: {offer.reason}")
+            raise WorkerError(reasons.INVALID_REQUEST, f"model {name!r} is {offer.state}: {offer.reason}")
         until, why = self._failed.get(offer.names.name, (0.0, ""))
         if self._clock() < until:
-            raise WorkerError(503, reasons.MODEL_LOAD_FAILED, f"model {offer.names.name!r} failed to load ({why}); "
-                                                              f"tried again in {until - self._clock():.0f} s")
+            raise WorkerError(reasons.MODEL_LOAD_FAILED, f"model {offer.names.name!r} failed to load ({why}); "
+                                                         f"tried again in {until - self._clock():.0f} s")
         return offer
 
     def _start(self, slot: Slot, offer: Offer, why: str, others: Sequence[Slot] = ()) -> None:
@@ -464,13 +464,13 @@ def _inside(path: Path, folder: Path) -> bool:
                         **{status: {"model": ErrorBody, "description": text} for status, text in {
                             400: "`invalid_request`: the model is `unavailable` or `too_large` (its reason named)",
                             401: "`unauthorized`", 404: "`unknown_model`: not in the worker's folder",
-                            409: "`model_swapping`: a swap to another model is under way",
-                            503: "`loading`, or `model_load_failed` (its reason; refused for a while)"}.items()}})
+                            503: "`loading`; `model_swapping`: a swap to another model is under way; or "
+                                 "`model_load_failed` (its reason; refused for a while)"}.items()}})
 async def load(body: ModelLoadRequest, request: Request) -> JSONResponse:
     """Serve another model of the folder, once the one served now has finished its streams."""
     authorize(request)
     swapper: Swapper | None = getattr(request.app.state, "swapper", None)
     if swapper is None:
-        raise WorkerError(503, reasons.LOADING, "the model is still loading")
+        raise WorkerError(reasons.LOADING, "the model is still loading")
     answer = swapper.load(body.model)
     return JSONResponse(answer.model_dump(), status_code=200 if answer.state == "loaded" else 202)

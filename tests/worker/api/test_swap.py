@@ -99,7 +99,7 @@ async def test_a_swap_drains_stops_then_loads_and_a_second_ask_joins_it() -> Non
     assert swap.load("gemma").state == "loading"  # the same swap
     with pytest.raises(WorkerError) as busy:
         swap.load("small")
-    assert (busy.value.status, busy.value.reason) == (409, "model_swapping")
+    assert (busy.value.status, busy.value.reason) == (503, "model_swapping")
     old = app.state.slots[0].runtime
     await swap._task  # type: ignore[misc]
     assert old.heartbeats.swapping == old.gate.swapping == "gemma"  # its beats and refusals said where it went
@@ -252,7 +252,7 @@ async def test_a_load_that_fails_from_standby_stays_in_standby_and_is_refused_fo
     with pytest.raises(WorkerError) as unloading:
         swap._task = asyncio.create_task(asyncio.sleep(0.05))  # while an unload (or load) runs
         swap.load("gemma")
-    assert (unloading.value.status, unloading.value.reason) == (409, "model_swapping")
+    assert (unloading.value.status, unloading.value.reason) == (503, "model_swapping")
     await swap._task
     swap.load("gemma")
     await swap._task  # type: ignore[misc]
