@@ -89,7 +89,7 @@ class Gate:
     cells: KvTransfer | None = None  # the engine, when its cells can move (the runtime found): else no peer fetch
     preemption: Preemption | None = None  # the engine, when it parks batch requests: else none is parked
     draining: bool = False
-    swapping: str = ""  # the model a swap loads next (worker/api/swap.py): the drain's refusals name the swap
+    swapping: str = ""  # the model a swap loads next (worker/slots/swapper.py): the drain's refusals name the swap
     # A request refused only for capacity that a cancelled stream still holds (its client left; the
     # engine releases it at its next step) waits for that release, this long at most, instead of
     # answering 503: the coordinator freed that capacity in its view the moment it closed the stream,

@@ -67,11 +67,12 @@ from serving import tracing
 from serving.tracing import NO_TRACE, Trace
 from worker.admission import Ticket
 from worker.api.event_stream import EventStream, token_event
-from worker.api.slots import beating, slot_of, slots_of
+from worker.api.slots import slot_of, slots_of
 from worker.engine.jobs import Failed, Finished, Job, PromptScored
 from worker.errors import WorkerError
 from worker.metrics import WorkerMetrics
 from worker.runtime import WorkerRuntime
+from worker.slots.slot import beating
 
 log = logging.getLogger("worker.requests")
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
