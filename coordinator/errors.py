@@ -1,51 +1,18 @@
-"""The coordinator's one error family and the one table from `reason` to HTTP status.
+"""The coordinator's one error family, and its view of the one table from `reason` to HTTP status.
 
-Owns: `CoordinatorError` and `STATUS_BY_REASON`. Every refusal the coordinator sends before the
-first byte of a response is a `CoordinatorError`; app.py turns it into a JSON `ErrorBody` in one
-place. After the first byte, the same reason travels as an SSE `error` event instead.
+Owns: `CoordinatorError`. `STATUS_BY_REASON` is protocol.statuses' table as the coordinator answers it
+(`RELAYED_STATUS_BY_REASON`), imported here for the coordinator's rooms. Every refusal the coordinator
+sends before the first byte of a response is a `CoordinatorError`; app.py turns it into a JSON
+`ErrorBody` in one place. After the first byte, the same reason travels as an SSE `error` event instead.
 Must not: import FastAPI or know about requests.
 """
 
 from __future__ import annotations
 
-from protocol import reasons
+from protocol.statuses import RELAYED_STATUS_BY_REASON as STATUS_BY_REASON
 from protocol.worker import REQUEST_ID_HEADER
 
-STATUS_BY_REASON: dict[str, int] = {
-    reasons.INVALID_REQUEST: 400,
-    reasons.EMBEDDINGS_UNSUPPORTED: 400,
-    reasons.UNAUTHORIZED: 401,
-    reasons.UNKNOWN_MODEL: 404,
-    reasons.UNKNOWN_SESSION: 404,
-    reasons.SESSION_EXPIRED: 404,
-    reasons.SESSION_BUSY: 409,
-    reasons.WORKER_CONFLICT: 409,
-    reasons.PROMPT_TOO_LONG: 413,
-    reasons.BODY_TOO_LARGE: 413,
-    reasons.REQUEST_TIMEOUT: 408,
-    reasons.HEADERS_TOO_LARGE: 431,
-    reasons.RATE_LIMITED: 429,
-    reasons.BUDGET_EXCEEDED: 429,
-    reasons.NO_WORKERS: 503,
-    reasons.MODEL_UNAVAILABLE: 503,
-    reasons.SESSIONS_FULL: 503,
-    reasons.KV_FULL: 503,
-    reasons.QUEUE_FULL: 503,
-    reasons.QUEUE_TIMEOUT: 503,
-    reasons.LOADING: 503,
-    reasons.MODEL_LOAD_FAILED: 503,
-    reasons.MODEL_SWAPPING: 409,
-    reasons.DRAINING: 503,
-    reasons.STREAMS_FULL: 503,
-    reasons.EMBEDDINGS_FULL: 503,
-    reasons.WORKER_UNAVAILABLE: 502,
-    reasons.WORKER_FAILED: 502,
-    reasons.ENGINE_FAILED: 502,
-    reasons.DEADLINE_EXCEEDED: 504,
-    reasons.PROTOCOL_MISMATCH: 502,
-    reasons.INTERNAL: 500,
-    reasons.CLIENT_GONE: 499,  # nginx's "client closed request": only ever logged
-}
+__all__ = ["STATUS_BY_REASON", "CoordinatorError", "error_headers"]
 
 
 class CoordinatorError(Exception):

@@ -2,33 +2,33 @@
 
 The same string appears in the JSON error body, the log line and the metric label. The coordinator
 reads a worker's refusal reason to decide whether another worker may succeed (`RETRYABLE_ON_OTHER_WORKER`).
+Each reason's HTTP status is in protocol.statuses, once (the groups below follow it).
 """
 
 from __future__ import annotations
 
-# 400
+# the request
 INVALID_REQUEST = "invalid_request"
 PROTOCOL_MISMATCH = "protocol_mismatch"
 EMBEDDINGS_UNSUPPORTED = "embeddings_unsupported"  # no worker of the model says it serves embeddings
-# 401
 UNAUTHORIZED = "unauthorized"
-# 408, 413, 431: refused at the edge, before the app saw the request (serving/edge.py)
-REQUEST_TIMEOUT = "request_timeout"
-BODY_TOO_LARGE = "body_too_large"
-HEADERS_TOO_LARGE = "headers_too_large"
-# 404
 UNKNOWN_MODEL = "unknown_model"
 UNKNOWN_SESSION = "unknown_session"
 SESSION_EXPIRED = "session_expired"
 NO_PREFIX = "no_prefix"  # a peer worker holds no long enough prefix of the prompt asked about
 KV_REFUSED = "kv_refused"  # a KV blob this worker cannot take in (another model, cut short, damaged)
-# 409
 SESSION_BUSY = "session_busy"
 SESSION_EXISTS = "session_exists"  # an imported session's id is already held here
 WORKER_CONFLICT = "worker_conflict"  # a heartbeat claims a live worker's id from another URL
-# 413
 PROMPT_TOO_LONG = "prompt_too_long"
-# 503: capacity
+# refused at the edge, before the app saw the request (serving/edge.py)
+REQUEST_TIMEOUT = "request_timeout"
+BODY_TOO_LARGE = "body_too_large"
+HEADERS_TOO_LARGE = "headers_too_large"
+# an API key's limits
+RATE_LIMITED = "rate_limited"  # the API key is over one of its limits (streams, requests or tokens a minute)
+BUDGET_EXCEEDED = "budget_exceeded"  # the API key has used its token budget for the period
+# capacity: ask again later, or another worker
 NO_WORKERS = "no_workers"
 MODEL_UNAVAILABLE = "model_unavailable"
 SESSIONS_FULL = "sessions_full"
@@ -39,12 +39,10 @@ LOADING = "loading"
 MODEL_LOAD_FAILED = "model_load_failed"  # the model could not be loaded (the reason named); tried again after a pause
 MODEL_SWAPPING = "model_swapping"  # a worker is swapping to another model: asked for a third, it says which
 DRAINING = "draining"
-RATE_LIMITED = "rate_limited"  # the API key is over one of its limits (streams, requests or tokens a minute)
-BUDGET_EXCEEDED = "budget_exceeded"  # the API key has used its token budget for the period
 STREAMS_FULL = "streams_full"  # the coordinator relays as many streams as it is set to: it protects itself
 EMBEDDINGS_FULL = "embeddings_full"  # every embedding slot (a worker's bounded embedding queue) is taken
 TRANSFERS_FULL = "transfers_full"  # a worker moves that many sessions' KV at once (WORKER_KV_TRANSFERS)
-# 502 / stream errors
+# faults, and stream errors
 WORKER_UNAVAILABLE = "worker_unavailable"
 WORKER_FAILED = "worker_failed"
 SLOW_CONSUMER = "slow_consumer"

@@ -89,7 +89,7 @@ class Gate:
     cells: KvTransfer | None = None  # the engine, when its cells can move (the runtime found): else no peer fetch
     preemption: Preemption | None = None  # the engine, when it parks batch requests: else none is parked
     draining: bool = False
-    swapping: str = ""  # the model a swap loads next (worker/api/swap.py): the drain's refusals name the swap
+    swapping: str = ""  # the model a swap loads next (worker/slots/swapper.py): the drain's refusals name the swap
     # A request refused only for capacity that a cancelled stream still holds (its client left; the
     # engine releases it at its next step) waits for that release, this long at most, instead of
     # answering 503: the coordinator freed that capacity in its view the moment it closed the stream,
@@ -121,10 +121,10 @@ class Gate:
         its absence means the conversation was lost (e.g. a restart): 404, never a fresh start."""
         known = self._known_session(request, session_expected)
         if request.n > self.table.limits.max_sessions:
-            raise WorkerError(400, reasons.INVALID_REQUEST, f"n: {request.n} choices need as many sequences; this "
+            raise WorkerError(reasons.INVALID_REQUEST, f"n: {request.n} choices need as many sequences; this "
                               f"worker runs {self.table.limits.max_sessions}")
         if request.prompt_logprobs is not None and not isinstance(self.engine, PromptScoring):
-            raise WorkerError(400, reasons.INVALID_REQUEST, "prompt_logprobs: this worker's engine does not score "
+            raise WorkerError(reasons.INVALID_REQUEST, "prompt_logprobs: this worker's engine does not score "
                               "prompts")
         if not request.raw and self.model.turn_stop is not None and self.model.turn_stop not in request.stop:
             request = request.model_copy(update={"stop": [*request.stop, self.model.turn_stop]})
@@ -143,10 +143,10 @@ class Gate:
             try:
                 tokens, constraints = await asyncio.to_thread(self._prepare_thread, request, history, cached_view)
             except (TemplateRefusal, ConstraintError) as refused:  # e.g. "Conversation roles must alternate"
-                raise WorkerError(400, reasons.INVALID_REQUEST, str(refused)) from None
+                raise WorkerError(reasons.INVALID_REQUEST, str(refused)) from None
         limit = self.table.limits.session_max_tokens
         if len(tokens) >= limit:
-            raise WorkerError(413, reasons.PROMPT_TOO_LONG,
+            raise WorkerError(reasons.PROMPT_TOO_LONG,
                               f"prompt is {len(tokens)} tokens; a session holds at most {limit} tokens "
                               "including the output")
         need = min(limit, len(tokens) + request.max_tokens)
@@ -156,7 +156,7 @@ class Gate:
             # Another turn ran or the session was deleted while we tokenized: our prompt is stale.
             self.engine.free(admission.freed_seq_ids)
             self._undo(session, keep_kv=session is known)
-            raise WorkerError(409, reasons.SESSION_BUSY, f"session {request.session_id!r} changed meanwhile")
+            raise WorkerError(reasons.SESSION_BUSY, f"session {request.session_id!r} changed meanwhile")
         cached = min(shared_prefix(session.tokens, tokens), len(tokens) - 1)
         if request.prompt_logprobs is not None:
             cached = 0  # cells already held have no logits: a scored prompt is prefilled whole
@@ -211,11 +211,11 @@ class Gate:
         here, another size than this model's; then the embedder's own (full, too long, deadline)."""
         self._serving(request.model)
         if self.embedder is None:
-            raise WorkerError(400, reasons.EMBEDDINGS_UNSUPPORTED, "this worker does not serve embeddings "
+            raise WorkerError(reasons.EMBEDDINGS_UNSUPPORTED, "this worker does not serve embeddings "
                               "(started with --no-embeddings, or its engine has none)")
         size = self.embedder.context.dimensions
         if request.dimensions is not None and request.dimensions != size:
-            raise WorkerError(400, reasons.INVALID_REQUEST, f"dimensions: {self.names.name} embeds into {size} "
+            raise WorkerError(reasons.INVALID_REQUEST, f"dimensions: {self.names.name} embeds into {size} "
                               f"dimensions, the only size served")
         return await self.embedder.embed(request.inputs)
 
@@ -236,7 +236,7 @@ class Gate:
             try:
                 tokens = self.model.tokenize(self.model.render_chat(history), add_special=work.add_special)
             except TemplateRefusal as refused:
-                raise WorkerError(400, reasons.INVALID_REQUEST, str(refused)) from None
+                raise WorkerError(reasons.INVALID_REQUEST, str(refused)) from None
         strs = [self.model.piece(t).decode("utf-8", errors="replace") for t in tokens] if work.token_strs else None
         return TokenizeResponse(count=len(tokens), max_model_len=self.table.limits.session_max_tokens, tokens=tokens,
                                 token_strs=strs)
@@ -265,7 +265,7 @@ class Gate:
         vocabulary = self.model.shape.n_vocab
         for i, token in enumerate(tokens):
             if token >= vocabulary:
-                raise WorkerError(400, reasons.INVALID_REQUEST, f"{field}.{i}: {token} is not a token of "
+                raise WorkerError(reasons.INVALID_REQUEST, f"{field}.{i}: {token} is not a token of "
                                   f"{self.names.name} (its vocabulary has {vocabulary})")
 
     def released(self) -> None:
@@ -374,20 +374,20 @@ class Gate:
         # Without the coordinator's claim that it continues here, an expired id starts afresh.
         known = self.table.lookup(request.session_id, tenant=request.tenant, continuation=session_expected)
         if known is None and session_expected:
-            raise WorkerError(404, reasons.UNKNOWN_SESSION,
+            raise WorkerError(reasons.UNKNOWN_SESSION,
                               f"session {request.session_id!r} is not on this worker (restarted or dropped)")
         if known is not None and known.busy:
-            raise WorkerError(409, reasons.SESSION_BUSY, f"session {request.session_id!r} is generating")
+            raise WorkerError(reasons.SESSION_BUSY, f"session {request.session_id!r} is generating")
         return known
 
     def _serving(self, model: str | None) -> None:
         """Refuses any request while draining, and one for another model than this worker's."""
         if self.draining and self.swapping:
-            raise WorkerError(503, reasons.MODEL_SWAPPING, f"worker is swapping to {self.swapping!r}")
+            raise WorkerError(reasons.MODEL_SWAPPING, f"worker is swapping to {self.swapping!r}")
         if self.draining:
-            raise WorkerError(503, reasons.DRAINING, "worker is draining")
+            raise WorkerError(reasons.DRAINING, "worker is draining")
         if model is not None and not self.names.serves(model):
-            raise WorkerError(404, reasons.UNKNOWN_MODEL,
+            raise WorkerError(reasons.UNKNOWN_MODEL,
                               f"model {model!r} is not served here (this worker serves {self.names.name!r})")
 
     def _undo(self, session: Session, *, keep_kv: bool) -> None:

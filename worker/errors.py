@@ -1,13 +1,16 @@
 """The worker's one error family. Its status code and reason go to the client unchanged.
 
 Owns: `WorkerError` and the rule that turns it into an HTTP response (`to_response`).
-Must not: decide *when* to fail; the edge, admission and session table raise these.
+Must not: decide *when* to fail (the edge, admission and session table raise these), nor type a status:
+a refusal is raised by its reason, and its status is protocol.statuses' (the coordinator's table too).
 """
 
 from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
+from protocol import reasons
+from protocol.statuses import STATUS_BY_REASON
 from protocol.worker import REQUEST_ID_HEADER, ErrorBody
 
 RETRY_AFTER_SECONDS = "1"
@@ -19,13 +22,22 @@ class ConstraintError(ValueError):
 
 
 class WorkerError(Exception):
-    """A refusal with an HTTP status and a machine-readable reason from protocol.reasons."""
+    """A refusal with a machine-readable reason from protocol.reasons; its HTTP status is the reason's
+    (protocol.statuses), a 503 with Retry-After."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
-        self.status = status
+        self.status = STATUS_BY_REASON.get(reason, 500)
         self.reason = reason
         self.message = message
+
+    @classmethod
+    def from_http(cls, status: int, message: str) -> WorkerError:
+        """Starlette's own refusal (no route for the path, 404; not its method, 405): its status kept, with
+        the reason `invalid_request` (below 500) or `internal`. The one status not its reason's."""
+        error = cls(reasons.INVALID_REQUEST if status < 500 else reasons.INTERNAL, message)
+        error.status = status
+        return error
 
     def to_response(self, request_id: str) -> JSONResponse:
         headers = {REQUEST_ID_HEADER: request_id}

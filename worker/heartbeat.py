@@ -65,8 +65,8 @@ class HeartbeatSender:
         self._identity = model_identity
         self._embeddings = embeddings
         self.offered = list(offered)  # the folder's models as listed (WorkerRuntime.offer updates it)
-        self.swapping = ""  # the model a swap (worker/api/swap.py) loads next, while it runs
-        self.standby = False  # its model is unloaded, idle past the keep-alive (swap.py), and none loaded yet
+        self.swapping = ""  # the model a swap (worker/slots/swapper.py) loads next, while it runs
+        self.standby = False  # its model is unloaded, idle past the keep-alive (worker/slots/), and none loaded yet
         self._headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
         self._interval = interval
         self._load = load

@@ -128,7 +128,7 @@ class WorkerRuntime:
         self.jobs: set[Job] = set()  # the jobs whose stream is open (app.py keeps it), for the drain
         self._clock = clock
         self.used_at = clock()  # when a request last ended here (`used`), or the runtime was made
-        # Seconds its model stays loaded once idle (worker/api/swap.py); None: for good. A request's
+        # Seconds its model stays loaded once idle (worker/slots/swapper.py); None: for good. A request's
         # `keep_alive` sets it from then on (Ollama's meaning), as WORKER_KEEP_ALIVE did at start.
         self.keep_alive: float | None = settings.keep_alive or None
         self.heartbeats: HeartbeatSender | None = None
@@ -139,14 +139,14 @@ class WorkerRuntime:
         """The engine, as one whose cells can move; 400 when its backend cannot (checked per call, from
         what `isinstance` found at start)."""
         if self._cells is None:
-            raise WorkerError(400, reasons.INVALID_REQUEST, f"this worker's engine ({self.settings.engine}) holds no "
+            raise WorkerError(reasons.INVALID_REQUEST, f"this worker's engine ({self.settings.engine}) holds no "
                               "KV cells that can move")
         return self._cells
 
     def prefix_cells(self) -> PrefixExport:
         """The engine, as one that exports a prompt's prefix; 400 when its backend cannot."""
         if self._prefixes is None:
-            raise WorkerError(400, reasons.INVALID_REQUEST, f"this worker's engine ({self.settings.engine}) exports "
+            raise WorkerError(reasons.INVALID_REQUEST, f"this worker's engine ({self.settings.engine}) exports "
                               "no prompt prefixes")
         return self._prefixes
 
@@ -230,11 +230,26 @@ class WorkerRuntime:
         return max(0.0, self._clock() - self.used_at)
 
     def offer(self, offers: Sequence[Offer], beside: Collection[Path] = ()) -> None:
-        """The folder as read again (worker/api/swap.py's watch): the heartbeats list these from now on,
-        those in `beside` as loading beside the models served (`folder.listed`)."""
+        """The folder as read again (worker/slots/swapper.py's watch): the heartbeats list these from now on,
+        those in `beside` as loading beside the models served (`folder.listed`); in standby, none as loaded."""
         self._offers = list(offers)
         if self.heartbeats is not None:
-            self.heartbeats.offered = folder.listed(self._offers, self.settings.model_path, self.names, beside)
+            served = None if self.heartbeats.standby else self.settings.model_path
+            self.heartbeats.offered = folder.listed(self._offers, served, self.names, beside)
+
+    def stand_by(self, offers: Sequence[Offer]) -> None:
+        """Unloaded, the last model served (worker/slots/swapper.py): from its drain's first beat its heartbeats
+        say `standby`, listing `offers` with none loaded, so no coordinator sends it more."""
+        if self.heartbeats is not None:
+            self.heartbeats.standby = True
+        self.offer(offers)
+
+    def swapping_to(self, model: str) -> None:
+        """A swap to `model` drains it (worker/slots/swapper.py; "": none now): its refusals say so (503
+        `model_swapping`, not `draining`), and its heartbeats, from the drain's first."""
+        self.gate.swapping = model
+        if self.heartbeats is not None:
+            self.heartbeats.swapping = model
 
     async def _supervised(self, task: str, run: Callable[[], Awaitable[None]]) -> None:
         """Runs a background loop for the worker's life: an unexpected exception is logged with its
@@ -309,7 +324,7 @@ class WorkerRuntime:
 
     async def stop(self, *, leaving: bool = True) -> None:
         """Stops everything and closes the model (when it owns it). `leaving`: its last heartbeat says the
-        worker stops. Without (a swap, worker/api/swap.py): the heartbeats go on until `end_beats`,
+        worker stops. Without (a swap, worker/slots/swapper.py): the heartbeats go on until `end_beats`,
         each saying the worker drains and holds nothing, so that every coordinator keeps it, and its
         folder's offers, while the next model loads."""
         self.gate.draining = True

@@ -99,7 +99,7 @@ async def test_a_swap_waits_for_the_stream_in_flight_then_serves_the_other_model
         third = await client.post(load, json={"model": "c-broken"})
         stream = await streaming
         assert (asked.status_code, asked.json()) == (202, {"model": GEMMA, "state": "loading"})
-        assert again.status_code == 202 and third.status_code == 409 and third.json()["reason"] == "model_swapping"
+        assert again.status_code == 202 and third.status_code == 503 and third.json()["reason"] == "model_swapping"
         # The stream in flight when the swap was asked for ended whole, every token of it.
         assert stream.status == 200 and stream.names[-1] == "done" and stream.names.count("token") == tokens
         await asyncio.to_thread(wait_until, lambda: (listing(folder_pool) or {}).get("model") == GEMMA, 60,

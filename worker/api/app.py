@@ -27,8 +27,7 @@ from protocol import reasons
 from serving.tracing import Tracing
 from worker.api import routes, swap, tokenizer, transfer
 from worker.api.routes import request_id_of
-from worker.api.slots import SlotPaths, loaded, make_slots
-from worker.api.swap import Swapper
+from worker.api.slots import SlotPaths, loaded
 from worker.backends import load_model
 from worker.backends.base import ModelBackend
 from worker.errors import WorkerError
@@ -36,6 +35,8 @@ from worker.metrics import WorkerMetrics
 from worker.models.folder import open_folder, rescan
 from worker.runtime import WorkerRuntime
 from worker.settings import WorkerSettings
+from worker.slots.slot import make_slots
+from worker.slots.swapper import Swapper
 
 log = logging.getLogger("worker.requests")
 
@@ -52,7 +53,7 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.slots = make_slots(settings)  # slot 0 loads the first model; the others wait for a load
-        app.state.swapper = None  # made once the first model is served (swap.py)
+        app.state.swapper = None  # made once the first model is served (worker/slots/swapper.py)
         app.state.load_error = None
         app.state.metrics = WorkerMetrics()
         app.state.tracing = tracing
@@ -69,6 +70,10 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
             tracing.shutdown()  # the spans still queued go out now
 
     async def _load(app: FastAPI) -> None:
+        def lost(why: str) -> None:  # a swap left no model: recorded, and the server stops
+            app.state.load_error = why
+            on_load_failure()
+
         try:
             # A folder (--model-dir) is read first: it may choose the model to serve.
             chosen, offers = await asyncio.to_thread(open_folder, settings)
@@ -88,7 +93,7 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
                 return built
 
             runtime = await build(chosen, model)
-            app.state.swapper = Swapper(app, offers, build, on_lost=on_load_failure)
+            app.state.swapper = Swapper(app.state.slots, chosen, app.state.metrics, offers, build, on_lost=lost)
             if settings.model_dir is not None and settings.model_rescan > 0:
                 app.state.swapper.watch(functools.partial(rescan, settings, {}), settings.model_rescan)
             if settings.model_dir is not None:  # WORKER_KEEP_ALIVE, or a request's keep_alive
@@ -99,7 +104,7 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
             app.state.load_error = f"{type(exc).__name__}: {exc}"
             on_load_failure()
             raise
-        app.state.slots[0].runtime = runtime
+        app.state.slots[0].served(runtime, chosen)
         log.info(json.dumps({"event": "ready", "worker_id": chosen.worker_id, "model": runtime.names.name,
                              "aliases": runtime.names.aliases,
                              "kv_capacity_tokens": runtime.table.limits.capacity_tokens,
@@ -127,11 +132,9 @@ async def _worker_error(request: Request, exc: WorkerError) -> JSONResponse:
 async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
     problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}"
                          for e in exc.errors())
-    return WorkerError(400, reasons.INVALID_REQUEST, problems).to_response(request_id_of(request))
+    return WorkerError(reasons.INVALID_REQUEST, problems).to_response(request_id_of(request))
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     # Unknown routes and methods get the documented error body too, not FastAPI's {"detail": ...}.
-    reason = reasons.INVALID_REQUEST if exc.status_code < 500 else reasons.INTERNAL
-    error = WorkerError(exc.status_code, reason, str(exc.detail))
-    return error.to_response(request_id_of(request))
+    return WorkerError.from_http(exc.status_code, str(exc.detail)).to_response(request_id_of(request))
 

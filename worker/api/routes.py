@@ -67,11 +67,12 @@ from serving import tracing
 from serving.tracing import NO_TRACE, Trace
 from worker.admission import Ticket
 from worker.api.event_stream import EventStream, token_event
-from worker.api.slots import beating, slot_of, slots_of
+from worker.api.slots import slot_of, slots_of
 from worker.engine.jobs import Failed, Finished, Job, PromptScored
 from worker.errors import WorkerError
 from worker.metrics import WorkerMetrics
 from worker.runtime import WorkerRuntime
+from worker.slots.slot import beating
 
 log = logging.getLogger("worker.requests")
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -143,9 +144,9 @@ def runtime_of(request: Request) -> WorkerRuntime:
     slot = slot_of(request)
     if slot.runtime is None:
         if slot.standby is not None:
-            raise WorkerError(503, reasons.LOADING, f"no model is loaded ({slot.standby.names.name} was unloaded, "
-                                                    "idle past the keep-alive): POST /worker/models/load loads one")
-        raise WorkerError(503, reasons.LOADING, "the model is still loading" if slot.index == 0 else
+            raise WorkerError(reasons.LOADING, f"no model is loaded ({slot.standby.names.name} was unloaded, "
+                                               "idle past the keep-alive): POST /worker/models/load loads one")
+        raise WorkerError(reasons.LOADING, "the model is still loading" if slot.index == 0 else
                           f"slot {slot.index} of this worker serves no model now")
     return slot.runtime
 
@@ -156,7 +157,7 @@ def authorize(request: Request) -> None:
     token = request.app.state.settings.worker_token
     if token and not hmac.compare_digest(request.headers.get("authorization", "").encode(),
                                          f"Bearer {token}".encode()):
-        raise WorkerError(401, reasons.UNAUTHORIZED, "this worker needs the worker token")
+        raise WorkerError(reasons.UNAUTHORIZED, "this worker needs the worker token")
 
 
 # `response_class=Response` (no media type) keeps FastAPI from listing `application/json` for 200.
@@ -250,7 +251,7 @@ async def health(request: Request) -> JSONResponse:
         body = WorkerHealth(status="standby", worker_id=settings.worker_id, model=standby)
         return JSONResponse(body.model_dump(), status_code=200)
     if runtime is None and slot.index > 0:
-        raise WorkerError(404, reasons.UNKNOWN_MODEL, f"slot {slot.index} of this worker serves no model now")
+        raise WorkerError(reasons.UNKNOWN_MODEL, f"slot {slot.index} of this worker serves no model now")
     if runtime is None:
         body = WorkerHealth(status="loading", worker_id=settings.worker_id, model=settings.model_path.stem)
         return JSONResponse(body.model_dump(), status_code=503)
@@ -301,7 +302,7 @@ async def metrics(request: Request) -> Response:
 def _check_protocol(request: Request) -> None:
     version = request.headers.get(PROTOCOL_HEADER, str(PROTOCOL_VERSION))
     if version != str(PROTOCOL_VERSION):
-        raise WorkerError(400, reasons.PROTOCOL_MISMATCH,
+        raise WorkerError(reasons.PROTOCOL_MISMATCH,
                           f"this worker speaks protocol {PROTOCOL_VERSION}, the request is version {version}")
 
 
@@ -310,7 +311,7 @@ def _stream_ref(request: Request) -> int | None:
     if given is None:
         return None
     if not (given.isascii() and given.isdigit() and len(given) <= 19 and int(given) <= MAX_STREAM_REF):
-        raise WorkerError(400, reasons.INVALID_REQUEST, f"{STREAM_REF_HEADER} must be an integer below 2**63")
+        raise WorkerError(reasons.INVALID_REQUEST, f"{STREAM_REF_HEADER} must be an integer below 2**63")
     return int(given)
 
 

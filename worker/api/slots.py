@@ -1,50 +1,31 @@
-"""The slots a worker serves its models in (`WORKER_MAX_MODELS`, issue 37): with more than one, each model
-loaded at once is a worker of its own to coordinators, with its own id and URL, on one process.
+"""The slots a worker serves its models in (`WORKER_MAX_MODELS`, issue 37), as HTTP reaches them: with more
+than one, each model loaded at once is a worker of its own to coordinators, with its own id and URL, on
+one process.
 
-Owns: `Slot` (its settings, which name its worker id, URL and the file it serves; its runtime, or the
-closed runtime that beats `standby` while the worker holds no model), the app's slots
-(`app.state.slots`: slot 0 is the worker itself, at its own id and URL; slot k is `<id>.m<k>` at
+Owns: the app's slots (`app.state.slots`, each a worker/slots/slot.py `Slot`: slot 0 is the worker itself, at its own id and URL; slot k is `<id>.m<k>` at
 `<url>/slots/<k>`, `WorkerSettings.for_slot`), the slot a request is for (`slot_of`), and `SlotPaths`,
 which routes `<url>/slots/<k>/...` to the same routes as `<url>/...`, for slot k. So every route a
 coordinator uses (generate, embed, sessions and their KV, prefixes, tokenize, health, loads) needs no
 model in its request: the URL names the slot, as it names a worker.
-Must not: decide what is loaded in which slot (swap.py), or serve a route (routes.py).
+Must not: decide what is loaded in which slot, or change a slot (worker/slots/), or serve a route (routes.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 
 from worker.runtime import WorkerRuntime
-from worker.settings import SLOTS_PATH, WorkerSettings
+from worker.settings import SLOTS_PATH
+from worker.slots.slot import Slot
 
 SLOT_KEY = "llm_pool.slot"  # the ASGI scope's key for the slot a request is for (SlotPaths)
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-@dataclass(eq=False)
-class Slot:
-    index: int
-    settings: WorkerSettings  # its worker id and URL, and the model file it serves (or served last)
-    runtime: WorkerRuntime | None = None  # the model it serves; None: none (still loading, or empty)
-    standby: WorkerRuntime | None = None  # its model unloaded past the keep-alive: the closed runtime that beats
-
-    @property
-    def model(self) -> str:
-        """The model it serves, or ""."""
-        return self.runtime.names.name if self.runtime is not None else ""
-
-
-def make_slots(settings: WorkerSettings) -> list[Slot]:
-    """The worker's `max_models` slots, empty: slot 0 with the worker's own settings."""
-    return [Slot(k, settings.for_slot(k)) for k in range(settings.max_models)]
 
 
 def slots_of(app: FastAPI) -> list[Slot]:
@@ -55,17 +36,6 @@ def slots_of(app: FastAPI) -> list[Slot]:
 def slot_of(request: Request) -> Slot:
     """The slot the request's URL names (`SlotPaths`): slot 0 unless it came in under `/slots/<k>`."""
     return slots_of(request.app)[request.scope.get(SLOT_KEY, 0)]
-
-
-def beating(slots: Sequence[Slot]) -> bool:
-    """Some slot serves a model or beats in standby: the worker is up (not still loading its first model,
-    nor left with none)."""
-    return any(s.runtime is not None or s.standby is not None for s in slots)
-
-
-def others_serve(slots: Sequence[Slot], slot: Slot) -> bool:
-    """A slot other than `slot` serves a model."""
-    return any(s.runtime is not None for s in slots if s is not slot)
 
 
 def loaded(app: FastAPI) -> list[WorkerRuntime]:

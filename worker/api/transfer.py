@@ -73,7 +73,7 @@ async def _moving(runtime: WorkerRuntime) -> AsyncIterator[None]:
     """One of the worker's `kv_transfers` slots, or 503 at once: a move never queues behind others."""
     slots: asyncio.Semaphore = runtime.transfer_slots
     if slots.locked():
-        raise WorkerError(503, reasons.TRANSFERS_FULL,
+        raise WorkerError(reasons.TRANSFERS_FULL,
                           f"this worker moves {runtime.settings.kv_transfers} sessions' KV at once; try again")
     async with slots:
         yield
@@ -97,11 +97,11 @@ async def _body_at_rate(request: Request) -> bytes:
         except StopAsyncIteration:
             return b"".join(chunks)
         except TimeoutError:
-            raise WorkerError(408, reasons.REQUEST_TIMEOUT, f"the blob came slower than {BODY_RATE >> 20} MiB/s "
+            raise WorkerError(reasons.REQUEST_TIMEOUT, f"the blob came slower than {BODY_RATE >> 20} MiB/s "
                               f"after {BODY_GRACE:g} s ({received:,} bytes in {loop.time() - started:.1f} s); "
                               "its transfer slot is freed") from None
         except ClientDisconnect:
-            raise WorkerError(400, reasons.INVALID_REQUEST, "the client went away before its blob was sent") from None
+            raise WorkerError(reasons.INVALID_REQUEST, "the client went away before its blob was sent") from None
         chunks.append(chunk)
         received += len(chunk)
 
@@ -126,7 +126,7 @@ async def _export(session_id: str, tenant: str, runtime: WorkerRuntime) -> Respo
             # Every coordinator of the pool moves a draining worker's sessions: the first to ask takes
             # each, and the others hear it is taken (a session copied to two workers would be two).
             if runtime.gate.draining and session.handed_over:
-                raise WorkerError(409, reasons.SESSION_BUSY, f"session {session_id!r} is being moved by another "
+                raise WorkerError(reasons.SESSION_BUSY, f"session {session_id!r} is being moved by another "
                                   "coordinator")
             async with asyncio.timeout(runtime.settings.request_timeout):
                 cells = await asyncio.wrap_future(runtime.cells().export_cells(session.seq_id))
@@ -165,9 +165,9 @@ async def _import(session_id: str, tenant: str, request: Request, runtime: Worke
                                    max_tokens=runtime.table.limits.session_max_tokens)
         except TransferRefused as exc:
             runtime.metrics.kv_moved("import", "refused", len(blob))
-            raise WorkerError(400, reasons.KV_REFUSED, str(exc)) from None
+            raise WorkerError(reasons.KV_REFUSED, str(exc)) from None
         if runtime.table.lookup(session_id, tenant=tenant, continuation=False) is not None:
-            raise WorkerError(409, reasons.SESSION_EXISTS, f"session {session_id!r} is already held here")
+            raise WorkerError(reasons.SESSION_EXISTS, f"session {session_id!r} is already held here")
         admission = runtime.table.admit(session_id, len(header.tokens), tenant=tenant)
         runtime.engine.free(admission.freed_seq_ids)
         session = admission.session
@@ -180,7 +180,7 @@ async def _import(session_id: str, tenant: str, request: Request, runtime: Worke
                 runtime.engine.free([runtime.table.abandon(session)])
         if held != len(header.tokens):
             runtime.metrics.kv_moved("import", "refused", len(blob))
-            raise WorkerError(400, reasons.KV_REFUSED, f"llama.cpp did not take the cells ({held} of "
+            raise WorkerError(reasons.KV_REFUSED, f"llama.cpp did not take the cells ({held} of "
                               f"{len(header.tokens)} positions); nothing was kept")
         session.tokens = list(header.tokens)
         session.messages = [Message(m.role, m.content, m.tool_calls, m.name) for m in header.messages]
@@ -207,7 +207,7 @@ async def _export_prefix(body: PrefixRequest, runtime: WorkerRuntime) -> Respons
             found = await asyncio.wrap_future(runtime.prefix_cells().export_prefix(body.tokens, body.tenant,
                                                                                    body.at_least))
     if found is None:
-        raise WorkerError(404, reasons.NO_PREFIX, f"no sequence here holds {body.at_least} tokens of that prefix")
+        raise WorkerError(reasons.NO_PREFIX, f"no sequence here holds {body.at_least} tokens of that prefix")
     tokens, cells = found
     blob = pack(runtime.prefix_cells().cells_origin(), tokens, [], cells)
     runtime.metrics.kv_moved("prefix", "ok", len(blob))

@@ -140,11 +140,11 @@ class Embedder:
         request = _Request(texts, self._clock() + self.timeout, loop, loop.create_future())
         with self._cond:
             if self._stopping:
-                raise WorkerError(503, reasons.DRAINING, "the worker is shutting down")
+                raise WorkerError(reasons.DRAINING, "the worker is shutting down")
             if self._thread is None or not self._thread.is_alive():
-                raise WorkerError(500, reasons.ENGINE_FAILED, "the embedding thread is not running")
+                raise WorkerError(reasons.ENGINE_FAILED, "the embedding thread is not running")
             if self._held >= self.capacity:
-                raise WorkerError(503, reasons.EMBEDDINGS_FULL, f"{self._held} embedding requests are held here, "
+                raise WorkerError(reasons.EMBEDDINGS_FULL, f"{self._held} embedding requests are held here, "
                                   "its limit (--embedding-queue)")
             self._held += 1
             self._queue.append(request)
@@ -152,7 +152,7 @@ class Embedder:
         try:
             return await asyncio.wait_for(request.future, self.timeout)
         except TimeoutError:
-            raise WorkerError(504, reasons.DEADLINE_EXCEEDED, f"not embedded within {self.timeout:g} s "
+            raise WorkerError(reasons.DEADLINE_EXCEEDED, f"not embedded within {self.timeout:g} s "
                               "(--embedding-timeout)") from None
         finally:
             request.abandoned = True  # answered, timed out or cancelled: the thread need not go on
@@ -175,7 +175,7 @@ class Embedder:
             except Exception:  # supervised: this request fails (traceback logged), the thread goes on
                 log.exception(json.dumps({"event": "internal_error", "task": "embeddings"}))
                 self._observer.internal_error("embeddings")
-                outcome = WorkerError(500, reasons.ENGINE_FAILED, "the embedding context failed; its log says why")
+                outcome = WorkerError(reasons.ENGINE_FAILED, "the embedding context failed; its log says why")
             finally:
                 with self._cond:
                     self._held -= 1
@@ -185,7 +185,7 @@ class Embedder:
             left, self._queue = list(self._queue), collections.deque()
             self._held -= len(left)
         for request in left:
-            _deliver(request, WorkerError(503, reasons.DRAINING, "the worker is shutting down"))
+            _deliver(request, WorkerError(reasons.DRAINING, "the worker is shutting down"))
 
     def _serve(self, request: _Request) -> Embedded | None:
         """None: nobody waits for it any more."""
@@ -211,9 +211,9 @@ class Embedder:
         inputs = [self._tokenize(text) for text in texts]
         for i, tokens in enumerate(inputs):
             if not tokens:
-                raise WorkerError(400, reasons.INVALID_REQUEST, f"inputs.{i}: no tokens to embed")
+                raise WorkerError(reasons.INVALID_REQUEST, f"inputs.{i}: no tokens to embed")
             if len(tokens) > self.context.max_tokens:
-                raise WorkerError(413, reasons.PROMPT_TOO_LONG, f"input {i} is {len(tokens)} tokens; this model "
+                raise WorkerError(reasons.PROMPT_TOO_LONG, f"input {i} is {len(tokens)} tokens; this model "
                                   f"embeds at most {self.context.max_tokens} tokens an input (--embedding-ctx)")
         return inputs
 
@@ -240,13 +240,13 @@ class Embedder:
             return
         needs = tokens / self.rate
         if needs > self.timeout:
-            raise WorkerError(413, reasons.PROMPT_TOO_LONG, f"these inputs are {tokens:,} tokens: about {needs:.0f} s "
+            raise WorkerError(reasons.PROMPT_TOO_LONG, f"these inputs are {tokens:,} tokens: about {needs:.0f} s "
                               f"at this worker's {self.rate:,.0f} tokens a second, past its {self.timeout:g} s "
                               "(--embedding-timeout); send fewer inputs a request")
         remaining = left / self.rate
         time_left = request.deadline - self._clock()
         if remaining > time_left:
-            raise WorkerError(503, reasons.EMBEDDINGS_FULL, f"these inputs need about {remaining:.1f} s more here "
+            raise WorkerError(reasons.EMBEDDINGS_FULL, f"these inputs need about {remaining:.1f} s more here "
                               f"and {max(0.0, time_left):.1f} s of the deadline is left")
 
 

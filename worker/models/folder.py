@@ -88,7 +88,7 @@ def listed(offers: Sequence[Offer], serving: Path | None, names: ModelNames,
            beside: Collection[Path] = ()) -> list[OfferedModel]:
     """The offers as a heartbeat lists them: the file this worker serves as `loaded`, under the names it
     serves it by (`serving` None: none loaded, the worker's model unloaded); those whose path is in
-    `beside` as loading beside the models served (worker/api/swap.py)."""
+    `beside` as loading beside the models served (worker/slots/swapper.py)."""
     out = []
     exact = any(o.path == serving for o in offers)  # else the file given by another path (--model)
     for o in offers:

@@ -158,7 +158,7 @@ class SessionTable:
         with self._lock:
             if key in self._expired:
                 if continuation:
-                    raise WorkerError(404, reasons.SESSION_EXPIRED, f"session {session_id!r} expired")
+                    raise WorkerError(reasons.SESSION_EXPIRED, f"session {session_id!r} expired")
                 del self._expired[key]
             return self._named.get(key)
 
@@ -191,7 +191,7 @@ class SessionTable:
         with self._lock:
             session = self._named.get((tenant, session_id)) if session_id else None
             if session is not None and session.busy:
-                raise WorkerError(409, reasons.SESSION_BUSY, f"session {session_id!r} is generating")
+                raise WorkerError(reasons.SESSION_BUSY, f"session {session_id!r} is generating")
             freed: list[int] = []
             owed = list(self._parked) if yields else []
             self._make_room(session, need_tokens * choices + sum(p.reserved_tokens for p in owed),
@@ -218,10 +218,10 @@ class SessionTable:
         held = session.reserved_tokens if session else 0
         while self._reserved_tokens - held + tokens > self.limits.capacity_tokens:
             if not self._evict_one(keep=session, into=freed):
-                raise WorkerError(503, reasons.KV_FULL, "not enough KV cache left for this request")
+                raise WorkerError(reasons.KV_FULL, "not enough KV cache left for this request")
         while len(self._free_seq_ids) < sequences:
             if not self._evict_one(keep=None, into=freed):
-                raise WorkerError(503, reasons.SESSIONS_FULL, "every sequence slot is in use")
+                raise WorkerError(reasons.SESSIONS_FULL, "every sequence slot is in use")
 
     def _new_session(self, session_id: str | None, prompt: list[int] | tuple[int, ...], tenant: str) -> Session:
         """A session on the free sequence that fits `prompt` best (`_take_seq`), knowing what its cells
@@ -464,7 +464,7 @@ class SessionTable:
         with self._lock:
             session = self._named.pop((tenant, session_id), None)
             if session is None:
-                raise WorkerError(404, reasons.UNKNOWN_SESSION, f"no session {session_id!r}")
+                raise WorkerError(reasons.UNKNOWN_SESSION, f"no session {session_id!r}")
             if not session.busy:
                 self._idle_lru.pop(session.seq_id, None)
                 self._drop(session, tombstone=False)
@@ -479,9 +479,9 @@ class SessionTable:
         with self._lock:
             session = self._named.get((tenant, session_id))
             if session is None:
-                raise WorkerError(404, reasons.UNKNOWN_SESSION, f"no session {session_id!r}")
+                raise WorkerError(reasons.UNKNOWN_SESSION, f"no session {session_id!r}")
             if session.busy:
-                raise WorkerError(409, reasons.SESSION_BUSY, f"session {session_id!r} is generating")
+                raise WorkerError(reasons.SESSION_BUSY, f"session {session_id!r} is generating")
             self._idle_lru.pop(session.seq_id, None)
             session.busy = True
             return session

@@ -11,10 +11,11 @@ from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
 from worker.api import routes
-from worker.api.slots import SlotPaths, make_slots, slot_of
+from worker.api.slots import SlotPaths, slot_of
 from worker.errors import WorkerError
 from worker.naming import ModelNames
 from worker.settings import WorkerSettings
+from worker.slots.slot import make_slots
 
 
 def client(max_models: int) -> TestClient:

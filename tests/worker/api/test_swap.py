@@ -1,4 +1,4 @@
-"""worker/api/swap.py's Swapper, with a runtime and a build of its own: one swap at a time, the order
+"""worker/slots/swapper.py's Swapper, with a runtime and a build of its own: one swap at a time, the order
 (drain, stop, then load), a model that fails to load refused for a while with its reason while the
 model served before comes back, and what cannot be swapped to; the keep-alive's unload of an idle
 model (standby) and the load that ends it."""
@@ -16,13 +16,14 @@ from typing import Any
 import pytest
 
 from protocol.worker import MODEL_LOAD_BACKOFF
-from worker.api.slots import make_slots
-from worker.api.swap import Swapper, give_back_freed_memory
 from worker.errors import WorkerError
 from worker.metrics import WorkerMetrics
 from worker.models.catalog import Offer
 from worker.naming import ModelNames
 from worker.settings import WorkerSettings
+from worker.slots.slot import make_slots
+from worker.slots.states import State
+from worker.slots.swapper import Swapper, give_back_freed_memory
 
 pytestmark = pytest.mark.anyio
 OFFERS = [Offer(Path("/m/a.gguf"), "offered", ModelNames("small", ("a",)), identity="gguf:a"),
@@ -54,6 +55,15 @@ class Runtime:
 
     def offer(self, offers: list[Offer], beside: Any = ()) -> None:
         self.offers, self.beside = offers, set(beside)
+        if self.heartbeats.standby:  # as WorkerRuntime.offer: listed with none loaded
+            self.heartbeats.offered = list(offers)
+
+    def stand_by(self, offers: list[Offer]) -> None:
+        self.heartbeats.standby = True
+        self.offer(offers)
+
+    def swapping_to(self, model: str) -> None:
+        self.gate.swapping = self.heartbeats.swapping = model
 
     async def drain(self, timeout: float) -> None:
         self._steps.append(f"drain {self.names.name} {timeout:g}")
@@ -69,7 +79,7 @@ class Runtime:
         self._steps.append(f"beats end {self.names.name}")
 
 
-def swapper(fails: set[str], clock: list[float], lost: list[bool] | None = None,
+def swapper(fails: set[str], clock: list[float], lost: list[str] | None = None,
             give_back: Any = lambda: None, offers: list[Offer] = OFFERS,
             **more: Any) -> tuple[Swapper, Any, list[str]]:
     """`more`: settings of the worker (`max_models`, `model_memory`)."""
@@ -77,8 +87,8 @@ def swapper(fails: set[str], clock: list[float], lost: list[bool] | None = None,
     metrics = WorkerMetrics()
     settings = WorkerSettings(model_path=Path("/m/a.gguf"), model_dir=Path("/m"), port=8000, **more)
     slots = make_slots(settings)
-    slots[0].runtime = Runtime("small", steps, metrics)
-    app = SimpleNamespace(state=SimpleNamespace(settings=settings, slots=slots, metrics=metrics, load_error=None))
+    slots[0].served(Runtime("small", steps, metrics), settings)  # type: ignore[arg-type]
+    app = SimpleNamespace(state=SimpleNamespace(settings=settings, slots=slots, metrics=metrics))
 
     async def build(wanted: WorkerSettings) -> Any:
         await asyncio.sleep(0)
@@ -87,8 +97,9 @@ def swapper(fails: set[str], clock: list[float], lost: list[bool] | None = None,
             raise RuntimeError("the tensors do not fit")
         return Runtime(NAMES[wanted.model_path.name], steps, metrics)
 
-    on_lost = (lambda: lost.append(True)) if lost is not None else (lambda: None)
-    swap = Swapper(app, offers, build, clock=lambda: clock[0], on_lost=on_lost, give_back=give_back)  # type: ignore[arg-type]
+    on_lost = lost.append if lost is not None else (lambda why: None)
+    swap = Swapper(slots, settings, metrics, offers, build, clock=lambda: clock[0], on_lost=on_lost,
+                   give_back=give_back)
     return swap, app, steps
 
 
@@ -99,7 +110,7 @@ async def test_a_swap_drains_stops_then_loads_and_a_second_ask_joins_it() -> Non
     assert swap.load("gemma").state == "loading"  # the same swap
     with pytest.raises(WorkerError) as busy:
         swap.load("small")
-    assert (busy.value.status, busy.value.reason) == (409, "model_swapping")
+    assert (busy.value.status, busy.value.reason) == (503, "model_swapping")
     old = app.state.slots[0].runtime
     await swap._task  # type: ignore[misc]
     assert old.heartbeats.swapping == old.gate.swapping == "gemma"  # its beats and refusals said where it went
@@ -126,12 +137,13 @@ async def test_a_model_that_fails_to_load_brings_back_the_one_before_and_is_refu
 
 
 async def test_a_swap_that_leaves_no_model_stops_the_worker() -> None:
-    lost: list[bool] = []
+    lost: list[str] = []
     swap, app, steps = swapper({"a.gguf", "b.gguf"}, [0.0], lost)
     swap.load("gemma")
     await swap._task  # type: ignore[misc]
     assert steps[-3:] == ["load b.gguf", "load a.gguf", "beats end small"] and app.state.slots[0].runtime is None
-    assert lost == [True] and "left no model loaded" in app.state.load_error
+    assert len(lost) == 1 and "left no model loaded" in lost[0]
+    assert app.state.slots[0].state is State.EMPTY  # settled: not left swapping
 
 
 @pytest.mark.parametrize(("name", "status", "reason"), [("nowhere", 404, "unknown_model"),
@@ -174,12 +186,13 @@ async def test_a_served_file_removed_swaps_to_the_first_model_offered() -> None:
 
 
 async def test_a_served_file_removed_with_no_other_model_drains_then_stops_the_worker() -> None:
-    lost: list[bool] = []
+    lost: list[str] = []
     swap, app, steps = swapper(set(), [0.0], lost)
     swap.refresh([OFFERS[2]])  # only a file too large to load
+    assert app.state.slots[0].state is State.DRAINING
     await swap._task  # type: ignore[misc]
     assert steps == ["drain small 600", "stop small"] and app.state.slots[0].runtime is None
-    assert lost == [True] and "is gone" in app.state.load_error
+    assert len(lost) == 1 and "is gone" in lost[0] and app.state.slots[0].state is State.EMPTY
 
 
 async def test_a_model_outside_the_folder_is_not_watched() -> None:
@@ -208,14 +221,6 @@ async def test_the_watch_reads_the_folder_again_and_survives_a_failed_read() -> 
     await swap.close()
 
 
-async def until(check: Any, seconds: float = 2.0) -> None:
-    for _ in range(int(seconds / 0.01)):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("not within the time")
-
-
 async def test_a_model_idle_past_the_keep_alive_is_unloaded_and_a_load_ends_the_standby() -> None:
     swap, app, steps = swapper(set(), [0.0])
     old = app.state.slots[0].runtime
@@ -226,7 +231,8 @@ async def test_a_model_idle_past_the_keep_alive_is_unloaded_and_a_load_ends_the_
     await asyncio.sleep(0.3)
     assert steps == [] and swap.standby == ""  # a request's keep_alive -1: kept for good
     old.keep_alive = 0.2
-    await until(lambda: swap.standby == "small" and steps[-1:] == ["stop small beating"])
+    await app.state.slots[0].reached(State.STANDBY, timeout=2.0)
+    assert swap.standby == "small"
     await swap._task  # type: ignore[misc]
     # Drained and closed as for a swap; its beats go on, saying standby, with nothing loaded.
     assert steps == ["drain small 600", "stop small beating"] and app.state.slots[0].runtime is None
@@ -247,12 +253,13 @@ async def test_a_load_that_fails_from_standby_stays_in_standby_and_is_refused_fo
     swap, app, steps = swapper({"b.gguf"}, clock)
     app.state.slots[0].runtime.idle = 1.0
     swap.keep_alive(0.01)
-    await until(lambda: swap.standby == "small")
+    await app.state.slots[0].reached(State.STANDBY, timeout=2.0)
+    assert swap.standby == "small"
     await swap._task  # type: ignore[misc]
     with pytest.raises(WorkerError) as unloading:
         swap._task = asyncio.create_task(asyncio.sleep(0.05))  # while an unload (or load) runs
         swap.load("gemma")
-    assert (unloading.value.status, unloading.value.reason) == (409, "model_swapping")
+    assert (unloading.value.status, unloading.value.reason) == (503, "model_swapping")
     await swap._task
     swap.load("gemma")
     await swap._task  # type: ignore[misc]
@@ -348,12 +355,14 @@ async def test_with_two_slots_an_idle_model_leaves_and_the_last_one_stays_in_sta
     first, second = app.state.slots
     second.runtime.idle, first.runtime.keep_alive = 1.0, None
     swap.keep_alive(0.01)
-    await until(lambda: second.runtime is None)
+    await second.reached(State.EMPTY, timeout=2.0)
+    assert second.runtime is None
     await swap._task  # type: ignore[misc]
     assert steps[1:] == ["drain gemma 600", "stop gemma"]  # its last beat says it leaves
     assert second.standby is None and swap.standby == "" and first.runtime.names.name == "small"
     first.runtime.idle, first.runtime.keep_alive = 1.0, 0.2
-    await until(lambda: swap.standby == "small")
+    await first.reached(State.STANDBY, timeout=2.0)
+    assert swap.standby == "small"
     await swap._task  # type: ignore[misc]
     assert steps[3:] == ["drain small 600", "stop small beating"] and first.standby is not None
     swap.load("gemma")  # from standby: into the standby's slot
@@ -363,7 +372,7 @@ async def test_with_two_slots_an_idle_model_leaves_and_the_last_one_stays_in_sta
 
 
 async def test_a_failed_swap_in_one_of_several_slots_empties_it_and_says_so() -> None:
-    lost: list[bool] = []
+    lost: list[str] = []
     swap, app, steps = swapper({"a.gguf", "d.gguf"}, [0.0], lost, offers=[*OFFERS, THIRD], max_models=2)
     swap.load("gemma")
     await swap._task  # type: ignore[misc]
@@ -377,10 +386,69 @@ async def test_a_failed_swap_in_one_of_several_slots_empties_it_and_says_so() ->
 
 
 async def test_with_two_slots_a_removed_file_empties_its_slot_and_the_other_model_goes_on() -> None:
-    swap, app, steps = swapper(set(), [0.0], max_models=2)
+    lost: list[str] = []
+    swap, app, steps = swapper(set(), [0.0], lost, max_models=2)
     swap.load("gemma")
     await swap._task  # type: ignore[misc]
     swap.refresh([OFFERS[0]])  # gemma's file is gone; small, the only model left, is served already
     await swap._task  # type: ignore[misc]
     assert steps[1:] == ["drain gemma 600", "stop gemma"]
-    assert [s.model for s in app.state.slots] == ["small", ""] and app.state.load_error is None
+    assert [s.model for s in app.state.slots] == ["small", ""] and lost == []
+
+
+# --- supervision: nothing in it dies silently, and no slot is left busy ----------------------------------
+
+
+async def test_a_keep_alive_look_that_raises_is_logged_and_counted_and_the_next_look_is_made(
+        caplog: pytest.LogCaptureFixture) -> None:
+    swap, app, steps = swapper(set(), [0.0])
+    slot = app.state.slots[0]
+    looks: list[int] = []
+
+    def idle_for() -> float:
+        looks.append(1)
+        if len(looks) == 1:
+            raise RuntimeError("the table is gone")
+        return 1.0
+
+    slot.runtime.idle_for = idle_for
+    swap.keep_alive(0.01)
+    await slot.reached(State.STANDBY, timeout=2.0)
+    await swap._task  # type: ignore[misc]
+    assert app.state.metrics.internal_errors.labels(task="keep_alive")._value.get() == 1
+    assert "the table is gone" in caplog.text and steps == ["drain small 600", "stop small beating"]
+    await swap.close()
+
+
+async def broken_drain(timeout: float) -> None:
+    raise RuntimeError("the engine thread died")
+
+
+async def test_an_unload_that_raises_leaves_its_slot_serving_what_it_holds_not_unloading() -> None:
+    lost: list[str] = []
+    swap, app, _ = swapper(set(), [0.0], lost)
+    slot = app.state.slots[0]
+
+    slot.runtime.drain, slot.runtime.idle = broken_drain, 1.0
+    swap.keep_alive(0.01)
+    await slot.reached(State.UNLOADING, timeout=2.0)
+    swap._idle_watch.cancel()  # type: ignore[union-attr]  # one unload is enough to watch
+    await swap._task  # type: ignore[misc]
+    assert slot.state is State.SERVING and slot.runtime.names.name == "small" and lost == []
+    assert app.state.metrics.internal_errors.labels(task="swap")._value.get() == 1
+    assert swap.load("gemma").state == "loading"  # nothing is stuck: the next job runs
+    await swap._task  # type: ignore[misc]
+    await swap.close()
+
+
+async def test_a_drain_for_a_removed_file_that_raises_still_stops_the_worker_once() -> None:
+    lost: list[str] = []
+    swap, app, _ = swapper(set(), [0.0], lost)
+    slot = app.state.slots[0]
+
+    slot.runtime.drain = broken_drain
+    swap.refresh([OFFERS[2]])
+    await swap._task  # type: ignore[misc]
+    assert slot.state is State.EMPTY and slot.runtime is None
+    assert len(lost) == 1 and "is gone" in lost[0]
+    assert app.state.metrics.internal_errors.labels(task="swap")._value.get() == 1
