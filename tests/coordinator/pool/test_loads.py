@@ -104,7 +104,7 @@ async def test_a_failed_load_refuses_with_the_workers_reason_until_its_pause_is_
 async def test_a_worker_busy_swapping_to_another_model_is_asked_again_soon() -> None:
     reg = Registry(stale_after=30.0, dead_after=60.0)
     beat(reg, "w1", "smol")
-    busy = Asked(409, b'{"error": "swapping to x", "reason": "model_swapping", "request_id": "r"}')
+    busy = Asked(503, b'{"error": "swapping to x", "reason": "model_swapping", "request_id": "r"}')
     clock = [time.monotonic()]
     on_demand = ModelLoads(reg, busy, worker_token="t", now=lambda: clock[0])
     assert await tried(on_demand, "gemma") == reasons.LOADING  # a request waits, woken by heartbeats
