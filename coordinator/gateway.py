@@ -47,7 +47,10 @@ from serving import tracing
 from serving.tracing import NO_TRACE, Trace
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from coordinator.state import CoordinatorState
+    from coordinator.tokenizing import Tokenized
 
 # What an embedding request asks of the generation side: nothing (the scheduler's `Request` needs one).
 EMBEDDING_DEMAND = Demand(prompt_bytes=0, max_tokens=0, new_session=False)
@@ -492,3 +495,9 @@ class Gateway:
         surface = gen.surface
         return Opened(relay, CACHE_HIT, model or "",
                       lambda ending: state.requests.replayed(relay.request_id, surface, relay.outcome, ending, started))
+
+    async def tokenize(self, path: str, model: str | None, work: BaseModel, answer: type[BaseModel],
+                       request_id: str) -> Tokenized:
+        """A tokenizer request (/tokenize, /detokenize, /tokenizer_info): none of the steps above, as it
+        holds no sequence and no KV; coordinator/tokenizing.py chooses the model's workers and tries them."""
+        return await self._state.tokenizing.ask(path, model, work, answer, request_id)

@@ -46,7 +46,7 @@ def beat(reg: Registry, worker_id: str, model: str, *, sessions: int = 0, offere
 
 
 def loads(reg: Registry, asked: Any, queue_size: int = 8) -> ModelLoads:
-    return ModelLoads(reg, asked, worker_token="t", now=time.monotonic, queue_size=queue_size)
+    return ModelLoads(reg, asked, now=time.monotonic, queue_size=queue_size)
 
 
 async def test_a_worker_that_loads_the_model_beside_those_it_serves_is_asked_before_a_less_busy_one() -> None:
@@ -83,7 +83,7 @@ async def test_a_failed_load_refuses_with_the_workers_reason_until_its_pause_is_
     failed = Asked(503, b'{"error": "model \'gemma\' failed to load (RuntimeError: no room)", '
                         b'"reason": "model_load_failed", "request_id": "r"}')
     clock = [time.monotonic()]
-    on_demand = ModelLoads(reg, failed, worker_token=None, now=lambda: clock[0], queue_size=8)
+    on_demand = ModelLoads(reg, failed, now=lambda: clock[0], queue_size=8)
     for _ in range(2):  # the second request gets the same answer without asking again
         with pytest.raises(CoordinatorError) as refused:
             await on_demand.until_served("gemma", clock[0] + 5)
