@@ -42,7 +42,10 @@ from protocol import reasons
 from serving.tracing import NO_TRACE, Trace
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from coordinator.state import CoordinatorState
+    from coordinator.tokenizing import Tokenized
 
 # What an embedding request asks of the generation side: nothing (the scheduler's `Request` needs one).
 EMBEDDING_DEMAND = Demand(prompt_bytes=0, max_tokens=0, new_session=False)
@@ -266,7 +269,7 @@ class Gateway:
         ranked = [w for w in (state.registry.get(v.worker_id) for v in decision.ranked) if w is not None]
         held = affinity.prefix_holder(leaning)  # it may hand the prefix's cells to the worker chosen
         peer = PrefixPeer(held[0].worker_id, held[0].url, held[1], leaning.match) if held is not None else None
-        if self._disaggregated(gen, ranked):
+        if gen.disaggregated(state.settings.disaggregate_prompt_bytes, len(ranked)):
             # Prefill on the policy's first worker, decode on the others; without a finished prefill
             # the request goes to all of them as usual.
             first_placed, placed = placed, None  # the prefill runs with its own reservation
@@ -289,9 +292,8 @@ class Gateway:
         affinity.placed(gen, model, stream.worker.worker_id, leaning)
         return gen, stream
 
-    def _disaggregated(self, gen: Generation, ranked: list[WorkerRecord]) -> bool:
-        """Whether this request is prefilled on one worker and decoded on another (DISAGGREGATE_PROMPT_BYTES):
-        a new one-shot request with a long prompt, and two workers to do it."""
-        threshold = self._state.settings.disaggregate_prompt_bytes
-        return (threshold > 0 and gen.demand.prompt_bytes >= threshold and gen.request.session_id is None
-                and gen.request.n == 1 and len(ranked) >= 2)
+    async def tokenize(self, path: str, model: str | None, work: BaseModel, answer: type[BaseModel],
+                       request_id: str) -> Tokenized:
+        """A tokenizer request (/tokenize, /detokenize, /tokenizer_info): none of the steps above, as it
+        holds no sequence and no KV; coordinator/tokenizing.py chooses the model's workers and tries them."""
+        return await self._state.tokenizing.ask(path, model, work, answer, request_id)

@@ -34,6 +34,12 @@ class Generation:
         session_id = self.request.session_id
         return (self.request.tenant, session_id) if session_id is not None else None
 
+    def disaggregated(self, threshold: int, workers: int) -> bool:
+        """Whether it is prefilled on one worker and decoded on another (DISAGGREGATE_PROMPT_BYTES, the
+        `threshold`; 0: never): a new one-shot request with a long prompt, and two workers to do it."""
+        return (threshold > 0 and self.demand.prompt_bytes >= threshold and self.request.session_id is None
+                and self.request.n == 1 and workers >= 2)
+
     def classed(self, name: str) -> Generation:
         """Itself at priority class `name` (admission/priority.py): a batch request is sent as such (a
         worker may park it for an interactive one); an interactive one may park one

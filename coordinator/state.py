@@ -23,7 +23,7 @@ from coordinator.affinity.conversations import ConversationTable
 from coordinator.affinity.placement import Affinity
 from coordinator.affinity.prefixes import PrefixIndex
 from coordinator.affinity.sessions import SessionTable
-from coordinator.attempts import Attempts, EmbeddingAttempts
+from coordinator.attempts import Attempts, EmbeddingAttempts, Tries
 from coordinator.auth import ApiKeys
 from coordinator.cache import ResponseCache
 from coordinator.clock import Clock
@@ -38,9 +38,11 @@ from coordinator.relay.dispatch import Dispatcher
 from coordinator.relay.embeddings import EmbeddingDispatcher
 from coordinator.relay.requests import RequestLog
 from coordinator.relay.stream import Relay
+from coordinator.relay.tokens import TokenizerDispatcher
 from coordinator.scheduling import Policy
 from coordinator.settings import Settings
-from coordinator.upstream import AiohttpWorkerClient, WorkerClient
+from coordinator.tokenizing import Tokenizing
+from coordinator.upstream import AiohttpWorkerClient, WorkerClient, with_token
 from serving.tracing import Tracing
 
 
@@ -61,7 +63,7 @@ class CoordinatorState:
     turns: Iterator[int]  # requests scheduled, for round-robin
     rng: random.Random  # the random policy's seeded source
     metrics: CoordinatorMetrics
-    client: WorkerClient
+    client: WorkerClient  # carries the worker token (upstream.with_token)
     attempts: Attempts
     breakers: Breakers
     probe: Probe
@@ -79,6 +81,7 @@ class CoordinatorState:
     loads: ModelLoads  # models offered from workers' folders, loaded when asked for (pool/loads.py)
     waiting: WaitingRoom  # what a request waits for in the queue, and in which line (admission/waiting.py)
     readiness: Readiness  # whether it has heard from the pool (joins a shared port and answers ready then)
+    tokenizing: Tokenizing  # /tokenize, /detokenize, /tokenizer_info: the model's workers, tried in turn
     api_keys: ApiKeys | None = None  # None: no client key is needed
     tracing: Tracing | None = None  # None: this coordinator exports no traces (no OTEL_* set)
     # The relays of the streams open now (drain ends them at its deadline), and whether it is draining.
@@ -133,13 +136,12 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None,
                                      connect_timeout=settings.worker_connect_timeout,
                                      read_timeout=settings.worker_read_timeout,
                                      keepalive_expiry=settings.worker_keepalive_expiry)
-    attempts = Attempts(Dispatcher(client, first_event_timeout=settings.worker_first_event_timeout,
-                                   worker_token=settings.worker_token),
+    client = with_token(client, settings.worker_token)  # the one place the worker token goes in
+    attempts = Attempts(Dispatcher(client, first_event_timeout=settings.worker_first_event_timeout),
                         admission, breakers, metrics, max_attempts=settings.max_failover_attempts,
                         retry_after=settings.retry_after, fair=fair)
     conversations = ConversationTable(settings.conversation_table_size)
-    loads = ModelLoads(registry, client, worker_token=settings.worker_token, now=clock.monotonic,
-                       retry_after=settings.retry_after)
+    loads = ModelLoads(registry, client, now=clock.monotonic, retry_after=settings.retry_after)
     log = logging.getLogger("coordinator.requests")
     return CoordinatorState(
         settings=settings, clock=clock, registry=registry, sessions=sessions,
@@ -157,13 +159,17 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None,
         embedding_policy=Policy.build_embeddings(stale_after=settings.stale_after, routing=settings.routing_policy,
                                                  latency_half_life=settings.latency_half_life),
         embedder=EmbeddingAttempts(
-            EmbeddingDispatcher(client, timeout=settings.embedding_timeout, worker_token=settings.worker_token),
+            EmbeddingDispatcher(client, timeout=settings.embedding_timeout),
             embedding_admission, breakers, metrics, max_attempts=settings.max_failover_attempts,
             timeout=settings.embedding_timeout, now=clock.monotonic, retry_after=settings.retry_after),
         loads=loads, waiting=WaitingRoom(registry, loads, default_model=settings.default_model,
                                          any_model_name=settings.any_model_name, model_loads=settings.model_loads),
-        mover=SessionMover(registry, sessions.remember, client, metrics, worker_token=settings.worker_token,
+        mover=SessionMover(registry, sessions.remember, client, metrics,
                            timeout=settings.session_move_timeout, max_bytes=settings.session_move_max_bytes,
                            deadline=settings.session_move_deadline, now=clock.monotonic, tracing=tracing),
         readiness=Readiness(clock=clock, join_wait=settings.join_after, workers=lambda: registry.alive_count,
-                            gated=settings.reuse_port and settings.own_port > 0))
+                            gated=settings.reuse_port and settings.own_port > 0),
+        tokenizing=Tokenizing(registry, Policy.build_tokenizer(stale_after=settings.stale_after),
+                              Tries(breakers, metrics),
+                              TokenizerDispatcher(client, read_timeout=settings.worker_read_timeout), settings,
+                              now=clock.monotonic))

@@ -1,8 +1,9 @@
 """The coordinator's HTTP client to workers: a streaming POST over pooled keep-alive connections.
 
-Owns: the connection pool to workers, its timeouts, and turning the HTTP library's errors into two
-of ours: `WorkerUnreachable` (no response at all; `WorkerRefused` when nothing listens at the address)
-and `WorkerStreamError` (the body broke).
+Owns: the connection pool to workers, its timeouts, turning the HTTP library's errors into two of
+ours: `WorkerUnreachable` (no response at all; `WorkerRefused` when nothing listens at the address)
+and `WorkerStreamError` (the body broke), and the worker token (`with_token`): built into the client
+once from the settings, so that every call to a worker carries it and no caller writes the header.
 Must not: know what a request or an event means (relay/ does).
 
 Why aiohttp here when the rest of the project speaks httpx: this client carries every token of every
@@ -179,6 +180,41 @@ class AiohttpWorkerClient:
 
     async def close(self) -> None:
         await self._session.close()
+
+
+class _WithToken:
+    """A `WorkerClient` whose calls carry `authorization: Bearer <worker token>` (the workers' routes
+    answer only its holder), except `get`: the probe of a URL a heartbeat advertised, not yet proven to
+    be a worker's (pool/probe.py), which gets no secret, and a worker's health needs none."""
+
+    __slots__ = ("_auth", "_client")
+
+    def __init__(self, client: WorkerClient, token: str) -> None:
+        self._client = client
+        self._auth = {"authorization": f"Bearer {token}"}
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str], *,
+                   read_timeout: float | None = None) -> WorkerResponse:
+        return await self._client.post(url, body, {**headers, **self._auth}, read_timeout=read_timeout)
+
+    async def delete(self, url: str, headers: Mapping[str, str]) -> int:
+        return await self._client.delete(url, {**headers, **self._auth})
+
+    async def get(self, url: str) -> tuple[int, bytes]:
+        return await self._client.get(url)
+
+    async def exchange(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None = None, *,
+                       limit: int, timeout: float) -> tuple[int, bytes]:
+        return await self._client.exchange(method, url, {**headers, **self._auth}, body, limit=limit,
+                                           timeout=timeout)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+def with_token(client: WorkerClient, token: str | None) -> WorkerClient:
+    """`client`, its calls carrying the worker token when one is set (WORKER_TOKEN)."""
+    return _WithToken(client, token) if token else client
 
 
 def _unreachable(exc: Exception) -> WorkerUnreachable:

@@ -56,11 +56,11 @@ class _Ask:
 
 
 class ModelLoads:
-    def __init__(self, registry: Registry, client: WorkerClient, *, worker_token: str | None,
-                 now: Callable[[], float], retry_after: int = 1, timeout: float = 5.0) -> None:
+    def __init__(self, registry: Registry, client: WorkerClient, *, now: Callable[[], float], retry_after: int = 1,
+                 timeout: float = 5.0) -> None:
+        """`client` carries the worker token (upstream.with_token)."""
         self._registry, self._client, self._now = registry, client, now
-        self._headers = {"content-type": "application/json", PROTOCOL_HEADER: str(PROTOCOL_VERSION)} | (
-            {"authorization": f"Bearer {worker_token}"} if worker_token else {})
+        self._headers = {"content-type": "application/json", PROTOCOL_HEADER: str(PROTOCOL_VERSION)}
         self._retry_after, self._timeout = retry_after, timeout
         self._asks: dict[str, _Ask] = {}  # by model: at most one per model a worker offers
         self.asked = 0  # asks sent (the tests read it)

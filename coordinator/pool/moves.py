@@ -5,7 +5,8 @@ Owns: one move task per draining worker (started by its heartbeat saying `draini
 unexpected exception is logged and counted, and the task ends), choosing each session's new worker,
 the move itself (the session's KV blob fetched from the draining worker and put to the chosen one:
 `GET` / `PUT /worker/sessions/{id}/kv`), re-pointing the session's affinity there, and ending it on
-the draining worker. A session no worker can take now is tried again every RETRY until the move's
+the draining worker. Also ending one kept session on its worker when its client asks (`end`,
+for surfaces/sessions.py). A session no worker can take now is tried again every RETRY until the move's
 deadline. A session that cannot move (refused, the draining worker gone, no room until the deadline)
 stays where it is and is lost with it, as before: its next turn is refused (502 while the coordinator still
 lists the stopped worker, 404 once the worker restarted without it); it is never restarted anywhere
@@ -27,6 +28,7 @@ import json
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
+from urllib.parse import quote
 
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.pool.registry import Registry, WorkerRecord
@@ -46,16 +48,16 @@ DONE_REMEMBERED = 4096  # drained workers remembered as dealt with (older ones c
 
 class SessionMover:
     def __init__(self, registry: Registry, moved: Callable[[tuple[str, str], str], None], client: WorkerClient,
-                 metrics: CoordinatorMetrics, *, worker_token: str | None, timeout: float, max_bytes: int,
+                 metrics: CoordinatorMetrics, *, timeout: float, max_bytes: int,
                  deadline: float, now: Callable[[], float], tracing: Tracing | None = None) -> None:
         """`moved((tenant, session id), worker id)`: a session now lives on that worker (the affinity table remembers
         it); `timeout`: one session's move, fetch and put; `deadline`: a draining worker's moves in all;
-        `tracing`: where each move's span goes (a trace of its own; both workers' spans join it)."""
+        `tracing`: where each move's span goes (a trace of its own; both workers' spans join it). `client`
+        carries the worker token (upstream.with_token)."""
         self._registry = registry
         self._moved = moved
         self._client = client
         self._metrics = metrics
-        self._auth = {"authorization": f"Bearer {worker_token}"} if worker_token else {}
         self._timeout = timeout
         self._max_bytes = max_bytes
         self._deadline = deadline
@@ -72,6 +74,15 @@ class SessionMover:
             return
         task = asyncio.create_task(self._supervised(record.worker_id, record.url, record.model))
         self._moving[record.worker_id] = task
+
+    async def end(self, record: WorkerRecord, session_id: str, tenant: str) -> int | None:
+        """Asks `record` to end `tenant`'s kept session `session_id` and free its KV (`DELETE
+        /worker/sessions/{id}`): the worker's status, or None when it did not answer."""
+        url = f"{record.url.rstrip('/')}{SESSIONS_PATH}/{quote(session_id)}?tenant={quote(tenant)}"
+        try:
+            return await self._client.delete(url, {})
+        except WorkerUnreachable:
+            return None
 
     def serving(self, worker_id: str) -> None:
         """`worker_id` heartbeats as not draining (a restart under the same id): its next drain moves again."""
@@ -136,7 +147,7 @@ class SessionMover:
 
     async def _listed(self, worker_id: str, url: str) -> list[SessionInfo] | None:
         try:
-            status, body = await self._client.exchange("GET", url.rstrip("/") + SESSIONS_PATH, self._auth,
+            status, body = await self._client.exchange("GET", url.rstrip("/") + SESSIONS_PATH, {},
                                                        limit=LIST_LIMIT, timeout=self._timeout)
         except WorkerRefused:
             self._registry.lost(worker_id, self._now())  # it exited: no more turns go to what it held
@@ -151,17 +162,16 @@ class SessionMover:
                 "llm_pool.worker": worker_id, "llm_pool.tenant": session.tenant,
                 "llm_pool.session_tokens": session.tokens}) as trace:
             given = trace.traceparent()
-            auth = {**self._auth, TRACEPARENT: given} if given else self._auth
-            outcome = await self._move(worker_id, url, model, session, auth, trace)
+            outcome = await self._move(worker_id, url, model, session, {TRACEPARENT: given} if given else {}, trace)
             trace.set({"llm_pool.outcome": outcome})
             return outcome
 
-    async def _move(self, worker_id: str, url: str, model: str, session: SessionInfo, auth: dict[str, str],
+    async def _move(self, worker_id: str, url: str, model: str, session: SessionInfo, traced: dict[str, str],
                     trace: Trace) -> str:
         query = f"/{session.session_id}/kv?tenant={session.tenant}"
         started = self._now()
         try:
-            status, blob = await self._client.exchange("GET", url.rstrip("/") + SESSIONS_PATH + query, auth,
+            status, blob = await self._client.exchange("GET", url.rstrip("/") + SESSIONS_PATH + query, traced,
                                                        limit=self._max_bytes, timeout=self._timeout)
         except WorkerUnreachable:
             return self._counted("source_failed", session, worker_id)
@@ -170,7 +180,7 @@ class SessionMover:
         for target in self._targets(worker_id, model, session):
             try:
                 status, _ = await self._client.exchange(
-                    "PUT", target.url.rstrip("/") + SESSIONS_PATH + query, {**auth, "content-type": KV_MEDIA_TYPE},
+                    "PUT", target.url.rstrip("/") + SESSIONS_PATH + query, {**traced, "content-type": KV_MEDIA_TYPE},
                     blob, limit=LIST_LIMIT, timeout=self._timeout)
             except WorkerRefused:
                 self._registry.lost(target.worker_id, self._now())  # restarting, perhaps: back when it beats
@@ -182,7 +192,7 @@ class SessionMover:
                 self._moved((session.tenant, session.session_id), target.worker_id)
                 try:  # the draining worker's copy: it would go with the worker anyway
                     ended = f"/{session.session_id}?tenant={session.tenant}"
-                    await self._client.exchange("DELETE", url.rstrip("/") + SESSIONS_PATH + ended, self._auth,
+                    await self._client.exchange("DELETE", url.rstrip("/") + SESSIONS_PATH + ended, {},
                                                 limit=LIST_LIMIT, timeout=self._timeout)
                 except WorkerUnreachable:
                     pass

@@ -59,7 +59,8 @@ log = logging.getLogger("coordinator.requests")
 
 
 class Failover(Exception):
-    """This worker cannot serve the request, and another may: try the next one (relay/embeddings.py too)."""
+    """This worker cannot serve the request, and another may: try the next one (relay/embeddings.py and
+    relay/tokens.py too)."""
 
     def __init__(self, reason: str, refused: bool, retry_after: int | None = None) -> None:
         super().__init__(reason)
@@ -131,10 +132,10 @@ class PrefixHints:
 
 
 class Dispatcher:
-    def __init__(self, client: WorkerClient, *, first_event_timeout: float, worker_token: str | None = None) -> None:
+    def __init__(self, client: WorkerClient, *, first_event_timeout: float) -> None:
+        """`client` carries the worker token (upstream.with_token)."""
         self._client = client
         self._first_event_timeout = first_event_timeout
-        self._auth = {"authorization": f"Bearer {worker_token}"} if worker_token else {}
 
     async def start(self, worker: WorkerRecord, valid: Generation, res: Reservation, hints: PrefixHints | None,
                     *, admitted: Callable[[int], None], traceparent: str | None = None) -> OpenStream:
@@ -164,7 +165,7 @@ class Dispatcher:
                      started: _Started, admitted: Callable[[int], None], traceparent: str | None) -> None:
         """Posts the request and reads up to its first token, noting each step in `started`."""
         body = valid.payload if hints is None else hints.payload_for(worker.worker_id, valid)
-        headers = _worker_headers(valid, res) | self._auth
+        headers = _worker_headers(valid, res)
         if traceparent is not None:
             headers[TRACEPARENT] = traceparent
         response = await self._client.post(worker.url.rstrip("/") + GENERATE_PATH, body, headers)

@@ -44,10 +44,10 @@ class EmbedAnswer:
 
 
 class EmbeddingDispatcher:
-    def __init__(self, client: WorkerClient, *, timeout: float, worker_token: str | None = None) -> None:
+    def __init__(self, client: WorkerClient, *, timeout: float) -> None:
+        """`client` carries the worker token (upstream.with_token)."""
         self._client = client
         self._timeout = timeout
-        self._auth = {"authorization": f"Bearer {worker_token}"} if worker_token else {}
 
     async def send(self, worker: WorkerRecord, work: Embedding, left: float, *,
                    traceparent: str | None = None) -> EmbedResponse:
@@ -55,7 +55,7 @@ class EmbeddingDispatcher:
         `traceparent`: the attempt's span, sent on to the worker (W3C trace context)."""
         url = worker.url.rstrip("/") + EMBED_PATH
         headers = {"content-type": "application/json", REQUEST_ID_HEADER: work.request_id,
-                   PROTOCOL_HEADER: str(PROTOCOL_VERSION)} | self._auth
+                   PROTOCOL_HEADER: str(PROTOCOL_VERSION)}
         if traceparent is not None:
             headers[TRACEPARENT] = traceparent
         response: WorkerResponse | None = None

@@ -7,6 +7,7 @@ inputs always give the same answer), session affinity (a hard rule) and conversa
 soft one). Every policy passes the same filters. Embedding requests have a policy of their own
 (`build_embeddings`): the same picker, filters for embedding slots instead of sequences and KV,
 and scorers for the embedder's queue and the decode loop's load, since both share the worker's cores.
+So do the tokenizer's requests (`build_tokenizer`), which hold nothing on a worker.
 Must not: do I/O, read a clock or random source it was not given, or change the workers it reads.
 """
 
@@ -20,8 +21,9 @@ from coordinator.scheduling.filters import Filter
 from coordinator.scheduling.filters.alive import Alive
 from coordinator.scheduling.filters.serves_model import ServesModel
 from coordinator.scheduling.pickers import Picker
+from coordinator.scheduling.pickers.least_connections import LeastConnections
 from coordinator.scheduling.pickers.score import ByScore
-from coordinator.scheduling.plugin import EMBEDDINGS, GENERATION, Options
+from coordinator.scheduling.plugin import BOTH, EMBEDDINGS, GENERATION, Options
 from coordinator.scheduling.scorers import Scorer
 from coordinator.scheduling.view import Decision, Request, WorkerView
 from protocol import reasons
@@ -61,6 +63,16 @@ class Policy:
         generation = cls.build(stale_after=stale_after, routing=routing, latency_half_life=latency_half_life)
         return cls(_filters(EMBEDDINGS, options), parse_scorers(EMBEDDING_SCORERS, options, kind=EMBEDDINGS),
                    picker=generation.picker)
+
+    @classmethod
+    def build_tokenizer(cls, *, stale_after: float) -> Policy:
+        """The policy of tokenizer requests (/tokenize, /detokenize, /tokenizer_info), which hold no
+        sequence, KV or embedding slot: the filters every kind of request passes (alive, the model, not
+        draining, the breaker closed), no scorer, and the fewest of this coordinator's streams first."""
+        options = Options(stale_after=stale_after)
+        found = catalog.filters()
+        shared = [name for name in catalog.named(GENERATION, found) if found[name].kinds >= BOTH]
+        return cls(tuple(found[name].build(options) for name in shared), (), picker=LeastConnections())
 
     def uses(self, name: str) -> bool:
         return any(s.name == name for s, _ in self.scorers)

@@ -29,7 +29,6 @@ from coordinator.auth import client_of, tenant_of
 from coordinator.embedding import Embedding
 from coordinator.errors import CoordinatorError
 from coordinator.gateway import Gateway
-from coordinator.relay.embeddings import EmbedAnswer
 from coordinator.relay.supervisor import client_left_of
 from coordinator.settings import Settings
 from coordinator.state import CoordinatorState
@@ -46,6 +45,7 @@ from protocol.worker import (
     REQUEST_ID_HEADER,
     WORKER_ID_HEADER,
     EmbedRequest,
+    EmbedResponse,
 )
 
 PATH = "/v1/embeddings"
@@ -72,8 +72,9 @@ async def create(request: Request) -> Response:
                                      client=client_of(request.scope.get("state", {})), headers=request.headers)
     except CoordinatorError as exc:
         return _error(request_id, exc)
-    return JSONResponse(encode(answer, encoding), headers={REQUEST_ID_HEADER: request_id,
-                                                           WORKER_ID_HEADER: answer.response.worker_id})
+    response = answer.response
+    return JSONResponse(encode(response, encoding), headers={REQUEST_ID_HEADER: request_id,
+                                                             WORKER_ID_HEADER: response.worker_id})
 
 
 def parse(raw: bytes, settings: Settings) -> tuple[dict[str, Any], str]:
@@ -110,9 +111,8 @@ def parse(raw: bytes, settings: Settings) -> tuple[dict[str, Any], str]:
     return fields, body.encoding_format
 
 
-def encode(answer: EmbedAnswer, encoding: str) -> dict[str, Any]:
+def encode(response: EmbedResponse, encoding: str) -> dict[str, Any]:
     """OpenAI's `list` of `embedding` objects, in input order, with the inputs' tokens as usage."""
-    response = answer.response
     vectors: list[Any] = response.embeddings if encoding == "base64" else [_floats(v) for v in response.embeddings]
     tokens = sum(response.prompt_tokens)
     return {"object": "list",

@@ -1,7 +1,7 @@
 """`DELETE /coordinator/sessions/{session_id}`: end a conversation kept with `session_id` and free its KV.
 
 Owns: finding the worker that holds the calling tenant's session, asking it to end the session
-(`DELETE /worker/sessions/{id}?tenant=...` with the worker token), and forgetting the affinity.
+(through pool/moves.py's `end`: `DELETE /worker/sessions/{id}?tenant=...`), and forgetting the affinity.
 A session belongs to its tenant (coordinator/auth.py): another key's id names nothing here, so it
 is 404 `unknown_session`, exactly like an id never used.
 Must not: admit, schedule or relay anything.
@@ -10,17 +10,15 @@ Must not: admit, schedule or relay anything.
 from __future__ import annotations
 
 import re
-from urllib.parse import quote
 
 from fastapi import APIRouter, Request, Response
 
 from coordinator.auth import tenant_of
 from coordinator.errors import CoordinatorError
 from coordinator.state import CoordinatorState
-from coordinator.upstream import WorkerUnreachable
 from protocol import reasons
 from protocol.inference import ErrorBody
-from protocol.worker import SESSION_ID_PATTERN, SESSIONS_PATH
+from protocol.worker import SESSION_ID_PATTERN
 
 PREFIX = "/coordinator/sessions/"
 router = APIRouter()
@@ -43,13 +41,10 @@ async def end_session(session_id: str, request: Request) -> Response:
     if record is None:
         state.sessions.forget(key)
         raise CoordinatorError(reasons.UNKNOWN_SESSION, f"no session {session_id!r}")
-    url = f"{record.url.rstrip('/')}{SESSIONS_PATH}/{quote(session_id)}?tenant={quote(tenant)}"
-    token = state.settings.worker_token
-    try:
-        status = await state.client.delete(url, {"authorization": f"Bearer {token}"} if token else {})
-    except WorkerUnreachable:
+    status = await state.mover.end(record, session_id, tenant)
+    if status is None:
         raise CoordinatorError(reasons.WORKER_UNAVAILABLE,
-                               f"the worker holding session {session_id!r} did not answer; try again") from None
+                               f"the worker holding session {session_id!r} did not answer; try again")
     if status not in (204, 404):
         raise CoordinatorError(reasons.WORKER_UNAVAILABLE, f"the worker holding session {session_id!r} answered "
                                f"{status}; try again")

@@ -3,12 +3,12 @@ tokens as the model's own tokenizer and chat template make them (what a generati
 token ids back to text, and the tokenizer's special tokens and template (what lm-evaluation-harness's
 remote tokenizer reads before it uses the other two).
 
-Owns: parsing protocol/tokens.py's bodies (a chat's messages as the chat surface reads them), choosing a
-worker of the model (alive, not draining, its breaker closed; the one with the fewest of this
-coordinator's streams first), one call to it with the worker token within WORKER_READ_TIMEOUT, the
-next worker when one does not answer or refuses with 503; a refusal is the coordinator's own error body, as on
-its other routes outside /v1/.
-Must not: admit, queue or reserve anything: tokenizing holds no sequence and no KV.
+Owns: parsing protocol/tokens.py's bodies (a chat's messages as the chat surface reads them) into the
+work a worker's tokenizer does, and its answer as the worker gave it; a refusal is the coordinator's own
+error body, as on its other routes outside /v1/.
+Must not: choose, call or judge workers: the gateway does (`Gateway.tokenize`: coordinator/tokenizing.py
+chooses the model's workers and tries them in turn). Nor admit, queue or reserve anything: tokenizing
+holds no sequence and no KV.
 """
 
 from __future__ import annotations
@@ -20,13 +20,10 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
 from coordinator.errors import CoordinatorError
-from coordinator.pool.models import resolve_model, stand_in
-from coordinator.pool.registry import WorkerRecord
-from coordinator.relay.dispatch import Failover, worker_refusal
+from coordinator.gateway import Gateway
 from coordinator.state import CoordinatorState
 from coordinator.surfaces.infer import json_body
 from coordinator.surfaces.openai import internal_messages
-from coordinator.upstream import WorkerStreamError, WorkerUnreachable
 from coordinator.validate import describe, read_body, request_id_of
 from protocol import reasons
 from protocol.inference import ErrorBody
@@ -41,8 +38,6 @@ from protocol.tokens import (
 )
 from protocol.worker import (
     DETOKENIZE_PATH,
-    PROTOCOL_HEADER,
-    PROTOCOL_VERSION,
     REQUEST_ID_HEADER,
     TOKENIZE_PATH,
     TOKENIZER_INFO_PATH,
@@ -52,7 +47,6 @@ from protocol.worker import (
 )
 
 router = APIRouter()
-ATTEMPTS = 2  # workers asked at most: a tokenizer answers fast or its worker is in trouble
 
 
 async def tokenize(request: Request) -> Response:
@@ -99,60 +93,12 @@ async def _parsed(request: Request, model: type[BaseModel]) -> BaseModel:
 
 
 async def _ask(request: Request, path: str, named: str | None, work: BaseModel, answer: type[BaseModel]) -> Response:
-    """`work` posted to the first worker of the model that answers; its answer, checked, as it came."""
-    state: CoordinatorState = request.app.state.coordinator
+    """`work` for the model `named`, through the gateway; the worker's answer, checked, as it came."""
+    gateway: Gateway = request.app.state.gateway
     request_id = request_id_of(request)
-    model = resolve_model(state.registry, state.settings.default_model, named, any_name=state.settings.any_model_name)
-    if (name := stand_in(state.registry, named, model)) is not None and "model" in type(work).model_fields:
-        work = work.model_copy(update={"model": name})
-    candidates = _workers(state, model)
-    if not candidates:
-        raise CoordinatorError(reasons.NO_WORKERS if model is None else reasons.MODEL_UNAVAILABLE,
-                               "no alive worker serves this model now", retry_after=state.settings.retry_after)
-    payload = work.model_dump_json(exclude_none=True).encode()
-    token = state.settings.worker_token
-    headers = {"content-type": "application/json", REQUEST_ID_HEADER: request_id,
-               PROTOCOL_HEADER: str(PROTOCOL_VERSION)} | ({"authorization": f"Bearer {token}"} if token else {})
-    failed = reasons.WORKER_UNAVAILABLE
-    for worker in candidates[:ATTEMPTS]:
-        try:
-            body = await _post(state, worker, path, payload, headers)
-        except Failover as exc:
-            failed = exc.reason
-            continue
-        try:
-            checked: dict[str, Any] = answer.model_validate_json(body).model_dump()
-        except ValidationError:
-            failed = reasons.WORKER_FAILED
-            continue
-        return JSONResponse(checked, headers={REQUEST_ID_HEADER: request_id, WORKER_ID_HEADER: worker.worker_id})
-    raise CoordinatorError(reasons.WORKER_UNAVAILABLE, f"no worker of the model answered ({failed}); try again",
-                           retry_after=state.settings.retry_after)
-
-
-async def _post(state: CoordinatorState, worker: WorkerRecord, path: str, payload: bytes,
-                headers: dict[str, str]) -> bytes:
-    """The worker's 200 body, or `Failover` (no answer, a 503, a 5xx) or the `CoordinatorError` it refused with."""
-    try:
-        response = await state.client.post(worker.url.rstrip("/") + path, payload, headers,
-                                           read_timeout=state.settings.worker_read_timeout)
-    except WorkerUnreachable as exc:
-        raise Failover(reasons.WORKER_UNAVAILABLE, refused=False) from exc
-    try:
-        if response.status != 200:
-            raise await worker_refusal(response)
-        return await response.read()
-    except WorkerStreamError as exc:
-        raise Failover(reasons.WORKER_FAILED, refused=False) from exc
-    finally:
-        await response.close()
-
-
-def _workers(state: CoordinatorState, model: str | None) -> list[WorkerRecord]:
-    """The model's alive workers that take requests now, the least busy (this coordinator's streams) first."""
-    now = state.clock.monotonic()
-    usable = [w for w in state.registry.alive(model) if not w.draining and w.breaker_open_until <= now]
-    return sorted(usable, key=lambda w: w.in_flight)
+    tokenized = await gateway.tokenize(path, named, work, answer, request_id)
+    return JSONResponse(tokenized.answer, headers={REQUEST_ID_HEADER: request_id,
+                                                   WORKER_ID_HEADER: tokenized.worker_id})
 
 
 def _described(body: type[BaseModel], answer: type[BaseModel], summary: str) -> dict[str, Any]:

@@ -1,22 +1,45 @@
-"""The worker client over real loopback sockets: streaming, connection reuse, cancel by closing, errors."""
+"""The worker client over real loopback sockets: streaming, connection reuse, cancel by closing, errors; and the
+worker token it carries on every path that calls a worker."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
+import httpx
 import pytest
 
+from coordinator.clock import ManualClock
+from coordinator.embedding import Embedding
+from coordinator.errors import CoordinatorError
+from coordinator.generation import Generation
+from coordinator.pool.registry import WorkerRecord
+from coordinator.settings import Settings
+from coordinator.state import CoordinatorState, build_state
 from coordinator.upstream import (
     AiohttpWorkerClient,
     WorkerRefused,
     WorkerStreamError,
     WorkerUnreachable,
 )
+from protocol.health import OfferedModel
+from protocol.tokens import TokenizeResponse
+from protocol.worker import (
+    EMBED_PATH,
+    GENERATE_PATH,
+    HEALTH_PATH,
+    MODEL_LOAD_PATH,
+    SESSIONS_PATH,
+    TOKENIZE_PATH,
+    EmbedRequest,
+    GenerateRequest,
+    TokenizeWork,
+)
 from tests.conftest import free_port
+from tests.coordinator.fakes import FakeWorkerClient, embedding_service, heartbeat
 
 pytestmark = pytest.mark.anyio
 
@@ -133,3 +156,61 @@ async def test_a_timeout_is_unreachable_but_not_refused() -> None:
     finally:
         await client.close()
         listener.close()
+
+
+# --- the worker token: carried by the client (upstream.with_token), on every path that calls a worker ---
+
+TOKEN = "s3cret"
+GEMMA = OfferedModel(name="gemma", state="offered", need_bytes=10)
+
+
+def drained(state: CoordinatorState, worker: WorkerRecord) -> Awaitable[object]:
+    """A drain's session moves: the mover lists the worker's kept sessions first (its own task)."""
+    state.mover.draining(worker)
+    return asyncio.sleep(0)
+
+
+# Each path that calls a worker: how it is made to call, and the route it calls.
+CALLERS: dict[str, tuple[Callable[[CoordinatorState, WorkerRecord], Awaitable[object]], str]] = {
+    "generation": (lambda state, worker: state.attempts.open(
+        Generation.of(GenerateRequest(prompt="hi", max_tokens=2), "r1", "test"), [worker]), GENERATE_PATH),
+    "embeddings": (lambda state, worker: state.embedder.embed(
+        Embedding.of(EmbedRequest(inputs=["hi"]), "r1", "test"), [worker]), EMBED_PATH),
+    "tokenizer": (lambda state, worker: state.tokenizing.ask(
+        TOKENIZE_PATH, None, TokenizeWork(prompt="hi", add_special=True), TokenizeResponse, "r1"), TOKENIZE_PATH),
+    "model load": (lambda state, worker: state.loads.until_served("gemma", state.clock.monotonic()), MODEL_LOAD_PATH),
+    "session end": (lambda state, worker: state.mover.end(worker, "s1", "t"), SESSIONS_PATH + "/s1"),
+    "session moves": (drained, SESSIONS_PATH),
+    "probe": (lambda state, worker: state.probe.prove(worker.worker_id, worker.url), HEALTH_PATH),
+}
+# The probe's URL is not proven to be a worker's yet (pool/probe.py): it gets no secret.
+UNTOKENED = {"probe"}
+
+
+@pytest.mark.parametrize("token", [TOKEN, None])
+@pytest.mark.parametrize("caller", list(CALLERS))
+async def test_every_call_to_a_worker_carries_the_worker_token_but_the_probe(caller: str, token: str | None) -> None:
+    seen: dict[str, str | None] = {}  # route -> the authorization header it got
+
+    def worker(request: httpx.Request) -> httpx.Response:  # every route refuses: only what was sent matters
+        seen[request.url.path] = request.headers.get("authorization")
+        return httpx.Response(503, json={"error": "busy", "reason": "loading", "request_id": "x"})
+
+    clock = ManualClock()
+    state = build_state(Settings(worker_token=token), clock,
+                        FakeWorkerClient(httpx.AsyncClient(transport=httpx.MockTransport(worker))))
+    record = state.registry.upsert(heartbeat("w1", timestamp=clock.time(), embeddings=embedding_service())
+                                   .model_copy(update={"offered": [GEMMA]}), clock.monotonic())
+    call, route = CALLERS[caller]
+    try:
+        with contextlib.suppress(CoordinatorError):
+            await call(state, record)
+        for _ in range(100):  # a drain's moves run in a task of their own
+            if route in seen:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await state.mover.close()
+        await state.client.close()
+    sent = f"Bearer {token}" if token and caller not in UNTOKENED else None
+    assert route in seen and seen[route] == sent

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.unit
 
 
 def room(reg: Registry, **over: object) -> WaitingRoom:
-    loads = ModelLoads(reg, None, worker_token=None, now=time.monotonic)  # type: ignore[arg-type]
+    loads = ModelLoads(reg, None, now=time.monotonic)  # type: ignore[arg-type]
     values: dict[str, object] = {"default_model": None, "any_model_name": False, "model_loads": True, **over}
     return WaitingRoom(reg, loads, **values)  # type: ignore[arg-type]
 

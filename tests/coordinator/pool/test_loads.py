@@ -46,7 +46,7 @@ def beat(reg: Registry, worker_id: str, model: str, *, sessions: int = 0, offere
 
 
 def loads(reg: Registry, asked: Any) -> ModelLoads:
-    return ModelLoads(reg, asked, worker_token="t", now=time.monotonic)
+    return ModelLoads(reg, asked, now=time.monotonic)
 
 
 async def tried(on_demand: ModelLoads, model: str) -> str:
@@ -89,7 +89,7 @@ async def test_a_failed_load_refuses_with_the_workers_reason_until_its_pause_is_
     failed = Asked(503, b'{"error": "model \'gemma\' failed to load (RuntimeError: no room)", '
                         b'"reason": "model_load_failed", "request_id": "r"}')
     clock = [time.monotonic()]
-    on_demand = ModelLoads(reg, failed, worker_token=None, now=lambda: clock[0])
+    on_demand = ModelLoads(reg, failed, now=lambda: clock[0])
     for _ in range(2):  # the second request gets the same answer without asking again
         with pytest.raises(CoordinatorError) as refused:
             await on_demand.wanted("gemma")
@@ -106,7 +106,7 @@ async def test_a_worker_busy_swapping_to_another_model_is_asked_again_soon() -> 
     beat(reg, "w1", "smol")
     busy = Asked(503, b'{"error": "swapping to x", "reason": "model_swapping", "request_id": "r"}')
     clock = [time.monotonic()]
-    on_demand = ModelLoads(reg, busy, worker_token="t", now=lambda: clock[0])
+    on_demand = ModelLoads(reg, busy, now=lambda: clock[0])
     assert await tried(on_demand, "gemma") == reasons.LOADING  # a request waits, woken by heartbeats
     clock[0] += BUSY_AGAIN - 0.1
     assert await tried(on_demand, "gemma") == reasons.LOADING and on_demand.asked == 1
