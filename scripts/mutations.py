@@ -448,7 +448,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "when asked for", "coordinator/pool/registry.py", "if any(not w.standby for w in workers.values()))",
              "if workers)", ("tests/coordinator/pool/test_loads.py",)),
     Mutation("load-asked-per-request", "a burst of requests for a model not loaded makes one load",
-             "coordinator/pool/loads.py", "if ask is None or self._now() >= ask.again_at:", "if True:",
+             "coordinator/pool/loads.py", "if ask is None or (self._now() >= ask.again_at and not self._failed(ask)):", "if True:",
              ("tests/coordinator/pool/test_loads.py",)),
     Mutation("folder-serves-all-loaded", "a heartbeat lists only the model a worker serves as loaded",
              "worker/models/folder.py",

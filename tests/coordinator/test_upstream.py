@@ -178,7 +178,7 @@ CALLERS: dict[str, tuple[Callable[[CoordinatorState, WorkerRecord], Awaitable[ob
         Embedding.of(EmbedRequest(inputs=["hi"]), "r1", "test"), [worker]), EMBED_PATH),
     "tokenizer": (lambda state, worker: state.tokenizing.ask(
         TOKENIZE_PATH, None, TokenizeWork(prompt="hi", add_special=True), TokenizeResponse, "r1"), TOKENIZE_PATH),
-    "model load": (lambda state, worker: state.loads.until_served("gemma", state.clock.monotonic()), MODEL_LOAD_PATH),
+    "model load": (lambda state, worker: state.loads.wanted("gemma"), MODEL_LOAD_PATH),
     "session end": (lambda state, worker: state.mover.end(worker, "s1", "t"), SESSIONS_PATH + "/s1"),
     "session moves": (drained, SESSIONS_PATH),
     "probe": (lambda state, worker: state.probe.prove(worker.worker_id, worker.url), HEALTH_PATH),
