@@ -18,6 +18,7 @@ fi
 scripts/bootstrap.sh
 if [ "$fast" = 0 ]; then
     scripts/test-deps.sh  # the browser test's Chromium (Debian packages), when missing
+    scripts/agent-clis.sh  # Claude Code and Codex CLI (npm, pinned), for the agents' process tests
 fi
 # Lint and types first: the style guide asks both to be clean, so the tests hold them to it.
 "$venv"/bin/ruff check --quiet .
