@@ -59,14 +59,16 @@ def _default(service: str, name: str, value: object) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, Path):
-        return str(value.relative_to(ROOT)) if value.is_absolute() and value.is_relative_to(ROOT) else str(value)
+        return str(value.relative_to(ROOT)) if value.is_relative_to(ROOT) else str(value)
     if isinstance(value, float):
         return f"{value:g}"
-    if isinstance(value, int) and name.endswith("bytes") and value >= 1024 and value % 1024 == 0:
-        size, unit = next((value // 1024**p, u) for p, u in ((3, "GiB"), (2, "MiB"), (1, "KiB"))
-                          if value % 1024**p == 0)
-        return f"{value} ({size} {unit})"
-    return str(value)
+    return _size(value) if isinstance(value, int) and name.endswith("bytes") else str(value)
+
+
+def _size(value: int) -> str:
+    """A byte count as typed, with its size in the largest binary unit that divides it."""
+    unit = next(((p, u) for p, u in ((3, "GiB"), (2, "MiB"), (1, "KiB")) if value and value % 1024**p == 0), None)
+    return f"{value} ({value // 1024 ** unit[0]} {unit[1]})" if unit else str(value)
 
 
 def _flags(parser: argparse.ArgumentParser) -> dict[str, str]:
@@ -123,28 +125,28 @@ def start_rows(text: str) -> tuple[list[Row], str]:
             entries[-1][1] += " " + more[1]
         else:
             notes.append(line.lstrip("# "))
-    rows = []
-    for flag_text, description in entries:
-        bracket = _BRACKET.search(description)
-        env, default = (bracket[1], (bracket[2] or "").strip()) if bracket else ("", "")
-        description = description[:bracket.start()] if bracket else description
-        default, _, why = default.partition(": ") if default[:1].isdigit() else (default, "", "")
-        if why:
-            description += f" (default {default}: {why})"
-        rows.append(Row(flag_text.split()[0][2:], env, flag_text, default or "none", description))
-    return rows, " ".join(notes)
+    return [_start_row(flag_text, description) for flag_text, description in entries], " ".join(notes)
+
+
+def _start_row(flag_text: str, description: str) -> Row:
+    """One flag of start.sh, its `[ENV, default X]` read off the end of its description."""
+    bracket = _BRACKET.search(description)
+    if not bracket:
+        return Row(flag_text.split()[0][2:], "", flag_text, "none", description)
+    default, _, why = (bracket[2] or "").strip().partition(": ")
+    if why and not default[:1].isdigit():  # "default: the provisioned SmolLM2" has no value before its colon
+        default, why = f"{default}: {why}", ""
+    description = description[:bracket.start()] + (f" (default {default}: {why})" if why else "")
+    return Row(flag_text.split()[0][2:], bracket[1], flag_text, default or "none", description)
 
 
 def _table(rows: list[Row], *, names: bool = True) -> str:
-    head = ["setting", "environment", "flag", "default", "what it does"] if names else \
-        ["flag", "environment", "default", "what it does"]
+    """A settings table (`names`: the field's name first), or start.sh's, whose flags are its names."""
+    head = (["setting"] if names else []) + ["environment", "flag", "default", "what it does"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        cells = [f"`{row.name}`"] if names else []
-        cells += [] if names else [f"`{row.flag}`"]
-        cells += [f"`{row.env}`" if row.env else ""]
-        cells += [f"`{row.flag}`"] if names else []
-        cells += [_cell(row.default), _cell(row.description)]
+        cells = ([f"`{row.name}`"] if names else []) + [f"`{row.env}`" if row.env else "", f"`{row.flag}`",
+                                                         _cell(row.default), _cell(row.description)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
