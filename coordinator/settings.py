@@ -27,7 +27,8 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     host: str = Field(default="127.0.0.1", description="address to listen on")
-    port: int = Field(default=1337, ge=0, le=65535)
+    port: int = Field(default=1337, ge=0, le=65535, description="port to listen on (with reuse_port, shared with "
+                      "the other coordinator processes)")
     reuse_port: bool = Field(default=False, description="share `port` with other coordinator processes "
                              "(SO_REUSEPORT): the kernel spreads new connections over them")
     own_port: int = Field(default=0, ge=0, le=65535, description="a port of this process alone, besides "
@@ -64,7 +65,7 @@ class Settings(BaseModel):
     )
     ping_interval: float = Field(default=15.0, gt=0,
                                  description="seconds of silence before an SSE comment ping to a client")
-    worker_connect_timeout: float = Field(default=2.0, gt=0)
+    worker_connect_timeout: float = Field(default=2.0, gt=0, description="seconds to open a connection to a worker")
     worker_first_event_timeout: float = Field(
         default=120.0, gt=0, description="seconds from sending a request to a worker until its first event "
         "(its prefill), however busy; a worker that goes silent is found sooner by worker_read_timeout")
@@ -83,7 +84,8 @@ class Settings(BaseModel):
     session_move_max_bytes: int = Field(
         default=256 * 1024 * 1024, ge=1024 * 1024, description="largest session KV blob moved (a worker's "
         "WORKER_KV_TRANSFER_MAX_BYTES bounds what it takes in)")
-    worker_max_connections: int = Field(default=1_000, ge=1)
+    worker_max_connections: int = Field(default=1_000, ge=1,
+                                        description="open connections to workers, all of them together")
     worker_keepalive_expiry: float = Field(
         default=2.0, ge=0, description="seconds an idle connection to a worker is kept; below the worker's "
         "own keep-alive timeout (uvicorn: 5 s) so we never send on a connection it is closing")
@@ -181,7 +183,8 @@ class Settings(BaseModel):
         "heartbeat_interval + 1 s")
     refusal_log_rate: float = Field(default=20.0, gt=0, description="refused requests logged per second at "
                                     "most (all are counted in metrics; the next line says how many were left out)")
-    log_level: str = Field(default="info", pattern=r"^(?i:debug|info|warning|error|critical)$")
+    log_level: str = Field(default="info", pattern=r"^(?i:debug|info|warning|error|critical)$",
+                           description="debug, info, warning, error or critical")
 
     @field_validator("worker_url_pattern")
     @classmethod

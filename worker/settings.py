@@ -118,8 +118,8 @@ class WorkerSettings(BaseModel):
     coordinator_resolve_all: bool = Field(default=False, description="heartbeat every address a coordinator "
                                           "URL's name resolves to (a Kubernetes headless Service), each interval")
     worker_token: str = Field(default="", description="shared secret sent with heartbeats")
-    host: str = "127.0.0.1"
-    port: int = Field(default=3001, ge=0, le=65535)
+    host: str = Field(default="127.0.0.1", description="address to listen on")
+    port: int = Field(default=3001, ge=0, le=65535, description="port to listen on")
     threads: int = Field(default=os.cpu_count() or 1, ge=1, le=256, description="llama.cpp threads")
     gpu_layers: int = Field(default=-1, ge=-1, description="layers offloaded to the GPU; -1: all when the "
                             "llama.cpp build can offload, else 0")
@@ -136,7 +136,8 @@ class WorkerSettings(BaseModel):
                                  "off, every step may carry a chunk")
     session_ttl: float = Field(default=300.0, gt=0, description="idle seconds before a session expires")
     sweep_interval: float = Field(default=1.0, gt=0, description="seconds between expiry sweeps")
-    heartbeat_interval: float = Field(default=10.0, gt=0)
+    heartbeat_interval: float = Field(default=10.0, gt=0, description="seconds between two heartbeats to each "
+                                      "coordinator")
     stream_buffer: int = Field(default=64, ge=1, le=65536, description="items buffered per stream")
     slow_consumer_deadline: float = Field(default=10.0, gt=0, description="seconds a full stream may wait")
     prompt_cache: bool = Field(default=True, description="freed sequences keep their tokens for a next prompt")
@@ -181,7 +182,8 @@ class WorkerSettings(BaseModel):
     drain_timeout: float = Field(default=30.0, ge=0, le=3600,
                                  description="on SIGTERM: seconds open streams may still run before they are "
                                  "ended with an error event (new requests get 503 draining meanwhile)")
-    log_level: str = Field(default="info", pattern="^(debug|info|warning|error)$")
+    log_level: str = Field(default="info", pattern="^(debug|info|warning|error)$",
+                           description="debug, info, warning or error")
     engine: str = Field(
         default="llama", pattern=r"^[a-z][a-z0-9_-]{0,31}$",
         description="the engine backend, by the name it registers (worker/backends/): llama, the real model; "
