@@ -163,7 +163,8 @@ def edge_limits(settings: Settings) -> EdgeLimits:
 
 
 def _let_in(scope: Scope) -> bool:
-    """Client API keys (coordinator/auth.py), when configured: on the generation surfaces, and (unless
+    """Client API keys (coordinator/auth.py), when configured: on the generation surfaces and the
+    tokenizer's routes (they reach workers), and (unless
     `open_metrics`) on /metrics and the status page's snapshot; health, the page itself (it holds no
     data, and asks for a key) and heartbeats (the worker token's) stay open. The key's tenant goes in
     the request's state for the surfaces (`tenant_of`)."""
@@ -171,7 +172,7 @@ def _let_in(scope: Scope) -> bool:
     if state is None or state.api_keys is None:
         return True
     path = scope["path"]
-    if not (path == "/coordinator/infer" or path.startswith(("/v1/", SESSIONS_PREFIX))
+    if not (path == "/coordinator/infer" or path.startswith(("/v1/", SESSIONS_PREFIX)) or path in tokenizer.PATHS
             or (path in ("/metrics", "/coordinator/status") and not state.settings.open_metrics)):
         return True
     found = state.api_keys.identify(Headers(scope=scope))

@@ -123,6 +123,7 @@ def _info_described() -> dict[str, Any]:
     return described
 
 
+PATHS = frozenset({"/tokenize", "/detokenize", "/tokenizer_info"})  # each needs a key where API_KEYS is set
 router.add_api_route("/tokenize", tokenize, methods=["POST"],
                      **_described(TokenizeRequest, TokenizeResponse, "A prompt's or a chat's tokens (vLLM's shape)"))
 router.add_api_route("/tokenizer_info", tokenizer_info, methods=["GET"],

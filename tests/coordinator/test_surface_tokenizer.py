@@ -77,3 +77,20 @@ async def test_tokenizer_info_asks_a_worker_of_the_named_model_and_refuses_an_un
         assert named.status_code == 200 and seen[-1] == {"model": "smol"}
         unknown = await client.get("/tokenizer_info", params={"model": "nope"})
         assert unknown.status_code == 404 and len(seen) == 2
+
+
+async def test_with_api_keys_the_tokenizer_routes_need_a_key_too() -> None:
+    """They reach workers: where API_KEYS is set, each is 401 without a key (no worker is called) and
+    answered with one."""
+    clock, seen = ManualClock(), []  # type: ignore[var-annotated]
+    fakes = FakeWorkers({"w1": tokenizer(seen)})  # type: ignore[dict-item]
+    settings = Settings(heartbeat_interval=1.0, api_keys="the-key")
+    async with running_app(settings, fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+        asks = [("POST", "/tokenize", {"prompt": "a b c"}), ("POST", "/detokenize", {"tokens": [1, 2]}),
+                ("GET", "/tokenizer_info", None)]
+        refused = [await client.request(method, path, json=body) for method, path, body in asks]
+        assert [r.status_code for r in refused] == [401, 401, 401] and seen == []
+        keyed = [await client.request(method, path, json=body, headers={"authorization": "Bearer the-key"})
+                 for method, path, body in asks]
+    assert [r.status_code for r in keyed] == [200, 200, 200] and len(seen) == 3
