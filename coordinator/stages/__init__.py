@@ -19,34 +19,10 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from coordinator.auth import Client
-from serving.tracing import Trace
+from coordinator.embedding import Embedding
+from coordinator.generation import Generation
 
-
-class _Named(Protocol):
-    @property
-    def tenant(self) -> str: ...
-
-    @property
-    def model(self) -> str | None: ...
-
-
-class Work(Protocol):
-    """What every stage may read of a request: a `Generation` or an `Embedding`."""
-
-    @property
-    def request_id(self) -> str: ...
-
-    @property
-    def surface(self) -> str: ...
-
-    @property
-    def trace(self) -> Trace: ...
-
-    @property
-    def request(self) -> _Named: ...
-
-
-W = TypeVar("W", bound=Work)
+W = TypeVar("W", Generation, Embedding)  # the kinds of request that pass stages
 
 
 @dataclass(slots=True)
@@ -83,6 +59,15 @@ class Leave(Protocol):
     def ended(self, end: End) -> None: ...
 
 
+class Leaving:
+    """A `Leave` made of two callables, for a stage whose way out is a call or two."""
+
+    __slots__ = ("ended", "failed")
+
+    def __init__(self, failed: Callable[[BaseException], None], ended: Callable[[End], None]) -> None:
+        self.failed, self.ended = failed, ended
+
+
 class Stage(Protocol[W]):
     def enter(self, entry: Entry[W]) -> Leave | None:
         """Let the request in (maybe changing `entry`), or raise a `CoordinatorError` to refuse it.
@@ -96,7 +81,7 @@ class Passage(Generic[W]):
     __slots__ = ("_leaves", "entry")
 
     def __init__(self, entry: Entry[W], leaves: list[Leave]) -> None:
-        self.entry = entry
+        self.entry: Entry[W] = entry
         self._leaves = leaves
 
     @property
@@ -118,7 +103,7 @@ class Stages(Generic[W]):
     """The stages of one kind of request, in the order a request enters them."""
 
     def __init__(self, stages: Sequence[Stage[W]]) -> None:
-        self._stages = tuple(stages)
+        self._stages: tuple[Stage[W], ...] = tuple(stages)
 
     def enter(self, work: W, client: Client | None, headers: Mapping[str, str] | None) -> Passage[W]:
         entry: Entry[W] = Entry(work, client, headers or {})

@@ -12,31 +12,21 @@ import functools
 
 from coordinator.admission.fairness import FairShares
 from coordinator.generation import Generation
-from coordinator.stages import End, Entry
+from coordinator.stages import End, Entry, Leaving
 
 
 class FairCharge:
     def __init__(self, fair: FairShares) -> None:
         self._fair = fair
 
-    def enter(self, entry: Entry[Generation]) -> _Active:
+    def enter(self, entry: Entry[Generation]) -> Leaving:
         tenant = entry.work.request.tenant
         self._fair.arrive(tenant)
         entry.on_token = functools.partial(self._fair.charge_output, tenant)
-        return _Active(self._fair, tenant)
+        return Leaving(lambda _exc: self._fair.depart(tenant), functools.partial(self._ended, tenant))
 
-
-class _Active:
-    __slots__ = ("_fair", "_tenant")
-
-    def __init__(self, fair: FairShares, tenant: str) -> None:
-        self._fair, self._tenant = fair, tenant
-
-    def failed(self, exc: BaseException) -> None:
-        self._fair.depart(self._tenant)
-
-    def ended(self, end: End) -> None:
+    def _ended(self, tenant: str, end: End) -> None:
         if end.generated_tokens > end.relayed:
-            self._fair.charge_output(self._tenant, end.generated_tokens - end.relayed)
-        self._fair.depart(self._tenant)
-        self._fair.ended(end.worker_id, self._tenant, end.prompt_tokens, end.generated_tokens)  # the worker reports it too
+            self._fair.charge_output(tenant, end.generated_tokens - end.relayed)
+        self._fair.depart(tenant)
+        self._fair.ended(end.worker_id, tenant, end.prompt_tokens, end.generated_tokens)  # the worker reports it too

@@ -9,30 +9,18 @@ Must not: know tenants or requests beyond their key and their tokens.
 from __future__ import annotations
 
 from coordinator.admission.limits import Limits
-from coordinator.auth import Client
-from coordinator.stages import End, Entry, W
+from coordinator.stages import Entry, Leaving, W
 
 
 class KeyLimitStage:
     def __init__(self, limits: Limits) -> None:
         self._limits = limits
 
-    def enter(self, entry: Entry[W]) -> _Counted | None:
+    def enter(self, entry: Entry[W]) -> Leaving | None:
         client = entry.client
         if client is None or not client.limits.any:
             return None
-        self._limits.admit(client.key_id, client.limits)
-        return _Counted(self._limits, client)
-
-
-class _Counted:
-    __slots__ = ("_client", "_limits")
-
-    def __init__(self, limits: Limits, client: Client) -> None:
-        self._limits, self._client = limits, client
-
-    def failed(self, exc: BaseException) -> None:
-        self._limits.finished(self._client.key_id, self._client.limits, 0)
-
-    def ended(self, end: End) -> None:
-        self._limits.finished(self._client.key_id, self._client.limits, end.prompt_tokens + end.generated_tokens)
+        key_id, limits = client.key_id, client.limits
+        self._limits.admit(key_id, limits)
+        return Leaving(lambda _exc: self._limits.finished(key_id, limits, 0),
+                       lambda end: self._limits.finished(key_id, limits, end.prompt_tokens + end.generated_tokens))

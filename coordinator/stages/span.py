@@ -25,7 +25,7 @@ class Span:
             "llm_pool.tenant": work.request.tenant, "llm_pool.model": work.request.model or ""})
         if trace is NO_TRACE:  # an untraced request is not copied for it
             return None
-        entry.work = dataclasses.replace(work, trace=trace)  # type: ignore[type-var]
+        entry.work = dataclasses.replace(work, trace=trace)
         return _Open(trace)
 
 
