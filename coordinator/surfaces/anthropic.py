@@ -59,13 +59,10 @@ router = APIRouter()
 async def create(request: Request) -> Response:
     state: CoordinatorState = request.app.state.coordinator
     gateway: Gateway = request.app.state.gateway
-    started = gateway.now()
-    request_id = request_id_of(request)
-    scope_state = request.scope.get("state", {})
+    started, request_id, scope_state = gateway.now(), request_id_of(request), request.scope.get("state", {})
     try:
         fields, tools, stream = parse(await read_body(request, state.settings.max_body_bytes))
-        if tenant := tenant_of(scope_state):
-            fields["tenant"] = tenant
+        fields.update({"tenant": tenant} if (tenant := tenant_of(scope_state)) else {})
         gen = Generation.of(internal(fields), request_id, SURFACE, priority.asked(request.headers.get(priority.HEADER)))
     except CoordinatorError as exc:
         gateway.refused(request_id, exc, started, surface=SURFACE)

@@ -16,17 +16,8 @@ import pytest
 from coordinator.app import create_app
 from coordinator.clock import ManualClock
 from coordinator.settings import Settings
-from tests.coordinator.fakes import (
-    MODEL,
-    FakeWorkers,
-    events_of,
-    heartbeat,
-    refusing,
-    register,
-    sse,
-    streaming,
-    token,
-)
+from tests.coordinator import fakes as fake
+from tests.coordinator.fakes import FakeWorkers, events_of, sse, streaming, token
 
 pytestmark = pytest.mark.anyio
 
@@ -41,7 +32,7 @@ def done(*, prompt: int = 10, cached: int = 0, n: int = 3, reason: str = "stop")
         "finished": True, "finish_reason": reason,
         "usage": {"prompt_tokens": prompt, "cached_tokens": cached, "completion_tokens": n, "total_tokens": prompt + n},
         "timings": {"queue_ms": 0, "prefill_ms": 1, "ttft_ms": 1, "total_ms": 2, "tokens_per_second": 10},
-        "request_id": "r", "worker_id": "w1", "model": MODEL})
+        "request_id": "r", "worker_id": "w1", "model": fake.MODEL})
 
 
 STREAM = [token(0, "He"), token(1, "llo"), token(2, "!"), done()]
@@ -60,7 +51,7 @@ async def pool(fakes: FakeWorkers, settings: Settings = SETTINGS, api_key: str =
     transport = httpx.ASGITransport(app=app)
     async with app.router.lifespan_context(app), \
             httpx.AsyncClient(transport=transport, base_url="http://coord") as client:
-        assert (await register(client, heartbeat("w1", timestamp=clock.time()))).status_code == 200
+        assert (await fake.register(client, fake.heartbeat("w1", timestamp=clock.time()))).status_code == 200
         sdk = sdk_for(app, api_key)
         try:
             yield client, sdk
@@ -90,7 +81,7 @@ async def test_a_message_through_the_sdk_sends_the_turns_to_the_template() -> No
                     {"type": "text", "text": "Answer in English.", "cache_control": {"type": "ephemeral"}}],
             messages=[{"role": "user", "content": [{"type": "text", "text": "Say"}, {"type": "text", "text": " hi"}]}],
             extra_headers={"anthropic-beta": "claude-code-20250219"})
-    assert message.type == "message" and message.role == "assistant" and message.model == MODEL
+    assert message.type == "message" and message.role == "assistant" and message.model == fake.MODEL
     assert [(b.type, getattr(b, "text", None)) for b in message.content] == [("text", "Hello!")]
     assert message.stop_reason == "end_turn" and message.id.startswith("msg_")
     assert (message.usage.input_tokens, message.usage.output_tokens) == (10, 3)
@@ -271,7 +262,7 @@ async def test_bad_input_gets_anthropics_error_and_reaches_no_worker(body: dict[
 
 
 async def test_refusals_keep_their_status_with_anthropics_types() -> None:
-    fakes = FakeWorkers({"w1": refusing(503, "kv_full", retry_after=2)})
+    fakes = FakeWorkers({"w1": fake.refusing(503, "kv_full", retry_after=2)})
     async with pool(fakes) as (client, sdk):
         busy = await client.post("/v1/messages", json={"model": "smol", "max_tokens": 5,
                                                        "messages": [{"role": "user", "content": "x"}]})
@@ -279,7 +270,7 @@ async def test_refusals_keep_their_status_with_anthropics_types() -> None:
                                                           "messages": [{"role": "user", "content": "x"}]})
         with pytest.raises(anthropic.NotFoundError):
             await sdk.messages.create(model="nope", max_tokens=5, messages=[{"role": "user", "content": "x"}])
-        fakes.behaviours["w1"] = refusing(413, "prompt_too_long")
+        fakes.behaviours["w1"] = fake.refusing(413, "prompt_too_long")
         long = await client.post("/v1/messages", json={"model": "smol", "max_tokens": 5,
                                                        "messages": [{"role": "user", "content": "x"}]})
         missing = await client.post("/v1/messages/batches", json={})
