@@ -3,7 +3,7 @@
 Owns: the lifespan that builds `app.state.coordinator` and `app.state.gateway`, the routers, the
 way in for the streaming POST routes (`FastPaths`) and around everything `Cors`, `/metrics`, and the one place where errors raised
 in routes become HTTP responses (`CoordinatorError` -> the surface's error body, chosen by path:
-OpenAI's shape under `/v1/`, `ErrorBody` elsewhere; status from errors.STATUS_BY_REASON,
+Anthropic's under `/v1/messages`, OpenAI's shape under the rest of `/v1/`, `ErrorBody` elsewhere; status from errors.STATUS_BY_REASON,
 `X-Request-ID`, and `Retry-After` on 503).
 Must not: read the environment or hold module-level state; everything comes in through arguments.
 """
@@ -28,7 +28,7 @@ from coordinator.ops import health, status_page
 from coordinator.ops.cors import Cors, parse_origins
 from coordinator.settings import Settings
 from coordinator.state import CoordinatorState, build_state
-from coordinator.surfaces import embeddings, infer, openai, responses, sessions, tokenizer
+from coordinator.surfaces import anthropic, embeddings, infer, openai, responses, sessions, tokenizer
 from coordinator.surfaces.sessions import PREFIX as SESSIONS_PREFIX
 from coordinator.upstream import WorkerClient
 from coordinator.validate import request_id_of
@@ -67,6 +67,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     app.include_router(openai.router)
     app.include_router(embeddings.router)
     app.include_router(responses.router)
+    app.include_router(anthropic.router)
     app.include_router(sessions.router)
     app.include_router(tokenizer.router)
     app.include_router(status_page.router)
@@ -93,6 +94,7 @@ FAST_ROUTES: dict[str, tuple[Handler, ErrorResponder]] = {
     openai.CHAT_PATH: (openai.chat_completions, openai.error_response),
     openai.COMPLETIONS_PATH: (openai.completions, openai.error_response),
     responses.PATH: (responses.create, openai.error_response),
+    anthropic.PATH: (anthropic.create, anthropic.error_response),
     health.HEARTBEAT_PATH: (health.heartbeat_response, infer.error_response),
 }
 # The OpenAI routes also answer without the /v1 prefix, as llama.cpp's server does (clients and its own
@@ -153,8 +155,7 @@ def edge_limits(settings: Settings) -> EdgeLimits:
 
     def render(path: str, status: int, reason: str, message: str) -> tuple[bytes, bytes]:
         exc = CoordinatorError(reason, message, status=status)
-        shaped = openai.error_response if path.startswith(openai.PREFIX) else infer.error_response
-        return b"application/json", bytes(shaped("", exc).body)
+        return b"application/json", bytes(responder(path)("", exc).body)
 
     return EdgeLimits(max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes,
                       max_headers=settings.max_headers, header_timeout=settings.header_timeout,
@@ -185,9 +186,16 @@ def _let_in(scope: Scope) -> bool:
     return True
 
 
+def responder(path: str) -> ErrorResponder:
+    """The error body of the surface `path` belongs to: Anthropic's under `/v1/messages`, OpenAI's under
+    the rest of `/v1/`, the coordinator's own elsewhere."""
+    if path == anthropic.PATH or path.startswith(anthropic.PATH + "/"):
+        return anthropic.error_response
+    return openai.error_response if path.startswith(openai.PREFIX) else infer.error_response
+
+
 def error_response(request: Request, exc: CoordinatorError) -> Response:
-    responder = openai.error_response if request.url.path.startswith(openai.PREFIX) else infer.error_response
-    return responder(request_id_of(request), exc)
+    return responder(request.url.path)(request_id_of(request), exc)
 
 
 async def _coordinator_error(request: Request, exc: CoordinatorError) -> Response:

@@ -454,6 +454,14 @@ MUTATIONS: tuple[Mutation, ...] = (
              "worker/models/folder.py",
              "loaded = serving is not None and o.state == \"offered\" and (",
              "loaded = o.state == \"offered\" or (", ("tests/worker/models/test_folder.py",)),
+    Mutation("cache-read-without-reuse", "Messages' cache_read_input_tokens are the prompt tokens the worker reused, "
+             "not the whole prompt", "coordinator/surfaces/anthropic_format.py",
+             "cached = min(u.cached_tokens, u.prompt_tokens)", "cached = u.prompt_tokens",
+             ("tests/coordinator/test_surface_anthropic.py",)),
+    Mutation("messages-errors-in-openai-shape", "a refusal on /v1/messages, before the route (keys, unknown "
+             "paths) and in it, is in Anthropic's error shape", "coordinator/app.py",
+             "        return anthropic.error_response\n", "        return openai.error_response\n",
+             ("tests/coordinator/test_surface_anthropic.py",)),
 )
 
 

@@ -77,6 +77,7 @@ class OpenStream:
     first: SseEvent
     reservation: Reservation
     attempts: int
+    prompt_tokens: int | None = None  # the prompt's length as the worker admitted it (AdmittedEvent)
 
     async def close(self) -> None:
         """Closing the response closes the connection, which cancels the request on the worker."""
@@ -159,7 +160,7 @@ class Dispatcher:
             # Nothing reached the client yet, so another worker may still serve it.
             await response.close()
             raise Failover(reasons.WORKER_FAILED, refused=False)
-        return OpenStream(worker, response, events, first, res, attempts=1)
+        return OpenStream(worker, response, events, first, res, attempts=1, prompt_tokens=started.prompt_tokens)
 
     async def _start(self, worker: WorkerRecord, valid: Generation, res: Reservation, hints: PrefixHints | None,
                      started: _Started, admitted: Callable[[int], None], traceparent: str | None) -> None:
@@ -175,7 +176,8 @@ class Dispatcher:
         started.events = events = worker_events(response.chunks())
         first = await anext(events, None)
         if first is not None and first.event == EVENT_ADMITTED:
-            admitted(AdmittedEvent.model_validate_json(first.data).prompt_tokens)
+            started.prompt_tokens = AdmittedEvent.model_validate_json(first.data).prompt_tokens
+            admitted(started.prompt_tokens)
             started.admitted = True
             first = await anext(events, None)
         elif first is not None and first.event == EVENT_ERROR:
@@ -191,6 +193,7 @@ class _Started:
     events: AsyncIterator[SseEvent] | None = None
     first: SseEvent | None = None
     admitted: bool = False
+    prompt_tokens: int | None = None
 
 
 def _failover_for(exc: BaseException, started: _Started) -> Failover | None:

@@ -42,6 +42,7 @@ class Opened:
     worker_id: str
     model: str
     finish: Callable[[Ending], None]  # call exactly once, when the client's response has ended
+    prompt_tokens: int | None = None  # the prompt's length as its worker admitted it; None: a cached answer
 
     def end(self) -> End:
         """How it ended, for its stages: its usage as the worker counted it, or the tokens relayed when
@@ -114,7 +115,7 @@ def relayed(state: CoordinatorState, gen: Generation, model: str | None, stream:
         release(relay.outcome)  # done already, unless cut short
         state.requests.finished(relay.request_id, surface, stream, relay.outcome, ending, started, trace_id)
 
-    return Opened(relay, worker_id, model or stream.worker.model, finish)
+    return Opened(relay, worker_id, model or stream.worker.model, finish, stream.prompt_tokens)
 
 
 def replayed(state: CoordinatorState, gen: Generation, model: str | None, events: tuple[SseEvent, ...],
