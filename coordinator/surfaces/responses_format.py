@@ -54,6 +54,9 @@ class Echo:
     tools: Tools | None = None  # the answer is read for calls when `tools.calling`
     listed_tools: list[dict[str, Any]] = field(default_factory=list)  # the request's tools, as given
     text_format: dict[str, Any] | None = None  # the request's `text.format`, as given
+    reasoning: rs.Reasoning = field(default_factory=rs.Reasoning)  # the request's, as given
+    store: bool = False
+    previous_response_id: str | None = None  # the response this one continues (the WebSocket's chains)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,7 @@ class Shape:
             output=list(output), parallel_tool_calls=echo.parallel_tool_calls, temperature=echo.temperature,
             tool_choice=echo.tool_choice, tools=echo.listed_tools, top_p=echo.top_p, user=echo.user,
             metadata=echo.metadata, text=rs.TextSettings(format=echo.text_format or dict(rs.TEXT_FORMAT)),
+            reasoning=echo.reasoning, store=echo.store, previous_response_id=echo.previous_response_id,
             usage=usage_of(done) if done is not None else None)
 
     def finished(self, text: str, done: DoneEvent, now: float) -> rs.ResponseObject:
