@@ -140,7 +140,7 @@ class EventEncoder:
     sends only `created` and `in_progress`, and the answer is held while it may be a call: one whose
     start rules a call out goes out at once and streams from then on; a call goes out with `done`."""
 
-    __slots__ = ("_delta", "_held", "_now", "_opened", "_pieces", "_sequence", "_shape", "_started")
+    __slots__ = ("_delta", "_held", "_now", "_opened", "_pieces", "_sequence", "_shape", "_started", "ended")
 
     def __init__(self, shape: Shape, *, now: Callable[[], float]) -> None:
         self._shape = shape
@@ -152,16 +152,17 @@ class EventEncoder:
         self._delta = (f',"item_id":{json.dumps(shape.message_id)},"output_index":0,"content_index":0,'
                        '"delta":')
         self._held = shape.echo.tools is not None and shape.echo.tools.calling
+        self.ended: rs.ResponseObject | None = None  # the response its terminal event carried, once built
 
     def __call__(self, event: SseEvent) -> bytes:
         # One call may build several events; if it raises, none of them reaches the client, so the
         # encoder goes back to where it was and the `response.failed` that the relay then asks for
         # still follows the events the client did get (created first, sequence numbers unbroken).
-        before = (self._started, self._opened, self._sequence, self._held, len(self._pieces))
+        before = (self._started, self._opened, self._sequence, self._held, len(self._pieces), self.ended)
         try:
             return self._encode(event)
         except Exception:
-            self._started, self._opened, self._sequence, self._held, pieces = before
+            self._started, self._opened, self._sequence, self._held, pieces, self.ended = before
             del self._pieces[pieces:]
             raise
 
@@ -255,6 +256,8 @@ class EventEncoder:
                                                output_index=0, content_index=0, part=rs.OutputText(text=text)))
 
     def _response_event(self, kind: str, response: rs.ResponseObject) -> bytes:
+        if kind in rs.TERMINAL_EVENTS:
+            self.ended = response
         return self._frame(rs.ResponseEvent(type=kind, sequence_number=self._next(), response=response))
 
     @staticmethod
