@@ -28,7 +28,16 @@ from coordinator.ops import health, status_page
 from coordinator.ops.cors import Cors, parse_origins
 from coordinator.settings import Settings
 from coordinator.state import CoordinatorState, build_state
-from coordinator.surfaces import anthropic, embeddings, infer, openai, responses, sessions, tokenizer
+from coordinator.surfaces import (
+    anthropic,
+    embeddings,
+    infer,
+    openai,
+    responses,
+    responses_socket,
+    sessions,
+    tokenizer,
+)
 from coordinator.surfaces.sessions import PREFIX as SESSIONS_PREFIX
 from coordinator.upstream import WorkerClient
 from coordinator.validate import request_id_of
@@ -52,6 +61,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
         state = build_state(settings, clock or SystemClock(), worker_client, tracing)
         app.state.coordinator = state
         app.state.gateway = Gateway(state)
+        app.state.responses_sockets = responses_socket.Sockets(settings.responses_sockets)
         try:
             yield
         finally:
@@ -68,6 +78,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     app.include_router(embeddings.router)
     app.include_router(responses.router)
     app.include_router(anthropic.router)
+    app.include_router(responses_socket.router)
     app.include_router(sessions.router)
     app.include_router(tokenizer.router)
     app.include_router(status_page.router)
@@ -102,6 +113,9 @@ FAST_ROUTES: dict[str, tuple[Handler, ErrorResponder]] = {
 UNVERSIONED = frozenset({"/chat/completions", "/completions", "/embeddings", "/responses", "/models"})
 
 
+_CHECKED = ("http", "websocket")  # the scopes the gate lets in or refuses (a WebSocket at its handshake)
+
+
 class FastPaths:
     """The streaming POST routes, and the heartbeats (every worker's to every coordinator), go straight
     to their handlers, ahead of FastAPI's router and most of its middleware; every other request goes
@@ -120,14 +134,19 @@ class FastPaths:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and (scope["path"] in UNVERSIONED or scope["path"].startswith("/models/")):
+        kind = scope["type"]
+        if kind in _CHECKED and (scope["path"] in UNVERSIONED or scope["path"].startswith("/models/")):
             raw = scope.get("raw_path") or scope["path"].encode()
             scope = {**scope, "path": "/v1" + scope["path"], "raw_path": b"/v1" + raw}
-        if scope["type"] == "http" and not _let_in(scope):
-            refusal = error_response(Request(scope, receive), CoordinatorError(
-                reasons.UNAUTHORIZED, "an API key is needed: Authorization: Bearer <key>, or X-API-Key"))
+        if kind in _CHECKED and not _let_in(scope):
+            exc = CoordinatorError(reasons.UNAUTHORIZED, "an API key is needed: Authorization: Bearer <key>, or X-API-Key")
+            # A WebSocket's handshake (the Responses API's) gets the same 401, in OpenAI's shape.
+            refusal = error_response(Request(scope, receive), exc) if kind == "http" else openai.error_response("", exc)
             refusal.headers["www-authenticate"] = "Bearer"
-            await refusal(scope, receive, send)
+            if kind == "http":
+                await refusal(scope, receive, send)
+            else:
+                await responses_socket.refuse_handshake(scope, receive, send, refusal)
             return
         route = FAST_ROUTES.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
         if route is None:

@@ -172,6 +172,22 @@ class Settings(BaseModel):
         "requests get 503 streams_full instead of every stream slowing (one coordinator core relays ~10k tokens/s)")
     max_connections: int = Field(default=10_000, ge=1, description="open client connections and requests; "
                                  "past it new requests get 503 (uvicorn's limit_concurrency)")
+    responses_sockets: int = Field(
+        default=256, ge=0, le=100_000, description="Responses WebSockets (/v1/responses upgraded) open at once on "
+        "this coordinator; past it a handshake gets 503 sockets_full; 0: the WebSocket is not served")
+    responses_socket_message_bytes: int = Field(
+        default=4_194_304, ge=1024, le=16 * 1024 * 1024, description="largest message a Responses WebSocket "
+        "takes, bytes; a larger one gets an error event and is dropped (the socket stays open)")
+    responses_socket_idle: float = Field(
+        default=600.0, gt=0, le=86_400, description="seconds a Responses WebSocket may stay quiet (no message "
+        "from its client, no response running) before it is closed (1001)")
+    responses_socket_chain_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=0, le=1 << 30, description="bytes (as JSON) of earlier responses' input and "
+        "output items one Responses WebSocket keeps, so that a response.create with previous_response_id sends "
+        "only its new input; past it the oldest are forgotten (previous_response_not_found)")
+    responses_socket_chain_items: int = Field(
+        default=4_096, ge=0, le=1_000_000, description="items of earlier responses one Responses WebSocket keeps "
+        "(all its kept responses together), as responses_socket_chain_bytes")
     keep_alive_timeout: int = Field(default=5, ge=1, le=3600, description="seconds an idle keep-alive connection stays")
     drain_timeout: float = Field(
         default=30.0, ge=0, le=3600, description="on SIGTERM: seconds streams in flight may still run before "

@@ -27,6 +27,9 @@ from protocol.worker import (
 )
 
 MAX_COMPLETION_TOKENS = 32_768
+# How hard a reasoning model should think (chat's `reasoning_effort`, the Responses API's
+# `reasoning.effort`): accepted on every model; one without a thinking switch answers as it always does.
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 # Our own value of OpenAI's `system_fingerprint` when the serving worker reports no model identity.
 FINGERPRINT_UNKNOWN = "fp_llm-pool"
 
@@ -176,6 +179,8 @@ class ChatCompletionRequest(_Common):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_COMPLETION_TOKENS)
+    reasoning_effort: ReasoningEffort | None = Field(
+        default=None, description="accepted; the models served here have no thinking switch to set")
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
 

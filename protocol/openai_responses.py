@@ -9,8 +9,13 @@ parses (`openai.types.responses`).
 Must not: reach workers, or repeat the shapes `protocol.openai` already defines (the error body is
 the same on every OpenAI route). The coordinator's Responses surface maps these onto `protocol.worker`.
 
-Nothing is stored: `store` is accepted and changes nothing, and every field that needs a stored
-response or conversation (`previous_response_id`, `conversation`, `prompt`, `background`) is refused.
+Nothing is stored over HTTP: `store` is accepted and changes nothing there, and every field that needs
+a stored response or conversation (`previous_response_id`, `conversation`, `prompt`, `background`) is
+refused. Over the WebSocket (`/v1/responses` upgraded) a socket keeps its own responses for its life,
+so `previous_response_id` naming one of them continues it (`SocketCreate`, `SocketError`).
+
+`reasoning` is accepted (`Reasoning`) and repeated in the answer; a model served without a thinking
+switch answers without reasoning items (`reasoning_tokens` 0), as the docs say.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from protocol.openai import MAX_COMPLETION_TOKENS
+from protocol.openai import MAX_COMPLETION_TOKENS, ReasoningEffort
 from protocol.worker import MAX_MESSAGES, MAX_PROMPT_CHARS, SESSION_ID_PATTERN
 
 RESPONSE_ID_PREFIX = "resp_"
@@ -51,11 +56,12 @@ INPUT_PART_TYPES = ("input_text", "output_text")  # output_text: an assistant tu
 INPUT_ITEM_TYPE = "message"
 CALL_ITEM_TYPE = "function_call"  # an earlier answer's call, sent back as history
 CALL_OUTPUT_ITEM_TYPE = "function_call_output"  # what the caller's function returned for it
-INPUT_ITEM_TYPES = (INPUT_ITEM_TYPE, CALL_ITEM_TYPE, CALL_OUTPUT_ITEM_TYPE)
+REASONING_ITEM_TYPE = "reasoning"  # an earlier answer's reasoning, sent back: accepted and left out
+INPUT_ITEM_TYPES = (INPUT_ITEM_TYPE, CALL_ITEM_TYPE, CALL_OUTPUT_ITEM_TYPE, REASONING_ITEM_TYPE)
 FUNCTION_CALL_ID_PREFIX = "fc_"
 TEXT_FORMAT = {"type": "text"}
 TEXT_FORMATS = ("text", "json_object", "json_schema")
-TOOL_TYPE = "function"  # the only kind of tool served (no hosted tools: search, files, computer, ...)
+TOOL_TYPE = "function"  # the only kind of tool offered (hosted tools and namespaces are accepted, not offered)
 ToolMode = Literal["auto", "none", "required"]
 TOOL_MODES: tuple[ToolMode, ...] = ("auto", "none", "required")
 # As a response echoes it: a mode, or {"type": "function", "name": ...}.
@@ -66,22 +72,25 @@ def _absent(value: Any) -> bool:
     return value is None or value == [] or value == {} or value == ""
 
 
-def _no_settings(value: Any) -> bool:
-    """`reasoning: {"effort": null}` asks for nothing, as much as `{}` does."""
-    return _absent(value) or (isinstance(value, dict) and all(v is None for v in value.values()))
+# `include` values that ask for nothing this pool would leave out: no reasoning is encrypted here, so
+# there is none to return (Codex CLI asks for it on every turn).
+HARMLESS_INCLUDES = frozenset({"reasoning.encrypted_content"})
+
+
+def _harmless_includes(value: Any) -> bool:
+    return _absent(value) or (isinstance(value, list) and all(v in HARMLESS_INCLUDES for v in value))
 
 
 # Fields of the Responses API this pool does not implement, each with the test of a value that changes
-# nothing. Any other value is a 400 naming the field: a client that asks for reasoning or a stored
-# conversation must not get an answer made without them. (Hosted tools and `text.format` types other
-# than the three above are refused by the surface, since `tools` and `text` themselves are served.)
+# nothing. Any other value is a 400 naming the field: a client that asks for a stored conversation
+# must not get an answer made without it. (`text.format` types other than the three above are refused
+# by the surface, since `text` itself is served; `previous_response_id` is served over the WebSocket.)
 UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "previous_response_id": _absent,
     "conversation": _absent,
     "prompt": _absent,
     "background": lambda v: v is None or v is False,
-    "reasoning": _no_settings,
-    "include": _absent,
+    "include": _harmless_includes,
     "truncation": lambda v: _absent(v) or v == "disabled",
 }
 
@@ -116,9 +125,22 @@ class InputItem(BaseModel):
         return [{"type": "input_text", "text": value}] if isinstance(value, str) else value
 
 
+ReasoningSummary = Literal["auto", "concise", "detailed", "none"]
+
+
+class Reasoning(BaseModel):
+    """`reasoning`: how hard a reasoning model should think, and whether to summarise it. Accepted on
+    every model; one without a thinking switch answers as it always does (no reasoning items)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    effort: ReasoningEffort | None = None
+    summary: ReasoningSummary | None = None
+
+
 class ToolIn(BaseModel):
     """A tool of the request: a function (`name`, `description`, `parameters`, `strict`). Other types
-    (OpenAI's hosted tools) parse too, to be refused by name."""
+    (OpenAI's hosted tools, Codex's `namespace` groups) parse too: accepted, listed back, not offered."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
@@ -166,7 +188,8 @@ class ResponsesRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=5.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stream: bool = False
-    store: bool | None = Field(default=None, description="accepted; nothing is stored")
+    store: bool | None = Field(default=None, description="accepted; nothing is stored over HTTP")
+    reasoning: Reasoning | None = None
     metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=16)
     user: str | None = Field(default=None, max_length=256)
     parallel_tool_calls: bool | None = None
@@ -275,7 +298,10 @@ class ResponseObject(BaseModel):
     model: str
     output: list[OutputItem] = Field(default_factory=list)
     parallel_tool_calls: bool = True
-    previous_response_id: None = None
+    previous_response_id: str | None = Field(default=None, description="the response this one continues "
+                                               "(over the WebSocket only)")
+    reasoning: Reasoning = Field(default_factory=Reasoning, description="the request's `reasoning`, as given")
+    store: bool = False
     temperature: float | None = None
     text: TextSettings = Field(default_factory=TextSettings)
     tool_choice: ToolChoice = "auto"
@@ -360,3 +386,37 @@ class ArgumentsDoneEvent(BaseModel):
     output_index: int
     name: str
     arguments: str
+
+
+# The WebSocket (`/v1/responses` upgraded): the client's one event, and the server's error event (every
+# other server event is the HTTP stream's, one JSON text message each).
+CREATE_EVENT = "response.create"
+ERROR_EVENT = "error"
+PREVIOUS_NOT_FOUND = "previous_response_not_found"  # OpenAI's code: the chain is not on this socket
+
+
+class SocketCreate(BaseModel):
+    """`{"type": "response.create", ...}`: the fields of `POST /v1/responses` (`stream` is implied), and
+    `generate: false` to record the request as a response to continue without generating anything."""
+
+    model_config = ConfigDict(extra="allow", strict=True)  # the POST body's fields, parsed as the POST's
+
+    type: Literal["response.create"]
+    generate: bool = True
+    previous_response_id: str | None = Field(default=None, max_length=256)
+
+
+class SocketErrorBody(BaseModel):
+    type: str = "invalid_request_error"
+    code: str
+    message: str
+    param: str | None = None
+
+
+class SocketError(BaseModel):
+    """`{"type": "error", "status", "error": {...}}`: a refused `response.create` or message, as OpenAI
+    sends it over the socket; the socket stays open."""
+
+    type: Literal["error"] = "error"
+    status: int
+    error: SocketErrorBody

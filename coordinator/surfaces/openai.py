@@ -12,7 +12,8 @@ Must not: admit, schedule or relay; the gateway does, exactly as for `/coordinat
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
@@ -174,22 +175,48 @@ async def open_generation(request: Request, surface: str, parse: Callable[[bytes
     started = gateway.now()
     request_id = request_id_of(request)
     try:
-        fields, answer = parse(await read_body(request, state.settings.max_body_bytes))
-        tier = fields.pop(SERVICE_TIER, None)
-        named = priority.asked(request.headers.get(priority.HEADER), priority.SERVICE_TIERS.get(tier or "", ""),
-                               param="service_tier" if tier else "priority")
-        tenant = tenant_of(request.scope.get("state", {}))
-        if tenant:
-            fields["tenant"] = tenant
-        gen = Generation.of(internal(fields), request_id, surface, named)
+        raw = await read_body(request, state.settings.max_body_bytes)
     except CoordinatorError as exc:
         gateway.refused(request_id, exc, started, surface=surface)
         return error_response(request_id, exc)
     try:
-        opened = await gateway.open(gen, started, client_gone=lambda: client_left_of(request.receive),
-                                    client=client_of(request.scope.get("state", {})), headers=request.headers)
+        return await open_parsed(gateway, raw, parse, Asker(request_id, surface, request.headers,
+                                                            request.scope.get("state", {})),
+                                 started, client_gone=lambda: client_left_of(request.receive))
     except CoordinatorError as exc:
         return error_response(request_id, exc)
+
+
+@dataclass(frozen=True, slots=True)
+class Asker:
+    """Who asks, as the gateway needs it: the request's id, its surface, the client's headers (priority,
+    trace) and the ASGI scope's state (the API key's tenant and client, put there by the app's gate)."""
+
+    request_id: str
+    surface: str
+    headers: Mapping[str, str]
+    scope_state: Mapping[str, object]
+
+
+async def open_parsed(gateway: Gateway, raw: bytes, parse: Callable[[bytes], tuple[dict[str, Any], T]], asker: Asker,
+                      started: float, *, client_gone: Callable[[], Awaitable[None]]
+                      ) -> tuple[Opened, Generation, T]:
+    """`open_generation` from a body already read (a WebSocket's message, too); raises the refusal,
+    already counted and logged."""
+    try:
+        fields, answer = parse(raw)
+        tier = fields.pop(SERVICE_TIER, None)
+        named = priority.asked(asker.headers.get(priority.HEADER), priority.SERVICE_TIERS.get(tier or "", ""),
+                               param="service_tier" if tier else "priority")
+        tenant = tenant_of(asker.scope_state)
+        if tenant:
+            fields["tenant"] = tenant
+        gen = Generation.of(internal(fields), asker.request_id, asker.surface, named)
+    except CoordinatorError as exc:
+        gateway.refused(asker.request_id, exc, started, surface=asker.surface)
+        raise
+    opened = await gateway.open(gen, started, client_gone=client_gone, client=client_of(asker.scope_state),
+                                headers=asker.headers)
     return opened, gen, answer
 
 

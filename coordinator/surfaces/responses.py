@@ -8,7 +8,10 @@ chat route; `text.format` `json_object` or `json_schema`
 holds the answer to a schema), the refusals of what this pool does not implement (every field in
 `UNSUPPORTED` with a value that would change the answer, hosted tools, items other than messages and
 function calls, parts other than text), choosing a streamed (`EventEncoder`) or collected (`assemble`) answer, and
-the OpenAPI description of the route (the body narrowed to what the parser here accepts).
+the OpenAPI description of the route (the body narrowed to what the parser here accepts). `reasoning` is
+accepted and repeated (the models served have no thinking switch to set); hosted tools and Codex's
+`namespace` groups are accepted and listed back, but not offered to the model, which could not run them;
+earlier `reasoning` items in the input are left out of the conversation.
 Must not: admit, schedule or relay (the gateway does, exactly as for chat completions), or shape
 errors its own way: refusals are the OpenAI surface's (`openai.error_response`), as on every `/v1/` route.
 """
@@ -92,7 +95,8 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Echo]:
         offer(fields, tools, format_param="text.format")
     echo = Echo(stream=body.stream, instructions=body.instructions, max_output_tokens=body.max_output_tokens,
                 parallel_tool_calls=body.parallel_tool_calls is not False, tool_choice=tool_choice,
-                user=body.user, metadata=body.metadata or {}, tools=tools,
+                user=body.user, metadata=body.metadata or {}, tools=tools, store=body.store is True,
+                reasoning=body.reasoning or rs.Reasoning(),
                 listed_tools=[tool.model_dump(exclude_none=True) for tool in body.tools or ()],
                 text_format=text_format.model_dump(by_alias=True, exclude_none=True) if text_format else None)
     return fields, echo
@@ -115,8 +119,7 @@ def _tools_of(body: rs.ResponsesRequest) -> tuple[Tools | None, rs.ToolChoice]:
     functions = []
     for i, tool in enumerate(body.tools or ()):
         if tool.type != rs.TOOL_TYPE:
-            raise _invalid(f"tools.{i}.type: only function tools are served, not {tool.type!r} (this pool "
-                           "runs no hosted tools)", f"tools.{i}.type")
+            continue  # a hosted tool or a namespace: this pool runs none, so the model is not offered it
         if tool.name is None:
             raise _invalid(f"tools.{i}.name: a function needs its name", f"tools.{i}.name")
         functions.append(oa.FunctionDef(name=tool.name, description=tool.description,
@@ -158,6 +161,8 @@ def _conversation(items: list[rs.InputItem]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     calls: list[oa.ToolCall] = []
     for index, item in enumerate(items):
+        if item.type == rs.REASONING_ITEM_TYPE:
+            continue  # an earlier answer's reasoning: not part of the conversation the template renders
         if item.type == rs.CALL_ITEM_TYPE:
             calls.append(_call(item, index))
             names[calls[-1].id] = calls[-1].function.name

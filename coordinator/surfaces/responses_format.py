@@ -54,6 +54,9 @@ class Echo:
     tools: Tools | None = None  # the answer is read for calls when `tools.calling`
     listed_tools: list[dict[str, Any]] = field(default_factory=list)  # the request's tools, as given
     text_format: dict[str, Any] | None = None  # the request's `text.format`, as given
+    reasoning: rs.Reasoning = field(default_factory=rs.Reasoning)  # the request's, as given
+    store: bool = False
+    previous_response_id: str | None = None  # the response this one continues (the WebSocket's chains)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,7 @@ class Shape:
             output=list(output), parallel_tool_calls=echo.parallel_tool_calls, temperature=echo.temperature,
             tool_choice=echo.tool_choice, tools=echo.listed_tools, top_p=echo.top_p, user=echo.user,
             metadata=echo.metadata, text=rs.TextSettings(format=echo.text_format or dict(rs.TEXT_FORMAT)),
+            reasoning=echo.reasoning, store=echo.store, previous_response_id=echo.previous_response_id,
             usage=usage_of(done) if done is not None else None)
 
     def finished(self, text: str, done: DoneEvent, now: float) -> rs.ResponseObject:
@@ -136,7 +140,7 @@ class EventEncoder:
     sends only `created` and `in_progress`, and the answer is held while it may be a call: one whose
     start rules a call out goes out at once and streams from then on; a call goes out with `done`."""
 
-    __slots__ = ("_delta", "_held", "_now", "_opened", "_pieces", "_sequence", "_shape", "_started")
+    __slots__ = ("_delta", "_held", "_now", "_opened", "_pieces", "_sequence", "_shape", "_started", "ended")
 
     def __init__(self, shape: Shape, *, now: Callable[[], float]) -> None:
         self._shape = shape
@@ -148,16 +152,17 @@ class EventEncoder:
         self._delta = (f',"item_id":{json.dumps(shape.message_id)},"output_index":0,"content_index":0,'
                        '"delta":')
         self._held = shape.echo.tools is not None and shape.echo.tools.calling
+        self.ended: rs.ResponseObject | None = None  # the response its terminal event carried, once built
 
     def __call__(self, event: SseEvent) -> bytes:
         # One call may build several events; if it raises, none of them reaches the client, so the
         # encoder goes back to where it was and the `response.failed` that the relay then asks for
         # still follows the events the client did get (created first, sequence numbers unbroken).
-        before = (self._started, self._opened, self._sequence, self._held, len(self._pieces))
+        before = (self._started, self._opened, self._sequence, self._held, len(self._pieces), self.ended)
         try:
             return self._encode(event)
         except Exception:
-            self._started, self._opened, self._sequence, self._held, pieces = before
+            self._started, self._opened, self._sequence, self._held, pieces, self.ended = before
             del self._pieces[pieces:]
             raise
 
@@ -251,6 +256,8 @@ class EventEncoder:
                                                output_index=0, content_index=0, part=rs.OutputText(text=text)))
 
     def _response_event(self, kind: str, response: rs.ResponseObject) -> bytes:
+        if kind in rs.TERMINAL_EVENTS:
+            self.ended = response
         return self._frame(rs.ResponseEvent(type=kind, sequence_number=self._next(), response=response))
 
     @staticmethod
