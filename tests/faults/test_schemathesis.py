@@ -68,6 +68,7 @@ COORDINATOR_OPERATIONS = [
     "GET /coordinator/health", "GET /health", "GET /coordinator/ready", "GET /coordinator/health/workers",
     "POST /coordinator/infer",
     "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/responses", "POST /v1/embeddings",
+    "POST /v1/messages", "POST /v1/messages/count_tokens",
     "GET /v1/models",
     "GET /v1/models/{model}",
     "GET /coordinator/status", "GET /metrics", "POST /coordinator/health/heartbeat",
@@ -162,7 +163,11 @@ def error_shape_problem(path: str, response: Any) -> str | None:
         return "a 4xx whose body is not JSON"
     if not isinstance(body, dict):
         return "a 4xx whose JSON is not an object"
-    if path.startswith("/v1/"):
+    if path.startswith("/v1/messages"):
+        error = body.get("error")
+        if body.get("type") != "error" or not isinstance(error, dict) or not {"type", "message"} <= set(error):
+            return "a 4xx under /v1/messages not in Anthropic's error shape"
+    elif path.startswith("/v1/"):
         error = body.get("error")
         if not isinstance(error, dict) or not {"message", "type", "param", "code"} <= set(error):
             return "a 4xx under /v1/ not in OpenAI's error shape"
