@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from coordinator.admission.demand import Demand
 from coordinator.admission.turn import in_turn
@@ -50,7 +50,6 @@ if TYPE_CHECKING:
 # What an embedding request asks of the generation side: nothing (the scheduler's `Request` needs one).
 EMBEDDING_DEMAND = Demand(prompt_bytes=0, max_tokens=0, new_session=False)
 Placed = Callable[[], None] | None
-R = TypeVar("R", Generation, Embedding)
 
 
 class Gateway:
@@ -205,7 +204,7 @@ class Gateway:
                                    "dimensions, the only size served", param="dimensions")
         return await state.embedder.embed(work, ranked, reserved=placed)
 
-    def _resolved(self, work: R) -> tuple[R, str | None]:
+    def _resolved(self, work: W) -> tuple[W, str | None]:
         """The served model a request means (pool/models.py), and the request naming it when the pool took
         a name for it."""
         state = self._state
