@@ -107,6 +107,7 @@ class Socket:
         self._sending = asyncio.Lock()  # a refusal may go out while a response streams
         self._gone = asyncio.Event()
         self._turn: asyncio.Task[None] | None = None
+        self._answered = False  # the running response's final event is on its way: it only winds up now
         self._receiving: asyncio.Task[Message] | None = None
         self._quiet_since = 0.0
 
@@ -114,7 +115,7 @@ class Socket:
         self._quiet_since = asyncio.get_running_loop().time()
         try:
             while (message := await self._next()) is not None:
-                self._take(message)
+                await self._take(message)
         finally:
             self._gone.set()  # a running response ends as the client's leaving (its supervisor's rules)
             if self._receiving is not None:
@@ -143,8 +144,12 @@ class Socket:
             if running and self._turn is not None and self._turn.done():
                 self._quiet_since = loop.time()
 
-    def _take(self, message: Message) -> None:
-        """Start the response a message asks for, or answer why not (an `error` event)."""
+    async def _take(self, message: Message) -> None:
+        """Start the response a message asks for, or answer why not (an `error` event). A message sent
+        on the previous response's final event waits for that response to wind up (its ending, already
+        under way), as a client that reads the final event may send its next turn at once."""
+        if self._turn is not None and not self._turn.done() and self._answered:
+            await asyncio.gather(self._turn, return_exceptions=True)
         try:
             create = self._read(message)
             chain = self._chain_of(create)
@@ -154,6 +159,7 @@ class Socket:
         except CoordinatorError as exc:
             self._refused(exc)
             return
+        self._answered = False
         self._turn = asyncio.create_task(self._respond(create, chain))
 
     def _read(self, message: Message) -> rs.SocketCreate:
@@ -212,10 +218,18 @@ class Socket:
                                    previous_response_id=previous)
         encoder = EventEncoder(Shape(echo, request_id, int(self._state.clock.time()), opened.model),
                                now=self._state.clock.time)
-        stream = SocketStream(opened.relay, on_end=opened.finish, encoder=encoder, send_text=self._send_text,
+
+        async def send_text(text: str) -> None:
+            if encoder.ended is not None and not self._answered:  # kept before the client can read its end
+                self._answered = True
+                self._kept(encoder.ended, previous, items or ())
+            await self._send_text(text)
+
+        stream = SocketStream(opened.relay, on_end=opened.finish, encoder=encoder, send_text=send_text,
                               now=self._state.clock.monotonic)
         await stream(self._ws.scope, self._gone_receive, _nowhere)
-        self._kept(encoder.ended, previous, items or ())
+        if not self._answered:
+            self._kept(encoder.ended, previous, items or ())
 
     async def _record(self, raw: bytes, request_id: str, previous: str | None, items: Items) -> None:
         """`generate: false`: the request, checked as any, becomes a response with no output to continue."""
@@ -226,8 +240,9 @@ class Socket:
         opening = rs.ResponseEvent(type=rs.CREATED, sequence_number=0, response=shape.response("in_progress", []))
         ended = shape.response("completed", [], completed_at=int(self._state.clock.time()))
         await self._send_text(opening.model_dump_json())
-        await self._send_text(rs.ResponseEvent(type=rs.COMPLETED, sequence_number=1, response=ended).model_dump_json())
+        self._answered = True
         self._kept(ended, previous, items)
+        await self._send_text(rs.ResponseEvent(type=rs.COMPLETED, sequence_number=1, response=ended).model_dump_json())
 
     def _kept(self, ended: rs.ResponseObject | None, previous: str | None, items: Items) -> None:
         """A finished response's conversation kept to continue; a failed continuation forgets its chain."""

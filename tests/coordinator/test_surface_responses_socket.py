@@ -173,6 +173,30 @@ def test_a_second_create_while_one_runs_gets_an_error() -> None:
     assert events[-1]["type"] == rs.COMPLETED and len(fakes.calls) == 1
 
 
+def test_a_turn_sent_on_the_final_event_continues_while_the_first_still_winds_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client may send its next turn the moment it reads a final event, while the first response's
+    ending (its release and accounting) still runs: the turn finds its chain and waits, no refusal."""
+    from coordinator.relay.socket import SocketStream
+    from coordinator.surfaces import responses_socket
+
+    class SlowEnding(SocketStream):
+        async def __call__(self, *args: Any) -> None:
+            await super().__call__(*args)
+            await asyncio.sleep(0.3)  # the ending after the final event went out, drawn out
+
+    monkeypatch.setattr(responses_socket, "SocketStream", SlowEnding)
+    fakes = FakeWorkers({"w1": streaming(STREAM)})
+    with pool(fakes) as client, client.websocket_connect("/v1/responses") as ws:
+        ws.send_json({"type": "response.create", "model": "smol", "input": "Hi", "store": False})
+        first = until_final(ws)
+        ws.send_json({"type": "response.create", "model": "smol", "input": "And again?",
+                      "previous_response_id": first[-1]["response"]["id"]})
+        second = until_final(ws)
+    assert second[-1]["type"] == rs.COMPLETED, second[-1]
+    assert second[-1]["response"]["previous_response_id"] == first[-1]["response"]["id"]
+
+
 def test_api_keys_are_checked_on_the_handshake() -> None:
     fakes = FakeWorkers({"w1": streaming(STREAM)})
     settings = SETTINGS.model_copy(update={"api_keys": "sk-good"})
