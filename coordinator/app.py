@@ -35,6 +35,7 @@ from coordinator.surfaces import (
     openai,
     responses,
     responses_socket,
+    responses_stored,
     sessions,
     tokenizer,
 )
@@ -79,6 +80,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     app.include_router(responses.router)
     app.include_router(anthropic.router)
     app.include_router(responses_socket.router)
+    app.include_router(responses_stored.router)
     app.include_router(sessions.router)
     app.include_router(tokenizer.router)
     app.include_router(status_page.router)

@@ -27,6 +27,7 @@ class Generation:
     surface: str  # for the log line: which public API it came through
     priority: str = ""  # the priority class it asked for; "": its key's default (admission/priority.py)
     trace: Trace = NO_TRACE  # its spans, when this coordinator traces (serving/tracing.py; the gateway begins it)
+    prefer: str | None = None  # a worker holding its conversation's KV (a stored response's): first if it fits
 
     @property
     def session_key(self) -> SessionKey | None:

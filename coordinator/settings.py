@@ -188,6 +188,15 @@ class Settings(BaseModel):
     responses_socket_chain_items: int = Field(
         default=4_096, ge=0, le=1_000_000, description="items of earlier responses one Responses WebSocket keeps "
         "(all its kept responses together), as responses_socket_chain_bytes")
+    responses_store: bool = Field(
+        default=True, description="keep `store: true` Responses (OpenAI's default) on the worker that ran each, "
+        "next to its KV, for previous_response_id, GET and DELETE /v1/responses/{id} through any coordinator; "
+        "off: store is taken as false and previous_response_id over HTTP gets previous_response_not_found")
+    responses_record_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=64 * 1024, le=1 << 30, description="largest stored response (its whole "
+        "conversation as JSON), bytes; a larger one is answered but not stored (previous_response_not_found later)")
+    responses_store_timeout: float = Field(
+        default=5.0, gt=0, le=600, description="seconds a worker has to keep, give back or forget a stored response")
     keep_alive_timeout: int = Field(default=5, ge=1, le=3600, description="seconds an idle keep-alive connection stays")
     drain_timeout: float = Field(
         default=30.0, ge=0, le=3600, description="on SIGTERM: seconds streams in flight may still run before "

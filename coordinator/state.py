@@ -33,6 +33,7 @@ from coordinator.pool.loads import ModelLoads
 from coordinator.pool.moves import SessionMover
 from coordinator.pool.probe import PROBES_AT_ONCE, Probe
 from coordinator.pool.readiness import Readiness
+from coordinator.pool.records import StoredResponses
 from coordinator.pool.registry import Registry
 from coordinator.relay.dispatch import Dispatcher
 from coordinator.relay.embeddings import EmbeddingDispatcher
@@ -82,6 +83,7 @@ class CoordinatorState:
     waiting: WaitingRoom  # what a request waits for in the queue, and in which line (admission/waiting.py)
     readiness: Readiness  # whether it has heard from the pool (joins a shared port and answers ready then)
     tokenizing: Tokenizing  # /tokenize, /detokenize, /tokenizer_info: the model's workers, tried in turn
+    stored: StoredResponses  # stored Responses, on the workers that ran them (pool/records.py)
     api_keys: ApiKeys | None = None  # None: no client key is needed
     tracing: Tracing | None = None  # None: this coordinator exports no traces (no OTEL_* set)
     # The relays of the streams open now (drain ends them at its deadline), and whether it is draining.
@@ -172,4 +174,6 @@ def build_state(settings: Settings, clock: Clock, client: WorkerClient | None,
         tokenizing=Tokenizing(registry, Policy.build_tokenizer(stale_after=settings.stale_after),
                               Tries(breakers, metrics),
                               TokenizerDispatcher(client, read_timeout=settings.worker_read_timeout), settings,
-                              now=clock.monotonic))
+                              now=clock.monotonic),
+        stored=StoredResponses(registry, client, timeout=settings.responses_store_timeout,
+                               limit=settings.responses_record_bytes))

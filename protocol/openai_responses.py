@@ -9,10 +9,11 @@ parses (`openai.types.responses`).
 Must not: reach workers, or repeat the shapes `protocol.openai` already defines (the error body is
 the same on every OpenAI route). The coordinator's Responses surface maps these onto `protocol.worker`.
 
-Nothing is stored over HTTP: `store` is accepted and changes nothing there, and every field that needs
-a stored response or conversation (`previous_response_id`, `conversation`, `prompt`, `background`) is
-refused. Over the WebSocket (`/v1/responses` upgraded) a socket keeps its own responses for its life,
-so `previous_response_id` naming one of them continues it (`SocketCreate`, `SocketError`).
+A response is stored (`store`, true unless false, as OpenAI's) on the worker that ran it, and
+`previous_response_id` naming a stored one continues it (coordinator/surfaces/responses_stored.py);
+the other fields that need state this pool does not keep (`conversation`, `prompt`, `background`) are
+refused. Over the WebSocket (`/v1/responses` upgraded) a socket also keeps its own responses for its
+life, `store: false` ones too (`SocketCreate`, `SocketError`).
 
 `reasoning` is accepted (`Reasoning`) and repeated in the answer; a model served without a thinking
 switch answers without reasoning items (`reasoning_tokens` 0), as the docs say.
@@ -84,7 +85,7 @@ def _harmless_includes(value: Any) -> bool:
 # Fields of the Responses API this pool does not implement, each with the test of a value that changes
 # nothing. Any other value is a 400 naming the field: a client that asks for a stored conversation
 # must not get an answer made without it. (`text.format` types other than the three above are refused
-# by the surface, since `text` itself is served; `previous_response_id` is served over the WebSocket.)
+# by the surface, since `text` itself is served; `previous_response_id` is taken out before parsing.)
 UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "previous_response_id": _absent,
     "conversation": _absent,
@@ -188,7 +189,8 @@ class ResponsesRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=5.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stream: bool = False
-    store: bool | None = Field(default=None, description="accepted; nothing is stored over HTTP")
+    store: bool | None = Field(default=None, description="false: not stored; otherwise the response is kept "
+                               "to continue (previous_response_id) and read back (GET /v1/responses/{id})")
     reasoning: Reasoning | None = None
     metadata: dict[MetadataKey, MetadataValue] | None = Field(default=None, max_length=16)
     user: str | None = Field(default=None, max_length=256)
@@ -298,8 +300,7 @@ class ResponseObject(BaseModel):
     model: str
     output: list[OutputItem] = Field(default_factory=list)
     parallel_tool_calls: bool = True
-    previous_response_id: str | None = Field(default=None, description="the response this one continues "
-                                               "(over the WebSocket only)")
+    previous_response_id: str | None = Field(default=None, description="the response this one continues")
     reasoning: Reasoning = Field(default_factory=Reasoning, description="the request's `reasoning`, as given")
     store: bool = False
     temperature: float | None = None
@@ -392,7 +393,7 @@ class ArgumentsDoneEvent(BaseModel):
 # other server event is the HTTP stream's, one JSON text message each).
 CREATE_EVENT = "response.create"
 ERROR_EVENT = "error"
-PREVIOUS_NOT_FOUND = "previous_response_not_found"  # OpenAI's code: the chain is not on this socket
+PREVIOUS_NOT_FOUND = "previous_response_not_found"  # OpenAI's code: no such stored response (for this key)
 
 
 class SocketCreate(BaseModel):

@@ -14,6 +14,7 @@ EMBEDDINGS_UNSUPPORTED = "embeddings_unsupported"  # no worker of the model says
 UNAUTHORIZED = "unauthorized"
 UNKNOWN_MODEL = "unknown_model"
 UNKNOWN_SESSION = "unknown_session"
+UNKNOWN_RESPONSE = "unknown_response"  # no stored response of that id for this tenant (here)
 SESSION_EXPIRED = "session_expired"
 NO_PREFIX = "no_prefix"  # a peer worker holds no long enough prefix of the prompt asked about
 KV_REFUSED = "kv_refused"  # a KV blob this worker cannot take in (another model, cut short, damaged)

@@ -27,6 +27,7 @@ STATUS_BY_REASON: Mapping[str, int] = MappingProxyType({
     reasons.UNAUTHORIZED: 401,
     reasons.UNKNOWN_MODEL: 404,
     reasons.UNKNOWN_SESSION: 404,
+    reasons.UNKNOWN_RESPONSE: 404,
     reasons.SESSION_EXPIRED: 404,
     reasons.NO_PREFIX: 404,
     reasons.REQUEST_TIMEOUT: 408,

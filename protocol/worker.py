@@ -57,6 +57,9 @@ GENERATE_PATH = "/worker/generate"
 HEALTH_PATH = "/worker/health"
 # `DELETE {SESSIONS_PATH}/{session_id}?tenant=...`: end a kept session (204, or 404 when that tenant has none).
 SESSIONS_PATH = "/worker/sessions"
+# `PUT/GET/DELETE {RESPONSES_PATH}/{response_id}?tenant=...`: a stored Responses record (worker/api/records.py).
+RESPONSES_PATH = "/worker/responses"
+RESPONSE_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,160}$"
 EMBED_PATH = "/worker/embed"
 # The model's tokenizer (`TokenizeWork` -> protocol.tokens.TokenizeResponse; protocol.tokens.DetokenizeRequest ->
 # DetokenizeResponse): no sequence, no KV, only the text.

@@ -70,6 +70,9 @@ ENV_NAMES = {
     "embedding_timeout": "WORKER_EMBEDDING_TIMEOUT",
     "kv_transfers": "WORKER_KV_TRANSFERS",
     "kv_transfer_max_bytes": "WORKER_KV_TRANSFER_MAX_BYTES",
+    "responses_per_tenant": "WORKER_RESPONSES_PER_TENANT",
+    "responses_bytes_per_tenant": "WORKER_RESPONSES_BYTES_PER_TENANT",
+    "responses_ttl": "WORKER_RESPONSES_TTL",
     "peer_prefix_min_tokens": "WORKER_PEER_PREFIX_MIN_TOKENS",
     "peer_prefix_timeout": "WORKER_PEER_PREFIX_TIMEOUT",
     "room_wait": "WORKER_ROOM_WAIT",
@@ -159,6 +162,15 @@ class WorkerSettings(BaseModel):
                                      "run on the worker; past them 504 deadline_exceeded")
     kv_transfers: int = Field(default=2, ge=1, le=64, description="sessions' KV exported or imported at once "
                               "(worker/api/transfer.py); past them 503 transfers_full")
+    responses_per_tenant: int = Field(default=1000, ge=1, le=1_000_000,
+                                      description="stored Responses (`store: true`) each tenant may keep on this "
+                                                  "worker; past it the tenant's oldest goes")
+    responses_bytes_per_tenant: int = Field(default=32 * 1024 * 1024, ge=64 * 1024, le=1 << 34,
+                                            description="bytes of stored Responses each tenant may keep on this "
+                                                        "worker; past it the tenant's oldest go")
+    responses_ttl: float = Field(default=86400.0, gt=0, le=30 * 86400,
+                                 description="seconds a stored response is kept (its KV may go sooner: a turn on "
+                                             "it is then prefilled whole)")
     kv_transfer_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1024 * 1024,
                                        description="largest KV blob a worker takes in, bytes (413 before it is read)")
     peer_prefix_min_tokens: int = Field(default=128, ge=1, description="prompt tokens a prefix fetched from a peer "

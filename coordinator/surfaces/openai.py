@@ -11,6 +11,7 @@ Must not: admit, schedule or relay; the gateway does, exactly as for `/coordinat
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -199,10 +200,10 @@ class Asker:
 
 
 async def open_parsed(gateway: Gateway, raw: bytes, parse: Callable[[bytes], tuple[dict[str, Any], T]], asker: Asker,
-                      started: float, *, client_gone: Callable[[], Awaitable[None]]
+                      started: float, *, client_gone: Callable[[], Awaitable[None]], prefer: str | None = None
                       ) -> tuple[Opened, Generation, T]:
     """`open_generation` from a body already read (a WebSocket's message, too); raises the refusal,
-    already counted and logged."""
+    already counted and logged. `prefer`: a worker holding the conversation's KV, first if it fits."""
     try:
         fields, answer = parse(raw)
         tier = fields.pop(SERVICE_TIER, None)
@@ -211,7 +212,8 @@ async def open_parsed(gateway: Gateway, raw: bytes, parse: Callable[[bytes], tup
         tenant = tenant_of(asker.scope_state)
         if tenant:
             fields["tenant"] = tenant
-        gen = Generation.of(internal(fields), asker.request_id, asker.surface, named)
+        gen = dataclasses.replace(Generation.of(internal(fields), asker.request_id, asker.surface, named),
+                                  prefer=prefer)
     except CoordinatorError as exc:
         gateway.refused(asker.request_id, exc, started, surface=asker.surface)
         raise

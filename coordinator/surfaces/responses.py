@@ -19,53 +19,98 @@ errors its own way: refusals are the OpenAI surface's (`openai.error_response`),
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
+from coordinator.auth import tenant_of
 from coordinator.errors import CoordinatorError
+from coordinator.gateway import Gateway
+from coordinator.generation import Generation
 from coordinator.relay.collect import CollectedResponse
 from coordinator.relay.response import RelayResponse
+from coordinator.relay.supervisor import client_left_of
+from coordinator.stages.ending import Opened
 from coordinator.state import CoordinatorState
+from coordinator.surfaces import responses_stored as stored
 from coordinator.surfaces.infer import event_stream, json_body, refusals
-from coordinator.surfaces.openai import keep_alive_seconds, open_generation
+from coordinator.surfaces.openai import Asker, error_response, keep_alive_seconds, open_parsed
 from coordinator.surfaces.responses_format import Echo, EventEncoder, Shape, assemble
 from coordinator.surfaces.tools import Tools, called, choose, offer
-from coordinator.validate import describe, first_field
+from coordinator.validate import describe, first_field, read_body, request_id_of
 from protocol import openai as oa
 from protocol import openai_responses as rs
 from protocol import reasons
 from protocol.openapi import inlined
+from protocol.sse import SseEvent
 from protocol.worker import MAX_MESSAGES, MAX_PROMPT_CHARS, REQUEST_ID_HEADER, WORKER_ID_HEADER
 
 PATH = "/v1/responses"
 SURFACE = "openai-responses"
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
-# Fields that name state kept between requests; this pool keeps none.
+# Fields that name state kept between requests that this pool does not keep (stored responses it keeps:
+# responses_stored.py takes `previous_response_id` out before the body is parsed).
 _STATEFUL = frozenset({"previous_response_id", "conversation", "prompt", "background"})
 
 router = APIRouter()
 
 
 async def create(request: Request) -> Response:
-    found = await open_generation(request, SURFACE, parse)
-    if isinstance(found, Response):
-        return found
-    opened, gen, echo = found
     state: CoordinatorState = request.app.state.coordinator
-    request_id = gen.request_id
+    gateway: Gateway = request.app.state.gateway
+    started = gateway.now()
+    request_id = request_id_of(request)
+    asker = Asker(request_id, SURFACE, request.headers, request.scope.get("state", {}))
+    tenant = tenant_of(asker.scope_state)
+    try:
+        raw = await read_body(request, state.settings.max_body_bytes)
+        turn = await stored.prepare(state, raw, tenant)
+        opened, gen, echo = await _open(gateway, raw, turn, asker, started, request)
+    except CoordinatorError as exc:
+        gateway.refused(request_id, exc, started, surface=SURFACE)
+        return error_response(request_id, exc)
     # Sampling as the worker applies it: the client's value, or the default both sides share.
     echo = dataclasses.replace(echo, temperature=gen.request.temperature, top_p=gen.request.top_p)
+    if turn is not None:
+        echo = dataclasses.replace(echo, store=turn.store, previous_response_id=turn.previous)
     shape = Shape(echo, request_id, int(state.clock.time()), opened.model)
     headers = {REQUEST_ID_HEADER: request_id, WORKER_ID_HEADER: opened.worker_id}
+    answer: Response
+    ended: list[rs.ResponseObject | None] = [None]
     if echo.stream:
-        return RelayResponse(opened.relay, headers=headers, ping_interval=state.settings.ping_interval,
-                             clock=state.clock, on_end=opened.finish,
-                             encoder=EventEncoder(shape, now=state.clock.time))
-    return CollectedResponse(opened.relay, on_end=opened.finish, now=state.clock.monotonic,
-                             assemble=lambda events: assemble(shape, events, headers=headers, now=state.clock.time))
+        encoder = EventEncoder(shape, now=state.clock.time)
+        answer = RelayResponse(opened.relay, headers=headers, ping_interval=state.settings.ping_interval,
+                               clock=state.clock, on_end=opened.finish, encoder=encoder)
+        ended_of: Callable[[], rs.ResponseObject | None] = lambda: encoder.ended
+    else:
+        def assembled(events: list[SseEvent]) -> Response:
+            response = assemble(shape, events, headers=headers, now=state.clock.time)
+            if response.status_code == 200:
+                ended[0] = rs.ResponseObject.model_validate_json(bytes(response.body))
+            return response
+
+        answer = CollectedResponse(opened.relay, on_end=opened.finish, now=state.clock.monotonic, assemble=assembled)
+        ended_of = lambda: ended[0]
+    if turn is None or not turn.store:
+        return answer
+    kept = turn
+
+    async def settle() -> None:
+        stored.finished(kept, ended_of(), state.settings.responses_record_bytes)
+        await stored.keep(state, kept, opened.worker_id, tenant, shape.response_id)
+
+    return stored.Settling(answer, ready=lambda: ended_of() is not None, settle=settle)
+
+
+async def _open(gateway: Gateway, raw: bytes, turn: stored.Turn | None, asker: Asker, started: float,
+                request: Request) -> tuple[Opened, Generation, Echo]:
+    body = json.dumps(turn.body).encode() if turn is not None else raw
+    return await open_parsed(gateway, body, parse, asker, started, prefer=turn.prefer if turn is not None else None,
+                             client_gone=lambda: client_left_of(request.receive))
 
 
 def parse(raw: bytes) -> tuple[dict[str, Any], Echo]:
@@ -108,8 +153,9 @@ def _refuse_unsupported(body: rs.ResponsesRequest) -> None:
         if harmless is None or harmless(value):
             continue
         if name in _STATEFUL:
-            raise _invalid(f"{name}: this pool stores no responses, conversations or prompts; send the whole "
-                           "conversation as `input`", name)
+            raise _invalid(f"{name}: this pool keeps no background responses, conversations or prompts; send "
+                           "the conversation as `input`, or continue a stored response with previous_response_id",
+                           name)
         raise _invalid(f"{name}: not supported by this pool yet; an answer made without it would not be what "
                        "the request asks for, so leave it out", name)
 

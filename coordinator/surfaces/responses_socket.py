@@ -31,12 +31,14 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from coordinator.auth import tenant_of
 from coordinator.errors import CoordinatorError
 from coordinator.gateway import Gateway
 from coordinator.relay.socket import SocketStream
 from coordinator.settings import Settings
 from coordinator.state import CoordinatorState
 from coordinator.surfaces import responses
+from coordinator.surfaces import responses_stored as stored
 from coordinator.surfaces.openai import Asker, error_response, open_parsed
 from coordinator.surfaces.responses_chains import Chains, Items
 from coordinator.surfaces.responses_format import EventEncoder, Shape
@@ -110,6 +112,7 @@ class Socket:
         self._answered = False  # the running response's final event is on its way: it only winds up now
         self._receiving: asyncio.Task[Message] | None = None
         self._quiet_since = 0.0
+        self._tenant = tenant_of(websocket.scope.get("state", {}))
 
     async def run(self) -> None:
         self._quiet_since = asyncio.get_running_loop().time()
@@ -152,7 +155,7 @@ class Socket:
             await asyncio.gather(self._turn, return_exceptions=True)
         try:
             create = self._read(message)
-            chain = self._chain_of(create)
+            chain, prefer = await self._chain_of(create)
             if self._turn is not None and not self._turn.done():
                 raise CoordinatorError(IN_FLIGHT, "a response is still running on this socket: send the next "
                                        "response.create after its final event", status=409)
@@ -160,7 +163,7 @@ class Socket:
             self._refused(exc)
             return
         self._answered = False
-        self._turn = asyncio.create_task(self._respond(create, chain))
+        self._turn = asyncio.create_task(self._respond(create, chain, prefer))
 
     def _read(self, message: Message) -> rs.SocketCreate:
         limit = self._settings.responses_socket_message_bytes
@@ -181,18 +184,18 @@ class Socket:
         except ValidationError as exc:
             raise CoordinatorError(reasons.INVALID_REQUEST, describe(exc), param=first_field(exc)) from None
 
-    def _chain_of(self, create: rs.SocketCreate) -> Items:
+    async def _chain_of(self, create: rs.SocketCreate) -> tuple[Items, str | None]:
+        """The conversation `previous_response_id` continues: this socket's own, else a stored one (and
+        the worker holding it, preferred)."""
         if create.previous_response_id is None:
-            return ()
+            return (), None
         chain = self._chains.get(create.previous_response_id)
-        if chain is None:
-            raise CoordinatorError(rs.PREVIOUS_NOT_FOUND, f"previous response {create.previous_response_id!r} is "
-                                   "not on this socket (responses are kept only for the socket's life, within "
-                                   "its bounds); send the whole conversation without previous_response_id",
-                                   status=400, param="previous_response_id")
-        return chain
+        if chain is not None:
+            return chain, None
+        worker_id, record = await stored.stored(self._state, self._tenant, create.previous_response_id)
+        return tuple(record.get("items", ())), worker_id
 
-    async def _respond(self, create: rs.SocketCreate, chain: Items) -> None:
+    async def _respond(self, create: rs.SocketCreate, chain: Items, prefer: str | None) -> None:
         request_id = uuid.uuid4().hex
         started = self._gateway.now()
         body = dict(create.model_extra or {})
@@ -201,6 +204,7 @@ class Socket:
         items = (*chain, *new) if isinstance(new, list) else None
         body.update(input=list(items) if items is not None else given, stream=True)
         previous = create.previous_response_id
+        keeps = self._settings.responses_store and body.get("store") is not False
         try:
             if not create.generate:
                 await self._record(json.dumps(body).encode(), request_id, previous, items or ())
@@ -208,14 +212,14 @@ class Socket:
             opened, gen, echo = await open_parsed(
                 self._gateway, json.dumps(body).encode(), responses.parse,
                 Asker(request_id, SURFACE, self._ws.headers, self._ws.scope.get("state", {})), started,
-                client_gone=self._gone_wait)
+                client_gone=self._gone_wait, prefer=prefer)
         except CoordinatorError as exc:
             if previous is not None:
                 self._chains.forget(previous)
             self._send_error(exc, request_id)
             return
         echo = dataclasses.replace(echo, temperature=gen.request.temperature, top_p=gen.request.top_p,
-                                   previous_response_id=previous)
+                                   previous_response_id=previous, store=keeps)
         encoder = EventEncoder(Shape(echo, request_id, int(self._state.clock.time()), opened.model),
                                now=self._state.clock.time)
 
@@ -223,6 +227,10 @@ class Socket:
             if encoder.ended is not None and not self._answered:  # kept before the client can read its end
                 self._answered = True
                 self._kept(encoder.ended, previous, items or ())
+                if keeps:
+                    turn = stored.Turn({}, previous, list(chain), list(new or ()), store=True)
+                    stored.finished(turn, encoder.ended, self._settings.responses_record_bytes)
+                    await stored.keep(self._state, turn, opened.worker_id, self._tenant, encoder.ended.id)
             await self._send_text(text)
 
         stream = SocketStream(opened.relay, on_end=opened.finish, encoder=encoder, send_text=send_text,

@@ -17,6 +17,7 @@ from coordinator.clock import ManualClock
 from coordinator.settings import Settings
 from coordinator.upstream import WorkerRefused, WorkerStreamError, WorkerUnreachable
 from protocol.health import EmbeddingService, Heartbeat, WorkerLoad
+from protocol.worker import RESPONSES_PATH
 
 MODEL = "smol"
 
@@ -151,6 +152,8 @@ class FakeWorkers:
     silent: set[str] = field(default_factory=set)
     gone: set[str] = field(default_factory=set)
     ids: dict[str, str] = field(default_factory=dict)
+    # Stored Responses records, as each worker keeps them (worker/api/records.py): (host, tenant, id) -> body.
+    records: dict[tuple[str, str, str], bytes] = field(default_factory=dict)
 
     def client(self) -> FakeWorkerClient:
         async def handle(request: httpx.Request) -> httpx.Response:
@@ -163,6 +166,8 @@ class FakeWorkers:
                 self.probes.append(host)
                 return httpx.Response(200, json={"status": "ok", "worker_id": self.ids.get(host, host),
                                                  "model": MODEL})
+            if request.url.path.startswith(RESPONSES_PATH + "/"):
+                return self._record(host, request)
             self.calls.append((host, request))
             behaviour = self.behaviours.get(host)
             if behaviour is None:
@@ -170,6 +175,19 @@ class FakeWorkers:
             return behaviour(request)
 
         return FakeWorkerClient(httpx.AsyncClient(transport=httpx.MockTransport(handle)))
+
+    def _record(self, host: str, request: httpx.Request) -> httpx.Response:
+        key = (host, request.url.params.get("tenant", ""), request.url.path.rsplit("/", 1)[1])
+        if request.method == "PUT":
+            self.records[key] = request.content
+            return httpx.Response(204)
+        if key not in self.records:
+            return httpx.Response(404, json={"error": "no such record", "reason": "unknown_response",
+                                             "request_id": "x"})
+        if request.method == "DELETE":
+            del self.records[key]
+            return httpx.Response(204)
+        return httpx.Response(200, content=self.records[key], headers={"content-type": "application/json"})
 
     def hosts_called(self) -> list[str]:
         return [host for host, _ in self.calls]

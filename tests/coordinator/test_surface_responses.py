@@ -290,7 +290,6 @@ async def test_a_fault_in_the_encoder_ends_the_stream_with_a_failed_response(mon
 
 
 REFUSED: list[tuple[dict[str, Any], str]] = [
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"prompt": {"id": "pmpt_1"}}, "prompt"),
     ({"background": True}, "background"),
@@ -348,11 +347,11 @@ async def test_the_sdk_reads_refusals_as_its_own_errors() -> None:
     fakes = FakeWorkers({"w1": streaming(STREAM)})
     async with pool(fakes) as (_, sdk, _):
         with pytest.raises(openai.BadRequestError) as bad:
-            await sdk.responses.create(model="smol", input="x", previous_response_id="resp_1")
+            await sdk.responses.create(model="smol", input="x", background=True)
         with pytest.raises(openai.NotFoundError) as unknown:
             await sdk.responses.create(model="gpt-9", input="x")
-    assert (bad.value.param, bad.value.code) == ("previous_response_id", "invalid_request")
-    assert "stores no responses" in bad.value.message
+    assert (bad.value.param, bad.value.code) == ("background", "invalid_request")
+    assert "keeps no background responses" in bad.value.message
     assert (unknown.value.param, unknown.value.code) == ("model", "unknown_model") and "smol" in unknown.value.message
     assert fakes.calls == []
 

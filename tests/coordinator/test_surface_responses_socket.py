@@ -108,9 +108,10 @@ def test_an_unknown_previous_response_gets_openais_not_found_and_the_socket_goes
 
 
 def test_a_failed_continuation_forgets_the_chain_it_continued() -> None:
+    """The socket's own chain, of a response not stored (store: false)."""
     fakes = FakeWorkers({"w1": streaming(STREAM)})
     with pool(fakes) as client, client.websocket_connect("/v1/responses") as ws:
-        ws.send_json({"type": "response.create", "input": "Hi"})
+        ws.send_json({"type": "response.create", "input": "Hi", "store": False})
         first = until_final(ws)[-1]["response"]["id"]
         ws.send_json({"type": "response.create", "previous_response_id": first, "input": "x", "temperature": -1})
         bad = json.loads(ws.receive_text())
@@ -118,6 +119,21 @@ def test_a_failed_continuation_forgets_the_chain_it_continued() -> None:
         gone = json.loads(ws.receive_text())
     assert (bad["type"], bad["error"]["param"]) == ("error", "temperature")
     assert gone["error"]["code"] == "previous_response_not_found"
+
+
+def test_a_stored_response_continues_on_another_socket_and_over_http() -> None:
+    fakes = FakeWorkers({"w1": streaming(STREAM)})
+    with pool(fakes) as client:
+        with client.websocket_connect("/v1/responses") as ws:
+            ws.send_json({"type": "response.create", "input": "Hi"})
+            first = until_final(ws)[-1]["response"]
+        with client.websocket_connect("/v1/responses") as ws:
+            ws.send_json({"type": "response.create", "previous_response_id": first["id"], "input": "And again?"})
+            second = until_final(ws)[-1]["response"]
+        third = client.post("/v1/responses", json={"previous_response_id": second["id"], "input": "Once more"})
+    assert first["store"] is True and second["previous_response_id"] == first["id"]
+    assert third.status_code == 200 and third.json()["previous_response_id"] == second["id"]
+    assert [m["content"] for m in worker_messages(fakes, 2)] == ["Hi", "Hello!", "And again?", "Hello!", "Once more"]
 
 
 @pytest.mark.parametrize(("message", "code", "status"), [

@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from protocol import reasons
 from serving.tracing import Tracing
-from worker.api import routes, swap, tokenizer, transfer
+from worker.api import records, routes, swap, tokenizer, transfer
 from worker.api.routes import request_id_of
 from worker.api.slots import SlotPaths, loaded
 from worker.backends import load_model
@@ -34,6 +34,7 @@ from worker.errors import WorkerError
 from worker.metrics import WorkerMetrics
 from worker.models.folder import open_folder, rescan
 from worker.runtime import WorkerRuntime
+from worker.sessions.records import Records
 from worker.settings import WorkerSettings
 from worker.slots.slot import make_slots
 from worker.slots.swapper import Swapper
@@ -113,11 +114,15 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
     app = FastAPI(title="llm-pool worker", lifespan=lifespan)
 
     app.state.settings = settings
+    app.state.records = Records(per_tenant=settings.responses_per_tenant,
+                                bytes_per_tenant=settings.responses_bytes_per_tenant, ttl=settings.responses_ttl,
+                                clock=clock)
     app.add_exception_handler(WorkerError, _worker_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.include_router(routes.router)
     app.include_router(transfer.router)
+    app.include_router(records.router)
     app.include_router(tokenizer.router)
     app.include_router(swap.router)
     if settings.max_models > 1:  # one slot: no slot URLs, and nothing more on any request's path
