@@ -480,6 +480,24 @@ MUTATIONS: tuple[Mutation, ...] = (
              "paths) and in it, is in Anthropic's error shape", "coordinator/app.py",
              "        return anthropic.error_response\n", "        return openai.error_response\n",
              ("tests/coordinator/test_surface_anthropic.py",)),
+    Mutation("chain-turn-away-from-its-kv", "a turn continuing a stored response prefers the worker that ran it "
+             "(whose prompt cache holds the conversation)", "coordinator/affinity/placement.py",
+             "Leaning(list(self.registry.alive(model)), prefer=gen.prefer)", "Leaning(list(self.registry.alive(model)))",
+             ("tests/coordinator/test_surface_responses_stored.py",)),
+    Mutation("stored-response-other-tenant", "a stored response is read only by its tenant", "worker/sessions/records.py",
+             "        record = kept.get(response_id) if kept is not None else None",
+             "        record = next((k[response_id] for k in self._tenants.values() if response_id in k), None)",
+             ("tests/worker/sessions/test_records.py",)),
+    Mutation("stored-response-tenant-dropped", "the coordinator asks the workers for the calling key's record only",
+             "coordinator/pool/records.py", "?tenant={quote(tenant)}", "?tenant=",
+             ("tests/coordinator/test_surface_responses_stored.py",)),
+    Mutation("response-end-before-record", "a response's record is kept before its client can read its end",
+             "coordinator/surfaces/responses_stored.py",
+             "            if not self._settled and self.ready():\n                self._settled = True\n"
+             "                await self.settle()\n            await send(message)\n",
+             "            await send(message)\n            if not self._settled and self.ready():\n"
+             "                self._settled = True\n                await self.settle()\n",
+             ("tests/coordinator/test_surface_responses_stored.py",)),
 )
 
 

@@ -11,9 +11,12 @@ from typing import Any
 
 import openai
 import pytest
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
 
 from coordinator.clock import ManualClock
 from coordinator.settings import Settings
+from coordinator.surfaces.responses_stored import Settling
 from protocol import openai_responses as rs
 from tests.coordinator.fakes import FakeWorkers, heartbeat, register, running_app, streaming, token
 from tests.coordinator.fakes import done as done_event
@@ -79,6 +82,35 @@ async def test_a_streamed_response_is_stored_before_its_end_reaches_the_client()
             if event.type == "response.completed":
                 stored_at_end = any(rid == event.response.id for (_, _, rid) in fakes.records)
     assert stored_at_end is True
+
+
+async def test_the_record_is_kept_before_the_bytes_that_end_the_response() -> None:
+    """`Settling` in isolation (httpx's in-process transport buffers whole answers, so order is seen
+    only here and in the process tests): the message written once the end is encoded waits for the
+    record, and later ones do not wait again."""
+    written: list[str] = []
+    ended = False
+
+    class Answer(Response):
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            nonlocal ended
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"tokens", "more_body": True})
+            ended = True  # the encoder has built the final event
+            await send({"type": "http.response.body", "body": b"end", "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def settle() -> None:
+        written.append("record kept")
+
+    async def send(message: Message) -> None:
+        written.append(message.get("body", b"start").decode() or "close")
+
+    async def receive() -> Message:
+        return {"type": "http.disconnect"}
+
+    await Settling(Answer(), ready=lambda: ended, settle=settle)({"type": "http"}, receive, send)
+    assert written == ["start", "tokens", "record kept", "end", "close"]
 
 
 async def test_a_chain_resolves_through_another_coordinator() -> None:
