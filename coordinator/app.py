@@ -67,6 +67,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
             yield
         finally:
             await state.mover.close()
+            await state.stored.close()
             await state.client.close()
             state.cache.close()
             if tracing is not None:

@@ -60,6 +60,8 @@ SESSIONS_PATH = "/worker/sessions"
 # `PUT/GET/DELETE {RESPONSES_PATH}/{response_id}?tenant=...`: a stored Responses record (worker/api/records.py).
 RESPONSES_PATH = "/worker/responses"
 RESPONSE_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,160}$"
+# `POST {RESPONSES_HANDOVER_PATH}?max_bytes=...`: a draining worker's records, taken (oldest first) to move them.
+RESPONSES_HANDOVER_PATH = RESPONSES_PATH + "/handover"
 EMBED_PATH = "/worker/embed"
 # The model's tokenizer (`TokenizeWork` -> protocol.tokens.TokenizeResponse; protocol.tokens.DetokenizeRequest ->
 # DetokenizeResponse): no sequence, no KV, only the text.

@@ -491,6 +491,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("stored-response-tenant-dropped", "the coordinator asks the workers for the calling key's record only",
              "coordinator/pool/records.py", "?tenant={quote(tenant)}", "?tenant=",
              ("tests/coordinator/test_surface_responses_stored.py",)),
+    Mutation("drain-leaves-records", "a draining worker's stored responses move to the other workers",
+             "coordinator/ops/health.py", "        state.stored.draining(record)  #", "        pass  #",
+             ("tests/coordinator/test_surface_responses_stored.py",)),
     Mutation("response-end-before-record", "a response's record is kept before its client can read its end",
              "coordinator/surfaces/responses_stored.py",
              "            if not self._settled and self.ready():\n                self._settled = True\n"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
 import sys
+import time
 
 import uvicorn
 from fastapi import FastAPI
@@ -19,7 +21,11 @@ from serving.tracing import Tracing, TracingError
 from worker.api.app import create_app
 from worker.api.slots import loaded
 from worker.backends import backends
+from worker.sessions.records import Records
 from worker.settings import WorkerSettings, slot_prefix
+
+log = logging.getLogger("worker")
+RECORDS_GRACE = 2.0  # seconds a drain waits for a coordinator to take its stored responses, after the last take
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +65,23 @@ def main(argv: list[str] | None = None) -> int:
 
 async def _drain(app: FastAPI, timeout: float) -> None:
     # Every model served drains at once (none while still loading: nothing to finish).
+    started = asyncio.get_running_loop().time()
     await asyncio.gather(*(runtime.drain(timeout) for runtime in loaded(app)))
+    await _hand_records_over(app.state.records, started + timeout)
+
+
+async def _hand_records_over(records: Records, deadline: float) -> None:
+    """Stored responses are the coordinators' to move (coordinator/pool/records.py: they see `draining`
+    in the heartbeats and take them): wait while they do, up to the drain's deadline, and no longer
+    than RECORDS_GRACE after the last take (or the drain's end, when no coordinator takes any)."""
+    loop = asyncio.get_running_loop()
+    waited_from = time.monotonic()
+    while len(records) and loop.time() < deadline:
+        if time.monotonic() - max(waited_from, records.taken_at) > RECORDS_GRACE:
+            break
+        await asyncio.sleep(0.05)
+    if len(records):
+        log.warning(json.dumps({"event": "responses_not_handed_over", "records": len(records)}))
 
 
 if __name__ == "__main__":

@@ -106,8 +106,11 @@ async def _take(request: Request) -> HeartbeatAck:
     state.embedding_queue.wake(record.model)
     if not record.draining:
         state.mover.serving(record.worker_id)
-    elif record.load.sessions:
-        state.mover.draining(record)  # its kept sessions go to the model's other workers, once
+        state.stored.serving(record.worker_id)
+    else:
+        state.stored.draining(record)  # its stored responses go to the other workers, once
+        if record.load.sessions:
+            state.mover.draining(record)  # its kept sessions go to the model's other workers, once
     state.metrics.heartbeats.labels(outcome="accepted").inc()
     return HeartbeatAck(worker_id=record.worker_id, state="alive",
                         heartbeat_interval=settings.heartbeat_interval, workers=state.registry.alive_count,

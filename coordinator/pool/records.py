@@ -6,25 +6,36 @@ finding which worker holds it: the worker this coordinator last saw it on (a bou
 recently used forgotten first), else every live worker asked at once (the first to have it answers;
 a coordinator that restarted, or another coordinator's response, is found so). Every call bounded by
 `timeout` and its answer by `limit` bytes.
-Must not: shape or read a record (the Responses surface does), or pick where a turn runs (the record
-names its session; session affinity sends the turn there).
+A draining worker's records are moved (`draining`, once a drain, supervised): taken from it in batches
+(`POST /worker/responses/handover`, each record taken once, so of several coordinators one moves it)
+and put on the other live workers in turn; a record no worker takes is lost, and logged. Their KV is
+not moved (it is the draining worker's prompt cache): a chain's next turn is prefilled whole.
+Must not: shape or read a record (the Responses surface does), or pick where a turn runs (the turn
+prefers the worker that holds the record: affinity/placement.py).
 
 Why no store of its own: a record is small and its next turn needs the KV of the worker that ran it,
 so it lives there; the pool then needs no database, and a chain survives any coordinator's restart.
-It does not survive its worker's (the KV would not either): the next turn gets
+It does not survive its worker's crash (the KV would not either): the next turn gets
 `previous_response_not_found`, as OpenAI answers for a response it no longer has.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 from urllib.parse import quote
 
 from coordinator.pool.registry import Registry, WorkerRecord
 from coordinator.upstream import WorkerClient, WorkerUnreachable
-from protocol.worker import RESPONSES_PATH
+from protocol.worker import RESPONSES_HANDOVER_PATH, RESPONSES_PATH
+
+log = logging.getLogger("coordinator.records")
+HANDOVER_BYTES = 8 << 20  # records taken from a draining worker per call
+DRAINS_REMEMBERED = 4096  # drained workers remembered as dealt with
 
 Key = tuple[str, str]  # (tenant, response id)
 
@@ -46,12 +57,77 @@ class StoredResponses:
         self._limit = limit
         self._remembered = remembered
         self._where: OrderedDict[Key, str] = OrderedDict()
+        self._moving: dict[str, asyncio.Task[None]] = {}  # by draining worker id
+        self._done: OrderedDict[str, None] = OrderedDict()
+        self._turns = itertools.count()
+
+    def draining(self, record: WorkerRecord) -> None:
+        """`record` said it drains: move its stored responses to the other workers, once a drain."""
+        if record.worker_id in self._moving or record.worker_id in self._done:
+            return
+        self._moving[record.worker_id] = asyncio.create_task(self._supervised(record))
+
+    def serving(self, worker_id: str) -> None:
+        """`worker_id` serves again (a restart under the same id): its next drain moves again."""
+        self._done.pop(worker_id, None)
+
+    async def close(self) -> None:
+        for task in self._moving.values():
+            task.cancel()
+        await asyncio.gather(*self._moving.values(), return_exceptions=True)
+
+    async def _supervised(self, source: WorkerRecord) -> None:
+        moved = lost = 0
+        try:
+            moved, lost = await self._move_all(source)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug must not leave the task's exception unread
+            log.exception(json.dumps({"event": "responses_move_failed", "worker_id": source.worker_id}))
+        finally:
+            self._moving.pop(source.worker_id, None)
+            self._done[source.worker_id] = None
+            while len(self._done) > DRAINS_REMEMBERED:
+                self._done.popitem(last=False)
+        if moved or lost:
+            log.warning(json.dumps({"event": "responses_moved", "from": source.worker_id, "moved": moved,
+                                    "lost": lost}))
+
+    async def _move_all(self, source: WorkerRecord) -> tuple[int, int]:
+        moved = lost = 0
+        url = f"{source.url.rstrip('/')}{RESPONSES_HANDOVER_PATH}?max_bytes={HANDOVER_BYTES}"
+        while True:
+            answer = await self._exchange("POST", url, b"")
+            if answer is None or answer[0] != 200:
+                return moved, lost
+            taken = json.loads(answer[1])["records"]
+            if not taken:
+                return moved, lost
+            for one in taken:
+                key = (one["tenant"], one["response_id"])
+                body = json.dumps(one["record"], separators=(",", ":")).encode()
+                if await self._put_elsewhere(source.worker_id, key, one.get("session_id", ""), body):
+                    moved += 1
+                else:
+                    lost += 1
+
+    async def _put_elsewhere(self, source: str, key: Key, session_id: str, body: bytes) -> bool:
+        targets = [r for r in self._registry.alive() if r.worker_id != source and not r.draining]
+        if not targets:
+            return False
+        first = next(self._turns) % len(targets)
+        for record in targets[first:] + targets[:first]:
+            if await self.put(record.worker_id, key, session_id, body):
+                return True
+        return False
 
     async def put(self, worker_id: str, key: Key, session_id: str, body: bytes) -> bool:
         """Whether `worker_id` kept the record (False: gone, unreachable or refused; the log says)."""
         record = self._registry.get(worker_id)
         if record is None:
             return False
+        if record.draining:  # a response that ended on a draining worker: its records are moving away
+            return await self._put_elsewhere(worker_id, key, session_id, body)
         url = self._url(record, key) + (f"&session_id={quote(session_id)}" if session_id else "")
         status = await self._exchange("PUT", url, body)
         if status is None or status[0] != 204:

@@ -17,7 +17,7 @@ from coordinator.clock import ManualClock
 from coordinator.settings import Settings
 from coordinator.upstream import WorkerRefused, WorkerStreamError, WorkerUnreachable
 from protocol.health import EmbeddingService, Heartbeat, WorkerLoad
-from protocol.worker import RESPONSES_PATH
+from protocol.worker import RESPONSES_HANDOVER_PATH, RESPONSES_PATH
 
 MODEL = "smol"
 
@@ -177,6 +177,11 @@ class FakeWorkers:
         return FakeWorkerClient(httpx.AsyncClient(transport=httpx.MockTransport(handle)))
 
     def _record(self, host: str, request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and request.url.path == RESPONSES_HANDOVER_PATH:  # all at once
+            taken = [k for k in self.records if k[0] == host]
+            listed = [{"tenant": t, "response_id": r, "session_id": "", "record": json.loads(self.records.pop((h, t, r)))}
+                      for h, t, r in taken]
+            return httpx.Response(200, json={"records": listed})
         key = (host, request.url.params.get("tenant", ""), request.url.path.rsplit("/", 1)[1])
         if request.method == "PUT":
             self.records[key] = request.content

@@ -6,7 +6,9 @@ another tenant's id names nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import openai
@@ -123,6 +125,28 @@ async def test_a_chain_resolves_through_another_coordinator() -> None:
         again = await sdk.responses.retrieve(first.id)
         turn = await sdk.responses.with_raw_response.create(model="smol", input="More", previous_response_id=first.id)
     assert again.id == first.id and turn.headers["x-worker-id"] == "w1"
+
+
+async def test_a_draining_workers_records_move_and_their_chains_go_on() -> None:
+    fakes = FakeWorkers({"w1": streaming(STREAM), "w2": streaming(STREAM)})
+    async with pool(fakes, workers=("w1", "w2")) as (client, sdk, _):
+        first = await sdk.responses.with_raw_response.create(model="smol", input="Hi")
+        assert first.headers["x-worker-id"] == "w1"
+        made = first.parse()
+        drain = heartbeat("w1", timestamp=1_700_000_000.0, aliases=("smollm2",), draining=True)
+        assert (await register(client, drain)).status_code == 200
+        await wait_for(lambda: [h for h, _, _ in fakes.records] == ["w2"])
+        turn = await sdk.responses.with_raw_response.create(model="smol", input="More", previous_response_id=made.id)
+        assert (await sdk.responses.retrieve(made.id)).id == made.id
+    assert turn.headers["x-worker-id"] == "w2"
+    assert [m["content"] for m in sent_body(fakes)["messages"]] == ["Hi", "Hello!", "More"]
+
+
+async def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
 
 
 async def test_unknown_or_another_tenants_response_is_not_found() -> None:

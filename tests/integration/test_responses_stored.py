@@ -3,7 +3,8 @@ model heartbeating to both, the official `openai` package as the client. A respo
 coordinator is continued through the other with `previous_response_id` and only the new input, over
 HTTP and over the WebSocket: the turn runs on the worker that ran the first, which reuses the first
 conversation's KV from its prompt cache (`cached_tokens` at least half the prompt); it is read back and
-deleted through either; a coordinator's restart loses nothing."""
+deleted through either; a coordinator's restart loses nothing; a drained worker's records move to the
+other worker and their chains go on there."""
 
 from __future__ import annotations
 
@@ -102,11 +103,24 @@ async def test_a_chain_continues_through_the_other_coordinator_over_http_and_the
         procs[0].reap()
         procs[0], _ = start_coordinator(tmp_path, "coord-a2", port=int(a_url.rsplit(":", 1)[1]))
         wait_until(lambda: _alive(a_url, 2), 60, "both workers alive again", interval=0.2)
-        a = _client(a_url)
+        a, b = _client(a_url), _client(b_url)
         try:
-            fourth = await a.responses.create(model=MODEL, instructions=INSTRUCTIONS, input="And a yellow one?",
-                                              previous_response_id=third.id, max_output_tokens=4, temperature=0)
+            raw = await a.responses.with_raw_response.create(
+                model=MODEL, instructions=INSTRUCTIONS, input="And a yellow one?", previous_response_id=third.id,
+                max_output_tokens=4, temperature=0)
+            fourth = raw.parse()
+            assert fourth.previous_response_id == third.id
+            _reused_most(fourth)
+            # Its worker drains: a coordinator moves the records to the other worker, and the chain goes on there.
+            holder = {"w1": procs[2], "w2": procs[3]}[raw.headers["x-worker-id"]]
+            holder.terminate()
+            holder.reap()
+            fifth = await b.responses.with_raw_response.create(
+                model=MODEL, instructions=INSTRUCTIONS, input="And a green one?", previous_response_id=fourth.id,
+                max_output_tokens=4, temperature=0)
+            assert fifth.headers["x-worker-id"] != raw.headers["x-worker-id"]
+            assert fifth.parse().previous_response_id == fourth.id
+            assert (await a.responses.retrieve(third.id)).id == third.id
         finally:
             await a.close()
-        assert fourth.previous_response_id == third.id
-        _reused_most(fourth)
+            await b.close()

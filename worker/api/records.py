@@ -2,7 +2,8 @@
 
 Owns: the three routes (worker token required, as on every route but health) and their bounds (a body at
 most the tenant's byte bound, 413 before it is kept; a tenant's records within worker/sessions/records.py's
-bounds). The coordinator writes a record as a response ends, before its client sees the end; any
+bounds); and the handover of a draining worker's records (`POST /worker/responses/handover`: each taken
+once, so of the coordinators that see the drain one moves each). The coordinator writes a record as a response ends, before its client sees the end; any
 coordinator reads it to continue the chain (`previous_response_id`), to answer `GET /v1/responses/{id}`
 and its input items, and deletes it.
 Must not: read what a record says (it is the coordinator's JSON), or touch sessions and KV.
@@ -10,13 +11,21 @@ Must not: read what a record says (it is the coordinator's JSON), or touch sessi
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
 from protocol import reasons
-from protocol.worker import RESPONSE_ID_PATTERN, RESPONSES_PATH, SESSION_ID_PATTERN, TENANT_PATTERN, ErrorBody
+from protocol.worker import (
+    RESPONSE_ID_PATTERN,
+    RESPONSES_HANDOVER_PATH,
+    RESPONSES_PATH,
+    SESSION_ID_PATTERN,
+    TENANT_PATTERN,
+    ErrorBody,
+)
 from worker.api.routes import authorize
 from worker.errors import WorkerError
 from worker.sessions.records import Records, TooLarge
@@ -33,6 +42,19 @@ _REFUSALS: dict[int | str, dict[str, Any]] = {
 }
 
 
+@router.post(RESPONSES_HANDOVER_PATH, summary="Hand stored responses over (a drain moves them)",
+             response_class=Response, responses={401: {"model": ErrorBody, "description": "`unauthorized`"}})
+async def hand_over(request: Request, max_bytes: int = Query(8 << 20, ge=1, le=1 << 30)) -> Response:
+    """`{"records": [{"tenant", "response_id", "session_id", "record"}]}`, oldest first, at most
+    `max_bytes` of records (at least one); none left here: an empty list. Each is forgotten here."""
+    authorize(request)
+    records = records_of(request)
+    parts = [b'{"tenant":%s,"response_id":%s,"session_id":%s,"record":%s}' % (
+        json.dumps(tenant).encode(), json.dumps(response_id).encode(), json.dumps(record.session_id).encode(),
+        record.body) for (tenant, response_id), record in records.take(max_bytes)]
+    return Response(b'{"records":[' + b",".join(parts) + b"]}", media_type="application/json")
+
+
 def records_of(request: Request) -> Records:
     kept: Records = request.app.state.records
     return kept
@@ -46,9 +68,16 @@ async def put_record(request: Request, response_id: str = _ID, tenant: str = _TE
     records = records_of(request)
     body = await request.body()  # bounded by the server's WORKER_MAX_BODY_BYTES
     try:
-        records.put((tenant, response_id), body, session_id)
+        records.fits(body)
     except TooLarge as exc:
         raise WorkerError(reasons.BODY_TOO_LARGE, str(exc)) from None
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise WorkerError(reasons.INVALID_REQUEST, "a record is a JSON object")
+    records.put((tenant, response_id), body, session_id)
     records.sweep()
     return Response(status_code=204)
 

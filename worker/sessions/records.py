@@ -10,8 +10,9 @@ Must not: read or shape what a record says (the coordinator does), or hold KV (t
 
 Why here and not in a coordinator: a chain's next turn must go where its KV is, through any coordinator,
 after any coordinator's restart; the worker holding that KV is the one place every coordinator reaches
-and none owns. A record outlives its session's KV on purpose (a turn on it is then prefilled whole,
-elsewhere if need be), and dies with its worker (a continuation then gets `previous_response_not_found`).
+and none owns. A record outlives its conversation's KV on purpose (a turn on it is then prefilled whole,
+elsewhere if need be); a drain hands it over (`take`) for a coordinator to move; a crash loses it (a
+continuation then gets `previous_response_not_found`).
 Per worker and per process, not per model: a model swap keeps them.
 """
 
@@ -46,6 +47,7 @@ class Records:
         self._clock = clock
         self._tenants: dict[str, OrderedDict[str, Record]] = {}  # each oldest first
         self._bytes: dict[str, int] = {}
+        self.taken_at = float("-inf")  # clock time of the last `take` (a drain waits while they are taken)
 
     def __len__(self) -> int:
         return sum(len(kept) for kept in self._tenants.values())
@@ -54,13 +56,17 @@ class Records:
         """(records, bytes) the tenant holds here now."""
         return len(self._tenants.get(tenant, ())), self._bytes.get(tenant, 0)
 
+    def fits(self, body: bytes) -> None:
+        """Raises `TooLarge` for a body over a tenant's byte bound on its own."""
+        if len(body) > self._bytes_per_tenant:
+            raise TooLarge(f"a record of {len(body)} bytes, over the {self._bytes_per_tenant} a tenant may store "
+                           "(WORKER_RESPONSES_BYTES_PER_TENANT)")
+
     def put(self, key: Key, body: bytes, session_id: str) -> None:
         """Keep `body` under `key` (replacing one kept there), the tenant's oldest going first past a
         bound; raises `TooLarge` for a body over the tenant's byte bound on its own."""
         tenant, response_id = key
-        if len(body) > self._bytes_per_tenant:
-            raise TooLarge(f"a record of {len(body)} bytes, over the {self._bytes_per_tenant} a tenant may store "
-                           "(WORKER_RESPONSES_BYTES_PER_TENANT)")
+        self.fits(body)
         self.delete(key)
         kept = self._tenants.setdefault(tenant, OrderedDict())
         while kept and (len(kept) >= self._per_tenant or self._bytes[tenant] + len(body) > self._bytes_per_tenant):
@@ -87,6 +93,21 @@ class Records:
         if not kept:
             del self._tenants[tenant], self._bytes[tenant]
         return True
+
+    def take(self, max_bytes: int) -> list[tuple[Key, Record]]:
+        """Hand records over (a drain: a coordinator puts them on other workers): each tenant's oldest
+        first, up to `max_bytes` (at least one), forgotten here as they are taken."""
+        self.taken_at = self._clock()
+        taken: list[tuple[Key, Record]] = []
+        size = 0
+        for tenant, kept in list(self._tenants.items()):
+            for response_id, record in list(kept.items()):
+                if taken and size + len(record.body) > max_bytes:
+                    return taken
+                taken.append(((tenant, response_id), record))
+                size += len(record.body)
+                self.delete((tenant, response_id))
+        return taken
 
     def sweep(self) -> int:
         """Forget the records past their TTL; how many went."""

@@ -66,3 +66,15 @@ def test_records_expire_after_their_ttl() -> None:
     clock.now += 31
     assert kept.get(("A", "old")) is None and kept.get(("A", "young")) is not None
     assert kept.sweep() == 1 and kept.usage("A") == (1, 1)
+
+
+def test_a_handover_takes_the_oldest_first_within_its_bytes_and_forgets_them() -> None:
+    kept = records(Clock(), per_tenant=10, bytes_per_tenant=100)
+    for name in ("a1", "a2", "a3"):
+        kept.put(("A", name), b"x" * 10, "")
+    kept.put(("B", "b1"), b"y" * 10, "")
+    first = kept.take(25)
+    assert [key for key, _ in first] == [("A", "a1"), ("A", "a2")] and len(kept) == 2
+    assert [key for key, _ in kept.take(1)] == [("A", "a3")]  # at least one, whatever the bound
+    assert [key for key, _ in kept.take(1000)] == [("B", "b1")] and kept.take(1000) == []
+    assert kept.usage("A") == (0, 0) and kept.taken_at == 1000.0
