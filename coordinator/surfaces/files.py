@@ -1,0 +1,110 @@
+"""OpenAI's Files API, for batches: `POST /v1/files` (multipart, `purpose` `batch`), `GET /v1/files`,
+`GET /v1/files/{id}`, `GET /v1/files/{id}/content`, `DELETE /v1/files/{id}`.
+
+Owns: reading the upload's multipart form (`file` and `purpose`; the body bounded by the settings'
+`BATCH_FILE_MAX_BYTES` at the edge and here), and these routes as thin adapters onto the batch store
+(coordinator/batches/store.py), which keeps each tenant's files apart (another tenant's id is 404) and
+refuses a file past a bound by its name. Errors take OpenAI's shape (the app's handler, under /v1/).
+Must not: run batches (coordinator/batches/runner.py) or read another tenant's files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from email.message import EmailMessage
+from email.parser import BytesParser
+from email.policy import HTTP
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+
+from coordinator.auth import tenant_of
+from coordinator.batches.store import Store, not_found
+from coordinator.errors import CoordinatorError
+from coordinator.state import CoordinatorState
+from coordinator.validate import read_body
+from protocol import batches as wire
+from protocol import openai as oa
+from protocol import reasons
+
+PATH = "/v1/files"
+UPLOAD_OVERHEAD = 64 * 1024  # bytes of a multipart form around its file: boundaries, headers, `purpose`
+MAX_FILENAME = 256
+router = APIRouter()
+_REFUSALS: dict[int | str, dict[str, object]] = {
+    "4XX": {"model": oa.ErrorResponse, "description": "`invalid_request` (a bound passed, by name; 404: no such "
+            "file of this key's tenant), `unauthorized`"}}
+
+
+def store_of(request: Request) -> Store:
+    store: Store = request.app.state.batch_store
+    return store
+
+
+def _tenant(request: Request) -> str:
+    return tenant_of(request.scope.get("state", {}))
+
+
+@router.post(PATH, summary="Upload a file (OpenAI's API): a batch's input, JSONL", responses=_REFUSALS)
+async def upload(request: Request) -> wire.FileObject:
+    store = store_of(request)
+    raw = await read_body(request, store.bounds.file_bytes + UPLOAD_OVERHEAD)
+    purpose, filename, data = await asyncio.to_thread(form, request.headers.get("content-type", ""), raw)
+    if purpose != wire.BATCH:
+        raise CoordinatorError(reasons.INVALID_REQUEST, f"purpose: {purpose!r}; this pool keeps files for "
+                               "'batch' only", param="purpose")
+    state: CoordinatorState = request.app.state.coordinator
+    return await store.call(store.add_file, _tenant(request), filename, purpose, data, int(state.clock.time()))
+
+
+@router.get(PATH, summary="The files of this key's tenant, newest first", responses=_REFUSALS)
+async def listed(request: Request, purpose: str | None = None, after: str | None = None,
+                 limit: int = Query(default=10_000, ge=1, le=10_000)) -> wire.FileList:
+    store = store_of(request)
+    return await store.call(store.files, _tenant(request), purpose, after, limit)
+
+
+@router.get(PATH + "/{file_id}", summary="A file's description", responses=_REFUSALS)
+async def described(file_id: str, request: Request) -> wire.FileObject:
+    store = store_of(request)
+    found = await store.call(store.file, _tenant(request), file_id)
+    if found is None:
+        raise not_found("file", file_id)
+    return found
+
+
+@router.get(PATH + "/{file_id}/content", summary="A file's bytes", response_class=Response, responses=_REFUSALS)
+async def content(file_id: str, request: Request) -> Response:
+    store = store_of(request)
+    data = await store.call(store.content, _tenant(request), file_id)
+    if data is None:
+        raise not_found("file", file_id)
+    return Response(data, media_type="application/octet-stream")
+
+
+@router.delete(PATH + "/{file_id}", summary="Delete a file", responses=_REFUSALS)
+async def delete(file_id: str, request: Request) -> wire.FileDeleted:
+    store = store_of(request)
+    if not await store.call(store.delete_file, _tenant(request), file_id):
+        raise not_found("file", file_id)
+    return wire.FileDeleted(id=file_id, deleted=True)
+
+
+def form(content_type: str, raw: bytes) -> tuple[str, str, bytes]:
+    """`purpose`, and the `file` part's name and bytes, of a multipart/form-data body (the standard
+    library's MIME parser reads it); 400 naming what is missing."""
+    if not content_type.lower().startswith("multipart/form-data"):
+        raise CoordinatorError(reasons.INVALID_REQUEST, "the body must be multipart/form-data with `file` and "
+                               "`purpose`", param="file")
+    message = BytesParser(policy=HTTP).parsebytes(b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + raw)
+    fields: dict[str, tuple[str | None, bytes]] = {}
+    for part in message.iter_parts() if isinstance(message, EmailMessage) else []:
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True)
+        if isinstance(name, str) and name not in fields:
+            fields[name] = (part.get_filename(), payload if isinstance(payload, bytes) else b"")
+    if "file" not in fields:
+        raise CoordinatorError(reasons.INVALID_REQUEST, "file: required (the JSONL to upload)", param="file")
+    purpose = fields.get("purpose", (None, b""))[1].decode(errors="replace").strip()
+    filename, data = fields["file"]
+    return purpose, (filename or "upload.jsonl")[:MAX_FILENAME], data
