@@ -158,6 +158,14 @@ class Job:
         return self.row.batch.id
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:  # stopped or failed: no line of it runs on
+            self.gone.set()
+            for task in self.running:
+                task.cancel()
+
+    async def _run(self) -> None:
         status: str | None = self.row.batch.status
         if status == wire.VALIDATING:
             status = await self._validate()
@@ -189,7 +197,7 @@ class Job:
         """Run the lines not done; the status the batch ends with (None: the lease was lost)."""
         waiting: deque[Line] = deque()
         paused_until = 0.0
-        self.renew_at = self.runner.clock.monotonic() + self.runner.pace.lease / 3
+        self.renew_at = _loop_time() + self.runner.pace.lease / 3
         while True:
             stop, status = await self._interrupted()
             if stop:
@@ -207,9 +215,9 @@ class Job:
         """Whether the job stops now, and as what: cancelled, expired, or lost to another runner (None).
         Its lease is renewed (and its status read) every third of the lease, or when nudged."""
         clock, lease = self.runner.clock, self.runner.pace.lease
-        if self.nudged.is_set() or clock.monotonic() >= self.renew_at:
+        if self.nudged.is_set() or _loop_time() >= self.renew_at:
             self.nudged.clear()
-            self.renew_at = clock.monotonic() + lease / 3
+            self.renew_at = _loop_time() + lease / 3
             current = await self._renew()
             if current is None:
                 return True, None
@@ -229,7 +237,7 @@ class Job:
         """Another line now: while the pool has room for a batch request, or the first of the job
         (which waits its turn in the queue)."""
         runner = self.runner
-        if runner.clock.monotonic() < paused_until or len(self.running) >= runner.pace.max_in_flight:
+        if _loop_time() < paused_until or len(self.running) >= runner.pace.max_in_flight:
             return False
         return not self.running or runner.room(self.row.batch.endpoint, line.body, self.row.tenant)
 
@@ -253,7 +261,7 @@ class Job:
                 waiting.appendleft(line)
             elif answer.retry:
                 waiting.appendleft(line)
-                paused_until = runner.clock.monotonic() + runner.pace.retry
+                paused_until = _loop_time() + runner.pace.retry
             else:
                 await self._record(line, answer)
         return paused_until
@@ -297,3 +305,9 @@ class Job:
 
     def _now(self) -> int:
         return int(self.runner.clock.time())
+
+
+def _loop_time() -> float:
+    """The event loop's clock, for the runner's own pauses and renewals (which are waits on the loop);
+    the injected clock's wall time stamps the store (leases, statuses, windows) that coordinators share."""
+    return asyncio.get_running_loop().time()

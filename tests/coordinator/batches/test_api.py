@@ -57,8 +57,8 @@ class Pool:
 
 
 @asynccontextmanager
-async def pool(tmp_path: Path, **over: Any) -> AsyncIterator[Pool]:
-    settings = Settings(heartbeat_interval=1.0, api_keys=",".join(KEYS.values()), batch_dir=str(tmp_path), **over)
+async def pool(tmp_path: Path, keys: str = ",".join(KEYS.values()), **over: Any) -> AsyncIterator[Pool]:
+    settings = Settings(heartbeat_interval=1.0, api_keys=keys, batch_dir=str(tmp_path), **over)
     clock, worker = ManualClock(), Worker()
     workers = fakes.FakeWorkers({"w1": worker.behaviour})
     app = create_app(settings, clock=clock, worker_client=workers.client())
@@ -197,3 +197,19 @@ async def test_cancel_mid_job_ends_the_lines_running_and_runs_no_more(tmp_path: 
         assert done.status == "cancelled" and done.cancelled_at is not None
         assert done.request_counts.completed == 0 and len(p.worker.bodies) == 2
         assert done.output_file_id is None
+
+
+async def test_a_keys_budget_holds_for_its_batch_lines_past_it_are_error_lines(tmp_path: Path) -> None:
+    async with pool(tmp_path, keys=f"{KEYS['A']} budget=20,{KEYS['B']}", batch_max_in_flight=1) as p:
+        client = p.clients["A"]
+        uploaded = await client.files.create(file=("in.jsonl", io.BytesIO(jsonl(*(chat(f"{i}") for i in range(8))))),
+                                             purpose="batch")
+        batch = await client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                            completion_window="24h")
+        done = await ended(client, batch.id)
+        counts = done.request_counts
+        assert done.status == "completed" and counts.completed == 4 and counts.failed == 4  # 6 tokens a line
+        errors = await lines_of(client, done.error_file_id)
+        assert {(e["response"]["status_code"], e["response"]["body"]["error"]["code"]) for e in errors} == {
+            (429, "budget_exceeded")}
+        assert len(p.worker.bodies) == 4
