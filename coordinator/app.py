@@ -76,6 +76,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
         app.state.batch_runner = runner = Runner(
             store, batches.caller(app), room_in(state), clock=state.clock,
             pace=Pace(settings.batch_lease, settings.batch_jobs, settings.batch_max_in_flight),
+            ready=lambda: state.readiness.known() and not state.draining,
             on_fault=state.metrics.internal_errors.labels(task="batch_runner").inc)
         running = asyncio.create_task(runner.run())  # supervised: Runner.run logs and counts its faults
         try:

@@ -75,8 +75,11 @@ class Pace:
 
 class Runner:
     def __init__(self, store: Store, call: Call, room: Room, *, clock: Clock, pace: Pace,
-                 on_fault: Callable[[], None] = lambda: None) -> None:
+                 ready: Callable[[], bool] = lambda: True, on_fault: Callable[[], None] = lambda: None) -> None:
+        """`ready`: whether this coordinator may take jobs now (it knows the pool, and is not draining): one
+        just started would answer every line `unknown_model` before its workers have beaten to it."""
         self.store, self.call, self.room, self.clock, self.pace = store, call, room, clock, pace
+        self._ready = ready
         self._on_fault = on_fault
         self.owner = "runner-" + secrets.token_hex(8)
         self._jobs: dict[str, Job] = {}
@@ -106,7 +109,7 @@ class Runner:
     async def _round(self) -> None:
         store, pace = self.store, self.pace
         await store.call(store.sweep, int(self.clock.time()))
-        if len(self._jobs) >= pace.jobs:
+        if len(self._jobs) >= pace.jobs or not self._ready():
             return
         rows = await store.call(store.claim, self.owner, self.clock.time(), pace.lease, pace.jobs)
         for row in rows:

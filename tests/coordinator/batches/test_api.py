@@ -66,6 +66,8 @@ async def pool(tmp_path: Path, keys: str = ",".join(KEYS.values()), **over: Any)
     async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport,
                                                                    base_url="http://coord") as http:
         await fakes.register(http, fakes.heartbeat("w1", timestamp=clock.time()))
+        clock.advance(settings.join_after)  # the coordinator knows the pool: its runner takes jobs
+        await fakes.register(http, fakes.heartbeat("w1", timestamp=clock.time()))
         clients = {who: openai.AsyncOpenAI(api_key=key, base_url="http://coord/v1", max_retries=0,
                                            http_client=httpx.AsyncClient(transport=transport))
                    for who, key in KEYS.items()}
