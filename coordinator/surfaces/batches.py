@@ -18,7 +18,7 @@ import json
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.types import Message
@@ -30,11 +30,13 @@ from coordinator.batches.store import not_found
 from coordinator.errors import CoordinatorError
 from coordinator.state import CoordinatorState
 from coordinator.surfaces import embeddings, openai, responses
-from coordinator.surfaces.files import store_of
+from coordinator.surfaces.files import limit_of, store_of
+from coordinator.surfaces.infer import json_body
 from coordinator.validate import describe, first_field, read_body
 from protocol import batches as wire
 from protocol import openai as oa
 from protocol import reasons
+from protocol.openapi import inlined
 from protocol.worker import REQUEST_ID_HEADER
 
 PATH = "/v1/batches"
@@ -60,7 +62,8 @@ def _now(request: Request) -> int:
     return int(state.clock.time())
 
 
-@router.post(PATH, summary="Create a batch (OpenAI's API)", responses=_REFUSALS)
+@router.post(PATH, summary="Create a batch (OpenAI's API)", responses=_REFUSALS,
+             openapi_extra=json_body(inlined(wire.BatchCreate), "`BatchCreate`; unknown fields are ignored"))
 async def create(request: Request) -> wire.Batch:
     store = store_of(request)
     try:
@@ -76,10 +79,9 @@ async def create(request: Request) -> wire.Batch:
 
 
 @router.get(PATH, summary="The batches of this key's tenant, newest first", responses=_REFUSALS)
-async def listed(request: Request, after: str | None = None,
-                 limit: int = Query(default=20, ge=1, le=100)) -> wire.BatchList:
+async def listed(request: Request, after: str | None = None, limit: str | None = None) -> wire.BatchList:
     store = store_of(request)
-    return await store.call(store.batches, tenant_of(request.scope.get("state", {})), after, limit)
+    return await store.call(store.batches, tenant_of(request.scope.get("state", {})), after, limit_of(limit, 20, 100))
 
 
 @router.get(PATH + "/{batch_id}", summary="A batch, with its status and request_counts", responses=_REFUSALS)

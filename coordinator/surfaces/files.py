@@ -15,7 +15,7 @@ from email.message import EmailMessage
 from email.parser import BytesParser
 from email.policy import HTTP
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from coordinator.auth import tenant_of
@@ -45,7 +45,15 @@ def _tenant(request: Request) -> str:
     return tenant_of(request.scope.get("state", {}))
 
 
-@router.post(PATH, summary="Upload a file (OpenAI's API): a batch's input, JSONL", responses=_REFUSALS)
+_UPLOAD = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["file", "purpose"],
+    "properties": {"file": {"type": "string", "format": "binary", "description": "JSONL: one "
+                            "{custom_id, method, url, body} a line"},
+                   "purpose": {"type": "string", "enum": [wire.BATCH]}}}}}}}
+
+
+@router.post(PATH, summary="Upload a file (OpenAI's API): a batch's input, JSONL", responses=_REFUSALS,
+             openapi_extra=_UPLOAD)
 async def upload(request: Request) -> wire.FileObject:
     store = store_of(request)
     raw = await read_body(request, store.bounds.file_bytes + UPLOAD_OVERHEAD)
@@ -59,9 +67,9 @@ async def upload(request: Request) -> wire.FileObject:
 
 @router.get(PATH, summary="The files of this key's tenant, newest first", responses=_REFUSALS)
 async def listed(request: Request, purpose: str | None = None, after: str | None = None,
-                 limit: int = Query(default=10_000, ge=1, le=10_000)) -> wire.FileList:
+                 limit: str | None = None) -> wire.FileList:
     store = store_of(request)
-    return await store.call(store.files, _tenant(request), purpose, after, limit)
+    return await store.call(store.files, _tenant(request), purpose, after, limit_of(limit, 10_000, 10_000))
 
 
 @router.get(PATH + "/{file_id}", summary="A file's description", responses=_REFUSALS)
@@ -88,6 +96,17 @@ async def delete(file_id: str, request: Request) -> wire.FileDeleted:
     if not await store.call(store.delete_file, _tenant(request), file_id):
         raise not_found("file", file_id)
     return wire.FileDeleted(id=file_id, deleted=True)
+
+
+def limit_of(given: str | None, default: int, most: int) -> int:
+    """A list's `limit` query parameter: 1 to `most`; 400 naming it otherwise (in OpenAI's error shape,
+    which FastAPI's own 422 is not)."""
+    if given is None:
+        return default
+    if not given.isdigit() or not 1 <= int(given) <= most:
+        raise CoordinatorError(reasons.INVALID_REQUEST, f"limit: {given[:20]!r} is not a number from 1 to {most}",
+                               param="limit")
+    return int(given)
 
 
 def form(content_type: str, raw: bytes) -> tuple[str, str, bytes]:
