@@ -54,6 +54,7 @@ class Pool:
     clients: dict[str, openai.AsyncOpenAI]
     http: httpx.AsyncClient
     worker: Worker
+    transport: httpx.ASGITransport
 
 
 @asynccontextmanager
@@ -71,7 +72,7 @@ async def pool(tmp_path: Path, keys: str = ",".join(KEYS.values()), **over: Any)
         clients = {who: openai.AsyncOpenAI(api_key=key, base_url="http://coord/v1", max_retries=0,
                                            http_client=httpx.AsyncClient(transport=transport))
                    for who, key in KEYS.items()}
-        yield Pool(clients, http, worker)
+        yield Pool(clients, http, worker, transport)
 
 
 def jsonl(*items: dict[str, Any] | str) -> bytes:
