@@ -138,17 +138,16 @@ async def phase(url: str, worker_urls: Sequence[str], args: argparse.Namespace, 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--max-sessions", type=int, default=8, help="sequences per worker")
-    p.add_argument("--threads", type=int, default=1, help="llama.cpp threads per worker (start.sh's default)")
+    for flag, kind, default, text in (
+            ("--workers", int, 1, "workers"), ("--max-sessions", int, 8, "sequences per worker"),
+            ("--threads", int, 1, "llama.cpp threads per worker (start.sh's default)"),
+            ("--duration", float, 30.0, "seconds of each phase"), ("--users", int, 2, "interactive users, closed loop"),
+            ("--think", float, 0.5, "seconds a user waits between requests"),
+            ("--tokens", int, 16, "tokens an interactive answer"), ("--lines", int, 1000, "lines of the batch"),
+            ("--batch-tokens", int, 32, "tokens a batch answer"),
+            ("--sample", float, 0.2, "seconds between looks at the workers' load")):
+        p.add_argument(flag, type=kind, default=default, help=f"{text} ({default})")
     p.add_argument("--model", type=Path, default=None, help="GGUF (default: the default model)")
-    p.add_argument("--duration", type=float, default=30.0, help="seconds of each phase")
-    p.add_argument("--users", type=int, default=2, help="interactive users, closed loop")
-    p.add_argument("--think", type=float, default=0.5, help="seconds a user waits between requests")
-    p.add_argument("--tokens", type=int, default=16, help="tokens an interactive answer")
-    p.add_argument("--lines", type=int, default=1000, help="lines of the batch")
-    p.add_argument("--batch-tokens", type=int, default=32, help="tokens a batch answer")
-    p.add_argument("--sample", type=float, default=0.2, help="seconds between looks at the workers' load")
     args = p.parse_args(argv)
     model = args.model or DEFAULT_MODEL_PATH
     worker = ["--model-path", str(model), "--threads", str(args.threads), "--max-sessions", str(args.max_sessions)]

@@ -148,10 +148,14 @@ def _result(job: Job, line: dict[str, Any] | None, status: str) -> Result:
         return Result(job, attempts=1, request_id=response.get("request_id"), status=response["status_code"],
                       error=JobError(error.get("code") or "error", error.get("message") or "",
                                      response["status_code"]))
+    return _answered(job, body, response.get("request_id"))
+
+
+def _answered(job: Job, body: dict[str, Any], request_id: str | None) -> Result:
     choice = (body.get("choices") or [{}])[0]
     usage = body.get("usage") or {}
     text = (choice.get("message") or {}).get("content") if job.surface is Surface.CHAT else choice.get("text")
     return Result(job, text=text or "", finish_reason=choice.get("finish_reason"), model=body.get("model"),
-                  request_id=response.get("request_id"), prompt_tokens=usage.get("prompt_tokens"),
+                  request_id=request_id, prompt_tokens=usage.get("prompt_tokens"),
                   cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
                   completion_tokens=usage.get("completion_tokens"), attempts=1, status=200)

@@ -30,22 +30,27 @@ MAX_METADATA = 16  # pairs, as OpenAI allows
 
 class FileObject(BaseModel):
     id: str
-    object: Literal["file"] = "file"
     bytes: int
     created_at: int
     expires_at: int | None = None
     filename: str
     purpose: str
+    object: Literal["file"] = "file"
     status: Literal["uploaded", "processed", "error"] = "processed"
     status_details: str | None = None
 
 
-class FileList(BaseModel):
+class Page(BaseModel):
+    """What a page of a list has besides its `data`: paged newest first, `after` the page's `last_id`."""
+
     object: Literal["list"] = "list"
-    data: list[FileObject]
     first_id: str | None = None
     last_id: str | None = None
     has_more: bool = False
+
+
+class FileList(Page):
+    data: list[FileObject]
 
 
 class FileDeleted(BaseModel):
@@ -71,9 +76,15 @@ class RequestCounts(BaseModel):
     failed: int = 0
 
 
-class BatchError(BaseModel):
+class LineError(BaseModel):
+    """Why a line got no answer at all (a line that could not be read, a url this batch does not run);
+    also, with where it was, an error of the batch as a whole (`BatchError`)."""
+
     code: str
     message: str
+
+
+class BatchError(LineError):
     param: str | None = None
     line: int | None = None
 
@@ -83,7 +94,19 @@ class BatchErrors(BaseModel):
     data: list[BatchError]
 
 
-class Batch(BaseModel):
+class Moments(BaseModel):
+    """When a batch entered each status it went through (Unix seconds); None: not (yet)."""
+
+    in_progress_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+
+
+class Batch(Moments):
     id: str
     object: Literal["batch"] = "batch"
     endpoint: str
@@ -94,24 +117,13 @@ class Batch(BaseModel):
     output_file_id: str | None = None
     error_file_id: str | None = None
     created_at: int
-    in_progress_at: int | None = None
     expires_at: int | None = None
-    finalizing_at: int | None = None
-    completed_at: int | None = None
-    failed_at: int | None = None
-    expired_at: int | None = None
-    cancelling_at: int | None = None
-    cancelled_at: int | None = None
     request_counts: RequestCounts = RequestCounts()
     metadata: dict[str, str] | None = None
 
 
-class BatchList(BaseModel):
-    object: Literal["list"] = "list"
+class BatchList(Page):
     data: list[Batch]
-    first_id: str | None = None
-    last_id: str | None = None
-    has_more: bool = False
 
 
 class LineResponse(BaseModel):
@@ -120,13 +132,6 @@ class LineResponse(BaseModel):
     status_code: int
     request_id: str
     body: dict[str, Any]
-
-
-class LineError(BaseModel):
-    """Why a line got no answer at all (a line that could not be read, a url this batch does not run)."""
-
-    code: str
-    message: str
 
 
 class OutputLine(BaseModel):

@@ -26,11 +26,10 @@ from starlette.types import Message
 from coordinator.admission import priority
 from coordinator.auth import CLIENT, TENANT, client_of, tenant_of
 from coordinator.batches.runner import Answer, Asking, Call, Runner
-from coordinator.batches.store import not_found
 from coordinator.errors import CoordinatorError
 from coordinator.state import CoordinatorState
 from coordinator.surfaces import embeddings, openai, responses
-from coordinator.surfaces.files import limit_of, store_of
+from coordinator.surfaces.files import found, limit_of, now, refusals, store_of, tenant
 from coordinator.surfaces.infer import json_body
 from coordinator.validate import describe, first_field, read_body
 from protocol import batches as wire
@@ -47,19 +46,12 @@ HANDLERS: dict[str, Handler] = {openai.CHAT_PATH: openai.chat_completions, opena
                                 embeddings.PATH: embeddings.create, responses.PATH: responses.create}
 assert set(HANDLERS) == set(wire.ENDPOINTS)
 router = APIRouter()
-_REFUSALS: dict[int | str, dict[str, object]] = {
-    "4XX": {"model": oa.ErrorResponse, "description": "`invalid_request` (404: no such batch or input file of "
-            "this key's tenant), `unauthorized`"}}
+_REFUSALS = refusals("404: no such batch or input file of this key's tenant")
 
 
 def _runner(request: Request) -> Runner:
     runner: Runner = request.app.state.batch_runner
     return runner
-
-
-def _now(request: Request) -> int:
-    state: CoordinatorState = request.app.state.coordinator
-    return int(state.clock.time())
 
 
 @router.post(PATH, summary="Create a batch (OpenAI's API)", responses=_REFUSALS,
@@ -73,7 +65,7 @@ async def create(request: Request) -> wire.Batch:
     scope_state = request.scope.get("state", {})
     client = client_of(scope_state)
     batch = await store.call(store.create_batch, tenant_of(scope_state), client.key_id if client else None, body,
-                             _now(request), WINDOW)
+                             now(request), WINDOW)
     _runner(request).poke()
     return batch
 
@@ -81,27 +73,22 @@ async def create(request: Request) -> wire.Batch:
 @router.get(PATH, summary="The batches of this key's tenant, newest first", responses=_REFUSALS)
 async def listed(request: Request, after: str | None = None, limit: str | None = None) -> wire.BatchList:
     store = store_of(request)
-    return await store.call(store.batches, tenant_of(request.scope.get("state", {})), after, limit_of(limit, 20, 100))
+    return await store.call(store.batches, tenant(request), after, limit_of(limit, 20, 100))
 
 
 @router.get(PATH + "/{batch_id}", summary="A batch, with its status and request_counts", responses=_REFUSALS)
 async def described(batch_id: str, request: Request) -> wire.Batch:
     store = store_of(request)
-    found = await store.call(store.batch, tenant_of(request.scope.get("state", {})), batch_id)
-    if found is None:
-        raise not_found("batch", batch_id)
-    return found
+    return found(await store.call(store.batch, tenant(request), batch_id), "batch", batch_id)
 
 
 @router.post(PATH + "/{batch_id}/cancel", summary="Cancel a batch: its lines running end, the rest do not run",
              responses=_REFUSALS)
 async def cancel(batch_id: str, request: Request) -> wire.Batch:
     store = store_of(request)
-    found = await store.call(store.cancel, tenant_of(request.scope.get("state", {})), batch_id, _now(request))
-    if found is None:
-        raise not_found("batch", batch_id)
+    cancelled = found(await store.call(store.cancel, tenant(request), batch_id, now(request)), "batch", batch_id)
     _runner(request).poke()
-    return found
+    return cancelled
 
 
 def caller(app: FastAPI) -> Call:

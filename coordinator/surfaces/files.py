@@ -14,6 +14,7 @@ import asyncio
 from email.message import EmailMessage
 from email.parser import BytesParser
 from email.policy import HTTP
+from typing import TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -28,12 +29,18 @@ from protocol import openai as oa
 from protocol import reasons
 
 PATH = "/v1/files"
+T = TypeVar("T")
 UPLOAD_OVERHEAD = 64 * 1024  # bytes of a multipart form around its file: boundaries, headers, `purpose`
 MAX_FILENAME = 256
 router = APIRouter()
-_REFUSALS: dict[int | str, dict[str, object]] = {
-    "4XX": {"model": oa.ErrorResponse, "description": "`invalid_request` (a bound passed, by name; 404: no such "
-            "file of this key's tenant), `unauthorized`"}}
+
+
+def refusals(what: str) -> dict[int | str, dict[str, object]]:
+    """The refusals of a files or batches route, documented: `what` it is refused for."""
+    return {"4XX": {"model": oa.ErrorResponse, "description": f"`invalid_request` ({what}), `unauthorized`"}}
+
+
+_REFUSALS = refusals("a bound passed, by name; 404: no such file of this key's tenant")
 
 
 def store_of(request: Request) -> Store:
@@ -41,8 +48,20 @@ def store_of(request: Request) -> Store:
     return store
 
 
-def _tenant(request: Request) -> str:
+def tenant(request: Request) -> str:
     return tenant_of(request.scope.get("state", {}))
+
+
+def found(value: T | None, kind: str, given: str) -> T:
+    """`value`, or 404 naming the `kind` of thing with id `given` the tenant has none of."""
+    if value is None:
+        raise not_found(kind, given)
+    return value
+
+
+def now(request: Request) -> int:
+    state: CoordinatorState = request.app.state.coordinator
+    return int(state.clock.time())
 
 
 _UPLOAD = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
@@ -61,39 +80,33 @@ async def upload(request: Request) -> wire.FileObject:
     if purpose != wire.BATCH:
         raise CoordinatorError(reasons.INVALID_REQUEST, f"purpose: {purpose!r}; this pool keeps files for "
                                "'batch' only", param="purpose")
-    state: CoordinatorState = request.app.state.coordinator
-    return await store.call(store.add_file, _tenant(request), filename, purpose, data, int(state.clock.time()))
+    return await store.call(store.add_file, tenant(request), filename, purpose, data, now(request))
 
 
 @router.get(PATH, summary="The files of this key's tenant, newest first", responses=_REFUSALS)
 async def listed(request: Request, purpose: str | None = None, after: str | None = None,
                  limit: str | None = None) -> wire.FileList:
     store = store_of(request)
-    return await store.call(store.files, _tenant(request), purpose, after, limit_of(limit, 10_000, 10_000))
+    return await store.call(store.files, tenant(request), purpose, after, limit_of(limit, 10_000, 10_000))
 
 
 @router.get(PATH + "/{file_id}", summary="A file's description", responses=_REFUSALS)
 async def described(file_id: str, request: Request) -> wire.FileObject:
     store = store_of(request)
-    found = await store.call(store.file, _tenant(request), file_id)
-    if found is None:
-        raise not_found("file", file_id)
-    return found
+    return found(await store.call(store.file, tenant(request), file_id), "file", file_id)
 
 
 @router.get(PATH + "/{file_id}/content", summary="A file's bytes", response_class=Response, responses=_REFUSALS)
 async def content(file_id: str, request: Request) -> Response:
     store = store_of(request)
-    data = await store.call(store.content, _tenant(request), file_id)
-    if data is None:
-        raise not_found("file", file_id)
+    data = found(await store.call(store.content, tenant(request), file_id), "file", file_id)
     return Response(data, media_type="application/octet-stream")
 
 
 @router.delete(PATH + "/{file_id}", summary="Delete a file", responses=_REFUSALS)
 async def delete(file_id: str, request: Request) -> wire.FileDeleted:
     store = store_of(request)
-    if not await store.call(store.delete_file, _tenant(request), file_id):
+    if not await store.call(store.delete_file, tenant(request), file_id):
         raise not_found("file", file_id)
     return wire.FileDeleted(id=file_id, deleted=True)
 
