@@ -90,6 +90,9 @@ class Store:
                                    check_same_thread=False)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
+        # A commit is durable across a crash of the process without an fsync each (WAL): a power cut may
+        # lose the last lines recorded, which then run again, once.
+        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-store")
 

@@ -103,23 +103,23 @@ async def lines_of(client: openai.AsyncOpenAI, file_id: str | None) -> list[dict
 async def test_a_batch_of_chats_answers_each_line_once_in_the_batch_class(tmp_path: Path) -> None:
     async with pool(tmp_path) as p:
         client = p.clients["A"]
-        data = jsonl(*(chat(f"req-{i}", f"question {i}") for i in range(12)))
+        data = jsonl(*(chat(f"req-{i}", f"question {i}") for i in range(1000)))
         uploaded = await client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
         assert (uploaded.purpose, uploaded.bytes) == ("batch", len(data))
         batch = await client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                             completion_window="24h", metadata={"run": "t1"})
         assert batch.status == "validating" and batch.metadata == {"run": "t1"}
-        done = await ended(client, batch.id)
+        done = await ended(client, batch.id, timeout=60)
         assert done.status == "completed" and done.error_file_id is None
-        assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (12, 12, 0)
+        assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (1000, 1000, 0)
         out = await lines_of(client, done.output_file_id)
-        assert sorted(line["custom_id"] for line in out) == sorted(f"req-{i}" for i in range(12))
+        assert sorted(line["custom_id"] for line in out) == sorted(f"req-{i}" for i in range(1000))
         first = out[0]
         assert first["error"] is None and first["response"]["status_code"] == 200
         assert first["response"]["body"]["choices"][0]["message"]["content"] == "ok"
         assert first["id"].startswith("batch_req_") and first["response"]["request_id"] == first["id"]
         # Each line went to the worker once, in the batch class, as the key's tenant.
-        assert len(p.worker.bodies) == 12
+        assert len(p.worker.bodies) == 1000
         assert {b["priority"] for b in p.worker.bodies} == {"batch"}
         assert {b["tenant"] for b in p.worker.bodies} == {own_tenant(KEYS["A"])}
         listed = await client.batches.list()
