@@ -200,7 +200,7 @@ class Job:
         """Run the lines not done; the status the batch ends with (None: the lease was lost)."""
         waiting: deque[Line] = deque()
         paused_until = 0.0
-        self.renew_at = _loop_time() + self.runner.pace.lease / 3
+        self.renew_at = 0.0  # the first look reads its status: cancelled while it was read in, say
         while True:
             stop, status = await self._interrupted()
             if stop:

@@ -124,6 +124,11 @@ async def test_a_batch_of_chats_answers_each_line_once_in_the_batch_class(tmp_pa
         assert {b["tenant"] for b in p.worker.bodies} == {own_tenant(KEYS["A"])}
         listed = await client.batches.list()
         assert [b.id for b in listed.data] == [batch.id]
+        # Charged to the tenant's fair share like any request: 5 prompt + 1 generated tokens a line.
+        metrics = (await p.http.get("/metrics", headers={"authorization": f"Bearer {KEYS['A']}"})).text
+        served = [line for line in metrics.splitlines() if line.startswith("coordinator_tenant_tokens_total{")
+                  and own_tenant(KEYS["A"]) in line]
+        assert sum(float(line.rsplit(" ", 1)[1]) for line in served) == 6 * 1000
 
 
 async def test_bad_lines_become_error_lines_and_the_rest_runs(tmp_path: Path) -> None:

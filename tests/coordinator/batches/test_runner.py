@@ -153,3 +153,31 @@ async def test_a_job_past_its_window_expires_and_its_lines_not_run_are_error_lin
     assert [line["custom_id"] for line in errors] == ["c0", "c1", "c2"]
     assert {line["error"]["code"] for line in errors} == {"batch_expired"}  # type: ignore[index]
     assert done.output_file_id is None and done.expired_at is not None
+
+
+async def test_a_batch_cancelled_before_its_runner_took_it_runs_no_line(tmp_path: Path) -> None:
+    store, clock = Store(tmp_path, BOUNDS), ManualClock()
+    endpoint = Endpoint()
+    batch_id = submit(store, clock, 5)
+    assert store.cancel("t:a", batch_id, int(clock.time())) is not None
+    async with running(store, endpoint, lambda *_: True, clock):
+        done = await until(store, batch_id, lambda b: b.status == wire.CANCELLED, timeout=2)
+    assert endpoint.asked == [] and done.output_file_id is None
+
+
+async def test_a_runner_takes_no_job_until_its_coordinator_is_ready(tmp_path: Path) -> None:
+    store, clock = Store(tmp_path, BOUNDS), ManualClock()
+    endpoint, ready = Endpoint(), {"now": False}
+    runner = Runner(store, endpoint.call, lambda *_: True, clock=clock, pace=PACE, ready=lambda: ready["now"])
+    task = asyncio.create_task(runner.run())
+    try:
+        batch_id = submit(store, clock, 3)
+        await asyncio.sleep(0.3)
+        waiting = store.batch("t:a", batch_id)
+        assert waiting is not None and waiting.status == wire.VALIDATING and endpoint.asked == []
+        ready["now"] = True
+        await until(store, batch_id, lambda b: b.status == wire.COMPLETED)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await runner.close()
