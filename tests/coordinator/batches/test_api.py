@@ -7,7 +7,7 @@ import asyncio
 import io
 import json
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -221,3 +221,31 @@ async def test_a_keys_budget_holds_for_its_batch_lines_past_it_are_error_lines(t
         assert {(e["response"]["status_code"], e["response"]["body"]["error"]["code"]) for e in errors} == {
             (429, "budget_exceeded")}
         assert len(p.worker.bodies) == 4
+
+
+async def test_two_coordinators_on_one_store_run_a_job_once_and_the_other_takes_it_over(tmp_path: Path) -> None:
+    async with AsyncExitStack() as one, AsyncExitStack() as two:
+        stacks = (one, two)
+        pools = [await stack.enter_async_context(pool(tmp_path, batch_max_in_flight=4)) for stack in stacks]
+        for p in pools:
+            p.worker.hold = asyncio.Event()  # not set: their lines run until it is
+        client = pools[0].clients["A"]
+        uploaded = await client.files.create(
+            file=("in.jsonl", io.BytesIO(jsonl(*(chat(f"{i}") for i in range(40))))), purpose="batch")
+        batch = await client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                            completion_window="24h")
+        async with asyncio.timeout(5):
+            while sum(len(p.worker.bodies) for p in pools) < 4:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)
+        # One coordinator holds the job; the other runs none of it.
+        (holder,) = [i for i, p in enumerate(pools) if p.worker.bodies]
+        assert len(pools[holder].worker.bodies) == 4
+        await stacks[holder].aclose()  # it stops, its lease given back: the other takes the job over
+        other = pools[1 - holder]
+        other.worker.hold.set()  # type: ignore[union-attr]
+        done = await ended(other.clients["A"], batch.id, timeout=10)
+        assert done.status == "completed" and done.request_counts.completed == 40
+        assert len(other.worker.bodies) == 40  # the four cut short ran again, here, once
+        out = await lines_of(other.clients["A"], done.output_file_id)
+        assert sorted(line["custom_id"] for line in out) == sorted(str(i) for i in range(40))
