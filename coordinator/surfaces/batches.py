@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -38,6 +39,7 @@ from protocol import reasons
 from protocol.openapi import inlined
 from protocol.worker import REQUEST_ID_HEADER
 
+log = logging.getLogger("coordinator.batches")
 PATH = "/v1/batches"
 WINDOW = 24 * 3600  # seconds of the one completion window OpenAI offers, "24h"
 MAX_BODY = 64 * 1024
@@ -110,10 +112,14 @@ def caller(app: FastAPI) -> Call:
                         (REQUEST_ID_HEADER.lower().encode(), asking.request_id.encode())],
             "client": None, "server": None, "app": app, "state": {TENANT: asking.tenant, CLIENT: client}}
         exchange = _Exchange(body, asking.gone)
-        response = await _unless_gone(HANDLERS[asking.endpoint](Request(scope, exchange.receive)), asking.gone)
-        if response is None:
-            return None
-        await response(scope, exchange.receive, exchange.send)  # its supervisor sees the job stop as a leaving
+        try:
+            response = await _unless_gone(HANDLERS[asking.endpoint](Request(scope, exchange.receive)), asking.gone)
+            if response is None:
+                return None
+            await response(scope, exchange.receive, exchange.send)  # its supervisor sees the job stop as a leaving
+        except Exception:  # a bug, as the app's handler answers it over HTTP: that line's 500, logged
+            log.exception(json.dumps({"event": "batch_line_failed", "request_id": asking.request_id}))
+            return Answer(500, oa.error_body("internal error", status=500, code=reasons.INTERNAL))
         return exchange.answer()
 
     return call

@@ -111,8 +111,8 @@ def test_a_batch_with_a_bad_line_and_an_unknown_url_answers_the_rest(batch_pool:
 
 def test_a_coordinator_killed_mid_job_and_started_again_finishes_it_each_line_once(batch_pool: BatchPool) -> None:
     client = batch_pool.client()
-    total = 16
-    batch_id = run(client, [chat(f"r{i}", f"Count from {i} to {i + 30}.", max_tokens=24) for i in range(total)])
+    total = 12
+    batch_id = run(client, [chat(f"r{i}", f"Count from {i} to {i + 30}.", max_tokens=16) for i in range(total)])
     wait_until(lambda: client.batches.retrieve(batch_id).request_counts.completed >= 2, 30, "a few lines answered",
                interval=0.05)
     before = client.batches.retrieve(batch_id).request_counts

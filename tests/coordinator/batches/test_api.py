@@ -249,3 +249,27 @@ async def test_two_coordinators_on_one_store_run_a_job_once_and_the_other_takes_
         assert len(other.worker.bodies) == 40  # the four cut short ran again, here, once
         out = await lines_of(other.clients["A"], done.output_file_id)
         assert sorted(line["custom_id"] for line in out) == sorted(str(i) for i in range(40))
+
+
+async def test_a_fault_answering_a_line_is_that_lines_500_and_the_rest_runs(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from coordinator.surfaces import batches as surface
+
+    chat_handler = surface.HANDLERS["/v1/chat/completions"]
+
+    async def faulty(request: Any) -> Any:
+        if b"boom" in await request.body():
+            raise RuntimeError("a bug")
+        return await chat_handler(request)
+
+    monkeypatch.setitem(surface.HANDLERS, "/v1/chat/completions", faulty)
+    async with pool(tmp_path) as p:
+        client = p.clients["A"]
+        uploaded = await client.files.create(file=("in.jsonl", io.BytesIO(jsonl(chat("a"), chat("b", "boom"), chat("c")))),
+                                             purpose="batch")
+        batch = await client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                            completion_window="24h")
+        done = await ended(client, batch.id)
+        assert done.status == "completed" and (done.request_counts.completed, done.request_counts.failed) == (2, 1)
+        (error,) = await lines_of(client, done.error_file_id)
+        assert error["custom_id"] == "b" and error["response"]["status_code"] == 500
