@@ -181,3 +181,24 @@ async def test_a_runner_takes_no_job_until_its_coordinator_is_ready(tmp_path: Pa
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await runner.close()
+
+
+async def test_a_runner_that_lost_its_lease_stops_the_job_and_writes_nothing_more(tmp_path: Path) -> None:
+    store, clock = Store(tmp_path, BOUNDS), ManualClock()
+    endpoint = Endpoint(release=asyncio.Event())
+    async with running(store, endpoint, lambda *_: True, clock) as runner:
+        batch_id = submit(store, clock, 6)
+        async with asyncio.timeout(5):
+            while endpoint.running < 6:
+                await asyncio.sleep(0.01)
+        clock.advance(PACE.lease + 1)  # it stalled past its lease: another coordinator takes the job over
+        assert [row.batch.id for row in store.claim("other", clock.time(), PACE.lease, 4)] == [batch_id]
+        runner.poke()
+        async with asyncio.timeout(5):
+            while endpoint.running:
+                await asyncio.sleep(0.01)  # its lines end (as a client's leaving)
+        endpoint.release.set()  # type: ignore[union-attr]
+        await asyncio.sleep(0.2)
+    taken = store.batch("t:a", batch_id)
+    assert taken is not None and taken.status == wire.IN_PROGRESS and taken.request_counts.completed == 0
+    assert [line.index for line in store.pending(batch_id, -1, 10)] == list(range(6))  # all left to the other
