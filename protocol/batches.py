@@ -94,16 +94,19 @@ class BatchErrors(BaseModel):
     data: list[BatchError]
 
 
-class Moments(BaseModel):
-    """When a batch entered each status it went through (Unix seconds); None: not (yet)."""
+Moment = int | None  # Unix seconds; None: not (yet)
 
-    in_progress_at: int | None = None
-    finalizing_at: int | None = None
-    completed_at: int | None = None
-    failed_at: int | None = None
-    expired_at: int | None = None
-    cancelling_at: int | None = None
-    cancelled_at: int | None = None
+
+class Moments(BaseModel):
+    """When a batch entered each status it went through."""
+
+    in_progress_at: Moment = None
+    finalizing_at: Moment = None
+    completed_at: Moment = None
+    failed_at: Moment = None
+    expired_at: Moment = None
+    cancelling_at: Moment = None
+    cancelled_at: Moment = None
 
 
 class Batch(Moments):
