@@ -17,7 +17,8 @@ TTFT p50 and p99 alone and with the batch, and their ratios (target: at most 1.2
 output token after the first (a decode step shared with more sequences is slower); the sequences the
 interactive users held, the share of the rest the batch held (target: at least 80%), and the batch's
 lines answered a second.
-Usage: python -m bench.batch_bench [--workers N] [--max-sessions N] [--users N] [--duration S] [--lines N]
+`--rounds` repeats the two phases, each round printed on its own (the machine's load drifts between runs).
+Usage: python -m bench.batch_bench [--workers N] [--max-sessions N] [--users N] [--duration S] [--lines N] [--rounds N]
 """
 
 from __future__ import annotations
@@ -128,12 +129,33 @@ async def phase(url: str, worker_urls: Sequence[str], args: argparse.Namespace, 
             counts = (await http.get(f"{url}/v1/batches/{batch_id}", headers=headers)).json()["request_counts"]
             elapsed = time.perf_counter() - started
             await http.post(f"{url}/v1/batches/{batch_id}/cancel", headers=headers)
+            await ended(http, f"{url}/v1/batches/{batch_id}", headers)  # the next phase starts on an idle pool
             interactive = samples.mean(samples.held) - samples.mean(samples.batch)
             idle = samples.max_sessions - interactive
             result.update(batch_completed=counts["completed"], batch_failed=counts["failed"],
                           batch_lines_per_s=round(counts["completed"] / elapsed, 2),
                           idle_used=round(samples.mean(samples.batch) / idle, 3) if idle > 0 else None)
     return result
+
+
+async def ended(http: httpx.AsyncClient, batch_url: str, headers: dict[str, str], timeout: float = 60.0) -> None:
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline:
+        if (await http.get(batch_url, headers=headers)).json()["status"] in ("cancelled", "completed", "failed"):
+            return
+        await asyncio.sleep(0.2)
+
+
+def report(round_: int, alone: dict[str, Any], beside: dict[str, Any]) -> None:
+    for q in ("p50", "p99"):
+        before, after = alone[f"ttft_{q}_ms"], beside[f"ttft_{q}_ms"]
+        if before and after:
+            print(f"  round {round_}: interactive TTFT {q}: {before} ms alone, {after} ms with the batch: "
+                  f"{after / before:.2f}x (target <= 1.2x)", flush=True)
+    if beside.get("idle_used") is not None:
+        print(f"  round {round_}: the batch held {beside['idle_used']:.0%} of the sequences the interactive users "
+              f"left idle (target >= 80%); {beside['batch_completed']} lines answered, "
+              f"{beside['batch_lines_per_s']}/s", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -145,7 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("--think", float, 0.5, "seconds a user waits between requests"),
             ("--tokens", int, 16, "tokens an interactive answer"), ("--lines", int, 1000, "lines of the batch"),
             ("--batch-tokens", int, 32, "tokens a batch answer"),
-            ("--sample", float, 0.2, "seconds between looks at the workers' load")):
+            ("--sample", float, 0.2, "seconds between looks at the workers' load"),
+            ("--rounds", int, 1, "rounds of the two phases")):
         p.add_argument(flag, type=kind, default=default, help=f"{text} ({default})")
     p.add_argument("--model", type=Path, default=None, help="GGUF (default: the default model)")
     args = p.parse_args(argv)
@@ -158,19 +181,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as logs, pool(Path(logs), workers=[worker] * args.workers,
                                                       coordinator=["--batch-dir", str(Path(logs) / "batches")],
                                                       api_keys=keys, timeout=180) as running:
-        alone = asyncio.run(phase(running.url, running.worker_urls, args, with_batch=False))
-        print(f"interactive alone: {alone}", flush=True)
-        beside = asyncio.run(phase(running.url, running.worker_urls, args, with_batch=True))
-        print(f"interactive with the batch: {beside}", flush=True)
-    for q in ("p50", "p99"):
-        before, after = alone[f"ttft_{q}_ms"], beside[f"ttft_{q}_ms"]
-        if before and after:
-            print(f"  interactive TTFT {q}: {before} ms alone, {after} ms with the batch: {after / before:.2f}x "
-                  "(target <= 1.2x)", flush=True)
-    if beside.get("idle_used") is not None:
-        print(f"  the batch held {beside['idle_used']:.0%} of the sequences the interactive users left idle "
-              f"(target >= 80%); {beside['batch_completed']} lines answered, {beside['batch_lines_per_s']}/s",
-              flush=True)
+        rounds = []
+        for _ in range(args.rounds):  # alone and with the batch side by side, so the machine's load drifts less
+            alone = asyncio.run(phase(running.url, running.worker_urls, args, with_batch=False))
+            print(f"interactive alone: {alone}", flush=True)
+            beside = asyncio.run(phase(running.url, running.worker_urls, args, with_batch=True))
+            print(f"interactive with the batch: {beside}", flush=True)
+            rounds.append((alone, beside))
+    for number, (alone, beside) in enumerate(rounds, start=1):
+        report(number, alone, beside)
     return 0
 
 
