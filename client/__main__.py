@@ -16,13 +16,15 @@ import asyncio
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
 
 from client.batch import BatchConfig, BatchOutcome, pending_jobs, run_batch
+from client.batch_api import run_via_batch_api
 from client.jobs import Defaults, Job, JobFileError, read_jobs
 from client.progress import BatchStats, render, save_frame
 from client.retry import RetryPolicy
@@ -57,6 +59,11 @@ def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     p.add_argument("--job-timeout", type=float, default=600.0, help="seconds one attempt may take in all")
     p.add_argument("--api-key", default=environ.get(API_KEY_ENV),
                    help=f"sent as 'Authorization: Bearer KEY' [{API_KEY_ENV}]")
+    p.add_argument("--via", choices=("stream", "batch-api"), default="stream",
+                   help="stream: each job a request of its own, --concurrency at a time (default); batch-api: "
+                        "the jobs as one batch of the pool's Batch API, run on its idle capacity at its pace, "
+                        "the display fed by the batch's request_counts")
+    p.add_argument("--poll", type=float, default=1.0, help="batch-api: seconds between looks at the batch (1)")
     p.add_argument("--no-progress", action="store_true", help="no live display, only the summary")
     p.add_argument("--record", type=Path, metavar="PATH",
                    help="save the final progress display to PATH (.svg, or text otherwise)")
@@ -92,7 +99,8 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     stats = BatchStats(total=len(jobs), skipped=len(jobs) - len(todo), clock=time.perf_counter)
     title = f"[bold]llm-batch[/] {args.jobs.name} -> {args.output.name}  [dim]{args.url}[/]"
     try:
-        outcome = _run(todo, config, stats, title, live=not args.no_progress, console=display)
+        outcome = _run(_runner(todo, config, stats, args.via, args.poll), stats, title, live=not args.no_progress,
+                       console=display)
     except KeyboardInterrupt:
         _say(f"llm-batch: interrupted after {stats.ok + stats.failed} jobs; the results so far are in "
                   f"{args.output}, and the same command resumes")
@@ -105,12 +113,19 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     return EXIT_OK if stats.failed == 0 and outcome.aborted is None else EXIT_FAILED
 
 
-def _run(todo: list[Job], config: BatchConfig, stats: BatchStats, title: str, *, live: bool,
+def _runner(todo: list[Job], config: BatchConfig, stats: BatchStats, via: str,
+            poll: float) -> Coroutine[Any, Any, BatchOutcome]:
+    if via == "batch-api":
+        return run_via_batch_api(todo, config, stats, poll=poll)
+    return run_batch(todo, config, stats)
+
+
+def _run(running: Coroutine[Any, Any, BatchOutcome], stats: BatchStats, title: str, *, live: bool,
          console: Console) -> BatchOutcome:
     if not live:
-        return asyncio.run(run_batch(todo, config, stats))
+        return asyncio.run(running)
     with Live(get_renderable=lambda: render(stats, title), console=console, refresh_per_second=4):
-        return asyncio.run(run_batch(todo, config, stats))
+        return asyncio.run(running)
 
 
 def _say(message: str) -> None:

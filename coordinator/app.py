@@ -10,9 +10,13 @@ Must not: read the environment or hold module-level state; everything comes in t
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
@@ -21,6 +25,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coordinator.auth import CLIENT, TENANT
+from coordinator.batches.room import room_in
+from coordinator.batches.runner import Pace, Runner
+from coordinator.batches.store import Bounds, Store
 from coordinator.clock import Clock, SystemClock
 from coordinator.errors import CoordinatorError
 from coordinator.gateway import Gateway
@@ -30,7 +37,9 @@ from coordinator.settings import Settings
 from coordinator.state import CoordinatorState, build_state
 from coordinator.surfaces import (
     anthropic,
+    batches,
     embeddings,
+    files,
     infer,
     openai,
     responses,
@@ -63,9 +72,23 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
         app.state.coordinator = state
         app.state.gateway = Gateway(state)
         app.state.responses_sockets = responses_socket.Sockets(settings.responses_sockets)
+        directory = Path(settings.batch_dir or tempfile.mkdtemp(prefix="llm-pool-batches-"))
+        app.state.batch_store = store = Store(directory, batch_bounds(settings))
+        app.state.batch_runner = runner = Runner(
+            store, batches.caller(app), room_in(state), clock=state.clock,
+            pace=Pace(settings.batch_lease, settings.batch_jobs, settings.batch_max_in_flight),
+            ready=lambda: state.readiness.known() and not state.draining,
+            on_fault=state.metrics.internal_errors.labels(task="batch_runner").inc)
+        running = asyncio.create_task(runner.run())  # supervised: Runner.run logs and counts its faults
         try:
             yield
         finally:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+            await runner.close()
+            store.close()
+            if not settings.batch_dir:
+                shutil.rmtree(directory, ignore_errors=True)
             await state.mover.close()
             await state.stored.close()
             await state.client.close()
@@ -79,6 +102,8 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     app.include_router(openai.router)
     app.include_router(embeddings.router)
     app.include_router(responses.router)
+    app.include_router(files.router)
+    app.include_router(batches.router)
     app.include_router(anthropic.router)
     app.include_router(responses_socket.router)
     app.include_router(responses_stored.router)
@@ -168,6 +193,12 @@ class FastPaths:
             return on_error(request_id_of(request), exc)
 
 
+def batch_bounds(settings: Settings) -> Bounds:
+    return Bounds(file_bytes=settings.batch_file_max_bytes, file_lines=settings.batch_file_max_lines,
+                  tenant_files=settings.batch_tenant_max_files, tenant_bytes=settings.batch_tenant_max_bytes,
+                  retention=settings.batch_retention)
+
+
 HEARTBEAT_MAX_BYTES = 96 * 1024  # the largest the protocol allows is 98,109 bytes (tests/coordinator/pool/test_heartbeat.py)
 
 
@@ -182,7 +213,8 @@ def edge_limits(settings: Settings) -> EdgeLimits:
     return EdgeLimits(max_body_bytes=settings.max_body_bytes, max_header_bytes=settings.max_header_bytes,
                       max_headers=settings.max_headers, header_timeout=settings.header_timeout,
                       body_timeout=settings.body_timeout,
-                      path_body_limits={health.HEARTBEAT_PATH: HEARTBEAT_MAX_BYTES}, render=render)
+                      path_body_limits={health.HEARTBEAT_PATH: HEARTBEAT_MAX_BYTES,
+                                        files.PATH: settings.batch_file_max_bytes + files.UPLOAD_OVERHEAD}, render=render)
 
 
 def _let_in(scope: Scope) -> bool:

@@ -145,6 +145,11 @@ class ApiKeys:
     def __len__(self) -> int:
         return len(self._keys)
 
+    def client(self, key_id: str) -> Client | None:
+        """The client of the key whose id is `key_id` (a batch runs as the key that created it), or None
+        when no configured key has it (any more)."""
+        return next((client for _, client in self._keys if client.key_id == key_id), None)
+
     def identify(self, headers: Mapping[str, str]) -> Client | None:
         """The client whose key the request presents, or None. Compares against every key, in constant
         time each, so timing tells neither which key nor how much of one matched."""

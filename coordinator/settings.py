@@ -197,6 +197,27 @@ class Settings(BaseModel):
         "conversation as JSON), bytes; a larger one is answered but not stored (previous_response_not_found later)")
     responses_store_timeout: float = Field(
         default=5.0, gt=0, le=600, description="seconds a worker has to keep, give back or forget a stored response")
+    # The Batch API (/v1/files, /v1/batches; coordinator/batches/)
+    batch_dir: str = Field(
+        default="", max_length=4096, description="directory of the batch store (SQLite, and the files' bytes): "
+        "jobs survive a restart there, and coordinators that share it (a shared volume) share jobs; empty: a "
+        "temporary directory removed at exit (jobs do not survive a restart)")
+    batch_file_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=1 << 31,
+                                      description="largest file uploaded for a batch, bytes (413)")
+    batch_file_max_lines: int = Field(default=50_000, ge=1, le=1_000_000,
+                                      description="most lines (requests) in a batch's input file (400)")
+    batch_tenant_max_files: int = Field(default=500, ge=1, le=1_000_000,
+                                        description="most files a tenant keeps (uploads and batch outputs)")
+    batch_tenant_max_bytes: int = Field(default=1 << 30, ge=1024, le=1 << 40,
+                                        description="most bytes of files a tenant keeps; past it an upload gets 413")
+    batch_retention: int = Field(default=7 * 86_400, ge=60, le=365 * 86_400,
+                                 description="seconds files and ended batches are kept, then removed")
+    batch_jobs: int = Field(default=4, ge=0, le=1_000, description="batches this coordinator runs at once; 0: "
+                            "it runs none (another coordinator sharing BATCH_DIR does)")
+    batch_lease: float = Field(default=30.0, gt=0, le=3600, description="seconds a coordinator holds a batch "
+                               "job without renewing it; a coordinator that died loses its jobs to another then")
+    batch_max_in_flight: int = Field(default=256, ge=1, le=100_000, description="lines of one batch running at "
+                                     "once at most; below it the pool's free capacity sets the pace")
     keep_alive_timeout: int = Field(default=5, ge=1, le=3600, description="seconds an idle keep-alive connection stays")
     drain_timeout: float = Field(
         default=30.0, ge=0, le=3600, description="on SIGTERM: seconds streams in flight may still run before "

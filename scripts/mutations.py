@@ -501,6 +501,17 @@ MUTATIONS: tuple[Mutation, ...] = (
              "            await send(message)\n            if not self._settled and self.ready():\n"
              "                self._settled = True\n                await self.settle()\n",
              ("tests/coordinator/test_surface_responses_stored.py",)),
+    Mutation("batch-line-not-parked", "a batch's line runs in the batch class, which an interactive request parks",
+             "coordinator/surfaces/batches.py", "(priority.HEADER.encode(), priority.BATCH.encode()),",
+             "(priority.HEADER.encode(), priority.INTERACTIVE.encode()),", ("tests/coordinator/batches/test_api.py",)),
+    Mutation("batch-line-twice-after-restart", "a job taken over after a restart runs only the lines not done",
+             "coordinator/batches/store.py", "WHERE batch_id = ? AND done = 0 AND idx > ? ",
+             "WHERE batch_id = ? AND idx > ? ", ("tests/coordinator/batches/test_runner.py",)),
+    Mutation("batch-file-of-another-tenant", "a key reads only its tenant's files",
+             "coordinator/batches/store.py",
+             '"SELECT * FROM files WHERE id = ? AND tenant = ?", (file_id, tenant)',
+             '"SELECT * FROM files WHERE id = ? AND ? IS NOT NULL", (file_id, tenant)',
+             ("tests/coordinator/batches/test_api.py",)),
 )
 
 

@@ -72,7 +72,10 @@ COORDINATOR_OPERATIONS = [
     "GET /v1/models",
     "GET /v1/models/{model}",
     "GET /coordinator/status", "GET /metrics", "POST /coordinator/health/heartbeat",
-    "DELETE /coordinator/sessions/{session_id}", "POST /tokenize", "POST /detokenize", "GET /tokenizer_info"]
+    "DELETE /coordinator/sessions/{session_id}", "POST /tokenize", "POST /detokenize", "GET /tokenizer_info",
+    "POST /v1/files", "GET /v1/files", "GET /v1/files/{file_id}", "GET /v1/files/{file_id}/content",
+    "DELETE /v1/files/{file_id}", "POST /v1/batches", "GET /v1/batches", "GET /v1/batches/{batch_id}",
+    "POST /v1/batches/{batch_id}/cancel"]
 WORKER_OPERATIONS = ["POST /worker/generate", "POST /worker/embed", "GET /worker/health", "GET /worker/sessions",
                      "DELETE /worker/sessions/{session_id}", "GET /worker/sessions/{session_id}/kv",
                      "PUT /worker/sessions/{session_id}/kv", "POST /worker/prefix", "GET /metrics",
