@@ -351,8 +351,13 @@ MUTATIONS: tuple[Mutation, ...] = (
              "f\"worker {worker.worker_id}", "                        raise Failover(reasons.DEADLINE_EXCEEDED, True); "
              "(f\"worker {worker.worker_id}", ("tests/coordinator/test_surface_embeddings.py",)),
     Mutation("moves-give-up-at-once", "a drain's session no worker can take now is tried again until the deadline",
-             "coordinator/pool/moves.py", "        return LATER\n", "        return self._counted(\"no_room\", session, "
-             "worker_id)\n", ("tests/coordinator/pool/test_moves.py",)),
+             "coordinator/pool/moves.py", "        return LATER, \"; \".join(causes)\n",
+             "        return self._counted(\"no_room\", session, worker_id, \"; \".join(causes)), \"\"\n",
+             ("tests/coordinator/pool/test_moves.py",)),
+    Mutation("export-refuses-its-own-mover", "the coordinator whose put failed may export the session again",
+             "worker/api/transfer.py", "(not mover or taken_by != mover)", "True",
+             (("tests/worker/api/test_kv_transfer.py::test_while_draining_the_coordinator_that_took_a_session_may_"
+               "export_it_again"),)),
     Mutation("leaving-beat-ignored", "a worker's last beat takes it out of the pool at once",
              "coordinator/ops/health.py", "    if beat.leaving:\n", "    if False:\n",
              ("tests/coordinator/pool/test_heartbeat.py",)),
