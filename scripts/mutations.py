@@ -358,6 +358,12 @@ MUTATIONS: tuple[Mutation, ...] = (
              "worker/api/transfer.py", "(not mover or taken_by != mover)", "True",
              (("tests/worker/api/test_kv_transfer.py::test_while_draining_the_coordinator_that_took_a_session_may_"
                "export_it_again"),)),
+    Mutation("stop-during-load-frees-under-the-thread", "a stop while the model loads waits for the load's thread",
+             "worker/runtime.py", "        return await asyncio.shield(running)\n", "        return await running\n",
+             ("tests/worker/test_whole.py",)),
+    Mutation("tracing-stop-unbounded", "a process's stop waits at most SHUTDOWN_TIMEOUT for its last spans",
+             "serving/tracing.py", "        closing.join(timeout)\n", "        closing.join()\n",
+             ("tests/serving/test_tracing.py",)),
     Mutation("leaving-beat-ignored", "a worker's last beat takes it out of the pool at once",
              "coordinator/ops/health.py", "    if beat.leaving:\n", "    if False:\n",
              ("tests/coordinator/pool/test_heartbeat.py",)),

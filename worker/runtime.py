@@ -15,6 +15,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
@@ -51,6 +52,32 @@ DRAIN_FLUSH = 2.0
 # A drain waits for the coordinator to move kept sessions only while it does: this long since it last
 # listed, exported or ended one (it polls a draining worker every 0.2 s).
 HANDOVER_GRACE = 2.0  # for the `error` events of the streams ended at the drain deadline to be sent
+# A stop during a load waits this long at most for the load's thread (a model read from disk, a
+# context made) before the process goes on exiting without it.
+LOAD_STOP_WAIT = 120.0
+T = TypeVar("T")
+
+
+async def whole(work: Callable[[], T], undo: Callable[[T], None], *, wait: float = LOAD_STOP_WAIT) -> T:
+    """`work()` (a model's load, a context made on it) on a thread, and its result. Cancelled meanwhile
+    (a SIGTERM while the model loads), it waits for the thread, which cannot be stopped, up to `wait`
+    seconds, undoes what it made, and is cancelled: before (issue 50), the model was freed while the
+    thread was still making a context from it (`Segmentation fault`), or the process exited under the
+    thread (`Aborted`)."""
+    running = asyncio.ensure_future(asyncio.to_thread(work))
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        deadline = asyncio.get_running_loop().time() + wait
+        while not running.done() and (left := deadline - asyncio.get_running_loop().time()) > 0:
+            with contextlib.suppress(asyncio.CancelledError):  # a second cancel does not cut the wait short
+                await asyncio.wait([running], timeout=left)
+        if not running.done():
+            log.error(json.dumps({"event": "stop_during_load", "detail": f"the load still runs after {wait:g} s; "
+                                  "the process exits under it"}))
+        elif not running.cancelled() and running.exception() is None:
+            undo(running.result())
+        raise
 
 
 def bind_gauges(metrics: WorkerMetrics, runtimes: Callable[[], Sequence[WorkerRuntime]]) -> None:
@@ -317,6 +344,13 @@ class WorkerRuntime:
                 break  # nobody is moving them (no coordinator answering, no worker with room): stop waiting
             await asyncio.sleep(DRAIN_POLL)
         return len(self.table.describe())
+
+    def discard(self) -> None:
+        """Undoes a runtime built and never started (its load was cancelled: `whole`): its engine's and
+        embedder's contexts are freed; the model is its loader's to close."""
+        self.engine.stop()
+        if self.embedder is not None:
+            self.embedder.stop()
 
     def handed_over(self) -> None:
         """The coordinator listed, exported or ended kept sessions: a drain waits on while it does."""
