@@ -42,6 +42,7 @@ from worker.models import folder
 from worker.models.catalog import Offer
 from worker.naming import ModelNames
 from worker.peers import HttpPeers
+from worker.sessions.residency import Residency
 from worker.sessions.table import KvLimits, SessionTable
 from worker.settings import WorkerSettings
 
@@ -155,9 +156,9 @@ class WorkerRuntime:
         self.jobs: set[Job] = set()  # the jobs whose stream is open (app.py keeps it), for the drain
         self._clock = clock
         self.used_at = clock()  # when a request last ended here (`used`), or the runtime was made
-        # Seconds its model stays loaded once idle (worker/slots/swapper.py); None: for good. A request's
-        # `keep_alive` sets it from then on (Ollama's meaning), as WORKER_KEEP_ALIVE did at start.
-        self.keep_alive: float | None = settings.keep_alive or None
+        # How long its model stays loaded once idle: the operator's keep-alive, lengthened by the tenants'
+        # requests within the operator's bound (worker/sessions/residency.py).
+        self.residency = Residency(settings.keep_alive, settings.keep_alive_max)
         self.heartbeats: HeartbeatSender | None = None
         self._beating: asyncio.Task[None] | None = None
         bind_gauges(metrics, lambda: (self,))
@@ -245,9 +246,21 @@ class WorkerRuntime:
         if self.heartbeats is not None:
             await self.heartbeats.aclose()
 
-    def used(self) -> None:
-        """A request ended here (worker/api/routes.py): the keep-alive counts from now."""
+    def used(self, tenant: str = "") -> None:
+        """A request of `tenant` ended here (worker/api/routes.py): the keep-alives count from now."""
         self.used_at = self._clock()
+        self.residency.used(tenant, self.used_at)
+
+    def asked_keep_alive(self, tenant: str, seconds: float) -> None:
+        """A request of `tenant` asked its model to stay `seconds` once idle (Ollama's `keep_alive`;
+        negative: for good): its tenant's stay, within the operator's bound, never shortening another's."""
+        self.residency.ask(tenant, seconds, self._clock())
+
+    @property
+    def keep_alive(self) -> float | None:
+        """Seconds idle (`idle_for`) after which its model may be unloaded (worker/slots/swapper.py); None:
+        never."""
+        return self.residency.idle_allowed(self.used_at, self._clock())
 
     def idle_for(self) -> float:
         """Seconds since a request last ended here, while none runs and no session is kept (a kept
