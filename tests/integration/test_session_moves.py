@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,6 +72,16 @@ def pool(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         running.stop()
 
 
+def unread_bytes(port: int) -> int:
+    """Bytes received on loopback connections to `port` that its process has not read (/proc/net/tcp)."""
+    total = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == port and fields[3] == "01":  # local port, ESTABLISHED
+            total += int(fields[4].split(":")[1], 16)  # rx_queue
+    return total
+
+
 def test_each_worker_drained_in_turn_loses_no_conversation(pool: Pool) -> None:
     sessions = [f"tutor-{i}" for i in range(6)]
     held: dict[str, int] = {}  # tokens of each session's history after its first turn
@@ -119,7 +128,8 @@ def test_a_drain_whose_receiver_is_killed_mid_move_loses_no_session_once_a_worke
     wait_until(lambda: pool.state("m2") == ("alive", False), 10, "m2 alive again", interval=0.1)
     receiver.signal(signal.SIGSTOP)  # it takes the first put's connection, and never answers it
     drained.signal(signal.SIGTERM)
-    time.sleep(0.8)  # the coordinator has exported the first session and is putting it to m2
+    # The coordinator exported the first session and its put is in m2's socket, unread: killed mid-move.
+    wait_until(lambda: unread_bytes(pool.ports["m2"]) > 0, 10, "a put to m2 in flight", interval=0.02)
     receiver.signal(signal.SIGKILL)
     assert receiver.popen is not None
     receiver.popen.wait(timeout=10)
@@ -131,5 +141,8 @@ def test_a_drain_whose_receiver_is_killed_mid_move_loses_no_session_once_a_worke
         assert served == "m2", (sid, served)
         assert done["usage"]["cached_tokens"] >= 0.9 * held[sid], (sid, done["usage"], held[sid])
     log = pool.log_dir.joinpath("coordinator-moves.log").read_text(errors="replace")
-    assert '"session_move_deferred"' in log and "m2: no answer" in log, log[-3000:]  # the real cause, named
+    deferred = [line for line in log.splitlines() if "session_move_deferred" in line and "killed-" in line]
+    # The real cause, named: the put's connection cut (or, aiohttp trying an idempotent put again on a new
+    # connection, refused).
+    assert any("m2: no answer" in line or "m2: gone" in line for line in deferred), deferred
     pool.start("m1")
