@@ -130,14 +130,19 @@ def test_a_model_that_cannot_load_stops_the_start_with_its_reason(tmp_path: Path
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + b"\0" * 64)
     proc, _, _, _ = launch(tmp_path, "--workers", "1", "--model", str(broken))
+    code, out = ended(proc)
+    assert code == 1 and "did not become healthy" in out and "could not be loaded" in out, out[-2000:]
+
+
+def ended(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
+    """A start.sh that stops by itself: its exit status and what it printed (killed after 120 s)."""
     output = Output(proc)
     try:
         code = proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    out = output.finished()
-    assert code == 1 and "did not become healthy" in out and "could not be loaded" in out, out[-2000:]
+    return code, output.finished()
 
 
 def test_the_worker_itself_exits_non_zero_when_its_model_cannot_load(tmp_path: Path) -> None:
@@ -200,24 +205,16 @@ def test_with_two_coordinators_one_killed_and_restarted_refuses_nothing(tmp_path
 CRASHES = ("Segmentation fault", "Aborted", "Fatal Python error", "terminate called", "core dumped")
 
 
-def test_a_key_file_the_coordinator_refuses_stops_the_start_and_every_worker_cleanly(tmp_path: Path) -> None:
+def test_a_key_file_the_coordinator_refuses_stops_the_start_and_every_worker_cleanly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 50: the coordinator refused its key file at start, and start.sh's stop of the workers (then
     loading their model) ended one in `Segmentation fault` and the other in `Aborted`."""
     keys = tmp_path / "keys"
     keys.write_text("a key with spaces and : punctuation\n")
     keys.chmod(0o600)
-    os.environ["API_KEYS"] = str(keys)  # launch passes this process's environment on
-    try:
-        proc, _, log_dir, _ = launch(tmp_path)
-    finally:
-        del os.environ["API_KEYS"]
-    output = Output(proc)
-    try:
-        code = proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    out = output.finished()
+    monkeypatch.setenv("API_KEYS", str(keys))  # launch passes this process's environment on
+    proc, _, log_dir, _ = launch(tmp_path)
+    code, out = ended(proc)
     assert code == 1 and "did not become healthy" in out and "api_keys" in out, out[-2000:]
     logs = {f.name: f.read_text(errors="replace") for f in log_dir.glob("worker-*.log")}
     assert len(logs) == 2
