@@ -77,7 +77,10 @@ async def whole(work: Callable[[], T], undo: Callable[[T], None], *, wait: float
             log.error(json.dumps({"event": "stop_during_load", "detail": f"the load still runs after {wait:g} s; "
                                   "the process exits under it"}))
         elif not running.cancelled() and running.exception() is None:
-            undo(running.result())
+            try:
+                undo(running.result())
+            except Exception:  # the stop goes on: what was not undone goes with the process
+                log.exception("undoing a load cut short failed")
         raise
 
 
