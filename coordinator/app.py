@@ -24,6 +24,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from coordinator.admission.limits import with_ratelimit_headers
 from coordinator.auth import CLIENT, TENANT
 from coordinator.batches.room import room_in
 from coordinator.batches.runner import Pace, Runner
@@ -176,6 +177,9 @@ class FastPaths:
             else:
                 await responses_socket.refuse_handshake(scope, receive, send, refusal)
             return
+        client = scope.get("state", {}).get(CLIENT) if kind == "http" else None
+        if client is not None and client.limits.any:  # its x-ratelimit-* on every answer, not only a 429
+            send = with_ratelimit_headers(send, scope["app"].state.coordinator.limits, client)
         route = FAST_ROUTES.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
         if route is None:
             await self.app(scope, receive, send)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
@@ -23,6 +24,7 @@ SWITCHES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
             "OTEL_TRACES_SAMPLER", "OTEL_TRACES_EXPORTER")
 PROTOCOLS = ("http/protobuf",)  # what the installed exporter speaks
 TRACEPARENT = "traceparent"
+SHUTDOWN_TIMEOUT = 2.0  # seconds a process's stop waits for its last spans to be exported
 Attributes = Mapping[str, str | int | float | bool]
 log = logging.getLogger("serving.tracing")
 
@@ -156,9 +158,20 @@ class Tracing:
                                        start_time=start_ns)
         return _Span(self, span)
 
-    def shutdown(self) -> None:
-        """Exports what is left (the batch thread's queue) and stops the thread."""
-        self._provider.shutdown()
+    def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT) -> bool:
+        """Exports what is left (the batch thread's queue) and stops the thread, waiting `timeout`
+        seconds at most: a collector that takes connections and never answers held every process's
+        stop ~17 s (the exporter's 10 s timeout, its retries), past a supervisor's grace after a drain
+        (issue 50). Past it the spans left are dropped, the export thread (a daemon) is left to the
+        process's exit, and False says so."""
+        closing = threading.Thread(target=self._provider.shutdown, name="tracing-shutdown", daemon=True)
+        closing.start()
+        closing.join(timeout)
+        if closing.is_alive():
+            log.warning('{"event": "tracing_shutdown_timeout", "timeout_s": %g, "detail": "the collector did not '
+                        'take the last spans in time; they are dropped"}', timeout)
+            return False
+        return True
 
 
 def begin(tracing: Tracing | None, name: str, headers: Mapping[str, str], attributes: Attributes | None = None

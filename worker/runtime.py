@@ -15,6 +15,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
@@ -41,6 +42,7 @@ from worker.models import folder
 from worker.models.catalog import Offer
 from worker.naming import ModelNames
 from worker.peers import HttpPeers
+from worker.sessions.residency import Residency
 from worker.sessions.table import KvLimits, SessionTable
 from worker.settings import WorkerSettings
 
@@ -51,6 +53,35 @@ DRAIN_FLUSH = 2.0
 # A drain waits for the coordinator to move kept sessions only while it does: this long since it last
 # listed, exported or ended one (it polls a draining worker every 0.2 s).
 HANDOVER_GRACE = 2.0  # for the `error` events of the streams ended at the drain deadline to be sent
+# A stop during a load waits this long at most for the load's thread (a model read from disk, a
+# context made) before the process goes on exiting without it.
+LOAD_STOP_WAIT = 120.0
+T = TypeVar("T")
+
+
+async def whole(work: Callable[[], T], undo: Callable[[T], None], *, wait: float = LOAD_STOP_WAIT) -> T:
+    """`work()` (a model's load, a context made on it) on a thread, and its result. Cancelled meanwhile
+    (a SIGTERM while the model loads), it waits for the thread, which cannot be stopped, up to `wait`
+    seconds, undoes what it made, and is cancelled: before (issue 50), the model was freed while the
+    thread was still making a context from it (`Segmentation fault`), or the process exited under the
+    thread (`Aborted`)."""
+    running = asyncio.ensure_future(asyncio.to_thread(work))
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        deadline = asyncio.get_running_loop().time() + wait
+        while not running.done() and (left := deadline - asyncio.get_running_loop().time()) > 0:
+            with contextlib.suppress(asyncio.CancelledError):  # a second cancel does not cut the wait short
+                await asyncio.wait([running], timeout=left)
+        if not running.done():
+            log.error(json.dumps({"event": "stop_during_load", "detail": f"the load still runs after {wait:g} s; "
+                                  "the process exits under it"}))
+        elif not running.cancelled() and running.exception() is None:
+            try:
+                undo(running.result())
+            except Exception:  # the stop goes on: what was not undone goes with the process
+                log.exception("undoing a load cut short failed")
+        raise
 
 
 def bind_gauges(metrics: WorkerMetrics, runtimes: Callable[[], Sequence[WorkerRuntime]]) -> None:
@@ -128,9 +159,9 @@ class WorkerRuntime:
         self.jobs: set[Job] = set()  # the jobs whose stream is open (app.py keeps it), for the drain
         self._clock = clock
         self.used_at = clock()  # when a request last ended here (`used`), or the runtime was made
-        # Seconds its model stays loaded once idle (worker/slots/swapper.py); None: for good. A request's
-        # `keep_alive` sets it from then on (Ollama's meaning), as WORKER_KEEP_ALIVE did at start.
-        self.keep_alive: float | None = settings.keep_alive or None
+        # How long its model stays loaded once idle: the operator's keep-alive, lengthened by the tenants'
+        # requests within the operator's bound (worker/sessions/residency.py).
+        self.residency = Residency(settings.keep_alive, settings.keep_alive_max)
         self.heartbeats: HeartbeatSender | None = None
         self._beating: asyncio.Task[None] | None = None
         bind_gauges(metrics, lambda: (self,))
@@ -218,9 +249,21 @@ class WorkerRuntime:
         if self.heartbeats is not None:
             await self.heartbeats.aclose()
 
-    def used(self) -> None:
-        """A request ended here (worker/api/routes.py): the keep-alive counts from now."""
+    def used(self, tenant: str = "") -> None:
+        """A request of `tenant` ended here (worker/api/routes.py): the keep-alives count from now."""
         self.used_at = self._clock()
+        self.residency.used(tenant, self.used_at)
+
+    def asked_keep_alive(self, tenant: str, seconds: float) -> None:
+        """A request of `tenant` asked its model to stay `seconds` once idle (Ollama's `keep_alive`;
+        negative: for good): its tenant's stay, within the operator's bound, never shortening another's."""
+        self.residency.ask(tenant, seconds, self._clock())
+
+    @property
+    def keep_alive(self) -> float | None:
+        """Seconds idle (`idle_for`) after which its model may be unloaded (worker/slots/swapper.py); None:
+        never."""
+        return self.residency.idle_allowed(self.used_at, self._clock())
 
     def idle_for(self) -> float:
         """Seconds since a request last ended here, while none runs and no session is kept (a kept
@@ -317,6 +360,13 @@ class WorkerRuntime:
                 break  # nobody is moving them (no coordinator answering, no worker with room): stop waiting
             await asyncio.sleep(DRAIN_POLL)
         return len(self.table.describe())
+
+    def discard(self) -> None:
+        """Undoes a runtime built and never started (its load was cancelled: `whole`): its engine's and
+        embedder's contexts are freed; the model is its loader's to close."""
+        self.engine.stop()
+        if self.embedder is not None:
+            self.embedder.stop()
 
     def handed_over(self) -> None:
         """The coordinator listed, exported or ended kept sessions: a drain waits on while it does."""

@@ -38,6 +38,7 @@ ENV_NAMES = {
     "model_memory": "WORKER_MODEL_MEMORY",
     "model_rescan": "WORKER_MODEL_RESCAN",
     "keep_alive": "WORKER_KEEP_ALIVE",
+    "keep_alive_max": "WORKER_KEEP_ALIVE_MAX",
     "max_models": "WORKER_MAX_MODELS",
     "worker_id": "WORKER_ID",
     "worker_url": "WORKER_URL",
@@ -110,7 +111,12 @@ class WorkerSettings(BaseModel):
     keep_alive: float = Field(default=0.0, ge=0, description="seconds a model of the folder stays loaded with "
                               "no request and no kept session, then it is unloaded and the worker holds no model "
                               "until one is asked for (its heartbeats say `standby`); 0: never unloaded. A request's "
-                              "`keep_alive` (Ollama's) sets it from then on. Needs --model-dir")
+                              "`keep_alive` (Ollama's) may only lengthen it, for its own tenant, within "
+                              "--keep-alive-max. Needs --model-dir")
+    keep_alive_max: float = Field(default=3600.0, ge=-1, description="the longest a request's `keep_alive` keeps a "
+                                  "model of the folder loaded once idle (a longer one, or a negative one, gets "
+                                  "this); -1: no bound, and a request's negative keep_alive keeps it for good. No "
+                                  "request shortens --keep-alive or another tenant's stay")
     max_models: int = Field(default=1, ge=1, le=MAX_MODELS, description="models of the folder loaded at once, "
                             "within --model-memory; each serves under its own worker id and URL "
                             "(worker-<port>.m1 at <url>/slots/1, ...; the first as the worker's own). Needs --model-dir")

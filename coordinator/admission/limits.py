@@ -4,7 +4,8 @@ budget per calendar period, as the keys file sets them for each key.
 Owns: each key's counters against its limits (`auth.KeyLimits`, from its entry in the keys file): its counters
 (token buckets for requests and tokens a minute, the streams it has open, the tokens used this
 period), and the 429 a key over one of them gets: `rate_limited` or `budget_exceeded`, with a
-`Retry-After` and OpenAI's `x-ratelimit-*` headers. A key's own limit never refuses another key.
+`Retry-After` and OpenAI's `x-ratelimit-*` headers, which every other answer of a limited key carries
+too (`headers`, `with_ratelimit_headers`). A key's own limit never refuses another key.
 Must not: know requests or tenants (the gateway admits and charges), or read the clock itself.
 
 Tokens (prompt + generated) are charged when a request ends, from its usage, so a request admitted
@@ -23,7 +24,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from coordinator.auth import KeyLimits
+from starlette.types import Message, Send
+
+from coordinator.auth import Client, KeyLimits
 from coordinator.errors import CoordinatorError
 from protocol import reasons
 
@@ -121,6 +124,19 @@ class Limits:
         self._roll(state, limits, now)
         state.used += tokens
 
+    def headers(self, key_id: str, limits: KeyLimits) -> dict[str, str]:
+        """The key's `x-ratelimit-*` headers now (its requests and tokens a minute, where it has those
+        limits), for every answer it gets: OpenAI sends them on each, so a client paces itself before
+        it is refused, not only on its 429."""
+        if not limits.any:
+            return {}
+        now = self._clock()
+        state = self._state(key_id, limits, now)
+        for bucket in (state.requests, state.tokens):
+            if bucket is not None:
+                bucket.refill(now)
+        return _ratelimit_headers(limits, state)
+
     def _state(self, key_id: str, limits: KeyLimits, now: float) -> _KeyState:
         state = self._keys.get(key_id)
         if state is None:
@@ -151,3 +167,17 @@ def _ratelimit_headers(limits: KeyLimits, state: _KeyState) -> dict[str, str]:
         headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, math.floor(bucket.level)))
         headers[f"x-ratelimit-reset-{kind}"] = f"{bucket.seconds_until(bucket.size):.3g}s"
     return headers
+
+
+def with_ratelimit_headers(send: Send, limits: Limits, client: Client) -> Send:
+    """`send`, its response's head carrying `client`'s `x-ratelimit-*` headers as they stand when the
+    answer starts (after this request was counted in); a 429 keeps those it was refused with."""
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            held = list(message.get("headers", []))
+            if not any(name.startswith(b"x-ratelimit-") for name, _ in held):
+                added = [(name.encode(), value.encode()) for name, value in
+                         limits.headers(client.key_id, client.limits).items()]
+                message = {**message, "headers": held + added}
+        await send(message)
+    return sending

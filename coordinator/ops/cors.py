@@ -17,7 +17,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 ALLOWED_METHODS = b"GET, POST, DELETE, OPTIONS"
 ALLOWED_HEADERS = b"authorization, content-type, x-api-key, x-request-id, openai-organization, openai-project"
-EXPOSED_HEADERS = b"x-request-id, x-worker-id, retry-after"
+EXPOSED_HEADERS = (b"x-request-id, x-worker-id, retry-after, x-ratelimit-limit-requests, "
+                   b"x-ratelimit-remaining-requests, x-ratelimit-reset-requests, x-ratelimit-limit-tokens, "
+                   b"x-ratelimit-remaining-tokens, x-ratelimit-reset-tokens")
 PREFLIGHT_MAX_AGE = b"600"
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from urllib.parse import quote
@@ -63,6 +64,9 @@ class SessionMover:
         self._deadline = deadline
         self._now = now
         self._tracing = tracing
+        # Who moves, as the draining worker hears it: the session an export handed to this coordinator
+        # is this coordinator's to export again when its put failed; no other coordinator's.
+        self._mover = uuid.uuid4().hex[:16]
         self._moving: dict[str, asyncio.Task[None]] = {}  # by worker id: one task a draining worker
         # Workers whose drain was dealt with: every heartbeat of theirs says `draining` until they stop,
         # and their sessions are moved once a drain (a session given up on stays given up on).
@@ -109,13 +113,14 @@ class SessionMover:
 
     async def _move_all(self, worker_id: str, url: str, model: str) -> None:
         """Until the worker holds no kept session this can move, it is gone, or the deadline. A session no
-        other worker could take now (each unreachable or full) is tried again every RETRY: the worker
-        that was to receive a drain's sessions may be restarting itself (a rolling restart), and was
-        beating again 1.4 s after it was killed while the drain went on (issue 33: before, the other
-        sessions were given up 50 ms after the first refusal)."""
+        other worker could take now (each unreachable or full, or the draining worker's transfer slots
+        busy) is tried again every RETRY: the worker that was to receive a drain's sessions may be
+        restarting itself (a rolling restart), and was beating again 1.4 s after it was killed while
+        the drain went on (issue 33). The draining worker waits while it is listed (runtime.py's
+        HANDOVER_GRACE), so the tries go on until its own drain deadline, or this move's."""
         deadline = self._now() + self._deadline
         given_up: set[tuple[str, str]] = set()
-        later: dict[tuple[str, str], SessionInfo] = {}
+        later: dict[tuple[str, str], tuple[SessionInfo, str]] = {}  # and why it did not move yet
         moved = 0
         while self._now() < deadline:
             listed = await self._listed(worker_id, url)
@@ -130,18 +135,22 @@ class SessionMover:
                 continue
             for session in idle:
                 key = (session.tenant, session.session_id)
-                outcome = await self._move_one(worker_id, url, model, session)
-                later.pop(key, None)
+                outcome, why = await self._move_one(worker_id, url, model, session)
                 if outcome == MOVED:
                     moved += 1
+                    later.pop(key, None)
                 elif outcome == LATER:
-                    later[key] = session
+                    if key not in later:
+                        log.info(json.dumps({"event": "session_move_deferred", "session_id": session.session_id,
+                                             "worker_id": worker_id, "cause": why}))
+                    later[key] = (session, why)
                 else:
+                    later.pop(key, None)
                     given_up.add(key)
             if later:
                 await asyncio.sleep(RETRY)
-        for session in later.values():
-            self._counted("no_room", session, worker_id)
+        for session, why in later.values():
+            self._counted("no_room", session, worker_id, why)
         log.info(json.dumps({"event": "session_moves_done", "worker_id": worker_id, "moved": moved,
                              "not_moved": len(given_up) + len(later)}))
 
@@ -156,56 +165,75 @@ class SessionMover:
             return None
         return SessionList.model_validate_json(body).sessions if status == 200 else None
 
-    async def _move_one(self, worker_id: str, url: str, model: str, session: SessionInfo) -> str:
-        """MOVED; LATER when no other worker could take it now; GIVEN_UP when it never will move."""
+    async def _move_one(self, worker_id: str, url: str, model: str, session: SessionInfo) -> tuple[str, str]:
+        """(MOVED; LATER when no other worker could take it now; GIVEN_UP when it never will move, and why)."""
         with tracing.span(self._tracing, "session move", {}, {
                 "llm_pool.worker": worker_id, "llm_pool.tenant": session.tenant,
                 "llm_pool.session_tokens": session.tokens}) as trace:
             given = trace.traceparent()
-            outcome = await self._move(worker_id, url, model, session, {TRACEPARENT: given} if given else {}, trace)
+            outcome, why = await self._move(worker_id, url, model, session, {TRACEPARENT: given} if given else {},
+                                            trace)
             trace.set({"llm_pool.outcome": outcome})
-            return outcome
+            return outcome, why
 
     async def _move(self, worker_id: str, url: str, model: str, session: SessionInfo, traced: dict[str, str],
-                    trace: Trace) -> str:
+                    trace: Trace) -> tuple[str, str]:
+        targets = self._targets(worker_id, model, session)
+        if not targets:  # not exported until a worker has room: an export hands the session to this mover
+            return LATER, "no other alive worker of the model has room for it now"
         query = f"/{session.session_id}/kv?tenant={session.tenant}"
         started = self._now()
         try:
-            status, blob = await self._client.exchange("GET", url.rstrip("/") + SESSIONS_PATH + query, traced,
-                                                       limit=self._max_bytes, timeout=self._timeout)
-        except WorkerUnreachable:
-            return self._counted("source_failed", session, worker_id)
-        if status != 200:  # busy again, ended meanwhile, or the worker cannot export
-            return self._counted("source_refused", session, worker_id)
-        for target in self._targets(worker_id, model, session):
-            try:
-                status, _ = await self._client.exchange(
-                    "PUT", target.url.rstrip("/") + SESSIONS_PATH + query, {**traced, "content-type": KV_MEDIA_TYPE},
-                    blob, limit=LIST_LIMIT, timeout=self._timeout)
-            except WorkerRefused:
-                self._registry.lost(target.worker_id, self._now())  # restarting, perhaps: back when it beats
-                continue
-            except WorkerUnreachable:
-                continue
+            status, blob = await self._client.exchange(
+                "GET", f"{url.rstrip('/')}{SESSIONS_PATH}{query}&mover={self._mover}", traced,
+                limit=self._max_bytes, timeout=self._timeout)
+        except WorkerUnreachable as exc:  # slow, or gone (then the next listing ends the drain's moves)
+            return LATER, f"the draining worker's export failed: {exc}"
+        if status == 503:  # its transfer slots are busy (or it is loading): a moment later
+            return LATER, f"the draining worker's export: {_refusal(status, blob)}"
+        if status != 200:  # ended meanwhile (404), or another coordinator moves it (409)
+            return self._counted("source_refused", session, worker_id,
+                                 f"the draining worker's export: {_refusal(status, blob)}"), ""
+        causes: list[str] = []
+        for target in targets:
+            status, why = await self._put(target, SESSIONS_PATH + query, {**traced, "content-type": KV_MEDIA_TYPE},
+                                          blob)
             if status == 201:
                 trace.set({"llm_pool.to_worker": target.worker_id, "llm_pool.bytes": len(blob)})
-                self._moved((session.tenant, session.session_id), target.worker_id)
-                try:  # the draining worker's copy: it would go with the worker anyway
-                    ended = f"/{session.session_id}?tenant={session.tenant}"
-                    await self._client.exchange("DELETE", url.rstrip("/") + SESSIONS_PATH + ended, {},
-                                                limit=LIST_LIMIT, timeout=self._timeout)
-                except WorkerUnreachable:
-                    pass
-                self._metrics.session_moves.labels(outcome="moved").inc()
-                self._metrics.session_move_bytes.inc(len(blob))
-                self._metrics.session_move_seconds.observe(self._now() - started)
-                log.info(json.dumps({"event": "session_moved", "session_id": session.session_id, "from": worker_id,
-                                     "to": target.worker_id, "tokens": session.tokens, "bytes": len(blob),
-                                     "ms": round((self._now() - started) * 1e3, 1)}))
-                return MOVED
+                await self._landed(worker_id, url, target, session, len(blob), started)
+                return MOVED, ""
+            causes.append(f"{target.worker_id}: {why}")
             if status == 400:  # this blob lands nowhere (another build, damaged): no next worker
-                return self._counted("refused", session, worker_id)
-        return LATER
+                return self._counted("refused", session, worker_id, "; ".join(causes)), ""
+        return LATER, "; ".join(causes)
+
+    async def _put(self, target: WorkerRecord, path: str, headers: dict[str, str], blob: bytes) -> tuple[int, str]:
+        """`target`'s status for the blob (0: no answer), and why it did not take it."""
+        try:
+            status, body = await self._client.exchange("PUT", target.url.rstrip("/") + path, headers, blob,
+                                                       limit=LIST_LIMIT, timeout=self._timeout)
+        except WorkerRefused as exc:
+            self._registry.lost(target.worker_id, self._now())  # restarting, perhaps: back when it beats
+            return 0, f"gone ({exc})"
+        except WorkerUnreachable as exc:  # killed mid-move, or too slow
+            return 0, f"no answer ({exc})"
+        return status, "" if status == 201 else _refusal(status, body)
+
+    async def _landed(self, worker_id: str, url: str, target: WorkerRecord, session: SessionInfo, size: int,
+                      started: float) -> None:
+        self._moved((session.tenant, session.session_id), target.worker_id)
+        try:  # the draining worker's copy: it would go with the worker anyway
+            ended = f"/{session.session_id}?tenant={session.tenant}"
+            await self._client.exchange("DELETE", url.rstrip("/") + SESSIONS_PATH + ended, {},
+                                        limit=LIST_LIMIT, timeout=self._timeout)
+        except WorkerUnreachable:
+            pass
+        self._metrics.session_moves.labels(outcome="moved").inc()
+        self._metrics.session_move_bytes.inc(size)
+        self._metrics.session_move_seconds.observe(self._now() - started)
+        log.info(json.dumps({"event": "session_moved", "session_id": session.session_id, "from": worker_id,
+                             "to": target.worker_id, "tokens": session.tokens, "bytes": size,
+                             "ms": round((self._now() - started) * 1e3, 1)}))
 
     def _targets(self, worker_id: str, model: str, session: SessionInfo) -> list[WorkerRecord]:
         """The model's other alive workers that say they have room for it, most free KV first; their
@@ -218,8 +246,17 @@ class SessionMover:
                 and free_kv(r) >= session.tokens * r.bytes_per_token]
         return sorted(fits, key=free_kv, reverse=True)
 
-    def _counted(self, outcome: str, session: SessionInfo, worker_id: str) -> str:
+    def _counted(self, outcome: str, session: SessionInfo, worker_id: str, cause: str) -> str:
         self._metrics.session_moves.labels(outcome=outcome).inc()
         log.warning(json.dumps({"event": "session_not_moved", "session_id": session.session_id,
-                                "worker_id": worker_id, "outcome": outcome}))
+                                "worker_id": worker_id, "outcome": outcome, "cause": cause}))
         return GIVEN_UP
+
+
+def _refusal(status: int, body: bytes) -> str:
+    """A worker's refusal as a log reads it: the status, and the reason and message of its error body."""
+    try:
+        error = json.loads(body)
+        return f"{status} {error.get('reason', '')}: {str(error.get('error', ''))[:200]}"
+    except (ValueError, AttributeError):
+        return f"{status} {body[:200]!r}"

@@ -130,14 +130,19 @@ def test_a_model_that_cannot_load_stops_the_start_with_its_reason(tmp_path: Path
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + b"\0" * 64)
     proc, _, _, _ = launch(tmp_path, "--workers", "1", "--model", str(broken))
+    code, out = ended(proc)
+    assert code == 1 and "did not become healthy" in out and "could not be loaded" in out, out[-2000:]
+
+
+def ended(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
+    """A start.sh that stops by itself: its exit status and what it printed (killed after 120 s)."""
     output = Output(proc)
     try:
         code = proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    out = output.finished()
-    assert code == 1 and "did not become healthy" in out and "could not be loaded" in out, out[-2000:]
+    return code, output.finished()
 
 
 def test_the_worker_itself_exits_non_zero_when_its_model_cannot_load(tmp_path: Path) -> None:
@@ -195,3 +200,47 @@ def test_with_two_coordinators_one_killed_and_restarted_refuses_nothing(tmp_path
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
+
+
+CRASHES = ("Segmentation fault", "Aborted", "Fatal Python error", "terminate called", "core dumped")
+
+
+def test_a_key_file_the_coordinator_refuses_stops_the_start_and_every_worker_cleanly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 50: the coordinator refused its key file at start, and start.sh's stop of the workers (then
+    loading their model) ended one in `Segmentation fault` and the other in `Aborted`."""
+    keys = tmp_path / "keys"
+    keys.write_text("a key with spaces and : punctuation\n")
+    keys.chmod(0o600)
+    monkeypatch.setenv("API_KEYS", str(keys))  # launch passes this process's environment on
+    proc, _, log_dir, _ = launch(tmp_path)
+    code, out = ended(proc)
+    assert code == 1 and "did not become healthy" in out and "api_keys" in out, out[-2000:]
+    logs = {f.name: f.read_text(errors="replace") for f in log_dir.glob("worker-*.log")}
+    assert len(logs) == 2
+    assert not [c for c in CRASHES if c in out or any(c in log for log in logs.values())], (out[-2000:], logs)
+
+
+@pytest.mark.parametrize("after", [0.0, 0.2, 0.4, 0.7, 1.0])
+def test_a_worker_stopped_while_its_model_loads_exits_cleanly(model_path: Path, tmp_path: Path, after: float) -> None:
+    """SIGTERM `after` seconds into the load (its thread reading the model, or making a context on it):
+    the worker waits for the thread, frees what it made, and exits 0. Before, freeing the model under
+    the thread segfaulted, and exiting under it aborted."""
+    log = tmp_path / "worker.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "worker", "--port", str(free_port()), "--threads", "1",
+                                 "--coordinator-url", "http://127.0.0.1:9", "--model-path", str(model_path)],
+                                cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ,
+                                                                                       "PYTHONFAULTHANDLER": "1"})
+    try:
+        wait_until(lambda: "Application startup complete" in log.read_text(errors="replace"), 60,
+                   "the load to start", interval=0.02)
+        time.sleep(after)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    text = log.read_text(errors="replace")
+    assert code == 0 and not [c for c in CRASHES if c in text], text[-3000:]

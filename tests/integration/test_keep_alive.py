@@ -3,11 +3,13 @@ its model, idle past the keep-alive, is unloaded (the worker's memory falls by a
 file, its heartbeats say `standby`, `/v1/models` lists the model as offered, its health is 200
 `standby`), and the next request, one naming no model included, has it loaded again and is answered
 whole; a kept session holds its model loaded until the session's TTL ends it; a request for another
-model of the folder loads that one from standby. A request's own `keep_alive` (Ollama's) rules from then
-on: -1 keeps the model loaded past the worker's keep-alive, 0 unloads it as soon as it is idle."""
+model of the folder loads that one from standby. A request's own `keep_alive` (Ollama's) lengthens its
+tenant's stay from then on, within --keep-alive-max: -1 keeps the model loaded past the worker's
+keep-alive, and the same tenant's 0 takes that back; another tenant's 0 never unloads it."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +19,8 @@ import httpx
 import pytest
 
 from bench.scale_bench import rss_kib
-from tests.integration.conftest import Proc, alive_worker, folder_pool
+from tests.conftest import free_port
+from tests.integration.conftest import Proc, alive_worker, folder_pool, start_coordinator, stop_all
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.model
@@ -32,12 +35,12 @@ def pool(model_path: Path, gemma_path: Path, tmp_path_factory: pytest.TempPathFa
         yield url, worker
 
 
-def listing(url: str) -> dict[str, Any] | None:
-    return alive_worker(url, "idle")
+def listing(url: str, worker_id: str = "idle") -> dict[str, Any] | None:
+    return alive_worker(url, worker_id)
 
 
-def standby(url: str) -> bool:
-    return bool((listing(url) or {}).get("standby"))
+def standby(url: str, worker_id: str = "idle") -> bool:
+    return bool((listing(url, worker_id) or {}).get("standby"))
 
 
 def answer(url: str, body: dict[str, Any]) -> tuple[str, list[str]]:
@@ -80,3 +83,44 @@ def test_an_idle_model_is_unloaded_and_the_next_request_loads_it_again(pool: tup
     _, events = answer(url, {"prompt": "Say hi.", "max_tokens": 4, "model": GEMMA, "keep_alive": 0})
     assert events[-1] == "done", events
     wait_until(lambda: standby(url), 5, "the model unloaded once idle, as its last request asked", interval=0.1)
+
+
+def test_one_tenants_keep_alive_never_unloads_the_model_another_tenant_uses(
+        model_path: Path, gemma_path: Path, tmp_path: Path) -> None:
+    """Issue 50: with two tenants' keys, tenant A's `keep_alive: 0` unloaded the model tenant B was using
+    (B's next chat a cold load, 1.29 s instead of 0.05 s), and A's `-1` pinned it. Residency is the
+    operator's: a request only lengthens its own tenant's stay, within --keep-alive-max."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    (folder / "a-smol.gguf").symlink_to(model_path)
+    (folder / "b-gemma.gguf").symlink_to(gemma_path)
+    coordinator, url = start_coordinator(tmp_path, "coordinator-tenants", "--heartbeat-interval", "1",
+                                         "--api-keys", "alpha-key alpha,beta-key beta")
+    worker = Proc("tenants", [sys.executable, "-m", "worker", "--port", str(free_port()), "--worker-id", "tenants",
+                              "--coordinator-url", url, "--model-dir", str(folder), "--threads", "1",
+                              "--heartbeat-interval", "0.5", "--keep-alive", "1", "--keep-alive-max", "4"],
+                  tmp_path / "tenants.log")
+    worker.start()
+
+    def chat(key: str, **more: Any) -> float:
+        started = time.monotonic()
+        answer = httpx.post(url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=60,
+                            json={"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4, **more})
+        assert answer.status_code == 200, answer.text
+        return time.monotonic() - started
+
+    try:
+        wait_until(lambda: alive_worker(url, "tenants") is not None, 60, "the worker to register", interval=0.2)
+        chat("beta-key", keep_alive=30)  # beta's stay: 30 s asked, 4 s granted (the operator's bound)
+        chat("alpha-key", keep_alive=0)  # before: the model unloaded as soon as it was idle
+        time.sleep(2.5)  # past the worker's own keep-alive (1 s), within beta's stay
+        assert not standby(url, "tenants"), listing(url, "tenants")
+        warm = chat("beta-key")
+        assert warm < 1.0, warm  # no cold load
+        # alpha's -1 pins nothing here: its stay is the bound, and the model goes once that ran out.
+        chat("alpha-key", keep_alive=-1)
+        gone_by = time.monotonic() + 4
+        wait_until(lambda: standby(url, "tenants"), 15, "the model unloaded once every stay ran out", interval=0.2)
+        assert time.monotonic() >= gone_by - 0.5  # not before alpha's bounded stay
+    finally:
+        stop_all([worker, coordinator])

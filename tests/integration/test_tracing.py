@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import secrets
 import signal
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -134,3 +136,38 @@ def test_a_session_moved_off_a_draining_worker_is_one_trace_with_both_workers_sp
         spans = {s.name: s for s in receiver.of_trace(move.trace_id)}
         assert spans["kv export"].parent == spans["kv import"].parent == move.span_id
         assert spans["kv export"].attributes["llm_pool.bytes"] == move.attributes["llm_pool.bytes"]
+
+
+def test_a_collector_that_never_answers_holds_no_process_s_stop_past_the_bound(
+        model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 50: with a collector that takes connections and never answers, each process's stop waited
+    ~17 s for its spans to fail to export, after its drain (past a supervisor's 30 s grace). The
+    exporter's shutdown is bounded (serving/tracing.py SHUTDOWN_TIMEOUT): the stop is the drain and
+    that bound."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # the kernel takes the connections; nobody reads them
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    pool = FaultPool(tmp_path, model_path, worker_ids=("t9",))
+    try:
+        pool.ensure()
+        answer = httpx.post(pool.url + "/v1/chat/completions", timeout=60,
+                            json={"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4})
+        assert answer.status_code == 200
+        procs = [pool.workers["t9"], pool.coordinator]
+        started = time.monotonic()
+        for proc in procs:
+            assert proc is not None
+            proc.terminate()
+        took = {}
+        for proc in procs:
+            assert proc is not None and proc.popen is not None
+            assert proc.popen.wait(timeout=60) == 0, proc.log_tail()
+            took[proc.name] = time.monotonic() - started
+        # Their drains (no stream: at once; the worker's handover wait 2 s) and the 2 s bound, with room.
+        assert max(took.values()) < 8, took
+        assert all("tracing_shutdown_timeout" in proc.log_path.read_text() for proc in procs if proc)
+    finally:
+        pool.stop()
+        silent.close()

@@ -61,3 +61,27 @@ def test_a_traced_request_continues_the_callers_trace_and_hands_it_on() -> None:
     assert spans["placement"].status.status_code.name == "ERROR"
     assert (spans["prefill"].start_time, spans["prefill"].end_time) == (1_000, 2_000)
     assert request.resource.attributes["service.name"] == "svc"
+
+
+def test_a_shutdown_whose_exporter_never_returns_waits_its_bound_and_says_so() -> None:
+    """Issue 50: a collector that never answers held every process's stop ~17 s."""
+    import threading
+    import time
+
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    release = threading.Event()
+
+    class Hung(SpanExporter):
+        def export(self, spans):  # type: ignore[no-untyped-def]
+            release.wait(5)
+            return SpanExportResult.FAILURE
+
+    tracing = Tracing("svc", {}, exporter=Hung())
+    tracing.begin("request", {}).end()
+    started = time.monotonic()
+    try:
+        assert tracing.shutdown(timeout=0.3) is False
+        assert time.monotonic() - started < 1.5
+    finally:
+        release.set()

@@ -33,7 +33,7 @@ from worker.backends.base import ModelBackend
 from worker.errors import WorkerError
 from worker.metrics import WorkerMetrics
 from worker.models.folder import open_folder, rescan
-from worker.runtime import WorkerRuntime
+from worker.runtime import WorkerRuntime, whole
 from worker.sessions.records import Records
 from worker.settings import WorkerSettings
 from worker.slots.slot import make_slots
@@ -82,10 +82,12 @@ def create_app(settings: WorkerSettings, *, model: ModelBackend | None = None,
             app.state.slots[0].settings = chosen
 
             async def build(wanted: WorkerSettings, given: ModelBackend | None = None) -> WorkerRuntime:
-                loaded = given if given is not None else await asyncio.to_thread(load_model, wanted)
+                # Whole even when the stop comes meanwhile: nothing is freed while a thread still uses it.
+                loaded = given if given is not None else await whole(functools.partial(load_model, wanted),
+                                                                     lambda model: model.close())
                 try:
-                    built = await asyncio.to_thread(WorkerRuntime, wanted, loaded, app.state.metrics, clock=clock,
-                                                    owns_model=given is None, offers=offers)
+                    built = await whole(functools.partial(WorkerRuntime, wanted, loaded, app.state.metrics, clock=clock,
+                                                          owns_model=given is None, offers=offers), WorkerRuntime.discard)
                 except BaseException:
                     if given is None:
                         loaded.close()

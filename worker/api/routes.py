@@ -181,8 +181,8 @@ async def generate(body: GenerateRequest, request: Request) -> Response:
         trace.fail(refused.reason)
         trace.end()
         raise
-    if body.keep_alive is not None:  # from now on, as Ollama's keep_alive (a negative one: for good)
-        runtime.keep_alive = body.keep_alive if body.keep_alive >= 0 else None
+    if body.keep_alive is not None:  # Ollama's: only lengthens the model's stay, for this tenant, within a bound
+        runtime.asked_keep_alive(body.tenant, body.keep_alive)
     if (given := trace.traceparent()) is not None:  # traced: a peer's prefix export joins this trace
         ticket = dataclasses.replace(ticket, traceparent=given)
     # The head goes now, and pings while the prompt is prepared: silence means a hung worker, never
@@ -223,7 +223,7 @@ async def embed(body: EmbedRequest, request: Request) -> JSONResponse:
             try:
                 embedded = await runtime.gate.embed(body)
             finally:
-                runtime.used()
+                runtime.used(body.tenant)
         except WorkerError as refused:
             metrics.embedding_requests.labels(refused.reason).inc()  # counted, not logged, as generation's refusals
             raise
@@ -362,7 +362,7 @@ async def _events(runtime: WorkerRuntime, ticket: Ticket, request_id: str,
                                   item.choice, item.alternatives)
     finally:
         runtime.jobs.discard(job)
-        runtime.used()
+        runtime.used(ticket.request.tenant)
         if outcome is None:
             job.channel.cancel()
             for session in job.sessions:

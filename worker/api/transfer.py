@@ -54,6 +54,10 @@ BODY_RATE = 8 << 20  # bytes a second an upload must keep up after that (a 256 M
 
 router = APIRouter()
 _TENANT = Query("", pattern=TENANT_PATTERN, description="the tenant whose session it is (\"\" without API keys)")
+_MOVER = Query("", pattern=r"^[A-Za-z0-9._-]{0,64}$",
+               description="who moves the session (a coordinator's id for its moves): while the worker drains, "
+                           "the first mover to export a session takes it, and only that mover may export it again "
+                           "(its put failed: the receiver was killed mid-move); \"\": anonymous, once")
 _REFUSALS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "`invalid_request`: a malformed tenant or body"},
     401: {"model": ErrorBody, "description": "`unauthorized`"},
@@ -110,22 +114,24 @@ async def _body_at_rate(request: Request) -> bytes:
     200: {"content": {BLOB_TYPE: {}}, "description": "the session's KV blob (worker/sessions/transfer.py)"},
     404: {"model": ErrorBody, "description": "`unknown_session`"},
     409: {"model": ErrorBody, "description": "`session_busy`: it is generating"}, **_REFUSALS})
-async def export_kv(session_id: str, request: Request, tenant: str = _TENANT) -> Response:
+async def export_kv(session_id: str, request: Request, tenant: str = _TENANT, mover: str = _MOVER) -> Response:
     authorize(request)
     with _traced(request, "kv export") as trace:
-        response = await _export(session_id, tenant, runtime_of(request))
+        response = await _export(session_id, tenant, mover, runtime_of(request))
         trace.set({"llm_pool.bytes": len(response.body), "llm_pool.tokens": int(response.headers["x-kv-tokens"])})
         return response
 
 
-async def _export(session_id: str, tenant: str, runtime: WorkerRuntime) -> Response:
+async def _export(session_id: str, tenant: str, mover: str, runtime: WorkerRuntime) -> Response:
     runtime.handed_over()
     async with _moving(runtime):
         session = runtime.table.claim(session_id, tenant=tenant)
         try:
             # Every coordinator of the pool moves a draining worker's sessions: the first to ask takes
-            # each, and the others hear it is taken (a session copied to two workers would be two).
-            if runtime.gate.draining and session.handed_over:
+            # each, and the others hear it is taken (a session copied to two workers would be two). The
+            # one that took it may ask again: its put found no receiver (killed mid-move, issue 50).
+            taken_by = session.handed_over
+            if runtime.gate.draining and taken_by is not None and (not mover or taken_by != mover):
                 raise WorkerError(reasons.SESSION_BUSY, f"session {session_id!r} is being moved by another "
                                   "coordinator")
             async with asyncio.timeout(runtime.settings.request_timeout):
@@ -133,7 +139,7 @@ async def _export(session_id: str, tenant: str, runtime: WorkerRuntime) -> Respo
             tokens = list(session.tokens)
             messages = [ChatMessage(role=m.role, content=m.content, tool_calls=m.tool_calls, name=m.name)  # type: ignore[arg-type]
                         for m in session.messages]
-            session.handed_over = runtime.gate.draining
+            session.handed_over = mover if runtime.gate.draining else None
         finally:
             runtime.table.release(session, keep_kv=True)
     blob = pack(runtime.cells().cells_origin(), tokens, messages, cells)

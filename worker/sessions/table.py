@@ -77,7 +77,9 @@ class Session:
     reserved_tokens: int = 0
     busy: bool = False
     stream_ref: int | None = None  # the coordinator's reference of the stream running on it now
-    handed_over: bool = False  # exported while the worker drains: one coordinator moves it, not two
+    # The mover (a coordinator's `mover` id) that exported it while the worker drains: one coordinator
+    # moves it, not two; None: not handed over. The same mover may export it again (its put failed).
+    handed_over: str | None = None
     # The coordinator's hashes of the text whose prompt its cells hold (GenerateRequest.prefix_blocks).
     prefix_blocks: tuple[str, ...] = ()
 

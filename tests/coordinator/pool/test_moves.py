@@ -173,3 +173,77 @@ async def test_a_receiver_whose_port_refuses_is_out_of_the_pool_until_it_beats_a
 
 def workers(listing: httpx.Response) -> dict[str, str]:
     return {w["worker_id"]: w["state"] for w in listing.json()["workers"]}
+
+
+def handing_over(held: list[dict], movers: dict[str, str]) -> object:  # type: ignore[type-arg]
+    """A draining worker as worker/api/transfer.py is one: a session exported once is that mover's (an
+    anonymous mover's, once); another mover's export of it is refused 409."""
+    plain = source(held)
+
+    def behaviour(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if request.method == "GET" and path != "/worker/sessions":
+            sid, mover = path.split("/")[3], request.url.params.get("mover", "")
+            if sid in movers and (not mover or movers[sid] != mover):
+                return httpx.Response(409, json={"error": f"session {sid!r} is being moved by another coordinator",
+                                                 "reason": "session_busy", "request_id": "x"})
+            movers[sid] = mover
+        return plain(request)  # type: ignore[operator, no-any-return]
+    return behaviour
+
+
+async def test_sessions_whose_receiver_was_killed_mid_move_are_moved_once_it_beats_again(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 50: the receiver was SIGKILLed mid-move; each session's export had handed it to this
+    coordinator, whose next try of it was refused 409 as if another coordinator moved it: 7 of 8
+    sessions were marked `source_refused` within a second, while the draining worker lived on and the
+    receiver was beating again. Now the same coordinator exports them again, until one lands."""
+    held = [dict(SESSIONS[0]), dict(SESSIONS[1]), {**SESSIONS[2], "session_id": "d"}]  # the source exports all
+    movers: dict[str, str] = {}
+    taken: list[tuple[str, str, bytes]] = []
+    killed = {"w2": True}
+    clock = ManualClock()
+    receiver = target({"a", "b", "d"}, taken, "w2")
+
+    def killed_mid_move(request: httpx.Request) -> httpx.Response:
+        if killed["w2"] and request.method == "PUT":
+            raise httpx.ReadError("connection reset by peer", request=request)  # the upload was cut
+        return receiver(request)  # type: ignore[operator, no-any-return]
+
+    fakes = FakeWorkers({"w1": handing_over(held, movers), "w2": killed_mid_move})  # type: ignore[dict-item]
+    caplog.set_level("INFO", logger="coordinator.moves")
+    async with running_app(SETTINGS, fakes, clock) as client:
+        for worker_id in ("w1", "w2"):
+            assert (await register(client, heartbeat(worker_id, timestamp=clock.time()), "s3cret")).status_code == 200
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=3, draining=True), "s3cret")
+        await asyncio.sleep(1.2)  # tried, each put cut, and tried again
+        assert taken == [] and len(held) == 3 and set(movers) == {"a", "b", "d"}
+        killed["w2"] = False  # restarted, and beating
+        for _ in range(300):
+            if not held:
+                break
+            await asyncio.sleep(0.01)
+        assert sorted(sid for sid, _, _ in taken) == ["a", "b", "d"] and held == []
+        metrics = (await client.get("/metrics")).text
+        assert 'coordinator_session_moves_total{outcome="moved"} 3.0' in metrics
+        assert "source_refused" not in metrics and "no_room" not in metrics
+    deferred = [r.getMessage() for r in caplog.records if "session_move_deferred" in r.getMessage()]
+    assert len(deferred) == 3 and all("w2: no answer" in line and "connection reset" in line for line in deferred)
+
+
+async def test_a_session_not_moved_names_its_cause(caplog: pytest.LogCaptureFixture) -> None:
+    """The log of a session given up says why: the draining worker's refusal, its status and reason."""
+    held = [dict(SESSIONS[2])]  # c: the source answers 404
+    fakes = FakeWorkers({"w1": source(held), "w2": target(set(), [], "w2")})  # type: ignore[dict-item]
+    clock = ManualClock()
+    async with running_app(SETTINGS, fakes, clock) as client:
+        for worker_id in ("w1", "w2"):
+            assert (await register(client, heartbeat(worker_id, timestamp=clock.time()), "s3cret")).status_code == 200
+        caplog.set_level("INFO", logger="coordinator.moves")
+        await register(client, heartbeat("w1", timestamp=clock.time(), sessions=1, draining=True), "s3cret")
+        for _ in range(200):
+            if "session_not_moved" in caplog.text:
+                break
+            await asyncio.sleep(0.01)
+    not_moved = [r.getMessage() for r in caplog.records if "session_not_moved" in r.getMessage()]
+    assert len(not_moved) == 1 and "export: 404" in not_moved[0], not_moved

@@ -147,6 +147,27 @@ def test_while_draining_a_session_is_handed_to_the_first_coordinator_that_asks(
         httpx.delete(f"{a.url}/worker/sessions/{sid}", timeout=10)
 
 
+def test_while_draining_the_coordinator_that_took_a_session_may_export_it_again(
+        pair: tuple[RunningWorker, RunningWorker]) -> None:
+    """Issue 50: its put found no receiver (killed mid-move), so it asks again; another coordinator, or
+    one that gives no `mover`, still hears 409."""
+    a, _ = pair
+    sid = "drained-twice"
+    turn(a, sid, "Remember the number eight.")
+    try:
+        a.runtime.gate.draining = True
+        taken = httpx.get(kv_url(a, sid) + "?mover=c1", timeout=30)
+        again = httpx.get(kv_url(a, sid) + "?mover=c1", timeout=30)
+        assert taken.status_code == 200 and again.status_code == 200, again.text
+        assert again.content == taken.content
+        for other in ("?mover=c2", ""):
+            refused = httpx.get(kv_url(a, sid) + other, timeout=30)
+            assert refused.status_code == 409 and refused.json()["reason"] == "session_busy", refused.text
+    finally:
+        a.runtime.gate.draining = False
+        httpx.delete(f"{a.url}/worker/sessions/{sid}", timeout=10)
+
+
 def test_an_upload_that_never_sends_its_blob_frees_its_slot_after_the_grace(model_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 33: two PUTs declaring 200 MiB and sending nothing held both transfer slots for the edge's
