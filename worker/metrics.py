@@ -39,6 +39,9 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
         self.internal_errors = Counter("worker_internal_errors", "Unexpected exceptions in a supervised task "
                                        "(engine step, heartbeats, session sweeper, a model swap)", ["task"], registry=r)
         self.steps = Counter("worker_decode_steps", "llama_decode calls made by the batch loop", registry=r)
+        self.decode_cpu_seconds = Counter("worker_decode_cpu_seconds", "CPU seconds of the engine thread inside "
+                                          "llama_decode (its own threads' CPU when it runs on one; wall time "
+                                          "is worker_decode_step_seconds)", registry=r)
         self.model_swaps = Counter("worker_model_swaps", "Swaps to another model of the folder, by outcome "
                                    "(loaded; added: loaded into a free slot of WORKER_MAX_MODELS, nothing unloaded; "
                                    "failed: the model served before, if any, is loaded again; unloaded: idle "
@@ -125,6 +128,9 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
 
     def token_gap(self, seconds: float) -> None:
         self.itl.observe(seconds)
+
+    def decode_cpu(self, seconds: float) -> None:
+        self.decode_cpu_seconds.inc(seconds)
 
     def finished(self, job: Job, item: Finished | Failed) -> None:
         if isinstance(item, Failed):

@@ -468,13 +468,14 @@ class Engine:
         if n == 0:
             return False
         self._batch.n_tokens = n
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         status = ll.llama_decode(self._ctx, self._batch)
         self._copied.clear()  # made at the start of that decode
         if status != 0:
             raise RuntimeError(f"llama_decode returned {status}")
         self.steps += 1
         seconds = time.perf_counter() - started
+        self._observer.decode_cpu(time.thread_time() - cpu)
         self.pace.observe(decoding, n - decoding, seconds)
         self._observer.step(decoding + prefilling, n - decoding, seconds, decoding)
         if rows or scored:

@@ -118,6 +118,7 @@ class EngineObserver:
 
     def step(self, sequences: int, prefill_tokens: int, seconds: float, decoding: int = 0) -> None: ...
     def token_gap(self, seconds: float) -> None: ...
+    def decode_cpu(self, seconds: float) -> None: ...  # the engine thread's CPU inside one llama_decode
     def finished(self, job: Job, item: Finished | Failed) -> None: ...
     def internal_error(self, task: str) -> None: ...
     def parked(self, cell_bytes: int) -> None: ...
@@ -137,6 +138,10 @@ class Observers(EngineObserver):
     def token_gap(self, seconds: float) -> None:
         for observer in self._observers:
             observer.token_gap(seconds)
+
+    def decode_cpu(self, seconds: float) -> None:
+        for observer in self._observers:
+            observer.decode_cpu(seconds)
 
     def finished(self, job: Job, item: Finished | Failed) -> None:
         for observer in self._observers:
