@@ -17,13 +17,13 @@ meaningful on a machine whose cores other work shares. Printed per run:
                    `worker_decode_cpu_seconds_total`: with 1 llama.cpp thread the decode runs on the
                    engine thread), and, beside it, that less llama-batched-bench's decode time per token
                    at the worker's batch size (B = streams / workers) on the same model and thread count
-                   (wall time: a decode descheduled by other work counts in it)
   coordinator      the coordinator's CPU per relayed token
   tok/s            the stack's generated tokens over the window; against the ceiling: `--workers` x
-                   llama-batched-bench's generation rate at that batch size (S_TG), the rate the
-                   workers' cores would reach decoding and nothing else, and against the same ceiling
-                   by CPU: batched-bench's decode time per token over the worker's whole CPU per
-                   token (what the workers would reach with a core each, no one else on it)
+                   what one core decodes at llama-batched-bench's CPU cost per token (its run of
+                   `--tokens` less its run of 1, over the tokens between: CPU, as the rest), and by
+                   CPU alone: batched-bench's decode CPU per token over the worker's whole CPU per
+                   token (the share of that ceiling the workers reach with a core each, no one else
+                   on it; the wall figure also pays for whatever else runs on the machine)
 
 The load generators are `--clients` separate processes (bare asyncio HTTP/1.1 clients that read every
 stream to the end and parse it afterwards), connected before a signal starts them all; the window runs
@@ -100,13 +100,14 @@ def batched_bench_binary(build: Build | None = None, *, jobs: int = 2) -> Path:
 @dataclass
 class Batched:
     batch: int
-    tg_us_per_token: float  # wall time of the generation phase per generated token (1 thread)
-    tg_tokens_per_s: float
-    cpu_us_per_token: float  # the whole run's CPU (load, prompts, generation) per generated token
+    tg_us_per_token: float  # CPU of the generation phase per generated token (1 thread)
+    tg_tokens_per_s: float  # what one core decodes at that CPU cost: 1e6 / tg_us_per_token
+    wall_us_per_token: float  # its own T_TG figure: wall time, longer when other work shares the core
     line: str
 
 
-def run_batched_bench(binary: Path, model: Path, batch: int, tokens: int, sessions: int) -> Batched:
+def _batched_run(binary: Path, model: Path, batch: int, tokens: int, sessions: int) -> tuple[float, str]:
+    """(CPU seconds of one llama-batched-bench run, its table row for B=`batch`)."""
     argv = [str(binary), "-m", str(model), "-t", "1", "-tb", "1", "-c", str(sessions * SESSION_TOKENS),
             "-b", str(PREFILL_CHUNK + sessions), "-ub", str(PREFILL_CHUNK + sessions),
             "-npp", str(PROMPT_TOKENS), "-ntg", str(tokens), "-npl", str(batch)]
@@ -117,10 +118,18 @@ def run_batched_bench(binary: Path, model: Path, batch: int, tokens: int, sessio
     for line in done.stdout.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 10 and re.fullmatch(r"\d+", cells[0]) and int(cells[2]) == batch:
-            t_tg, s_tg = float(cells[6]), float(cells[7])
-            generated = batch * tokens
-            return Batched(batch, t_tg / generated * 1e6, s_tg, cpu / generated * 1e6, line.strip())
+            return cpu, line.strip()
     raise RuntimeError(f"{TARGET} printed no row for B={batch}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+
+
+def run_batched_bench(binary: Path, model: Path, batch: int, tokens: int, sessions: int) -> Batched:
+    """llama-batched-bench's decode cost per token at batch `batch`, as CPU time: a run of `tokens`
+    generated tokens per sequence less a run of 1 (the load and the prompts), over the tokens between."""
+    short, _ = _batched_run(binary, model, batch, 1, sessions)
+    long, line = _batched_run(binary, model, batch, tokens, sessions)
+    us = (long - short) / (batch * (tokens - 1)) * 1e6
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    return Batched(batch, us, 1e6 / us, float(cells[6]) / (batch * tokens) * 1e6, line)
 
 
 # -- the load generator (its own process) ------------------------------------------------------------
@@ -314,7 +323,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.batched_bench:
         binary = batched_bench_binary()
         batched = run_batched_bench(binary, args.model, batch, args.tokens, args.sessions)
-        print(f"llama-batched-bench B={batch}: {batched.line}", file=sys.stderr, flush=True)
+        print(f"llama-batched-bench B={batch}: {batched.line}\n  decode CPU {batched.tg_us_per_token:.1f} us/token "
+              f"(wall {batched.wall_us_per_token:.1f})", file=sys.stderr, flush=True)
     rows, runs = [], []
     with tempfile.TemporaryDirectory(prefix="stack-bench-") as logs, \
             pool(Path(logs), workers=[worker_flags(args.model, args.sessions)] * args.workers,
