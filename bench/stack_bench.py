@@ -31,6 +31,7 @@ from that signal to the last stream's end.
 
     .venv/bin/python -m bench.stack_bench [--streams 64] [--tokens 128] [--workers 2] [--sessions 64]
                                           [--api openai|chat|infer] [--reps 1] [--no-batched-bench]
+                                          [--stream-interval SECONDS]
     .venv/bin/python -m bench.stack_bench --build-only     # build llama-batched-bench (minutes) and exit
 """
 
@@ -280,9 +281,11 @@ def measure(stack: Any, api: str, n: int, tokens: int, clients: int) -> Run:
                [e for r in results for e in r["errors"]][:5])
 
 
-def worker_flags(model: Path, sessions: int) -> list[str]:
+def worker_flags(model: Path, sessions: int, stream_interval: float | None = None) -> list[str]:
+    interval = [] if stream_interval is None else ["--stream-interval", str(stream_interval)]
     return ["--model-path", str(model), "--threads", "1", "--max-sessions", str(sessions),
-            "--session-max-tokens", str(SESSION_TOKENS), "--prefill-chunk", str(PREFILL_CHUNK), "--no-prompt-cache"]
+            "--session-max-tokens", str(SESSION_TOKENS), "--prefill-chunk", str(PREFILL_CHUNK), "--no-prompt-cache",
+            *interval]
 
 
 def report(run: Run, batched: Batched | None, workers: int) -> dict[str, Any]:
@@ -327,7 +330,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"(wall {batched.wall_us_per_token:.1f})", file=sys.stderr, flush=True)
     rows, runs = [], []
     with tempfile.TemporaryDirectory(prefix="stack-bench-") as logs, \
-            pool(Path(logs), workers=[worker_flags(args.model, args.sessions)] * args.workers,
+            pool(Path(logs), workers=[worker_flags(args.model, args.sessions, args.stream_interval)] * args.workers,
                  name="stack") as stack:
         measure(stack, args.api, min(args.streams, 4), 8, 1)  # warm-up
         for _ in range(args.reps):
@@ -351,6 +354,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="openai: /v1/completions (no logprobs asked, so no probabilities computed); "
                              "chat: /v1/chat/completions; infer: /coordinator/infer (asks for probabilities)")
     parser.add_argument("--clients", type=int, default=2, help="load-generator processes")
+    parser.add_argument("--stream-interval", type=float, default=None,
+                        help="the workers' --stream-interval (default: theirs); 0 hands every step's tokens over")
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--model", type=Path, default=DEFAULT_OUT, help="written by bench.tiny_model if absent")
     parser.add_argument("--no-batched-bench", dest="batched_bench", action="store_false",
