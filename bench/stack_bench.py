@@ -61,8 +61,12 @@ from bench.tiny_bench import (
     PREFILL_CHUNK,
     SESSION_TOKENS,
     _dechunk,
+    add_client_child_arguments,
+    client_child_ids,
     cpu_seconds,
+    post_when,
     prompt_text,
+    signal_and_collect,
     thread_cpu_seconds,
 )
 from bench.tiny_model import DEFAULT_OUT, ensure_tiny_model
@@ -147,16 +151,7 @@ def request_body(api: str, i: int, tokens: int) -> dict[str, Any]:
 
 
 async def _one_stream(port: int, api: str, i: int, tokens: int, go: asyncio.Event) -> bytes:
-    body = json.dumps(request_body(api, i, tokens)).encode()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    head = (f"POST {PATHS[api]} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
-    await go.wait()
-    writer.write(head + body)
-    await writer.drain()
-    data = await reader.read(-1)  # to the end: the server closes after the response
-    writer.close()
-    return data
+    return await post_when(port, PATHS[api], json.dumps(request_body(api, i, tokens)).encode(), go)
 
 
 def stream_tokens(raw: bytes, api: str) -> tuple[int, str]:
@@ -248,13 +243,7 @@ def measure(stack: Any, api: str, n: int, tokens: int, clients: int) -> Run:
         before = [scrape(url, stack.worker_token) for url in stack.worker_urls]
         cpu0 = [cpu_seconds(pid) for pid in (*stack.coordinator_pids, *stack.worker_pids)]
         threads0 = [thread_cpu_seconds(pid) for pid in stack.worker_pids]
-        started = time.perf_counter()
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        results = [json.loads(proc.communicate(timeout=600)[0].strip().splitlines()[-1]) for proc in procs]
-        wall = time.perf_counter() - started
+        results, wall = signal_and_collect(procs)
         cpu1 = [cpu_seconds(pid) for pid in (*stack.coordinator_pids, *stack.worker_pids)]
         threads1 = [thread_cpu_seconds(pid) for pid in stack.worker_pids]
         after = [scrape(url, stack.worker_token) for url in stack.worker_urls]
@@ -362,21 +351,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="skip llama-batched-bench (no ceiling columns)")
     parser.add_argument("--build-only", action="store_true", help="build llama-batched-bench, print its path, exit")
     parser.add_argument("--out", type=Path, default=RESULTS / "stack_bench.json")
-    parser.add_argument("--client-child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--ids", default="", help=argparse.SUPPRESS)
+    add_client_child_arguments(parser)
     args = parser.parse_args(argv)
     if args.streams < 1 or args.workers < 1 or args.streams > args.workers * args.sessions:
         parser.error("--streams must be 1 .. workers x sessions")
     return args
 
 
+def client_child(args: argparse.Namespace) -> int:
+    """A load generator's process: its streams' results as one JSON line."""
+    result = asyncio.run(_client(args.port, args.api, client_child_ids(args), args.tokens))
+    print(json.dumps(result))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.client_child:
-        ids = [int(i) for i in args.ids.split(",")]
-        print(json.dumps(asyncio.run(_client(args.port, args.api, ids, args.tokens))))
-        return 0
+        return client_child(args)
     if args.build_only:
         print(batched_bench_binary())
         return 0
