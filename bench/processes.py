@@ -130,6 +130,8 @@ class Pool:
     worker_urls: tuple[str, ...]
     worker_token: str  # the workers answer /metrics, /worker/sessions and generate only with it
     urls: tuple[str, ...] = ()  # every coordinator, the first first
+    coordinator_pids: tuple[int, ...] = ()  # in `urls`' order
+    worker_pids: tuple[int, ...] = ()  # in `worker_urls`' order
 
 
 @contextlib.contextmanager
@@ -145,29 +147,31 @@ def pool(log_dir: Path, *, workers: Sequence[Sequence[str]], coordinator: Sequen
     urls = [f"http://127.0.0.1:{free_port()}" for _ in range(coordinators)]
     token = secrets.token_urlsafe(24)
     env = peer_env(token)
+    coordinator_pids: list[int] = []
+    worker_pids: list[int] = []
     with contextlib.ExitStack() as stack:
         for c, url in enumerate(urls, start=1):
             label = "coordinator" if coordinators == 1 else f"coordinator-{c}"
-            stack.enter_context(serving(
+            coordinator_pids.append(stack.enter_context(serving(
                 label, [sys.executable, "-m", "coordinator", "--port", url.rsplit(":", 1)[1], "--heartbeat-interval",
                         "1", "--log-level", "warning", *coordinator],
-                url + "/coordinator/health", log_path=log_dir / f"{name}-{label}.log", env=peer_env(token, api_keys)))
+                url + "/coordinator/health", log_path=log_dir / f"{name}-{label}.log", env=peer_env(token, api_keys))).pid)
         worker_urls = []
         for i, extra in enumerate(workers, start=1):
             wport = free_port()
             worker_urls.append(f"http://127.0.0.1:{wport}")
-            stack.enter_context(serving(
+            worker_pids.append(stack.enter_context(serving(
                 f"worker-{i}", [sys.executable, "-m", "worker", "--port", str(wport), "--worker-id", f"w{i}",
                                 "--coordinator-url", ",".join(urls), "--heartbeat-interval", "0.5",
                                 "--log-level", "warning", *extra],
-                worker_urls[-1] + "/worker/health", log_path=log_dir / f"{name}-w{i}.log", env=env))
+                worker_urls[-1] + "/worker/health", log_path=log_dir / f"{name}-w{i}.log", env=env)).pid)
         deadline = time.monotonic() + timeout
         for url in urls:
             while httpx.get(url + "/coordinator/health", timeout=2).json()["workers"]["alive"] < len(workers):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the workers did not register within {timeout:g} s (logs in {log_dir})")
                 time.sleep(0.2)
-        yield Pool(urls[0], tuple(worker_urls), token, tuple(urls))
+        yield Pool(urls[0], tuple(worker_urls), token, tuple(urls), tuple(coordinator_pids), tuple(worker_pids))
 
 
 def code_version(paths: Sequence[str] = ("worker", "protocol", "coordinator", "bench")) -> dict[str, Any]:

@@ -113,14 +113,19 @@ async def _one_stream(port: int, i: int, tokens: int, go: asyncio.Event, probabi
         fields["temperature"] = 0  # otherwise the request's defaults: temperature 0.8, top-k 40, top-p 0.95
     if not probabilities:
         fields["probabilities"] = False  # as the OpenAI surface sends when no logprobs are asked for
-    body = json.dumps(fields).encode()
+    return await post_when(port, "/worker/generate", json.dumps(fields).encode(), go)
+
+
+async def post_when(port: int, path: str, body: bytes, go: asyncio.Event) -> bytes:
+    """POSTs `body` (JSON) to `path` on a connection opened now, once `go` is set; the whole response, read
+    to its end (the server closes after it)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    head = (f"POST /worker/generate HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
     await go.wait()
     writer.write(head + body)
     await writer.drain()
-    data = await reader.read(-1)  # to the end: the server closes after the response
+    data = await reader.read(-1)
     writer.close()
     return data
 
@@ -305,13 +310,7 @@ def run_worker_cell(url: str, port: int, pid: int, n: int, tokens: int, clients:
             if proc.stdout.readline().strip() != "ready":
                 raise RuntimeError("a load generator failed to start")
         before, cpu0, threads0 = scrape(url), cpu_seconds(pid), thread_cpu_seconds(pid)
-        started = time.perf_counter()
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        results = [json.loads(proc.communicate(timeout=600)[0].strip().splitlines()[-1]) for proc in procs]
-        wall = time.perf_counter() - started
+        results, wall = signal_and_collect(procs)
         cpu1, threads1, after = cpu_seconds(pid), thread_cpu_seconds(pid), scrape(url)
     finally:
         for proc in procs:
@@ -342,6 +341,18 @@ def run_worker_cell(url: str, port: int, pid: int, n: int, tokens: int, clients:
                 engine_cpu_us_per_token=engine_cpu / generated * 1e6,
                 http_cpu_us_per_token=(worker_cpu - engine_cpu) / generated * 1e6,
                 engine_wait_us_per_token=outside_us - engine_outside_cpu_us)
+
+
+def signal_and_collect(procs: list[subprocess.Popen[str]]) -> tuple[list[dict[str, Any]], float]:
+    """Starts every ready load generator at once; each one's result (its last line, JSON) and the
+    seconds from the signal until the last one finished."""
+    started = time.perf_counter()
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    results = [json.loads(proc.communicate(timeout=600)[0].strip().splitlines()[-1]) for proc in procs]
+    return results, time.perf_counter() - started
 
 
 def worker_argv(model: Path, port: int, n: int, threads: int) -> list[str]:
@@ -392,6 +403,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"rows": rows}
 
 
+def add_client_child_arguments(parser: argparse.ArgumentParser) -> None:
+    """The hidden flags a benchmark's load-generator child is started with (its port and stream ids)."""
+    parser.add_argument("--client-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--ids", default="", help=argparse.SUPPRESS)
+
+
+def client_child_ids(args: argparse.Namespace) -> list[int]:
+    return [int(i) for i in args.ids.split(",")]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.tiny_bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -415,9 +437,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--worker-tree", type=Path, default=None,
                         help="run the worker from this checkout (e.g. a git worktree of an older commit), to "
                              "compare two versions in one session; the load generators and ceiling stay this one's")
-    parser.add_argument("--client-child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--ids", default="", help=argparse.SUPPRESS)
+    add_client_child_arguments(parser)
     args = parser.parse_args(argv)
     args.streams = [int(s) for s in args.streams.split(",") if s.strip()]
     if not args.streams or min(args.streams) < 1 or max(args.streams) > 256:
@@ -428,7 +448,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.client_child:
-        ids = [int(i) for i in args.ids.split(",")]
+        ids = client_child_ids(args)
         print(json.dumps(asyncio.run(_client(args.port, ids, args.tokens, args.probabilities, args.sampling))))
         return 0
     if args.ceiling_child:

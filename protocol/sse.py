@@ -40,16 +40,27 @@ class SseParser:
     def feed(self, chunk: bytes) -> list[SseEvent]:
         text = self._pending + self._decoder.decode(chunk)
         events: list[SseEvent] = []
+        if text.count("\r\n") == text.count("\r") == text.count("\n"):
+            # Only CRLF line ends (as this project writes them), none split across reads: one split.
+            lines = text.split("\r\n")
+            self._pending = lines.pop()
+            for line in lines:
+                self._line(line, events)
+        else:
+            self._pending = self._lines(text, events)
+        if len(self._pending) + self._size > self._max:
+            raise SseTooLarge(f"an SSE event exceeded {self._max} characters")
+        return events
+
+    def _lines(self, text: str, events: list[SseEvent]) -> str:
+        """Every whole line of `text`, any line end (CRLF, CR, LF); returns what follows the last one."""
         start, end = 0, len(text)
         while (m := _EOL.search(text, start)) is not None:
             if m.group() == "\r" and m.end() == end:
                 break  # a lone CR at the end may be the first half of CRLF: wait for the next read
             self._line(text[start:m.start()], events)
             start = m.end()
-        self._pending = text[start:]
-        if len(self._pending) + self._size > self._max:
-            raise SseTooLarge(f"an SSE event exceeded {self._max} characters")
-        return events
+        return text[start:]
 
     def close(self) -> SseEvent | None:
         """The stream ended: the event still pending if its final blank line never came."""

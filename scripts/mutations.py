@@ -434,8 +434,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              (("tests/worker/test_heartbeat.py::test_a_coordinator_not_reached_is_beaten_to_again_within_reach_"
               "retry_and_the_others_get_no_extra_beats"),)),
     Mutation("scored-rows-misread", "a scored prompt's rows are read as its own beside other requests' rows",
-             "worker/backends/llama_engine.py", "scored.append((len(rows) + len(scored), run, len(session.tokens)))",
-             "scored.append((len(scored), run, len(session.tokens)))", (T_SCORING,)),
+             "worker/backends/llama_engine.py", "scored.append((len(rows) + len(scored), run, position))",
+             "scored.append((len(scored), run, position))", (T_SCORING,)),
     Mutation("scored-prompt-cached", "a scored prompt is prefilled whole, its cached cells (no logits) not reused",
              "worker/admission.py", "            cached = 0  # cells already held have no logits",
              "            pass  # cells already held have no logits", (T_SCORING,)),

@@ -73,3 +73,15 @@ def test_close_returns_an_event_whose_blank_line_never_came() -> None:
     assert parser.feed(b"event: done\r\ndata: {}\r\n\r\nevent: token\r\ndata: x") == [SseEvent("done", "{}")]
     assert parser.close() == SseEvent("token", "x")
     assert parser.close() is None
+
+
+@pytest.mark.parametrize("cut", range(1, 40))
+def test_crlf_only_reads_parse_as_any_line_ends_do(cut: int) -> None:
+    """Reads whose line ends are all CRLF take the parser's one-split path; the same events, with a read
+    that ends between CR and LF (the other path) or mid-line."""
+    crlf = b"".join(encode(name, data) for name, data in (("token", '{"token":"a"}'), ("token", "x:y"),
+                                                           ("done", "one\ntwo")))
+    expected = [SseEvent("token", '{"token":"a"}'), SseEvent("token", "x:y"), SseEvent("done", "one\ntwo")]
+    assert parse([crlf]) == expected
+    assert parse([crlf[:cut], crlf[cut:]]) == expected
+    assert parse([crlf.replace(b"\r\n", b"\n")]) == expected

@@ -7,6 +7,8 @@ Names follow vLLM's and llama.cpp server's where the meaning is the same (see do
 
 from __future__ import annotations
 
+import bisect
+import collections
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -39,6 +41,9 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
         self.internal_errors = Counter("worker_internal_errors", "Unexpected exceptions in a supervised task "
                                        "(engine step, heartbeats, session sweeper, a model swap)", ["task"], registry=r)
         self.steps = Counter("worker_decode_steps", "llama_decode calls made by the batch loop", registry=r)
+        self.decode_cpu_seconds = Counter("worker_decode_cpu_seconds", "CPU seconds of the engine thread inside "
+                                          "llama_decode (its own threads' CPU when it runs on one; wall time "
+                                          "is worker_decode_step_seconds)", registry=r)
         self.model_swaps = Counter("worker_model_swaps", "Swaps to another model of the folder, by outcome "
                                    "(loaded; added: loaded into a free slot of WORKER_MAX_MODELS, nothing unloaded; "
                                    "failed: the model served before, if any, is loaded again; unloaded: idle "
@@ -126,6 +131,15 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
     def token_gap(self, seconds: float) -> None:
         self.itl.observe(seconds)
 
+    def decode_cpu(self, seconds: float) -> None:
+        self.decode_cpu_seconds.inc(seconds)
+
+    def token_gaps(self, gaps: list[float]) -> None:
+        """A step's gaps at once: the histogram's sum once, and each bucket once by how many fall in it
+        (a step's gaps are nearly all alike), not `observe` per token."""
+        if gaps:
+            observe_many(self.itl, gaps)
+
     def finished(self, job: Job, item: Finished | Failed) -> None:
         if isinstance(item, Failed):
             self.requests_finished.labels(item.reason).inc()
@@ -163,3 +177,14 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
 
     def resumed(self, paused_s: float) -> None:
         self.park_seconds.observe(paused_s)
+
+
+def observe_many(histogram: Histogram, values: list[float]) -> None:
+    """As `histogram.observe` each of `values`, with one increment per bucket touched. Leans on
+    prometheus-client's Histogram internals (`_upper_bounds`, `_buckets`, `_sum`: what `observe` itself
+    updates); tests/worker/test_metrics.py checks it against `observe`."""
+    bounds = histogram._upper_bounds
+    counts = collections.Counter(bisect.bisect_left(bounds, value) for value in values)
+    histogram._sum.inc(sum(values))
+    for bucket, count in counts.items():
+        histogram._buckets[bucket].inc(count)

@@ -125,6 +125,7 @@ class WorkerRuntime:
                               prefill_stall=settings.prefill_stall,
                               kv_unified=settings.kv_unified,
                               slow_consumer_deadline=settings.slow_consumer_deadline,
+                              wake_interval=settings.stream_interval,
                               request_timeout=settings.request_timeout, prompt_cache=settings.prompt_cache,
                               prefix_min_tokens=settings.prefix_min_tokens)
         # The table is sized from the context llama.cpp actually made, not from what we asked for.

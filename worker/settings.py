@@ -60,6 +60,7 @@ ENV_NAMES = {
     "heartbeat_interval": "HEARTBEAT_INTERVAL",
     "stream_buffer": "WORKER_STREAM_BUFFER",
     "slow_consumer_deadline": "WORKER_SLOW_CONSUMER_DEADLINE",
+    "stream_interval": "WORKER_STREAM_INTERVAL",
     "request_timeout": "WORKER_REQUEST_TIMEOUT",
     "prompt_cache": "WORKER_PROMPT_CACHE",
     "prefix_min_tokens": "WORKER_PREFIX_MIN_TOKENS",
@@ -149,6 +150,10 @@ class WorkerSettings(BaseModel):
                                       "coordinator")
     stream_buffer: int = Field(default=64, ge=1, le=65536, description="items buffered per stream")
     slow_consumer_deadline: float = Field(default=10.0, gt=0, description="seconds a full stream may wait")
+    stream_interval: float = Field(default=0.04, ge=0, le=1.0, description="seconds between two hand-overs of "
+                                   "running streams' tokens to their responses, at most: steps shorter than this "
+                                   "send several tokens a write (a first token and an ending go at once); 0: "
+                                   "every step")
     prompt_cache: bool = Field(default=True, description="freed sequences keep their tokens for a next prompt")
     prefix_min_tokens: int = Field(default=8, ge=1, le=1 << 20,
                                    description="split KV: copy another sequence's cells when they hold at least "

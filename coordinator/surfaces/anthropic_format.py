@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import orjson
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
@@ -123,7 +124,7 @@ class EventEncoder:
 
     def __call__(self, event: SseEvent) -> bytes:
         if event.event == EVENT_TOKEN:
-            piece = json.loads(event.data)["token"]
+            piece = orjson.loads(event.data)["token"]
             held = self._held
             if held is None:
                 return self._start() + self._text_open() + self._text(piece)
@@ -201,7 +202,7 @@ def assemble(shape: Shape, events: list[SseEvent], *, headers: dict[str, str]) -
     pieces: list[str] = []
     for event in events:
         if event.event == EVENT_TOKEN:
-            pieces.append(json.loads(event.data)["token"])
+            pieces.append(orjson.loads(event.data)["token"])
         elif event.event == EVENT_DONE:
             done = DoneEvent.model_validate_json(event.data)
             text = "".join(pieces)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
@@ -126,7 +127,7 @@ class ChunkEncoder:
             self._echoed = True
             return self._echo_text() + self(event)
         if event.event == EVENT_TOKEN:
-            data = json.loads(event.data)
+            data = orjson.loads(event.data)
             i = data.get("choice", 0)
             held = self._held[i]
             if held is not None:
@@ -289,7 +290,7 @@ def assemble(options: Options, events: list[SseEvent], *, request_id: str, creat
         if event.event == EVENT_PROMPT:
             prompt.append(PromptEvent.model_validate_json(event.data))
         elif event.event == EVENT_TOKEN:
-            data = json.loads(event.data)
+            data = orjson.loads(event.data)
             pieces[data.get("choice", 0)].append((data["token"], data["probability"], data.get("top")))
         elif event.event == EVENT_DONE:
             done = DoneEvent.model_validate_json(event.data)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
@@ -169,13 +170,13 @@ class EventEncoder:
     def _encode(self, event: SseEvent) -> bytes:
         if event.event == EVENT_TOKEN:
             if self._held:
-                self._pieces.append(json.loads(event.data)["token"])
+                self._pieces.append(orjson.loads(event.data)["token"])
                 tools = self._shape.echo.tools
                 if tools is not None and not may_be_call(self._pieces, tools):
                     self._held = False  # text: what was held goes out as it came, the rest as it comes
                     return self._open() + b"".join(self._delta_frame(piece) for piece in self._pieces)
                 return self._start()
-            return self._open() + self._text(json.loads(event.data)["token"])
+            return self._open() + self._text(orjson.loads(event.data)["token"])
         if event.event == EVENT_DONE:
             done = DoneEvent.model_validate_json(event.data)
             if self._held:
@@ -278,7 +279,7 @@ def assemble(shape: Shape, events: list[SseEvent], *, headers: dict[str, str],
     pieces: list[str] = []
     for event in events:
         if event.event == EVENT_TOKEN:
-            pieces.append(json.loads(event.data)["token"])
+            pieces.append(orjson.loads(event.data)["token"])
         elif event.event == EVENT_DONE:
             response = shape.finished("".join(pieces), DoneEvent.model_validate_json(event.data), now())
             return JSONResponse(response.model_dump(mode="json"), headers=headers)

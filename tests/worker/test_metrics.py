@@ -61,3 +61,23 @@ def test_the_gauges_add_up_every_model_served() -> None:
     assert value("worker_kv_cache_usage_ratio") == 0.2 and value("worker_sessions_expired_total") == 2
     served.clear()
     assert (value("worker_num_requests_running"), value("worker_kv_cache_usage_ratio")) == (0, 0)
+
+
+def test_a_steps_gaps_at_once_read_as_each_observed() -> None:
+    """`token_gaps` (one call per engine step) leaves the inter-token histogram as `observe` per gap would,
+    bounds included (a gap equal to a bucket's bound falls in that bucket)."""
+    from worker.metrics import WorkerMetrics
+
+    gaps = [0.001, 0.0025, 0.0025, 0.04, 0.3, 7.0, 1e9, 0.0]
+    one, many = WorkerMetrics(), WorkerMetrics()
+    for gap in gaps:
+        one.token_gap(gap)
+    many.token_gaps(gaps)
+    many.token_gaps([])
+
+    def itl(metrics: WorkerMetrics) -> list[str]:
+        return [line for line in metrics.render().decode().splitlines()
+                if line.startswith("worker_inter_token_latency_seconds") and "_created" not in line]
+
+    assert itl(many) == itl(one)
+    assert any(line.endswith(" 8.0") for line in itl(one) if "_count" in line)

@@ -68,7 +68,7 @@ from serving.tracing import NO_TRACE, Trace
 from worker.admission import Ticket
 from worker.api.event_stream import EventStream, token_event
 from worker.api.slots import slot_of, slots_of
-from worker.engine.jobs import Failed, Finished, Job, PromptScored
+from worker.engine.jobs import Failed, Finished, Job, PromptScored, StreamItem
 from worker.errors import WorkerError
 from worker.metrics import WorkerMetrics
 from worker.runtime import WorkerRuntime
@@ -343,23 +343,16 @@ async def _events(runtime: WorkerRuntime, ticket: Ticket, request_id: str,
     try:
         yield encode(EVENT_ADMITTED, AdmittedEvent(prompt_tokens=len(job.prompt_tokens)).model_dump_json())
         while outcome is None:
-            item = await job.channel.get()
-            if isinstance(item, Finished):
-                outcome = item
-                yield encode(EVENT_DONE, _done(runtime, job, item).model_dump_json())
-            elif isinstance(item, Failed):
-                outcome = item
-                error = ErrorEvent(error=item.message, reason=item.reason, request_id=job.request_id)
-                yield encode(EVENT_ERROR, error.model_dump_json())
-            elif isinstance(item, PromptScored):
-                for start in range(0, len(item.tokens), PROMPT_EVENT_TOKENS):
-                    end = start + PROMPT_EVENT_TOKENS
-                    yield encode(EVENT_PROMPT, PromptEvent(start=start, tokens=item.tokens[start:end],
-                                                           logprobs=item.logprobs[start:end],
-                                                           top=item.top[start:end]).model_dump_json())
-            else:
-                yield token_event(item.text, item.index, item.probability if probabilities else None,
-                                  item.choice, item.alternatives)
+            # Everything the channel holds goes out in one write: a stream the event loop reaches
+            # late (the engine wakes it at most once a step) sends its tokens as one chunk.
+            chunks: list[bytes] = []
+            for item in await job.channel.get_all():
+                if isinstance(item, (Finished, Failed)):
+                    outcome = item
+                chunks.append(_item_events(runtime, job, item, probabilities))
+                if outcome is not None:
+                    break
+            yield b"".join(chunks)
     finally:
         runtime.jobs.discard(job)
         runtime.used(ticket.request.tenant)
@@ -370,6 +363,22 @@ async def _events(runtime: WorkerRuntime, ticket: Ticket, request_id: str,
             runtime.engine.poke()
         _log_request(runtime, job, outcome, trace.trace_id)
         _trace_end(trace, runtime, job, outcome)
+
+
+def _item_events(runtime: WorkerRuntime, job: Job, item: StreamItem, probabilities: bool) -> bytes:
+    """One channel item as the SSE events the client reads (a scored prompt's may be several)."""
+    if isinstance(item, Finished):
+        return encode(EVENT_DONE, _done(runtime, job, item).model_dump_json())
+    if isinstance(item, Failed):
+        error = ErrorEvent(error=item.message, reason=item.reason, request_id=job.request_id)
+        return encode(EVENT_ERROR, error.model_dump_json())
+    if isinstance(item, PromptScored):
+        parts = [slice(start, start + PROMPT_EVENT_TOKENS) for start in range(0, len(item.tokens), PROMPT_EVENT_TOKENS)]
+        return b"".join(encode(EVENT_PROMPT, PromptEvent(start=part.start, tokens=item.tokens[part],
+                                                         logprobs=item.logprobs[part], top=item.top[part]
+                                                         ).model_dump_json()) for part in parts)
+    return token_event(item.text, item.index, item.probability if probabilities else None, item.choice,
+                       item.alternatives)
 
 
 def _done(runtime: WorkerRuntime, job: Job, item: Finished) -> DoneEvent:

@@ -112,6 +112,7 @@ class Engine:
         self._mem = ll.llama_get_memory(self._ctx)
         self._n_batch = params.n_batch
         self._batch = ll.llama_batch_init(self._n_batch, 0, 1)
+        self._rows = _BatchRows(self._batch, self._n_batch)
         self._sampler = StepSampler(model.shape.n_vocab)
         self._cond = threading.Condition()
         # Bounded by admission, not by a maxlen: jobs <= sequence slots, frees <= slots, one cancel per
@@ -128,6 +129,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._copied: set[int] = set()  # sequences whose copy llama.cpp makes at the next decode
+        self._woke_at = 0.0  # time.monotonic() of the last wake of the event loop (`_wake`)
+        self._urgent = False  # a first token, or a prompt's scores, waits for the next wake
         self.pace = PrefillPace(stall=config.prefill_stall)
         self.steps = 0
 
@@ -182,6 +185,7 @@ class Engine:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 return  # a step still runs on it: freeing the context under it would crash the process
+        self._rows.give_back(self._batch)
         ll.llama_batch_free(self._batch)
         ll.llama_free(self._ctx)
         self._ctx = None
@@ -268,6 +272,7 @@ class Engine:
     # -- the loop (engine thread) --------------------------------------------------------------------
 
     def _run(self) -> None:
+        touched: set[TokenChannel[StreamItem]] = set()  # channels pushed to since the event loop was woken
         while True:
             with self._cond:
                 if not self._inbox and not self._running and not self._stopping:
@@ -277,7 +282,6 @@ class Engine:
                 if self._stopping:
                     break
                 inbox, self._inbox = self._inbox, collections.deque()
-            touched: set[TokenChannel[StreamItem]] = set()
             try:
                 self._cycle(inbox, touched)
             except Exception:  # a bug or llama.cpp failure must not leave streams hanging
@@ -285,8 +289,8 @@ class Engine:
                 self._observer.internal_error("engine_step")
                 for run in list(self._running):  # a request's other choices end with its first
                     self._end(run, Failed(reasons.ENGINE_FAILED, "the engine failed; its log says why"), touched)
-            if touched:
-                self._loop.call_soon_threadsafe(_wake_all, list(touched))
+            self._wake(touched, force=not self._running)
+        self._wake(touched, force=True)
         for run in list(self._running):
             self._end(run, Failed(reasons.DRAINING, "worker is shutting down"), set())
         while self._parked:
@@ -301,8 +305,25 @@ class Engine:
         if self._parked:
             self._resume(touched)
         if self._running and not self._step(touched):
+            self._wake(touched, force=True)
             with self._cond:  # every sequence waits for its consumer: poll gently
                 self._cond.wait(timeout=0.005)
+
+    def _wake(self, touched: set[TokenChannel[StreamItem]], *, force: bool) -> None:
+        """Wakes the event loop for the channels pushed to (one hand-off for all of them), at most once
+        per `wake_interval` of steps: the streams reached late write what came meanwhile as one chunk,
+        so the sockets on both sides of the coordinator carry several tokens a write. At once when
+        `force`d, when a request's first token (or its prompt's scores) is among them, and when one
+        has ended: time to first token and to the end do not wait."""
+        if not touched:
+            return
+        now = time.monotonic()  # wall pacing, whatever clock the engine's deadlines use
+        if force or self._urgent or now - self._woke_at >= self.config.wake_interval \
+                or any(channel.closed for channel in touched):
+            self._loop.call_soon_threadsafe(_wake_all, list(touched))
+            touched.clear()
+            self._urgent = False
+            self._woke_at = now
 
     def _hand_over(self, touched: set[TokenChannel[StreamItem]]) -> None:
         """After a park: waits (`PARK_HANDOVER` at most) for the job admitted in the parked request's
@@ -468,13 +489,14 @@ class Engine:
         if n == 0:
             return False
         self._batch.n_tokens = n
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         status = ll.llama_decode(self._ctx, self._batch)
         self._copied.clear()  # made at the start of that decode
         if status != 0:
             raise RuntimeError(f"llama_decode returned {status}")
         self.steps += 1
         seconds = time.perf_counter() - started
+        self._observer.decode_cpu(time.thread_time() - cpu)
         self.pace.observe(decoding, n - decoding, seconds)
         self._observer.step(decoding + prefilling, n - decoding, seconds, decoding)
         if rows or scored:
@@ -487,13 +509,15 @@ class Engine:
             if any(run.waiting for run in rows):
                 rows, logits = self._with_choices(rows, logits)
             picks = self._sampler.sample(logits, [run.sampling for run in rows])
+            now, gaps = self._clock(), list[float]()
             for i, (run, (token, probability)) in enumerate(zip(rows, picks, strict=True)):
                 # Only in the step that ends a scored prompt (max_tokens 0 needs scores: the prompt alone).
                 if run.scores is not None and self._deliver_scores(run, touched):
                     self._end(run, self._endings.finished(run, "length"), touched)
                 elif not run.ended:
                     alternatives = self._alternatives(run, logits[i]) if run.job.request.alternatives else ()
-                    self._accept(run, token, probability, touched, alternatives)
+                    self._accept(run, token, probability, touched, alternatives, now, gaps)
+            self._observer.token_gaps(gaps)
         return True
 
     @staticmethod
@@ -516,6 +540,7 @@ class Engine:
         tokens, top = scores.texts(self.model.piece)
         run.job.channel.push(PromptScored(tokens, scores.logprobs, top))
         touched.add(run.job.channel)
+        self._urgent = True
         return not run.ended and run.job.request.max_tokens == 0
 
     def _with_choices(self, rows: list[_Running], logits: np.ndarray) -> tuple[list[_Running], np.ndarray]:
@@ -551,7 +576,9 @@ class Engine:
         """Puts each running sequence's last generated token in the batch (one row each), after
         ending the cancelled, the timed-out and those whose consumer stopped reading; the rows added."""
         now, endings = self._clock(), self._endings
-        n = 0
+        tokens: list[int] = []
+        positions: list[int] = []
+        sequences: list[int] = []
         # An interactive request's prompt goes in alone, beside interactive decoding only: batch
         # sequences sit its prefill out (its first token comes a batch step sooner).
         urgent = any(r.todo and r.job.request.priority == "interactive" for r in self._running)
@@ -570,12 +597,14 @@ class Engine:
                     self._end(run, ready, touched)
                 continue
             session = run.session
-            self._put(n, run.next_token, len(session.tokens), session.seq_id, True)
+            tokens.append(run.next_token)
+            positions.append(len(session.tokens))
+            sequences.append(session.seq_id)
             session.tokens.append(run.next_token)
             run.next_token = None
             rows.append(run)
-            n += 1
-        return n
+        self._rows.put(0, tokens, positions, sequences)
+        return len(tokens)
 
     def _add_prompts(self, n: int, rows: list[_Running], scored: list[tuple[int, _Running, int]]) -> tuple[int, int]:
         """Fills the rest of the batch, from row `n`, with prompt chunks; (rows in the batch, sequences
@@ -597,36 +626,31 @@ class Engine:
             sequences += 1
             finishing += not run.todo
             session, scoring = run.session, run.scores is not None
-            for i, token in enumerate(chunk):
-                last = not run.todo and i == len(chunk) - 1
-                self._put(n, token, len(session.tokens), session.seq_id, last or scoring)
-                if last:
-                    rows.append(run)
-                elif scoring:
-                    scored.append((len(rows) + len(scored), run, len(session.tokens)))
-                session.tokens.append(token)
-                n += 1
+            start = len(session.tokens)
+            self._rows.put_chunk(n, chunk, start, session.seq_id, all_logits=scoring, last_logits=not run.todo)
+            if scoring:  # every row but the prompt's last is scored (that one is sampled)
+                for position in range(start, start + len(chunk) - (not run.todo)):
+                    scored.append((len(rows) + len(scored), run, position))
+            if not run.todo:
+                rows.append(run)
+            session.tokens.extend(chunk)
+            n += len(chunk)
             budget -= len(chunk)
         return n, sequences
-
-    def _put(self, i: int, token: int, pos: int, seq_id: int, logits: bool) -> None:
-        batch = self._batch
-        batch.token[i] = token
-        batch.pos[i] = pos
-        batch.n_seq_id[i] = 1
-        batch.seq_id[i][0] = seq_id
-        batch.logits[i] = logits
 
     def _alternatives(self, run: _Running, row: np.ndarray) -> tuple[tuple[str, float], ...]:
         """The most likely tokens of this row, as text, for a request that asks for them."""
         return tuple((self.model.piece(t).decode("utf-8", errors="replace"), logprob)
                      for t, logprob in top_alternatives(row, run.job.request.alternatives))
 
-    def _accept(self, run: _Running, token: int, probability: float,
-                touched: set[TokenChannel[StreamItem]], alternatives: tuple[tuple[str, float], ...] = ()) -> None:
+    def _accept(self, run: _Running, token: int, probability: float, touched: set[TokenChannel[StreamItem]],
+                alternatives: tuple[tuple[str, float], ...] = (), now: float | None = None,
+                gaps: list[float] | None = None) -> None:
         model = self.model
         reason = self._endings.accept(run, model.piece(token), probability, touched, eog=model.is_eog(token),
-                                      alternatives=alternatives)
+                                      alternatives=alternatives, now=now, gaps=gaps)
+        if run.generated == 1:
+            self._urgent = True  # its first token: the client's time to first token does not wait
         if reason is None:
             run.next_token = token
         else:
@@ -656,6 +680,49 @@ class Engine:
         if seq_id is not None:
             ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
             session.tokens.clear()
+
+
+class _BatchRows:
+    """Numpy views onto a `llama_batch`'s per-row arrays, so that a step fills its rows with a few array
+    writes instead of five ctypes stores a row. Each row's `seq_id` points into one array of ours (one
+    sequence a row); `give_back` restores llama_batch_init's own pointers before llama_batch_free."""
+
+    def __init__(self, batch: Any, n: int) -> None:
+        self.token = np.ctypeslib.as_array(batch.token, shape=(n,))
+        self.pos = np.ctypeslib.as_array(batch.pos, shape=(n,))
+        self.logits = np.ctypeslib.as_array(batch.logits, shape=(n,))
+        np.ctypeslib.as_array(batch.n_seq_id, shape=(n,))[:] = 1
+        self._seq_ids = (ctypes.c_int32 * n)()
+        self.seq = np.ctypeslib.as_array(self._seq_ids)
+        # The addresses themselves: an element read from batch.seq_id is a view of its slot, not a copy.
+        self._given = [int(ctypes.cast(batch.seq_id[i], ctypes.c_void_p).value or 0) for i in range(n)]
+        base, size = ctypes.addressof(self._seq_ids), ctypes.sizeof(ctypes.c_int32)
+        for i in range(n):
+            batch.seq_id[i] = ctypes.cast(base + i * size, ctypes.POINTER(ctypes.c_int32))
+
+    def put(self, at: int, tokens: list[int], positions: list[int], seq_ids: list[int]) -> None:
+        """Rows `at`.. : one generated token each, every one asking for logits."""
+        end = at + len(tokens)
+        self.token[at:end] = tokens
+        self.pos[at:end] = positions
+        self.seq[at:end] = seq_ids
+        self.logits[at:end] = 1
+
+    def put_chunk(self, at: int, tokens: list[int], start: int, seq_id: int, *, all_logits: bool,
+                  last_logits: bool) -> None:
+        """Rows `at`.. : a prompt chunk of one sequence from position `start`; logits for every row when
+        `all_logits` (a scored prompt), else for the last one only when `last_logits` (the prompt's end)."""
+        end = at + len(tokens)
+        self.token[at:end] = tokens
+        self.pos[at:end] = np.arange(start, start + len(tokens), dtype=np.int32)
+        self.seq[at:end] = seq_id
+        self.logits[at:end] = all_logits
+        if last_logits:
+            self.logits[end - 1] = 1
+
+    def give_back(self, batch: Any) -> None:
+        for i, address in enumerate(self._given):
+            batch.seq_id[i] = ctypes.cast(address, ctypes.POINTER(ctypes.c_int32))
 
 
 def _wake_all(channels: list[TokenChannel[StreamItem]]) -> None:

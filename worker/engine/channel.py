@@ -58,5 +58,18 @@ class TokenChannel(Generic[T]):
                 continue
             await self._ready.wait()
 
+    async def get_all(self) -> list[T]:
+        """Every item buffered now, in order (waiting for the first): a consumer that is behind takes
+        several steps' tokens at once and writes them in one go. Popped one by one, as many as were
+        there when it looked: the engine thread may append meanwhile, never pop."""
+        while True:
+            if self._items:
+                items = self._items
+                return [items.popleft() for _ in range(len(items))]
+            self._ready.clear()
+            if self._items:  # pushed between the check and the clear
+                continue
+            await self._ready.wait()
+
     def cancel(self) -> None:
         self.cancelled = True

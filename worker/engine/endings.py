@@ -81,14 +81,19 @@ class Endings:
         return False
 
     def accept(self, run: Progress, piece: bytes, probability: float, touched: Touched, *,
-               eog: bool = False, alternatives: tuple[tuple[str, float], ...] = ()) -> str | None:
+               eog: bool = False, alternatives: tuple[tuple[str, float], ...] = (), now: float | None = None,
+               gaps: list[float] | None = None) -> str | None:
         """A generated token: its text goes to the consumer (held while it may begin a stop string);
-        the finish reason when the sequence ends with it (`stop`, `length`), else None."""
-        now = self._clock()
+        the finish reason when the sequence ends with it (`stop`, `length`), else None. A backend that
+        accepts a step's tokens together gives the step's time (`now`) and a list that collects their
+        gaps since each one's previous token (`gaps`, for the observer's `token_gaps` once a step)."""
+        now = self._clock() if now is None else now
         if run.first_token_at is None:
             run.first_token_at = now
-        else:
+        elif gaps is None:
             self._observer.token_gap(now - run.last_token_at)
+        else:
+            gaps.append(now - run.last_token_at)
         run.last_token_at = now
         job = run.job
         if eog and not job.request.ignore_eos:

@@ -36,6 +36,10 @@ class EngineConfig:
     # llama.cpp copies a sequence's whole buffer across streams (session_max_tokens cells), so a
     # very short gain is left to prefill (docs/benchmarks.md, the 40-user runs by this minimum).
     prefix_min_tokens: int = 8
+    # Seconds between two wakes of the event loop for the tokens of running streams, at most (the
+    # llama.cpp engine's `_wake`): a step shorter than this hands its tokens over with the next one's,
+    # so each stream writes several tokens at once. First tokens and endings go at once.
+    wake_interval: float = 0.04
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,13 @@ class EngineObserver:
 
     def step(self, sequences: int, prefill_tokens: int, seconds: float, decoding: int = 0) -> None: ...
     def token_gap(self, seconds: float) -> None: ...
+    def decode_cpu(self, seconds: float) -> None: ...  # the engine thread's CPU inside one llama_decode
+
+    def token_gaps(self, gaps: list[float]) -> None:
+        """A step's gaps between tokens at once (`token_gap` each, unless an observer does better)."""
+        for seconds in gaps:
+            self.token_gap(seconds)
+
     def finished(self, job: Job, item: Finished | Failed) -> None: ...
     def internal_error(self, task: str) -> None: ...
     def parked(self, cell_bytes: int) -> None: ...
@@ -137,6 +148,14 @@ class Observers(EngineObserver):
     def token_gap(self, seconds: float) -> None:
         for observer in self._observers:
             observer.token_gap(seconds)
+
+    def decode_cpu(self, seconds: float) -> None:
+        for observer in self._observers:
+            observer.decode_cpu(seconds)
+
+    def token_gaps(self, gaps: list[float]) -> None:
+        for observer in self._observers:
+            observer.token_gaps(gaps)
 
     def finished(self, job: Job, item: Finished | Failed) -> None:
         for observer in self._observers:

@@ -121,8 +121,13 @@ class RequestSampling:
             collections.deque(prompt[-params.repeat_last_n:], maxlen=params.repeat_last_n) if repeats else None)
         self.adjusted = self.penalised or repeats or bool(params.logit_bias)
         self.generated: dict[int, int] = {}  # token -> times generated, kept only with a penalty
-        self.plain = params.greedy and not (self.banned.size or self.adjusted or constraint is not None)
-        self.top_k_only = not params.greedy and params.top_k > 0 and not (self.adjusted or constraint is not None)
+        exact = not (self.adjusted or constraint is not None)  # the row's logits are used as they are
+        self.plain = params.greedy and exact and not self.banned.size
+        self.top_k_only = not params.greedy and params.top_k > 0 and exact
+        # Greedy with nothing to adjust, constrain or compute beyond the pick (banned tokens aside): a
+        # step of such rows takes one argmax over the matrix and no other work per row (`StepSampler`).
+        self.quick = params.greedy and exact and not params.probability
+        self.banned_set = frozenset(params.banned_tokens)
 
     def adjust(self, row: np.ndarray, out: np.ndarray) -> np.ndarray:
         """`row` with the request's logit bias and penalties applied, written into `out`, in llama.cpp's
@@ -215,6 +220,8 @@ class StepSampler:
     def sample(self, logits: np.ndarray, requests: Sequence[RequestSampling]) -> list[tuple[int, float]]:
         """`logits` is (len(requests), n_vocab) float32, row i for requests[i]; returns (token, probability)
         per row."""
+        if all(request.quick for request in requests):
+            return self._quick(logits, requests)
         drawn = self._draw_side_by_side(logits, requests)  # row -> (token, the row's largest logit)
         best = self._argmax(logits, [i for i in range(len(requests)) if i not in drawn])
         out = []
@@ -230,6 +237,15 @@ class StepSampler:
             else:
                 out.append((token, NOT_COMPUTED))
         return out
+
+    def _quick(self, logits: np.ndarray, requests: Sequence[RequestSampling]) -> list[tuple[int, float]]:
+        """A step whose rows are all `quick`: each row's largest logit, from one pass over the matrix; a
+        row whose pick is a token it bans picks again from its own row without them."""
+        tokens = logits.argmax(axis=1).tolist()
+        for i, request in enumerate(requests):
+            if tokens[i] in request.banned_set:
+                tokens[i] = self._pick(logits[i], tokens[i], request)
+        return [(token, NOT_COMPUTED) for token in tokens]
 
     @staticmethod
     def _argmax(logits: np.ndarray, rows: list[int]) -> dict[int, int]:

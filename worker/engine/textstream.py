@@ -11,7 +11,7 @@ import codecs
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one is made per token, and a frozen one's __init__ costs 3x
 class Piece:
     text: str
     index: int  # position of the last generated token the text includes
@@ -43,6 +43,9 @@ class TextAssembler:
         self._pending += self._decoder.decode(data)
         self._probability *= probability
         self._last_index = index
+        if not self._stop:  # nothing to hold back: what is decoded goes out as it is
+            text, self._pending = self._pending, ""
+            return self._emit(text) if text else []
         return self._release(final=False)
 
     def finish(self) -> list[Piece]:
@@ -68,8 +71,10 @@ class TextAssembler:
             hold = self._held_suffix(text)
             text, keep = text[: len(text) - hold], text[len(text) - hold:]
         self._pending = keep
-        if not text:
-            return []
+        return self._emit(text) if text else []
+
+    def _emit(self, text: str) -> list[Piece]:
+        """`text` as the next piece."""
         piece = Piece(text, self._last_index, self._probability, self._choice, self._alternatives)
         self._probability = 1.0
         self._alternatives = ()

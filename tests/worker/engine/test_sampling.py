@@ -291,3 +291,23 @@ def test_top_alternatives_are_the_most_likely_tokens_with_their_log_softmax() ->
     assert np.allclose([lp for _, lp in found], log_softmax[expected], atol=1e-5)
     assert all(a >= b for (_, a), (_, b) in itertools.pairwise(found))
     assert top_alternatives(np.array([0.0, -np.inf], dtype=np.float32), 2)[1] == (1, -9999.0)
+
+
+def test_a_step_of_quick_rows_picks_what_the_per_row_path_picks() -> None:
+    """Greedy rows that ask for no probability take the one-argmax path (`RequestSampling.quick`); their
+    picks are the general path's, a row whose best token it bans included, and a step with one row of
+    another kind goes the general way for all."""
+    rng = np.random.default_rng(7)
+    logits = rng.standard_normal((6, VOCAB)).astype(np.float32)
+    logits[2, BANNED[1]] = 50.0  # this row's best is a token it bans
+    quick = [RequestSampling(SamplingParams(0.0, 1.0, 0, None, BANNED, probability=False)) for _ in range(6)]
+    assert all(r.quick for r in quick)
+    sampler = StepSampler(VOCAB)
+    picks = sampler.sample(logits, quick)
+    general = [RequestSampling(SamplingParams(0.0, 1.0, 0, None, BANNED, probability=True)) for _ in range(6)]
+    assert not any(r.quick for r in general)
+    assert [token for token, _ in picks] == [token for token, _ in sampler.sample(logits, general)]
+    assert picks[2][0] != BANNED[1] and all(math.isnan(p) for _, p in picks)
+    mixed = sampler.sample(logits, [*quick[:5], general[5]])
+    assert [token for token, _ in mixed] == [token for token, _ in picks]
+    assert math.isnan(mixed[0][1]) and not math.isnan(mixed[5][1])
