@@ -409,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base-url", help="a running pool's /v1 URL; without it a pool is started")
     parser.add_argument("--model", help="model name sent (default: the pool's first in /v1/models)")
     parser.add_argument("--only", default="", help="comma-separated test ids")
+    parser.add_argument("--model-path", help="the started pool's workers serve this GGUF (default: the provisioned "
+                                             "SmolLM2)")
     args = parser.parse_args(argv)
     schemas = Schemas(args.types_dir)
     only = [t for t in args.only.split(",") if t]
@@ -420,8 +422,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.base_url:
         return against(args.base_url.rstrip("/"))
+    worker = [*WORKER, *(["--model-path", args.model_path] if args.model_path else [])]
     with tempfile.TemporaryDirectory(prefix="open-responses-") as logs, \
-            pool(Path(logs), workers=[WORKER, WORKER]) as running:
+            pool(Path(logs), workers=[worker, worker]) as running:
         return against(running.url + "/v1")
 
 
