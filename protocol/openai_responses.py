@@ -15,6 +15,9 @@ the other fields that need state this pool does not keep (`conversation`, `promp
 refused. Over the WebSocket (`/v1/responses` upgraded) a socket also keeps its own responses for its
 life, `store: false` ones too (`SocketCreate`, `SocketError`).
 
+`POST /v1/responses/compact` (`CompactRequest`, `CompactResponse`) answers one `compaction` item that
+stands for the conversation; a request's input expands it back in place (`expand_compactions`).
+
 `reasoning` is accepted (`Reasoning`) and repeated in the answer; a model served without a thinking
 switch answers without reasoning items (`reasoning_tokens` 0), as the docs say.
 """

@@ -7,7 +7,8 @@ assistant's calls and `tool` turns, which the worker writes in its model's tool 
 chat route; `text.format` `json_object` or `json_schema`
 holds the answer to a schema), the refusals of what this pool does not implement (every field in
 `UNSUPPORTED` with a value that would change the answer, hosted tools, items other than messages and
-function calls, parts other than text), choosing a streamed (`EventEncoder`) or collected (`assemble`) answer, and
+function calls, parts other than text, a `function_call_output` answering no call of the conversation;
+a `compaction` window from responses_compact.py is its items by the time the body is parsed), choosing a streamed (`EventEncoder`) or collected (`assemble`) answer, and
 the OpenAPI description of the route (the body narrowed to what the parser here accepts). `reasoning` is
 accepted and repeated (the models served have no thinking switch to set); hosted tools and Codex's
 `namespace` groups are accepted and listed back, but not offered to the model, which could not run them;
