@@ -44,6 +44,7 @@ from coordinator.surfaces import (
     infer,
     openai,
     responses,
+    responses_compact,
     responses_socket,
     responses_stored,
     sessions,
@@ -108,6 +109,7 @@ def create_app(settings: Settings, *, clock: Clock | None = None,
     app.include_router(anthropic.router)
     app.include_router(responses_socket.router)
     app.include_router(responses_stored.router)
+    app.include_router(responses_compact.router)
     app.include_router(sessions.router)
     app.include_router(tokenizer.router)
     app.include_router(status_page.router)

@@ -15,12 +15,17 @@ the other fields that need state this pool does not keep (`conversation`, `promp
 refused. Over the WebSocket (`/v1/responses` upgraded) a socket also keeps its own responses for its
 life, `store: false` ones too (`SocketCreate`, `SocketError`).
 
+`POST /v1/responses/compact` (`CompactRequest`, `CompactResponse`) answers one `compaction` item that
+stands for the conversation; a request's input expands it back in place (`expand_compactions`).
+
 `reasoning` is accepted (`Reasoning`) and repeated in the answer; a model served without a thinking
 switch answers without reasoning items (`reasoning_tokens` 0), as the docs say.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -58,6 +63,7 @@ INPUT_ITEM_TYPE = "message"
 CALL_ITEM_TYPE = "function_call"  # an earlier answer's call, sent back as history
 CALL_OUTPUT_ITEM_TYPE = "function_call_output"  # what the caller's function returned for it
 REASONING_ITEM_TYPE = "reasoning"  # an earlier answer's reasoning, sent back: accepted and left out
+COMPACTION_ITEM_TYPE = "compaction"  # POST /v1/responses/compact's window, sent back: its items in its place
 INPUT_ITEM_TYPES = (INPUT_ITEM_TYPE, CALL_ITEM_TYPE, CALL_OUTPUT_ITEM_TYPE, REASONING_ITEM_TYPE)
 FUNCTION_CALL_ID_PREFIX = "fc_"
 TEXT_FORMAT = {"type": "text"}
@@ -215,7 +221,7 @@ class ResponsesRequest(BaseModel):
             return [{"role": "user", "content": value}]
         if not isinstance(value, list):
             raise ValueError("give a string or a list of message items")  # noqa: TRY004 - pydantic reports only ValueError
-        return value
+        return expand_compactions(value)
 
 
 class OutputText(BaseModel):
@@ -313,6 +319,15 @@ class ResponseObject(BaseModel):
     usage: ResponseUsage | None = None
     user: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
+    # Fields the Open Responses specification requires in every response (nullable ones as null): what
+    # the pool applies, which the request cannot change here.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    top_logprobs: int = 0
+    max_tool_calls: int | None = None
+    service_tier: str = "default"
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
 
 
 class ResponseEvent(BaseModel):
@@ -391,6 +406,73 @@ class ArgumentsDoneEvent(BaseModel):
 
 # The WebSocket (`/v1/responses` upgraded): the client's one event, and the server's error event (every
 # other server event is the HTTP stream's, one JSON text message each).
+# --- POST /v1/responses/compact -------------------------------------------------------------------
+
+COMPACTION_ID_PREFIX = "cmp_"
+COMPACT_OBJECT = "response.compaction"
+# The content of a `compaction` item made here: this tag, then the conversation's items as base64url
+# JSON. Not encrypted and not summarized: the pool runs no model to compact, so the window carries the
+# conversation whole and a turn given it back prefills the same conversation (which its worker's prompt
+# cache may still hold).
+COMPACTION_TAG = "llm-pool.v1."
+
+
+class CompactRequest(BaseModel):
+    """The body of `POST /v1/responses/compact`: the conversation to compact (`input`, and/or the stored
+    response `previous_response_id` continues), for `model`."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: str = Field(max_length=256)
+    input: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] | Annotated[
+        list[dict[str, Any]], Field(max_length=MAX_MESSAGES - 1)] | None = None
+    instructions: str | None = Field(default=None, max_length=MAX_PROMPT_CHARS)
+    previous_response_id: str | None = Field(default=None, max_length=256)
+
+
+class CompactionItem(BaseModel):
+    type: Literal["compaction"] = "compaction"
+    id: str
+    encrypted_content: str = Field(description=f"{COMPACTION_TAG} and the items as base64url JSON (not encrypted)")
+
+
+class CompactResponse(BaseModel):
+    """Open Responses' `CompactResource`."""
+
+    id: str
+    object: Literal["response.compaction"] = "response.compaction"
+    output: list[CompactionItem]
+    created_at: int
+    usage: ResponseUsage
+
+
+def compaction_of(items: list[dict[str, Any]], item_id: str) -> CompactionItem:
+    """The one item standing for `items` (compactions among them expanded first, so none nests)."""
+    flat = json.dumps(expand_compactions(items), separators=(",", ":")).encode()
+    return CompactionItem(id=item_id, encrypted_content=COMPACTION_TAG + base64.urlsafe_b64encode(flat).decode())
+
+
+def expand_compactions(items: list[Any]) -> list[Any]:
+    """`items` with each `compaction` item made here replaced by the items it stands for; one that does
+    not read as one of ours stays, for the parser to refuse by its type."""
+    out: list[Any] = []
+    for item in items:
+        inner = _compacted(item) if isinstance(item, dict) and item.get("type") == COMPACTION_ITEM_TYPE else None
+        out.extend(inner if inner is not None else [item])
+    return out
+
+
+def _compacted(item: dict[str, Any]) -> list[Any] | None:
+    content = item.get("encrypted_content")
+    if not isinstance(content, str) or not content.startswith(COMPACTION_TAG):
+        return None
+    try:
+        inner = json.loads(base64.urlsafe_b64decode(content[len(COMPACTION_TAG):].encode()))
+    except ValueError:
+        return None
+    return inner if isinstance(inner, list) else None
+
+
 CREATE_EVENT = "response.create"
 ERROR_EVENT = "error"
 PREVIOUS_NOT_FOUND = "previous_response_not_found"  # OpenAI's code: no such stored response (for this key)

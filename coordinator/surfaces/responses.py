@@ -7,7 +7,8 @@ assistant's calls and `tool` turns, which the worker writes in its model's tool 
 chat route; `text.format` `json_object` or `json_schema`
 holds the answer to a schema), the refusals of what this pool does not implement (every field in
 `UNSUPPORTED` with a value that would change the answer, hosted tools, items other than messages and
-function calls, parts other than text), choosing a streamed (`EventEncoder`) or collected (`assemble`) answer, and
+function calls, parts other than text, a `function_call_output` answering no call of the conversation;
+a `compaction` window from responses_compact.py is its items by the time the body is parsed), choosing a streamed (`EventEncoder`) or collected (`assemble`) answer, and
 the OpenAPI description of the route (the body narrowed to what the parser here accepts). `reasoning` is
 accepted and repeated (the models served have no thinking switch to set); hosted tools and Codex's
 `namespace` groups are accepted and listed back, but not offered to the model, which could not run them;
@@ -142,9 +143,18 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Echo]:
                 parallel_tool_calls=body.parallel_tool_calls is not False, tool_choice=tool_choice,
                 user=body.user, metadata=body.metadata or {}, tools=tools, store=body.store is True,
                 reasoning=body.reasoning or rs.Reasoning(),
-                listed_tools=[tool.model_dump(exclude_none=True) for tool in body.tools or ()],
+                listed_tools=[_listed(tool) for tool in body.tools or ()],
                 text_format=text_format.model_dump(by_alias=True, exclude_none=True) if text_format else None)
     return fields, echo
+
+
+def _listed(tool: rs.ToolIn) -> dict[str, Any]:
+    """A tool as the response lists it: as given, a function's description, parameters and strict
+    present (null where not given), as the Open Responses specification's function tool has them."""
+    listed = tool.model_dump(exclude_none=True)
+    if tool.type == rs.TOOL_TYPE:
+        listed = {"description": None, "parameters": None, "strict": None, **listed}
+    return listed
 
 
 def _refuse_unsupported(body: rs.ResponsesRequest) -> None:
@@ -217,10 +227,7 @@ def _conversation(items: list[rs.InputItem]) -> list[dict[str, Any]]:
             out.append({"role": "assistant", "content": "", "tool_calls": called(calls)})
             calls = []
         if item.type == rs.CALL_OUTPUT_ITEM_TYPE:
-            turn: dict[str, Any] = {"role": "tool", "content": _output(item, index)}
-            if item.call_id in names:
-                turn["name"] = names[item.call_id]
-            out.append(turn)
+            out.append({"role": "tool", "content": _output(item, index), "name": _answered(item, names, index)})
         else:
             out.append(_message(item, index))
     if calls:
@@ -247,6 +254,16 @@ def _output(item: rs.InputItem, index: int) -> str:
     if isinstance(item.output, str):
         return item.output
     return _texts(item.output, f"{where}.output")
+
+
+def _answered(item: rs.InputItem, names: dict[str, str], index: int) -> str:
+    """The function a `function_call_output` answers: a call of the conversation before it, else 400
+    (as OpenAI refuses an output for no call: the model would read an answer to nothing it asked)."""
+    name = names.get(item.call_id or "")
+    if name is None:
+        raise _invalid(f"input.{index}.call_id: no function_call with call_id {item.call_id!r} comes before "
+                       "this output in the conversation", f"input.{index}.call_id")
+    return name
 
 
 def _message(item: rs.InputItem, index: int) -> dict[str, str]:

@@ -124,6 +124,25 @@ async def test_a_response_through_the_sdk_has_the_text_usage_and_the_request_ech
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}
 
 
+async def test_the_response_has_every_field_open_responses_requires() -> None:
+    """The Open Responses specification's `ResponseResource` requires these (null where nullable), and
+    lists function tools with their description, parameters and strict."""
+    fakes = FakeWorkers({"w1": streaming(STREAM)})
+    async with pool(fakes) as (client, _, _):
+        raw = await client.post("/v1/responses", json={"model": "smol", "input": "Hi", "tools": [
+            {"type": "function", "name": "f"}, {"type": "web_search"}]})
+    body = raw.json()
+    assert raw.status_code == 200, raw.text
+    assert {k: body[k] for k in ("presence_penalty", "frequency_penalty", "top_logprobs", "max_tool_calls",
+                                 "service_tier", "safety_identifier", "prompt_cache_key")} == {
+        "presence_penalty": 0.0, "frequency_penalty": 0.0, "top_logprobs": 0, "max_tool_calls": None,
+        "service_tier": "default", "safety_identifier": None, "prompt_cache_key": None}
+    assert body["tools"] == [{"type": "function", "name": "f", "description": None, "parameters": None,
+                              "strict": None}, {"type": "web_search"}]
+    assert isinstance(body["temperature"], float) and isinstance(body["top_p"], float)
+    SdkResponse.model_validate(body)
+
+
 async def test_message_items_reach_the_worker_as_messages_in_order() -> None:
     fakes = FakeWorkers({"w1": streaming(STREAM)})
     items = [
@@ -319,6 +338,13 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_image"}]}]},
      "input.0.output"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0.type"),
+    # An output answering no call of the conversation (as OpenAI refuses it), here or before a message.
+    ({"input": [{"role": "user", "content": "x"},
+                {"type": "function_call_output", "call_id": "c", "output": "1"}]}, "input.1.call_id"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "d", "output": "1"}]}, "input.1.call_id"),
+    # A compaction window this pool did not make.
+    ({"input": [{"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAAAfromelsewhere"}]}, "input.0.type"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role"),
     ({"input": [{"role": "user"}]}, "input.0.content"),
     ({"input": []}, "input"),

@@ -121,6 +121,22 @@ def test_a_failed_continuation_forgets_the_chain_it_continued() -> None:
     assert gone["error"]["code"] == "previous_response_not_found"
 
 
+def test_a_continuation_answering_no_call_fails_and_its_chain_is_forgotten() -> None:
+    """Open Responses' eviction check: a function_call_output for a call the chain never made."""
+    fakes = FakeWorkers({"w1": streaming(STREAM)})
+    with pool(fakes) as client, client.websocket_connect("/v1/responses") as ws:
+        ws.send_json({"type": "response.create", "input": "Hi", "store": False})
+        first = until_final(ws)[-1]["response"]["id"]
+        ws.send_json({"type": "response.create", "previous_response_id": first, "store": False, "input": [
+            {"type": "function_call_output", "call_id": "call_missing", "output": "64 degrees"}]})
+        bad = json.loads(ws.receive_text())
+        ws.send_json({"type": "response.create", "previous_response_id": first, "store": False, "input": "x"})
+        gone = json.loads(ws.receive_text())
+    assert (bad["type"], bad["status"], bad["error"]["param"]) == ("error", 400, "input.2.call_id")
+    assert gone["error"]["code"] == "previous_response_not_found"
+    assert len(fakes.calls) == 1
+
+
 def test_a_stored_response_continues_on_another_socket_and_over_http() -> None:
     fakes = FakeWorkers({"w1": streaming(STREAM)})
     with pool(fakes) as client:
