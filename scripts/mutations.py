@@ -511,6 +511,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("drain-leaves-records", "a draining worker's stored responses move to the other workers",
              "coordinator/ops/health.py", "        state.stored.draining(record)  #", "        pass  #",
              ("tests/coordinator/test_surface_responses_stored.py",)),
+    Mutation("output-for-no-call-accepted", "a function_call_output answering no call of the conversation is refused",
+             "coordinator/surfaces/responses.py", "    if name is None:\n        raise _invalid(f\"input.{index}.call_id",
+             "    if name is None and False:\n        raise _invalid(f\"input.{index}.call_id",
+             ("tests/coordinator/test_surface_responses.py",)),
     Mutation("response-end-before-record", "a response's record is kept before its client can read its end",
              "coordinator/surfaces/responses_stored.py",
              "            if not self._settled and self.ready():\n                self._settled = True\n"
