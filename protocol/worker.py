@@ -247,10 +247,13 @@ class GenerationFields(BaseModel):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, description="taken off once per time a "
                                      "token was generated so far")
     keep_alive: float | None = Field(default=None, ge=-MAX_KEEP_ALIVE, le=MAX_KEEP_ALIVE, description="Ollama's "
-                                     "keep_alive: seconds the worker keeps its model loaded once idle, from this "
-                                     "request on (on a worker offering a folder, --model-dir; elsewhere the model "
-                                     "is never unloaded); 0 unloads it as soon as it is idle, a negative number "
-                                     "keeps it loaded; null: the worker's own WORKER_KEEP_ALIVE")
+                                     "keep_alive: seconds the model stays loaded for this request's tenant once "
+                                     "idle, from that tenant's last use (on a worker offering a folder, "
+                                     "--model-dir; elsewhere the model is never unloaded), at most "
+                                     "WORKER_KEEP_ALIVE_MAX; it only lengthens the model's stay (the operator's "
+                                     "WORKER_KEEP_ALIVE and other tenants' stays still hold): 0 withdraws this "
+                                     "tenant's own stay, a negative number is WORKER_KEEP_ALIVE_MAX (a pin only "
+                                     "where that is -1); null: this tenant asks nothing")
 
     @field_validator("logit_bias")
     @classmethod
