@@ -7,8 +7,9 @@ Starts a pool of two coordinators and two workers (SmolLM2, 1 llama.cpp thread e
 KV) on loopback. Each round: a first turn through coordinator A (long instructions and a question,
 streamed); then, through coordinator B, (1) the next turn with `previous_response_id` and only the new
 input, over HTTP, (2) the same over B's WebSocket, and (3) a request whose prompt is only that new input
-(no instructions, no history; words of the same length the pool has not seen): the ceiling a chain's
-turn can reach, since the model must read the conversation before the new input. Prints the median time to the first `response.output_text.delta` of
+(no instructions, no history). Each new input is about 40 tokens after a nonce, so no prompt cache holds
+any of it; a chain's turn must also prefill the chat template's turn boundary after the stored answer
+(about 6 tokens), which is what the ratio pays beyond the new input itself. Prints the median time to the first `response.output_text.delta` of
 each, the chain turns' ratio to (3) (the goal: at most 1.2x), and the share of their input tokens the
 worker reused (`cached_tokens`). Timings are wall times on a shared machine: the ratio, taken from the
 same rounds, is the figure to read.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import statistics
 import tempfile
 import time
@@ -34,6 +36,10 @@ MODEL = "smollm2-135m-8k-lc100k-mix1-ep2"
 WORKER = ["--threads", "1", "--max-sessions", "4"]
 INSTRUCTIONS = ("You are a careful assistant for a small gardening shop. You answer in one short sentence, "
                 "name plants by their common names, and never give prices. ")
+# Each turn's new input, as an agent's next turn might be (a question with some context): about 40 tokens,
+# after a nonce no earlier prompt starts with, so no prompt cache holds any of it.
+FOLLOW_UP = ("{nonce}: the customer says the bed gets morning sun, the soil is heavy clay that stays wet after "
+             "rain, and they want something that flowers in late summer. Which {color} flower would you suggest?")
 
 
 async def _http_turn(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
@@ -69,6 +75,10 @@ async def _socket_turn(url: str, body: dict[str, Any]) -> tuple[float, dict[str,
     raise RuntimeError("the socket closed without a final event")
 
 
+def _new_input(color: str) -> str:
+    return FOLLOW_UP.format(nonce=secrets.token_hex(3), color=color)
+
+
 def _cached_share(response: dict[str, Any]) -> float:
     usage = response["usage"]
     return float(usage["input_tokens_details"]["cached_tokens"]) / max(1, usage["input_tokens"])
@@ -82,16 +92,15 @@ async def _rounds(a: str, b: str, rounds: int, instructions: str) -> dict[str, l
             _, first = await _http_turn(client, a, {**common, "instructions": instructions,
                                                     "input": f"Round {r}: name a red flower."})
             follow = {**common, "instructions": instructions, "previous_response_id": first["id"]}
-            seconds, http = await _http_turn(client, b, {**follow, "input": f"And a blue one, in round {r}?"})
+            seconds, http = await _http_turn(client, b, {**follow, "input": _new_input("blue")})
             figures["http"].append(seconds)
             figures["http_cached"].append(_cached_share(http))
             seconds, sock = await _socket_turn(b, {**follow, "previous_response_id": http["id"],
-                                                   "input": f"And a white one, in round {r}?"})
+                                                   "input": _new_input("white")})
             figures["socket"].append(seconds)
             figures["socket_cached"].append(_cached_share(sock))
             # A new input of the same length the pool has not seen (its chat template's own lines it has).
-            seconds, _ = await _http_turn(client, b, {**common, "input": f"And a pink one, in round {r}?",
-                                                      "store": False})
+            seconds, _ = await _http_turn(client, b, {**common, "input": _new_input("pink"), "store": False})
             figures["fresh"].append(seconds)
     return figures
 
