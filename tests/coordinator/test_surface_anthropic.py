@@ -260,6 +260,12 @@ def refused(response: httpx.Response, status: int, kind: str) -> str:
     ({"messages": [{"role": "user", "content": [{"type": "hologram", "text": "x"}]}]}, "hologram"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": "x"}}]}]},
      "image input is not supported"),
+    ({"messages": [{"role": "user", "content": "x"},  # an image in a tool's result (llama.cpp's suite sends one)
+                   {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {}}]},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+                       {"type": "text", "text": "File: a.png"},
+                       {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "x"}}]}]}]},
+     "image input is not supported"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "1"}]}]},
      "answers no tool_use"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
