@@ -229,6 +229,25 @@ async def test_thinking_and_claude_codes_beta_fields_are_accepted() -> None:
                                        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Again"}]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_thinking_enabled_is_served_without_thinking(stream: bool) -> None:
+    """The served models have no thinking switch: `thinking` reaches no worker and no thinking block comes back."""
+    fakes = FakeWorkers({"w1": streaming(STREAM)})
+    ask: dict[str, Any] = {"model": "smol", "max_tokens": 100, "messages": [{"role": "user", "content": "2+2?"}]}
+    async with pool(fakes) as (_, sdk):
+        await sdk.messages.create(**ask)
+        plain = sent(fakes)
+        if stream:
+            async with sdk.messages.stream(**ask, thinking={"type": "enabled", "budget_tokens": 50}) as s:
+                kinds = [event.content_block.type async for event in s if event.type == "content_block_start"]
+                message = await s.get_final_message()
+        else:
+            message = await sdk.messages.create(**ask, thinking={"type": "enabled", "budget_tokens": 50})
+            kinds = [block.type for block in message.content]
+    assert kinds == ["text"] and message.content[0].type == "text" and message.content[0].text == "Hello!"
+    assert sent(fakes) == plain  # nothing of `thinking` reaches the worker
+
+
 def refused(response: httpx.Response, status: int, kind: str) -> str:
     assert response.status_code == status, response.text
     body = response.json()
@@ -240,6 +259,12 @@ def refused(response: httpx.Response, status: int, kind: str) -> str:
 @pytest.mark.parametrize(("body", "named"), [
     ({"messages": [{"role": "user", "content": [{"type": "hologram", "text": "x"}]}]}, "hologram"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": "x"}}]}]},
+     "image input is not supported"),
+    ({"messages": [{"role": "user", "content": "x"},  # an image in a tool's result (llama.cpp's suite sends one)
+                   {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read", "input": {}}]},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+                       {"type": "text", "text": "File: a.png"},
+                       {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "x"}}]}]}]},
      "image input is not supported"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "1"}]}]},
      "answers no tool_use"),
