@@ -11,8 +11,12 @@ breaks imports proves nothing about the property. A mutation whose text is not f
 an error too: the table has gone stale, and it says so rather than passing in silence. The tests run
 first on the unmutated snapshot, where they must pass.
 
-Usage: .venv/bin/python scripts/mutations.py [--list] [NAME ...]
+Usage: .venv/bin/python scripts/mutations.py [--list] [--jobs N] [NAME ...]
 Exit status 0 only when every mutation chosen was killed; 2 when the unmutated tests fail.
+--jobs N runs N mutations at a time, each in its own copy. One at a time by default: on the 2-core
+machine two at once timed out (TIMEOUT) on 3 of 6 mutations whose tests run the model or a pool
+(2026-11-29; an in-process model there takes two llama.cpp threads, tests/conftest.py), though most
+mutations' runs are one core's pytest start-up and imports.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +40,7 @@ PYTEST_FLAGS = ("-x", "-q", "-p", "no:cacheprovider", "-p", "mutation_guard")
 TIMEOUT = 60.0  # seconds per pytest run: a mutation that hangs a test is an error, not a kill
 # The unmutated run takes every mutation's tests at once (each mutation runs only its own).
 UNMUTATED_TIMEOUT = 240.0
+JOBS = 1  # mutations run at once (--jobs; see the module's docstring)
 # Loaded by every pytest run (-p): refuses to run unless the snapshot's packages are the ones imported,
 # since the project is installed editable into .venv and would otherwise shadow the copy.
 GUARD = '''\
@@ -620,6 +626,7 @@ def list_table(mutations: Sequence[Mutation]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--list", action="store_true", help="print the table and run nothing")
+    parser.add_argument("--jobs", type=int, default=JOBS, help=f"mutations run at once (default {JOBS})")
     parser.add_argument("names", nargs="*", metavar="NAME", help="mutations to run (default: all)")
     args = parser.parse_args(argv)
     mutations = chosen(args.names)
@@ -638,10 +645,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         print(f"{'(unmutated)':30} passes   {seconds:5.1f} s  {len(tests)} test files, imported from the copy")
         outcomes = []
-        for m in mutations:
-            outcome = run_one(m, base, scratch)
-            outcomes.append(outcome)
-            print(f"{m.name:30} {outcome.verdict:8} {outcome.seconds:5.1f} s  {outcome.detail}", flush=True)
+        # Each mutation in its own copy; printed in the table's order as each is judged. On an interrupt
+        # the ones not started are dropped, and the running ones end within their time-out.
+        pool = ThreadPoolExecutor(max(1, args.jobs))
+        try:
+            judged = [pool.submit(run_one, m, base, scratch) for m in mutations]
+            for m, future in zip(mutations, judged, strict=True):
+                outcome = future.result()
+                outcomes.append(outcome)
+                print(f"{m.name:30} {outcome.verdict:8} {outcome.seconds:5.1f} s  {outcome.detail}", flush=True)
+        finally:
+            pool.shutdown(cancel_futures=True)
     killed = sum(o.verdict == "killed" for o in outcomes)
     failed = len(outcomes) - killed
     if failed:

@@ -98,8 +98,10 @@ def test_every_blob_that_would_not_land_is_refused_and_leaves_nothing(pair: tupl
 
 
 
+# 294 tokens (446 until 2026-11-29, for the same checks): past the worker's 128-token floor for asking a
+# peer, and the 200 the test asks for; it is prefilled in full three times.
 LONG = " ".join(f"Rule {i}: every {w} in the archive is filed by colour, then by date." for i, w in
-                enumerate(["map", "letter", "ledger", "photo", "deed", "diary", "chart", "receipt"] * 3))
+                enumerate(["map", "letter", "ledger", "photo", "deed", "diary", "chart", "receipt"] * 2))
 
 
 def test_a_prompts_prefix_comes_from_the_peer_that_holds_it(pair: tuple[RunningWorker, RunningWorker]) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ import pytest
 
 from tests.conftest import MODEL_THREADS
 from tests.sse import generate
-from tests.worker.server import running_worker
+from tests.worker.server import running_worker, shared_model
 from worker.backends.llama_engine import Engine, EngineConfig, state_seq_size
 from worker.backends.llama_model import Model
 
@@ -42,11 +42,10 @@ TEXT = ("Once upon a time in a small village by the sea there lived an old fishe
 
 
 @pytest.fixture(scope="module", params=["smollm2", "gemma3"])
-def any_model(request: pytest.FixtureRequest) -> Iterator[Model]:
-    path = request.getfixturevalue("model_path" if request.param == "smollm2" else "gemma_path")
-    loaded = Model(path)
-    yield loaded
-    loaded.close()
+def any_model(request: pytest.FixtureRequest) -> Model:
+    """The process's one load of each model (`shared_model`), which the Gemma tests below and the
+    in-thread worker share: each engine makes a context of its own."""
+    return shared_model(request.getfixturevalue("model_path" if request.param == "smollm2" else "gemma_path"))
 
 
 # -- the engine's context, as the worker builds it ------------------------------------------------------
@@ -220,13 +219,17 @@ def test_gemma_session_continues_after_a_partial_seq_rm(gemma_path: Path, kv_uni
     unified), the window before the cut would be gone and the continuation would silently attend to
     fewer tokens. With every token kept it gives, bit for bit, the logits of the same tokens decoded
     from scratch into the same cells."""
-    model = Model(gemma_path)
+    model = shared_model(gemma_path)
     built = build_engine(model, kv_unified=kv_unified, max_sessions=2)
     try:
         # Past the ring llama.cpp would keep without swa_full (window x sequences + a batch, padded to
-        # 256 cells): 1024 cells split, 1536 unified with 2 sequences.
+        # 256 cells): 1024 cells split, 1536 unified with 2 sequences; a ring would have written over
+        # about the first 776 and 264 positions.
         total = min(built.engine.seq_tokens - 48, 1800)
-        keep, upto = 3 * CHUNK, 3 * CHUNK + 32  # a chunk boundary, so both paths decode the same chunks
+        # A chunk boundary, so both paths decode the same chunks; the continuation attends to every
+        # position before it, all of them ones a ring would have lost (at 3 chunks, as until 2026-11-29,
+        # only 8 of its window when unified, and 512 more tokens to decode again).
+        keep, upto = CHUNK, CHUNK + 32
         tokens = tokens_of(model, total)
         built.call(decode(0, tokens, 0))
         assert built.call(positions(0)) == (0, total - 1), "llama.cpp dropped positions of the session"
@@ -238,7 +241,6 @@ def test_gemma_session_continues_after_a_partial_seq_rm(gemma_path: Path, kv_uni
         fresh = built.call(decode(0, tokens[keep:upto], keep))
     finally:
         built.close()
-        model.close()
     gap = float(np.max(np.abs(continued - fresh)))
     assert gap <= 1e-4, f"the continued session differs from a fresh decode: max |logit gap| {gap:.4f}"
 
