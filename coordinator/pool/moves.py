@@ -27,11 +27,11 @@ import asyncio
 import json
 import logging
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
 from urllib.parse import quote
 
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.pool.drains import OncePerDrain
 from coordinator.pool.registry import Registry, WorkerRecord
 from coordinator.upstream import WorkerClient, WorkerRefused, WorkerUnreachable
 from protocol.health import SessionInfo, SessionList
@@ -44,7 +44,6 @@ LIST_LIMIT = 16 << 20  # a worker's session list: a few hundred bytes a session
 POLL = 0.2  # seconds between looks at a draining worker whose sessions are still busy
 RETRY = 0.5  # seconds between tries of a session no worker could take (unreachable, or no room)
 MOVED, LATER, GIVEN_UP = "moved", "later", "given_up"
-DONE_REMEMBERED = 4096  # drained workers remembered as dealt with (older ones could be moved again)
 
 
 class SessionMover:
@@ -67,17 +66,12 @@ class SessionMover:
         # Who moves, as the draining worker hears it: the session an export handed to this coordinator
         # is this coordinator's to export again when its put failed; no other coordinator's.
         self._mover = uuid.uuid4().hex[:16]
-        self._moving: dict[str, asyncio.Task[None]] = {}  # by worker id: one task a draining worker
-        # Workers whose drain was dealt with: every heartbeat of theirs says `draining` until they stop,
-        # and their sessions are moved once a drain (a session given up on stays given up on).
-        self._done: OrderedDict[str, None] = OrderedDict()
+        # One task a draining worker, once a drain (a session given up on stays given up on).
+        self._drains = OncePerDrain()
 
     def draining(self, record: WorkerRecord) -> None:
         """`record` said it drains: move its kept sessions, once a drain."""
-        if record.worker_id in self._moving or record.worker_id in self._done:
-            return
-        task = asyncio.create_task(self._supervised(record.worker_id, record.url, record.model))
-        self._moving[record.worker_id] = task
+        self._drains.start(record.worker_id, lambda: self._supervised(record.worker_id, record.url, record.model))
 
     async def end(self, record: WorkerRecord, session_id: str, tenant: str) -> int | None:
         """Asks `record` to end `tenant`'s kept session `session_id` and free its KV (`DELETE
@@ -90,12 +84,10 @@ class SessionMover:
 
     def serving(self, worker_id: str) -> None:
         """`worker_id` heartbeats as not draining (a restart under the same id): its next drain moves again."""
-        self._done.pop(worker_id, None)
+        self._drains.serving(worker_id)
 
     async def close(self) -> None:
-        for task in self._moving.values():
-            task.cancel()
-        await asyncio.gather(*self._moving.values(), return_exceptions=True)
+        await self._drains.close()
 
     async def _supervised(self, worker_id: str, url: str, model: str) -> None:
         try:
@@ -105,11 +97,6 @@ class SessionMover:
         except Exception:  # a bug must not leave the task's exception unread: logged, counted
             log.exception(json.dumps({"event": "session_moves_failed", "worker_id": worker_id}))
             self._metrics.internal_errors.labels(task="session_mover").inc()
-        finally:
-            self._moving.pop(worker_id, None)
-            self._done[worker_id] = None
-            while len(self._done) > DONE_REMEMBERED:
-                self._done.popitem(last=False)
 
     async def _move_all(self, worker_id: str, url: str, model: str) -> None:
         """Until the worker holds no kept session this can move, it is gone, or the deadline. A session no

@@ -29,13 +29,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from coordinator.pool.drains import OncePerDrain
 from coordinator.pool.registry import Registry, WorkerRecord
 from coordinator.upstream import WorkerClient, WorkerUnreachable
 from protocol.worker import RESPONSES_HANDOVER_PATH, RESPONSES_PATH
 
 log = logging.getLogger("coordinator.records")
 HANDOVER_BYTES = 8 << 20  # records taken from a draining worker per call
-DRAINS_REMEMBERED = 4096  # drained workers remembered as dealt with
 
 Key = tuple[str, str]  # (tenant, response id)
 
@@ -57,24 +57,19 @@ class StoredResponses:
         self._limit = limit
         self._remembered = remembered
         self._where: OrderedDict[Key, str] = OrderedDict()
-        self._moving: dict[str, asyncio.Task[None]] = {}  # by draining worker id
-        self._done: OrderedDict[str, None] = OrderedDict()
+        self._drains = OncePerDrain()
         self._turns = itertools.count()
 
     def draining(self, record: WorkerRecord) -> None:
         """`record` said it drains: move its stored responses to the other workers, once a drain."""
-        if record.worker_id in self._moving or record.worker_id in self._done:
-            return
-        self._moving[record.worker_id] = asyncio.create_task(self._supervised(record))
+        self._drains.start(record.worker_id, lambda: self._supervised(record))
 
     def serving(self, worker_id: str) -> None:
         """`worker_id` serves again (a restart under the same id): its next drain moves again."""
-        self._done.pop(worker_id, None)
+        self._drains.serving(worker_id)
 
     async def close(self) -> None:
-        for task in self._moving.values():
-            task.cancel()
-        await asyncio.gather(*self._moving.values(), return_exceptions=True)
+        await self._drains.close()
 
     async def _supervised(self, source: WorkerRecord) -> None:
         moved = lost = 0
@@ -84,11 +79,6 @@ class StoredResponses:
             raise
         except Exception:  # a bug must not leave the task's exception unread
             log.exception(json.dumps({"event": "responses_move_failed", "worker_id": source.worker_id}))
-        finally:
-            self._moving.pop(source.worker_id, None)
-            self._done[source.worker_id] = None
-            while len(self._done) > DRAINS_REMEMBERED:
-                self._done.popitem(last=False)
         if moved or lost:
             log.warning(json.dumps({"event": "responses_moved", "from": source.worker_id, "moved": moved,
                                     "lost": lost}))

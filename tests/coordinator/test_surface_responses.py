@@ -243,13 +243,19 @@ async def test_an_error_after_the_first_token_is_a_failed_response_that_ends_the
     assert caught.value.status_code == 502
 
 
+async def first_turn_on_w1_then_w1_busier(client: httpx.AsyncClient, sdk: openai.AsyncOpenAI) -> Any:
+    """A first turn ("Be brief.", "Hi"), which goes to w1 (a tie goes to the lower id); then w1 beats as
+    the busier worker, so by score alone a next request would go to w2. The first turn's raw response."""
+    first = await sdk.responses.with_raw_response.create(model="smol", instructions="Be brief.", input="Hi")
+    assert first.headers["x-worker-id"] == "w1"
+    assert (await register(client, heartbeat("w1", timestamp=1_700_000_000.0, sessions=3))).status_code == 200
+    return first
+
+
 async def test_a_next_turn_goes_back_to_the_worker_that_served_the_conversation() -> None:
     fakes = FakeWorkers({"w1": streaming(STREAM), "w2": streaming(STREAM)})
     async with pool(fakes, workers=("w1", "w2")) as (client, sdk, _):
-        first = await sdk.responses.with_raw_response.create(model="smol", instructions="Be brief.", input="Hi")
-        assert first.headers["x-worker-id"] == "w1"  # a tie goes to the lower id
-        # Now w1 is the busier one: by score alone, the next request would go to w2.
-        assert (await register(client, heartbeat("w1", timestamp=1_700_000_000.0, sessions=3))).status_code == 200
+        first = await first_turn_on_w1_then_w1_busier(client, sdk)
         history: list[Any] = [{"role": "user", "content": "Hi"}, *[item.model_dump() for item in first.parse().output],
                               {"role": "user", "content": "And then?"}]
         turn = await client.post("/v1/responses", json={"instructions": "Be brief.", "input": history})

@@ -22,7 +22,13 @@ from coordinator.surfaces.responses_stored import Settling
 from protocol import openai_responses as rs
 from tests.coordinator.fakes import FakeWorkers, heartbeat, register, running_app, streaming, token
 from tests.coordinator.fakes import done as done_event
-from tests.coordinator.test_surface_responses import BROKEN, STREAM, pool, sent_body
+from tests.coordinator.test_surface_responses import (
+    BROKEN,
+    STREAM,
+    first_turn_on_w1_then_w1_busier,
+    pool,
+    sent_body,
+)
 
 pytestmark = pytest.mark.anyio
 KEYS = "alpha-key-1,beta-key-2"
@@ -51,10 +57,7 @@ async def test_a_response_is_stored_by_default_and_read_back_listed_and_deleted(
 async def test_a_next_turn_sends_only_its_input_and_runs_where_the_first_did() -> None:
     fakes = FakeWorkers({"w1": streaming(STREAM), "w2": streaming(STREAM)})
     async with pool(fakes, workers=("w1", "w2")) as (client, sdk, _):
-        first = await sdk.responses.with_raw_response.create(model="smol", instructions="Be brief.", input="Hi")
-        assert first.headers["x-worker-id"] == "w1"  # a tie goes to the lower id
-        # Now w1 is the busier one: by score alone, the next turn would go to w2.
-        assert (await register(client, heartbeat("w1", timestamp=1_700_000_000.0, sessions=3))).status_code == 200
+        first = await first_turn_on_w1_then_w1_busier(client, sdk)
         turn = await sdk.responses.with_raw_response.create(model="smol", instructions="Be brief.",
                                                             input="And then?", previous_response_id=first.parse().id)
         other = await client.post("/v1/responses", json={"instructions": "Be brief.", "input": "New"})
