@@ -174,8 +174,8 @@ class SessionMover:
             status, blob = await self._client.exchange(
                 "GET", f"{url.rstrip('/')}{SESSIONS_PATH}{query}&mover={self._mover}", traced,
                 limit=self._max_bytes, timeout=self._timeout)
-        except WorkerUnreachable as exc:  # slow, or gone (then the next listing ends the drain's moves)
-            return LATER, f"the draining worker's export failed: {exc}"
+        except WorkerUnreachable as exc:  # cut off mid-blob, or gone: the blob is not to be had from it
+            return self._counted("source_failed", session, worker_id, f"the draining worker's export failed: {exc}"), ""
         if status == 503:  # its transfer slots are busy (or it is loading): a moment later
             return LATER, f"the draining worker's export: {_refusal(status, blob)}"
         if status != 200:  # ended meanwhile (404), or another coordinator moves it (409)

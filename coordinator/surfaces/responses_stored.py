@@ -30,13 +30,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.types import Message, Receive, Scope, Send
 
 from coordinator.auth import tenant_of
 from coordinator.errors import CoordinatorError
 from coordinator.state import CoordinatorState
+from coordinator.surfaces.files import limit_of, refusals
 from coordinator.validate import request_id_of
 from protocol import openai_responses as rs
 from protocol import reasons
@@ -163,13 +164,18 @@ async def _record(request: Request, response_id: str) -> dict[str, Any]:
     return record
 
 
-@router.get("/v1/responses/{response_id}", summary="A stored response", response_model=rs.ResponseObject)
+_REFUSALS = refusals("a malformed list parameter, by name; 404 `unknown_response`: no such stored response of "
+                     "this key's tenant")
+
+
+@router.get("/v1/responses/{response_id}", summary="A stored response", response_model=rs.ResponseObject,
+            responses=_REFUSALS)
 async def retrieve(response_id: str, request: Request) -> JSONResponse:
     request_id_of(request)
     return JSONResponse((await _record(request, response_id))["response"])
 
 
-@router.delete("/v1/responses/{response_id}", summary="Delete a stored response")
+@router.delete("/v1/responses/{response_id}", summary="Delete a stored response", responses=_REFUSALS)
 async def delete(response_id: str, request: Request) -> JSONResponse:
     state: CoordinatorState = request.app.state.coordinator
     tenant = tenant_of(request.scope.get("state", {}))
@@ -179,19 +185,24 @@ async def delete(response_id: str, request: Request) -> JSONResponse:
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
 
-@router.get("/v1/responses/{response_id}/input_items", summary="A stored response's input items")
-async def input_items(response_id: str, request: Request, limit: int = Query(20, ge=1, le=100),
-                      order: str = Query("desc", pattern="^(asc|desc)$"), after: str | None = None) -> JSONResponse:
+@router.get("/v1/responses/{response_id}/input_items", summary="A stored response's input items",
+            responses=_REFUSALS)
+async def input_items(response_id: str, request: Request, limit: str | None = None, order: str | None = None,
+                      after: str | None = None) -> JSONResponse:
+    """`limit` 1 to 100 (20), `order` `desc` (the default, as OpenAI's) or `asc`, `after` an item id."""
+    most = limit_of(limit, 20, 100)
+    if order not in (None, "asc", "desc"):
+        raise CoordinatorError(reasons.INVALID_REQUEST, f"order: {order[:20]!r} is not asc or desc", param="order")
     record = await _record(request, response_id)
     items = [_listed(item, response_id, i) for i, item in enumerate(record.get("input", []))]
-    if order == "desc":
+    if order != "asc":
         items.reverse()
     if after is not None:
         ids = [item["id"] for item in items]
         items = items[ids.index(after) + 1:] if after in ids else []
-    page = items[:limit]
+    page = items[:most]
     return JSONResponse({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                         "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit})
+                         "last_id": page[-1]["id"] if page else None, "has_more": len(items) > most})
 
 
 def _listed(item: dict[str, Any], response_id: str, index: int) -> dict[str, Any]:

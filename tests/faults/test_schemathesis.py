@@ -68,6 +68,8 @@ COORDINATOR_OPERATIONS = [
     "GET /coordinator/health", "GET /health", "GET /coordinator/ready", "GET /coordinator/health/workers",
     "POST /coordinator/infer",
     "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/responses", "POST /v1/embeddings",
+    "GET /v1/responses/{response_id}", "DELETE /v1/responses/{response_id}",
+    "GET /v1/responses/{response_id}/input_items", "POST /v1/responses/compact",
     "POST /v1/messages", "POST /v1/messages/count_tokens",
     "GET /v1/models",
     "GET /v1/models/{model}",
@@ -80,7 +82,9 @@ WORKER_OPERATIONS = ["POST /worker/generate", "POST /worker/embed", "GET /worker
                      "DELETE /worker/sessions/{session_id}", "GET /worker/sessions/{session_id}/kv",
                      "PUT /worker/sessions/{session_id}/kv", "POST /worker/prefix", "GET /metrics",
                      "POST /worker/tokenize", "POST /worker/detokenize", "POST /worker/tokenizer_info",
-                     "POST /worker/models/load"]
+                     "POST /worker/models/load", "PUT /worker/responses/{response_id}",
+                     "GET /worker/responses/{response_id}", "DELETE /worker/responses/{response_id}",
+                     "POST /worker/responses/handover"]
 # What this test found in routes whose OpenAPI metadata is not described yet, each with its fix:
 # these operations xfail on exactly these findings, fail on any other, and fail once one is gone
 # (then delete its line). None is a server error.

@@ -37,13 +37,18 @@ _ID = Path(pattern=RESPONSE_ID_PATTERN)
 _TENANT = Query("", pattern=TENANT_PATTERN, description="the tenant whose response it is (\"\" without API keys)")
 _SESSION = Query("", pattern=r"^$|" + SESSION_ID_PATTERN, description="the session holding its conversation's KV")
 _REFUSALS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "`invalid_request`: a malformed id, tenant or session id"},
     401: {"model": ErrorBody, "description": "`unauthorized`"},
     404: {"model": ErrorBody, "description": "`unknown_response`: this tenant has no such record here"},
 }
 
 
 @router.post(RESPONSES_HANDOVER_PATH, summary="Hand stored responses over (a drain moves them)",
-             response_class=Response, responses={401: {"model": ErrorBody, "description": "`unauthorized`"}})
+             response_class=Response, responses={
+                 200: {"description": "`{\"records\": [{\"tenant\", \"response_id\", \"session_id\", \"record\"}]}`",
+                       "content": {"application/json": {"schema": {"type": "object"}}}},
+                 400: {"model": ErrorBody, "description": "`invalid_request`: max_bytes out of range"},
+                 401: {"model": ErrorBody, "description": "`unauthorized`"}})
 async def hand_over(request: Request, max_bytes: int = Query(8 << 20, ge=1, le=1 << 30)) -> Response:
     """`{"records": [{"tenant", "response_id", "session_id", "record"}]}`, oldest first, at most
     `max_bytes` of records (at least one); none left here: an empty list. Each is forgotten here."""
@@ -61,7 +66,9 @@ def records_of(request: Request) -> Records:
 
 
 @router.put(PATH, status_code=204, summary="Keep a stored response's record", responses={
-    **_REFUSALS, 413: {"model": ErrorBody, "description": "`body_too_large`: over the tenant's byte bound"}})
+    **_REFUSALS, 413: {"model": ErrorBody, "description": "`body_too_large`: over the tenant's byte bound"}},
+    openapi_extra={"requestBody": {"required": True, "description": "the record: a JSON object, as the coordinator "
+                                   "made it", "content": {"application/json": {"schema": {"type": "object"}}}}})
 async def put_record(request: Request, response_id: str = _ID, tenant: str = _TENANT,
                      session_id: str = _SESSION) -> Response:
     authorize(request)
@@ -82,7 +89,9 @@ async def put_record(request: Request, response_id: str = _ID, tenant: str = _TE
     return Response(status_code=204)
 
 
-@router.get(PATH, summary="A stored response's record", response_class=Response, responses=_REFUSALS)
+@router.get(PATH, summary="A stored response's record", response_class=Response, responses={
+    200: {"description": "the record, as it was kept", "content": {"application/json": {"schema": {"type": "object"}}}},
+    **_REFUSALS})
 async def get_record(request: Request, response_id: str = _ID, tenant: str = _TENANT) -> Response:
     authorize(request)
     record = records_of(request).get((tenant, response_id))
