@@ -263,6 +263,7 @@ _REFUSALS: dict[int | str, dict[str, Any]] = {
     401: {"model": an.ErrorResponse, "description": "`authentication_error`: API keys are set and none was given "
           "(`x-api-key` or `Authorization: Bearer`)"},
     404: {"model": an.ErrorResponse, "description": "`not_found_error`: the model is not served"},
+    413: {"model": an.ErrorResponse, "description": "`request_too_large`: the body is over MAX_BODY_BYTES"},
     429: {"model": an.ErrorResponse, "description": "`rate_limit_error`: the key is over one of its limits"},
     503: {"model": an.ErrorResponse, "description": "`overloaded_error`: no capacity now; try again after `Retry-After`"},
     "5XX": {"model": an.ErrorResponse, "description": "`api_error`: the workers failed"}}
