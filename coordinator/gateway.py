@@ -14,8 +14,8 @@ a `Generation` and turn the relay's internal events (protocol.worker) into their
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import functools
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from coordinator.admission.demand import Demand
@@ -25,11 +25,10 @@ from coordinator.cache import cache_key
 from coordinator.embedding import Embedding
 from coordinator.errors import CoordinatorError
 from coordinator.generation import Generation
+from coordinator.placement import Placed, Placement
 from coordinator.pool.models import resolve_model, stand_in
-from coordinator.pool.registry import WorkerRecord
-from coordinator.relay.dispatch import OpenStream, PrefixHints, PrefixPeer
+from coordinator.relay.dispatch import OpenStream
 from coordinator.relay.embeddings import EmbedAnswer
-from coordinator.relay.prefill import prefill_on
 from coordinator.relay.supervisor import Ending
 from coordinator.scheduling import Request
 from coordinator.stages import End, Entry, Passage, Stages, W, ending
@@ -49,12 +48,12 @@ if TYPE_CHECKING:
 
 # What an embedding request asks of the generation side: nothing (the scheduler's `Request` needs one).
 EMBEDDING_DEMAND = Demand(prompt_bytes=0, max_tokens=0, new_session=False)
-Placed = Callable[[], None] | None
 
 
 class Gateway:
     def __init__(self, state: CoordinatorState) -> None:
         self._state = state
+        self._placement = Placement(state)
         # The stages each kind of request passes, in the order it enters them (coordinator/stages/).
         self._generations: Stages[Generation] = Stages([
             Span(state.tracing), PriorityClass(), KeyLimitStage(state.limits), FairCharge(state.fair)])
@@ -135,10 +134,14 @@ class Gateway:
             if hit is not None:  # answered at once: nothing admitted, reserved or computed
                 waiting.end()
                 return ending.replayed(state, gen, model, hit, started)
+        resume = None
+        if gen.continuable and state.settings.continuations:
+            gen = gen.tracked()
+            resume = functools.partial(self._placement.resume, gen, model, entry.rank)
         gen, stream = await self._admit(gen, model, placed, waiting)
         try:
             return ending.relayed(state, gen, model, stream, (key, identity) if key is not None else None,
-                                  started, entry.on_token)
+                                  started, entry.on_token, resume)
         except BaseException:
             state.admission.release(stream.reservation)
             await stream.close()  # the worker cancels the request and frees its sequence
@@ -234,62 +237,15 @@ class Gateway:
         self._check_own_limits()  # also for a request that waited in the queue
         key = gen.session_key
         if key is None or state.sessions.worker_of(key) is not None:
-            return await self._place(gen, model, placed)
+            return await self._placement.place(gen, model, placed)
         # A first turn: one at a time per id, or two workers would each start the conversation.
         if not state.sessions.claim(key):
             raise CoordinatorError(reasons.SESSION_BUSY, f"session {gen.request.session_id!r} is starting on "
                                    "another request; send turns one at a time")
         try:
-            return await self._place(gen, model, placed)
+            return await self._placement.place(gen, model, placed)
         finally:
             state.sessions.unclaim(key)
-
-    async def _place(self, gen: Generation, model: str | None, placed: Placed) -> tuple[Generation, OpenStream]:
-        """Admission's check, affinity's leaning, the scheduler's ranking, then dispatch in that order."""
-        state, body = self._state, gen.request
-        affinity = state.affinity
-        if affinity.session_worker(gen) is not None:
-            # It continues a conversation: the worker already holds its sequence slot.
-            gen = dataclasses.replace(gen, demand=dataclasses.replace(gen.demand, new_session=False))
-        with gen.trace.step("placement"):  # admission's check, affinity and the policy's ranking
-            state.admission.check(gen.demand, model, body.tenant)
-            leaning = affinity.lean(gen, model, by_prefix=state.policy.uses("prefix"))
-            decision = state.policy.select(
-                Request(gen.demand, model, body.session_id, leaning.session_worker, leaning.prefer,
-                        prefix_match=leaning.match, turn=next(state.turns), rng=state.rng),
-                leaning.candidates, now=state.clock.monotonic())
-        if decision.reason == reasons.UNKNOWN_SESSION:
-            affinity.lost(gen.session_key)
-            raise CoordinatorError(reasons.UNKNOWN_SESSION,
-                                   f"session {body.session_id!r} lived on a worker that is gone; start a new one")
-        if decision.reason is not None:
-            raise CoordinatorError(decision.reason, f"no worker can take it now: {decision.reason}",
-                                   retry_after=state.settings.retry_after)
-        ranked = [w for w in (state.registry.get(v.worker_id) for v in decision.ranked) if w is not None]
-        held = affinity.prefix_holder(leaning)  # it may hand the prefix's cells to the worker chosen
-        peer = PrefixPeer(held[0].worker_id, held[0].url, held[1], leaning.match) if held is not None else None
-        if gen.disaggregated(state.settings.disaggregate_prompt_bytes, len(ranked)):
-            # Prefill on the policy's first worker, decode on the others; without a finished prefill
-            # the request goes to all of them as usual.
-            first_placed, placed = placed, None  # the prefill runs with its own reservation
-
-            def opens(part: Generation, workers: Sequence[WorkerRecord]) -> Awaitable[OpenStream]:
-                return state.attempts.open(part, workers, reserved=first_placed)
-
-            prefilled = await prefill_on(ranked[0], gen, opens, state.attempts.release,
-                                         read_timeout=state.settings.worker_read_timeout)
-            state.metrics.prefills.labels(outcome="failed" if prefilled is None else "prefilled").inc()
-            if prefilled is not None:
-                ranked, peer = ranked[1:], prefilled
-        try:
-            stream = await state.attempts.open(gen, ranked, reserved=placed,
-                                                 hints=PrefixHints.of(leaning.hashes, peer))
-        except CoordinatorError as exc:
-            if exc.reason in (reasons.SESSION_EXPIRED, reasons.UNKNOWN_SESSION):
-                affinity.lost(gen.session_key)
-            raise
-        affinity.placed(gen, model, stream.worker.worker_id, leaning)
-        return gen, stream
 
     async def tokenize(self, path: str, model: str | None, work: BaseModel, answer: type[BaseModel],
                        request_id: str) -> Tokenized:

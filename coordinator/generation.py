@@ -28,6 +28,7 @@ class Generation:
     priority: str = ""  # the priority class it asked for; "": its key's default (admission/priority.py)
     trace: Trace = NO_TRACE  # its spans, when this coordinator traces (serving/tracing.py; the gateway begins it)
     prefer: str | None = None  # a worker holding its conversation's KV (a stored response's): first if it fits
+    avoid: frozenset[str] = frozenset()  # workers it must not go to (a continuation's failed ones)
 
     @property
     def session_key(self) -> SessionKey | None:
@@ -39,7 +40,7 @@ class Generation:
         """Whether it is prefilled on one worker and decoded on another (DISAGGREGATE_PROMPT_BYTES, the
         `threshold`; 0: never): a new one-shot request with a long prompt, and two workers to do it."""
         return (threshold > 0 and self.demand.prompt_bytes >= threshold and self.request.session_id is None
-                and self.request.n == 1 and workers >= 2)
+                and self.request.n == 1 and not self.request.generated and workers >= 2)
 
     def classed(self, name: str) -> Generation:
         """Itself at priority class `name` (admission/priority.py): a batch request is sent as such (a
@@ -48,6 +49,28 @@ class Generation:
         if name == "batch":
             return self._changed(priority=name)
         return dataclasses.replace(self, demand=dataclasses.replace(self.demand, preempts=True))
+
+    @property
+    def continuable(self) -> bool:
+        """Whether it may go on on another worker should its worker fail mid-stream (relay/continuation.py):
+        one choice, no kept session (a session's history dies with its worker)."""
+        return self.request.n == 1 and self.request.session_id is None
+
+    def tracked(self) -> Generation:
+        """Itself asking its worker for the token ids of each token event (`token_ids`), which a
+        continuation needs."""
+        return dataclasses.replace(self, payload=self.payload[:-1] + b',"token_ids":true}')
+
+    def continued(self, generated: list[int], avoid: frozenset[str]) -> Generation:
+        """The rest of itself after its worker failed: the tokens its client has (`generated`), prefilled after
+        the prompt by a worker not in `avoid`, which generates on from there (its prompt not scored again)."""
+        update: dict[str, object] = {"generated": generated, "token_ids": True}
+        if self.request.prompt_logprobs is not None:
+            update["prompt_logprobs"] = None  # scored and sent already
+        request = self.request.model_copy(update=update)
+        payload = request.model_dump_json(exclude_unset=True).encode()
+        demand = dataclasses.replace(self.demand, prompt_bytes=self.demand.prompt_bytes + len(generated))
+        return dataclasses.replace(self, request=request, payload=payload, demand=demand, avoid=avoid)
 
     def for_model(self, name: str) -> Generation:
         """Itself naming the served model `name` (a name the pool took for it: pool/models.py)."""

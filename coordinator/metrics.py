@@ -36,6 +36,12 @@ class CoordinatorMetrics:
         self.prefills = Counter("coordinator_disaggregated_prefills", "Prompts prefilled on one worker for another "
                                 "to decode (DISAGGREGATE_PROMPT_BYTES), by outcome: prefilled, failed",
                                 ["outcome"], registry=r)
+        self.stream_breaks = Counter("coordinator_stream_breaks", "Worker streams that broke off after their first "
+                                     "token, by outcome: continued (on another worker), ended (with an error event)",
+                                     ["outcome"], registry=r)
+        self.continuation_pause = Histogram("coordinator_continuation_pause_seconds", "A broken stream's pause: "
+                                            "from the break to the continuing worker's first event",
+                                            buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0), registry=r)
         self.slow_clients = Counter("coordinator_slow_client_disconnects",
                                     "Clients disconnected for not reading past the write deadline", registry=r)
         self.client_disconnects = Counter("coordinator_client_disconnects",

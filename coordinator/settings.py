@@ -56,6 +56,12 @@ class Settings(BaseModel):
         default=30.0, gt=0, description="seconds a heartbeat timestamp may be ahead of the coordinator's clock"
     )
     max_failover_attempts: int = Field(default=3, ge=1, le=16, description="workers tried before the first token")
+    continuations: int = Field(default=2, ge=0, le=8, description="times one stream may go on on another worker "
+                               "after its worker failed mid-stream (the prompt and the tokens sent prefilled there); "
+                               "0: a broken stream ends with an error event")
+    continuation_timeout: float = Field(
+        default=30.0, gt=0, description="seconds a broken stream waits, at most, for another worker to take its "
+        "continuation (in its model's queue, ahead of new requests of its class); then its error event")
     relay_buffer_events: int = Field(default=64, ge=1, le=100_000, description="events buffered per client stream")
     relay_write_deadline: float = Field(
         default=10.0, gt=0, description="seconds a client may leave its buffer full before it is disconnected"

@@ -342,6 +342,9 @@ class GenerateRequest(GenerationFields):
     tools: ToolUse | None = Field(default=None, description="functions the answer may call; the worker tells "
                                   "the model about them and holds a call to their schemas (unless `grammar` "
                                   "or `json_schema` holds the answer, which a forced call does not allow)")
+    # Internal only (lead's placeholder; the worker side defines these).
+    token_ids: bool = False
+    generated: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, max_length=32_768)
     # Internal only: the class the coordinator resolved for the request (its key's default, or what it asked).
     priority: Literal["interactive", "batch"] = Field(
         default="interactive", description="its priority class: on a worker whose every sequence is taken, an "
@@ -414,6 +417,7 @@ class TokenEvent(BaseModel):
     choice: int = Field(default=0, ge=0, lt=MAX_CHOICES, exclude_if=lambda v: v == 0,
                         description="which of the request's `n` choices the text belongs to; left out when 0 (so "
                         "always with n = 1, as before `n` existed)")
+    ids: list[int] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class PromptEvent(BaseModel):

@@ -46,7 +46,9 @@ class Affinity:
         if session_worker is not None:
             record = self.registry.get(session_worker)
             return Leaning([record] if record is not None else [], session_worker=session_worker)
-        leaning = Leaning(list(self.registry.alive(model)), prefer=gen.prefer)
+        alive = self.registry.alive(model)
+        leaning = Leaning([w for w in alive if w.worker_id not in gen.avoid] if gen.avoid else list(alive),
+                          prefer=gen.prefer)
         if body.messages is not None and gen.prefer is None:
             key = continuation_key(body.tenant, model, body.messages)
             leaning.prefer = self.conversations.worker_of(key) if key is not None else None

@@ -99,8 +99,9 @@ class RequestLog:
             raise internal from None
 
     def finished(self, request_id: str, surface: str, stream: OpenStream, outcome: Outcome, ending: Ending,
-                 started: float, trace_id: str = "") -> None:
-        """An admitted request's end, whatever it was; `trace_id`: its trace's, when it is traced."""
+                 started: float, trace_id: str = "", *, continuations: int = 0) -> None:
+        """An admitted request's end, whatever it was; `trace_id`: its trace's, when it is traced. `stream`:
+        the worker's that ran its end; `continuations`: how many times it went on on another worker."""
         now, metrics, done = self._now(), self._metrics, outcome.done
         metrics.requests_running.dec()
         metrics.generation_tokens.inc(outcome.tokens)
@@ -123,7 +124,8 @@ class RequestLog:
                   cached_tokens=done.usage.cached_tokens if done else None,
                   generated_tokens=done.usage.completion_tokens if done else outcome.tokens,
                   ttft_ms=_ms(ttft) if ttft is not None else None, duration_ms=_ms(now - started),
-                  attempts=stream.attempts, **({"trace_id": trace_id} if trace_id else {}))
+                  attempts=stream.attempts, **({"continuations": continuations} if continuations else {}),
+                  **({"trace_id": trace_id} if trace_id else {}))
 
     def replayed(self, request_id: str, surface: str, outcome: Outcome, ending: Ending, started: float) -> None:
         """A request answered from the response cache."""

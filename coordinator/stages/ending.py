@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from coordinator.cache import Replay
 from coordinator.generation import Generation
 from coordinator.metrics import tenant_label
+from coordinator.relay.continuation import Break, Continuing, Resume
 from coordinator.relay.dispatch import OpenStream
 from coordinator.relay.stream import Outcome, Relay
 from coordinator.relay.supervisor import Ending
@@ -43,6 +44,12 @@ class Opened:
     model: str
     finish: Callable[[Ending], None]  # call exactly once, when the client's response has ended
     prompt_tokens: int | None = None  # the prompt's length as its worker admitted it; None: a cached answer
+    upstream: Continuing | None = None  # a live stream's workers (None: a cached answer)
+
+    @property
+    def last_worker(self) -> str:
+        """The worker that ran its end: the first one, or the one that continued it."""
+        return self.upstream.current.worker.worker_id if self.upstream is not None else self.worker_id
 
     def end(self) -> End:
         """How it ended, for its stages: its usage as the worker counted it, or the tokens relayed when
@@ -64,25 +71,36 @@ class Opened:
 
 
 def relayed(state: CoordinatorState, gen: Generation, model: str | None, stream: OpenStream,
-            cached: tuple[bytes, str] | None, started: float, on_token: Callable[[], None] | None) -> Opened:
+            cached: tuple[bytes, str] | None, started: float, on_token: Callable[[], None] | None,
+            resume: Resume | None = None) -> Opened:
     """The relay of a request whose worker has sent its first event, with its final callback.
     `cached`: its response-cache key and the model's identity, when its answer may be kept.
-    `on_token`: called for each token event relayed (the fair charge)."""
+    `on_token`: called for each token event relayed (the fair charge). `resume`: places the rest of it on
+    another worker when its worker fails mid-stream (relay/continuation.py); None: never continued."""
     session_id = gen.request.session_id
-    reservation, admission = stream.reservation, state.admission
-    breakers, worker_id, cache = state.breakers, stream.worker.worker_id, state.cache
-    generated = state.metrics.tenant_tokens.labels(tenant=tenant_label(gen.request.tenant), kind="generated")
+    admission, breakers, cache, metrics = state.admission, state.breakers, state.cache, state.metrics
+    generated = metrics.tenant_tokens.labels(tenant=tenant_label(gen.request.tenant), kind="generated")
+
+    def left(old: OpenStream, broke: Break) -> None:
+        """A stream given up mid-way for a continuation: its reservation back, its worker judged."""
+        admission.release(old.reservation)
+        breakers.failed(broke.worker_id)
+
+    upstream = Continuing(stream, _never if resume is None else resume, request_id=gen.request_id,
+                          at_most=state.settings.continuations if resume is not None else 0, left=left,
+                          metrics=metrics)
 
     def release(outcome: Outcome) -> None:
         """The reservation back (a second call does nothing); a named session that ended `done`
         stays counted as kept, with all its tokens, until the worker's heartbeat says otherwise."""
         done = outcome.done
-        admission.release(reservation, kept_tokens=done.usage.total_tokens
+        admission.release(upstream.current.reservation, kept_tokens=done.usage.total_tokens
                           if session_id is not None and done is not None else None)
 
     def final(outcome: Outcome) -> None:
         release(outcome)
         done = outcome.done
+        worker_id = upstream.current.worker.worker_id
         # A token event may carry several tokens (a character split across them): all of them.
         generated.inc(max(done.usage.completion_tokens, outcome.tokens) if done is not None else outcome.tokens)
         if done is not None:
@@ -96,7 +114,7 @@ def relayed(state: CoordinatorState, gen: Generation, model: str | None, stream:
             breakers.settled(worker_id)  # the client left, or read too slowly: no verdict
 
     settings = state.settings
-    relay = Relay(stream, request_id=gen.request_id, buffer_events=settings.relay_buffer_events,
+    relay = Relay(upstream, request_id=gen.request_id, buffer_events=settings.relay_buffer_events,
                   write_deadline=settings.relay_write_deadline, metrics=state.metrics, on_final=final,
                   record_bytes=cache.entry_limit if cached is not None else 0, on_token=on_token)
     state.streams.add(relay)
@@ -113,9 +131,15 @@ def relayed(state: CoordinatorState, gen: Generation, model: str | None, stream:
         """Runs once per admitted request, whatever the ending: release, count, log."""
         state.streams.discard(relay)
         release(relay.outcome)  # done already, unless cut short
-        state.requests.finished(relay.request_id, surface, stream, relay.outcome, ending, started, trace_id)
+        state.requests.finished(relay.request_id, surface, upstream.current, relay.outcome, ending, started,
+                                trace_id, continuations=upstream.continuations)
 
-    return Opened(relay, worker_id, model or stream.worker.model, finish, stream.prompt_tokens)
+    return Opened(relay, stream.worker.worker_id, model or stream.worker.model, finish, stream.prompt_tokens,
+                  upstream)
+
+
+async def _never(generated: list[int], avoid: frozenset[str]) -> OpenStream:
+    raise AssertionError("a stream without continuations never resumes")  # pragma: no cover
 
 
 def replayed(state: CoordinatorState, gen: Generation, model: str | None, events: tuple[SseEvent, ...],

@@ -102,7 +102,7 @@ async def create(request: Request) -> Response:
 
     async def settle() -> None:
         stored.finished(kept, ended_of(), state.settings.responses_record_bytes)
-        await stored.keep(state, kept, opened.worker_id, tenant, shape.response_id)
+        await stored.keep(state, kept, opened.last_worker, tenant, shape.response_id)
 
     return stored.Settling(answer, ready=lambda: ended_of() is not None, settle=settle)
 

@@ -230,7 +230,7 @@ class Socket:
                 if keeps:
                     turn = stored.Turn({}, previous, list(chain), list(new or ()), store=True)
                     stored.finished(turn, encoder.ended, self._settings.responses_record_bytes)
-                    await stored.keep(self._state, turn, opened.worker_id, self._tenant, encoder.ended.id)
+                    await stored.keep(self._state, turn, opened.last_worker, self._tenant, encoder.ended.id)
             await self._send_text(text)
 
         stream = SocketStream(opened.relay, on_end=opened.finish, encoder=encoder, send_text=send_text,

@@ -61,7 +61,7 @@ async def test_streams_tokens_then_done_and_releases_everything() -> None:
         assert "".join(d["token"] for n, d in events if n == "token") == "Hello!"
         sent = fakes.calls[0][1]
         assert sent.headers["x-request-id"] == "req-1"
-        assert json.loads(sent.content) == {"prompt": "hi", "max_tokens": 5}
+        assert json.loads(sent.content) == {"prompt": "hi", "max_tokens": 5, "token_ids": True}  # ids: to continue it
         health = (await client.get("/coordinator/health")).json()
         assert (health["requests_running"], health["kv_reserved_bytes"]) == (0, 0)
         assert await metric(client, 'coordinator_admission_decisions_total{outcome="admitted"') == 1

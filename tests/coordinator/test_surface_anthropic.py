@@ -90,7 +90,7 @@ async def test_a_message_through_the_sdk_sends_the_turns_to_the_template() -> No
     assert sent(fakes) == {"messages": [{"role": "system", "content": "Be brief.\n\nAnswer in English."},
                                         {"role": "user", "content": "Say hi"}],
                            "model": "smol", "max_tokens": 5, "probabilities": False, "temperature": 0.5, "top_k": 7,
-                           "stop": ["END"]}
+                           "stop": ["END"], "token_ids": True}
 
 
 async def test_the_stream_sends_anthropics_events_in_order() -> None:

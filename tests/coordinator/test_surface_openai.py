@@ -78,7 +78,7 @@ async def test_chat_stream_through_the_sdk_reassembles_the_text_and_reports_usag
     # for, so the worker is told to skip each token's probability.
     assert sent_body(fakes) == {"messages": [{"role": "system", "content": "Be brief."},
                                              {"role": "user", "content": "Hi"}],
-                                "model": "smol", "max_tokens": 5, "probabilities": False}
+                                "model": "smol", "max_tokens": 5, "probabilities": False, "token_ids": True}
 
 
 async def test_chat_without_stream_is_one_object_with_logprobs() -> None:
@@ -105,7 +105,7 @@ async def test_completions_send_a_raw_prompt_and_stream_text_chunks() -> None:
     assert "".join(c.choices[0].text for c in chunks) == "Hello!"
     assert chunks[-1].choices[0].finish_reason == "stop"
     assert sent_body(fakes, 0) == {"prompt": "Once upon", "raw": True, "model": "smol", "max_tokens": 16,
-                                   "seed": 7, "stop": ["\n"], "probabilities": False}
+                                   "seed": 7, "stop": ["\n"], "probabilities": False, "token_ids": True}
     assert whole.object == "text_completion" and whole.choices[0].text == "Hello!"
     assert whole.choices[0].logprobs is not None and whole.choices[0].logprobs.text_offset == [0, 2, 5]
     assert sent_body(fakes, 1)["temperature"] == 0 and "probabilities" not in sent_body(fakes, 1)

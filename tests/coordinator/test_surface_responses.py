@@ -120,7 +120,7 @@ async def test_a_response_through_the_sdk_has_the_text_usage_and_the_request_ech
     rs.ResponseObject.model_validate(raw.json())
     assert SdkResponse.model_validate(raw.json()).output_text == "Hello!"
     # Instructions go first, as a system message; no logprobs are offered, so the worker skips them.
-    assert sent_body(fakes, 0) == {"model": "smollm2", "max_tokens": 5, "probabilities": False, "messages": [
+    assert sent_body(fakes, 0) == {"model": "smollm2", "max_tokens": 5, "probabilities": False, "token_ids": True, "messages": [
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}
 
 

@@ -48,7 +48,7 @@ async def test_a_long_prompt_is_prefilled_on_one_worker_and_decoded_on_the_other
         assert 'coordinator_disaggregated_prefills_total{outcome="prefilled"} 1.0' in metrics
         bodies = await generate_bodies(fakes)
         assert [host for host, _ in bodies] == ["w1", "w2"]
-        assert bodies[0][1] == {"prompt": LONG, "max_tokens": 1}  # the prefill: one token
+        assert bodies[0][1] == {"prompt": LONG, "max_tokens": 1, "token_ids": True}  # the prefill: one token
         assert bodies[1][1]["max_tokens"] == 8 and bodies[1][1]["prefix_peer"] == "http://w1.test"
         # Short, or a session's: one worker, as without the option.
         assert (await client.post("/coordinator/infer", json={"prompt": "Short.", "max_tokens": 8})).status_code == 200

@@ -1,0 +1,171 @@
+"""A stream whose worker fails mid-way goes on on another worker (relay/continuation.py, placement.py):
+the whole app in-process, fake workers behind httpx.MockTransport."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from coordinator.clock import ManualClock
+from coordinator.settings import Settings
+from tests.coordinator.fakes import (
+    FakeWorkers,
+    admitted,
+    done,
+    events_of,
+    heartbeat,
+    register,
+    running_app,
+    sse,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.unit]
+
+SETTINGS = Settings(heartbeat_interval=1.0, retry_after=3, queue_size=0)
+
+
+def tok(index: int, text: str, ids: list[int] | None) -> bytes:
+    data: dict[str, Any] = {"token": text, "index": index, "probability": 0.5, "finished": False}
+    if ids is not None:
+        data["ids"] = ids
+    return sse("token", data)
+
+
+def error(reason: str) -> bytes:
+    return sse("error", {"error": "it failed", "reason": reason, "request_id": "r", "finished": True})
+
+
+Chunks = Callable[[dict[str, Any]], tuple[list[bytes], bool]]
+
+
+def worker(chunks: Chunks) -> Callable[[httpx.Request], httpx.Response]:
+    """A worker whose stream is `chunks(body)`: its events, and whether the connection breaks after them."""
+
+    def behaviour(request: httpx.Request) -> httpx.Response:
+        events, breaks = chunks(json.loads(request.content))
+
+        async def body() -> AsyncIterator[bytes]:
+            yield admitted(5)
+            for chunk in events:
+                yield chunk
+            if breaks:
+                raise httpx.ReadError("connection reset", request=request)
+
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body())
+
+    return behaviour
+
+
+def first_then_rest(first: tuple[list[bytes], bool], rest: tuple[list[bytes], bool]) -> Chunks:
+    """The first request (no `generated`) gets `first`; a continuation gets `rest`."""
+    return lambda body: rest if "generated" in body else first
+
+
+BROKEN = ([tok(0, "He", [10]), tok(2, "llo", [11, 12])], True)  # the second event held a split character
+REST = ([tok(3, " you", [13]), done(n=4, reason="length")], False)
+
+
+async def stream(client: httpx.AsyncClient, clock: ManualClock, workers: tuple[str, ...],
+                 body: dict[str, Any] | None = None) -> list[tuple[str, dict[str, Any]]]:
+    for worker_id in workers:
+        assert (await register(client, heartbeat(worker_id, timestamp=clock.time()))).status_code == 200
+    response = await client.post("/coordinator/infer", json=body or {"prompt": "hi", "max_tokens": 4})
+    assert response.status_code == 200
+    return events_of(response.text)
+
+
+async def metric(client: httpx.AsyncClient, line_start: str) -> float:
+    text = (await client.get("/metrics")).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_start))
+
+
+def bodies(fakes: FakeWorkers) -> list[tuple[str, dict[str, Any]]]:
+    return [(host, json.loads(request.content)) for host, request in fakes.calls]
+
+
+async def test_a_stream_whose_worker_breaks_goes_on_on_another_with_the_tokens_sent() -> None:
+    behaviour = worker(first_then_rest(BROKEN, REST))
+    clock, fakes = ManualClock(), FakeWorkers({"w1": behaviour, "w2": behaviour})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        events = await stream(client, clock, ("w1", "w2"))
+        assert [name for name, _ in events] == ["token", "token", "token", "done"]
+        assert "".join(d["token"] for n, d in events if n == "token") == "Hello you"
+        assert events[-1][1]["usage"]["completion_tokens"] == 4 and events[-1][1]["finish_reason"] == "length"
+        (first_host, first), (second_host, second) = bodies(fakes)
+        assert first_host != second_host  # never back to the worker that failed
+        assert first["token_ids"] is True and "generated" not in first
+        # The rest of the same request: the ids the client has, in order, and nothing else changed.
+        assert second == {**first, "generated": [10, 11, 12]}
+        health = (await client.get("/coordinator/health")).json()
+        assert (health["requests_running"], health["kv_reserved_bytes"]) == (0, 0)  # both reservations back
+        assert await metric(client, 'coordinator_stream_breaks_total{outcome="continued"}') == 1
+        assert await metric(client, "coordinator_continuation_pause_seconds_count") == 1
+        assert await metric(client, 'coordinator_request_finished_total{finish_reason="length"}') == 1
+
+
+async def test_a_worker_or_engine_failure_event_is_continued_but_a_deadline_is_not() -> None:
+    for reason, continued in (("engine_failed", True), ("worker_failed", True), ("deadline_exceeded", False)):
+        failing = ([tok(0, "He", [10]), error(reason)], False)
+        behaviour = worker(first_then_rest(failing, REST))
+        clock, fakes = ManualClock(), FakeWorkers({"w1": behaviour, "w2": behaviour})
+        async with running_app(SETTINGS, fakes, clock) as client:
+            events = await stream(client, clock, ("w1", "w2"))
+        assert (events[-1][0] == "done") is continued, reason
+        assert len(fakes.calls) == (2 if continued else 1)
+        if not continued:
+            assert events[-1][1]["reason"] == reason  # the worker's own ending, as it was
+
+
+async def test_continuations_are_bounded_and_the_error_says_why() -> None:
+    behaviour = worker(lambda body: BROKEN if "generated" not in body else ([tok(3, " y", [13])], True))
+    settings = Settings(heartbeat_interval=1.0, retry_after=3, queue_size=0, continuations=1)
+    clock, fakes = ManualClock(), FakeWorkers({"w1": behaviour, "w2": behaviour, "w3": behaviour})
+    async with running_app(settings, fakes, clock) as client:
+        events = await stream(client, clock, ("w1", "w2", "w3"))
+        assert [name for name, _ in events] == ["token", "token", "token", "error"]
+        assert events[-1][1]["reason"] == "worker_failed"
+        assert "continued 1 times already" in events[-1][1]["error"]
+        assert len(fakes.calls) == 2  # the third worker was never asked
+        assert await metric(client, 'coordinator_stream_breaks_total{outcome="ended"}') == 1
+        health = (await client.get("/coordinator/health")).json()
+        assert (health["requests_running"], health["kv_reserved_bytes"]) == (0, 0)
+
+
+async def test_with_no_other_worker_the_stream_ends_with_an_error_naming_why() -> None:
+    clock, fakes = ManualClock(), FakeWorkers({"w1": worker(first_then_rest(BROKEN, REST))})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        events = await stream(client, clock, ("w1",))
+        assert [name for name, _ in events] == ["token", "token", "error"]
+        assert events[-1][1]["reason"] == "worker_failed"
+        assert "no other worker could continue it" in events[-1][1]["error"]
+        assert len(fakes.calls) == 1
+        health = (await client.get("/coordinator/health")).json()
+        assert (health["requests_running"], health["kv_reserved_bytes"]) == (0, 0)
+
+
+async def test_a_stream_whose_worker_sent_no_ids_is_not_continued() -> None:
+    broken = ([tok(0, "He", None)], True)
+    behaviour = worker(first_then_rest(broken, REST))
+    clock, fakes = ManualClock(), FakeWorkers({"w1": behaviour, "w2": behaviour})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        events = await stream(client, clock, ("w1", "w2"))
+    assert [name for name, _ in events] == ["token", "error"] and len(fakes.calls) == 1
+    assert "cannot be continued" in events[-1][1]["error"]
+
+
+@pytest.mark.parametrize(("body", "settings"), [
+    ({"prompt": "hi", "max_tokens": 4, "session_id": "s-1"}, SETTINGS),  # its history dies with its worker
+    ({"prompt": "hi", "max_tokens": 4}, Settings(heartbeat_interval=1.0, queue_size=0, continuations=0)),
+])
+async def test_sessions_and_a_pool_without_continuations_do_not_ask_for_ids(body: dict[str, Any],
+                                                                          settings: Settings) -> None:
+    behaviour = worker(first_then_rest(BROKEN, REST))
+    clock, fakes = ManualClock(), FakeWorkers({"w1": behaviour, "w2": behaviour})
+    async with running_app(settings, fakes, clock) as client:
+        events = await stream(client, clock, ("w1", "w2"), body)
+    assert [name for name, _ in events][-1] == "error" and len(fakes.calls) == 1
+    assert "token_ids" not in bodies(fakes)[0][1]
