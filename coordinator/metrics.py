@@ -39,6 +39,9 @@ class CoordinatorMetrics:
         self.stream_breaks = Counter("coordinator_stream_breaks", "Worker streams that broke off after their first "
                                      "token, by outcome: continued (on another worker), ended (with an error event)",
                                      ["outcome"], registry=r)
+        self.stream_moves = Counter("coordinator_stream_moves", "Tries to move a stream off a draining worker, by "
+                                    "outcome: moved, stayed (no worker had room: it finishes in place)",
+                                    ["outcome"], registry=r)
         self.continuation_pause = Histogram("coordinator_continuation_pause_seconds", "A broken stream's pause: "
                                             "from the break to the continuing worker's first event",
                                             buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0), registry=r)

@@ -85,10 +85,11 @@ class Placement:
 
 
     async def resume(self, gen: Generation, model: str | None, rank: int, generated: list[int],
-                     avoid: frozenset[str]) -> OpenStream:
-        """The rest of `gen` after its worker failed mid-stream: the tokens its client has (`generated`)
-        prefilled after its prompt on a worker not in `avoid`, placed in turn ahead of new requests of its
-        class (`rank` + 1); a `CoordinatorError` when none took it within CONTINUATION_TIMEOUT."""
+                     avoid: frozenset[str], waits: bool) -> OpenStream:
+        """The rest of `gen` after its worker failed mid-stream (or drains): the tokens its client has
+        (`generated`) prefilled after its prompt on a worker not in `avoid`; placed in turn ahead of new
+        requests of its class (`rank` + 1) when it `waits`, else tried once; a `CoordinatorError` when
+        none took it (within CONTINUATION_TIMEOUT)."""
         state, rest = self._state, gen.continued(generated, avoid)
 
         async def attempt(placed: Placed) -> OpenStream:
@@ -98,7 +99,7 @@ class Placement:
         line = state.waiting.line(gen.request.model)
         try:
             async with asyncio.timeout(timeout):
-                if not state.queue.enabled() or line is None:
+                if not waits or not state.queue.enabled() or line is None:
                     return await attempt(None)
                 return await in_turn(state.queue, line, attempt, started=state.clock.monotonic(),
                                      now=state.clock.monotonic, metrics=state.metrics, client_gone=None,

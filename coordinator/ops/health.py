@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from coordinator.admission.demand import Demand
 from coordinator.errors import CoordinatorError
 from coordinator.pool.registry import ALIVE, WorkerRecord
+from coordinator.relay.continuation import Continuing
 from coordinator.scheduling import Policy
 from coordinator.scheduling import Request as Wanted
 from coordinator.state import CoordinatorState
@@ -109,6 +110,9 @@ async def _take(request: Request) -> HeartbeatAck:
         state.stored.serving(record.worker_id)
     else:
         state.stored.draining(record)  # its stored responses go to the other workers, once
+        for relay in state.streams:  # its streams too, where another worker has room
+            if isinstance(relay.stream, Continuing):
+                relay.stream.move(record.worker_id)
         if record.load.sessions:
             state.mover.draining(record)  # its kept sessions go to the model's other workers, once
     state.metrics.heartbeats.labels(outcome="accepted").inc()

@@ -40,9 +40,9 @@ log = logging.getLogger("coordinator")
 # The endings a continuation may mend: the worker (or its engine) failed, or it is stopping.
 CONTINUABLE = frozenset({reasons.WORKER_FAILED, reasons.ENGINE_FAILED, reasons.DRAINING})
 
-# Given the ids the client has and the worker ids that failed it, the stream that goes on (its worker's
-# first event read), or a `CoordinatorError` saying why none could take it.
-Resume = Callable[[list[int], frozenset[str]], Awaitable[OpenStream]]
+# Given the ids the client has, the workers to leave out and whether it may wait in the queue for room, the
+# stream that goes on (its worker's first event read), or a `CoordinatorError` saying why none took it.
+Resume = Callable[[list[int], frozenset[str], bool], Awaitable[OpenStream]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +51,7 @@ class Break:
 
     worker_id: str
     why: str
+    failed: bool = True  # False: its worker drains, and failed nothing
 
 
 class Continuing:
@@ -59,7 +60,7 @@ class Continuing:
     stream it leaves (its reservation back, its worker's breaker told). Each break is counted by how it
     went, and each continuation's pause (from the break to its first event) observed."""
 
-    __slots__ = ("_at_most", "_failed", "_ids", "_iterator", "_left", "_metrics", "_resume", "_why_not",
+    __slots__ = ("_at_most", "_failed", "_ids", "_iterator", "_left", "_metrics", "_move_from", "_resume", "_why_not",
                  "continuations", "current", "first", "request_id")
 
     def __init__(self, stream: OpenStream, resume: Resume, *, request_id: str, at_most: int,
@@ -74,6 +75,7 @@ class Continuing:
         self._metrics = metrics
         self._failed: set[str] = set()
         self._iterator: AsyncIterator[SseEvent] | None = None
+        self._move_from: str | None = None  # a draining worker this stream should leave, at its next event
         self._why_not = ""  # why the last break was not continued, for the client's error event
         # The ids the client has been sent, in order; None once a token event came without them (a worker
         # that was not asked, or cannot tell): such a stream ends as it ends, never continued.
@@ -94,10 +96,17 @@ class Continuing:
     async def close(self) -> None:
         await self.current.close()
 
+    def move(self, worker_id: str) -> None:
+        """`worker_id` drains: if this stream runs there, it tries, after its next event, to go on on another
+        worker with room (one try, no wait in the queue), and stays where it is when none has; the next
+        call (the worker's next heartbeat) tries again."""
+        if self.current.worker.worker_id == worker_id:
+            self._move_from = worker_id
+
     async def _events(self) -> AsyncIterator[SseEvent]:
         stream, events = self.current, self.current.events
         while True:
-            broke: str
+            broke, taken = "", None
             try:
                 async for event in events:
                     if event.event == EVENT_ERROR and self._mendable(event):
@@ -109,15 +118,42 @@ class Continuing:
                         async for rest in events:  # the body's end: its connection goes back to the pool
                             yield rest
                         return
+                    if self._move_from is not None and (taken := await self._moved(stream)) is not None:
+                        break
                 else:
                     broke = "the worker's stream ended without a done event"
             except WorkerStreamError as exc:
                 broke = f"the worker's stream broke off: {exc}"
-            taken = await self._switch(Break(stream.worker.worker_id, broke))
+            if taken is None:
+                taken = await self._switch(Break(stream.worker.worker_id, broke))
             if taken is None:
                 yield self._give_up()
                 return
             stream, events = taken, _after(taken.first, taken.events)
+
+    async def _moved(self, stream: OpenStream) -> OpenStream | None:
+        """The stream that takes over from one whose worker drains, or None: it stays (no continuation
+        left, or no worker with room now). The draining worker's request is closed once the other's first
+        event is here: what it generated past the ids sent is never sent, and is generated again there."""
+        self._move_from = None
+        if self._ids is None or self.continuations >= self._at_most:
+            return None
+        worker_id = stream.worker.worker_id
+        try:
+            taken = await self._resume(list(self._ids), frozenset({*self._failed, worker_id}), False)
+        except CoordinatorError as exc:
+            self._metrics.stream_moves.labels(outcome="stayed").inc()
+            log.info(json.dumps({"event": "stream_stays", "request_id": self.request_id, "worker_id": worker_id,
+                                 "reason": exc.reason}))
+            return None
+        self.continuations += 1
+        self._left(stream, Break(worker_id, "its worker drains", failed=False))
+        await stream.close()
+        self.current = taken
+        self._metrics.stream_moves.labels(outcome="moved").inc()
+        log.info(json.dumps({"event": "stream_moved", "request_id": self.request_id, "from": worker_id,
+                             "to": taken.worker.worker_id, "generated": len(self._ids)}))
+        return taken
 
     def _mendable(self, event: SseEvent) -> bool:
         """An error event a continuation may mend (when continuations are left)."""
@@ -159,7 +195,7 @@ class Continuing:
         self.continuations += 1
         started = time.monotonic()
         try:
-            stream = await self._resume(list(self._ids), frozenset(self._failed))
+            stream = await self._resume(list(self._ids), frozenset(self._failed), True)
         except CoordinatorError as exc:
             self._why_not = f"no other worker could continue it ({exc.reason}: {exc.message})"
             log.warning(json.dumps({"event": "continuation_failed", "request_id": self.request_id,

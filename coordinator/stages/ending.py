@@ -82,9 +82,11 @@ def relayed(state: CoordinatorState, gen: Generation, model: str | None, stream:
     generated = metrics.tenant_tokens.labels(tenant=tenant_label(gen.request.tenant), kind="generated")
 
     def left(old: OpenStream, broke: Break) -> None:
-        """A stream given up mid-way for a continuation: its reservation back, its worker judged."""
+        """A stream given up mid-way for a continuation: its reservation back, its worker judged (unless
+        it only drains)."""
         admission.release(old.reservation)
-        breakers.failed(broke.worker_id)
+        if broke.failed:
+            breakers.failed(broke.worker_id)
 
     upstream = Continuing(stream, _never if resume is None else resume, request_id=gen.request_id,
                           at_most=state.settings.continuations if resume is not None else 0, left=left,
@@ -138,7 +140,7 @@ def relayed(state: CoordinatorState, gen: Generation, model: str | None, stream:
                   upstream)
 
 
-async def _never(generated: list[int], avoid: frozenset[str]) -> OpenStream:
+async def _never(generated: list[int], avoid: frozenset[str], waits: bool) -> OpenStream:
     raise AssertionError("a stream without continuations never resumes")  # pragma: no cover
 
 

@@ -3,6 +3,7 @@ the whole app in-process, fake workers behind httpx.MockTransport."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -169,3 +170,59 @@ async def test_sessions_and_a_pool_without_continuations_do_not_ask_for_ids(body
         events = await stream(client, clock, ("w1", "w2"), body)
     assert [name for name, _ in events][-1] == "error" and len(fakes.calls) == 1
     assert "token_ids" not in bodies(fakes)[0][1]
+
+
+def draining_worker(reached: asyncio.Event, gate: asyncio.Event) -> Callable[[httpx.Request], httpx.Response]:
+    """A worker that streams two tokens, then waits for `gate` (it drains meanwhile), then four more; a
+    continuation (a request with `generated`) gets REST."""
+
+    def behaviour(request: httpx.Request) -> httpx.Response:
+        if "generated" in json.loads(request.content):
+            return worker(lambda _: REST)(request)
+
+        async def stream_body() -> AsyncIterator[bytes]:
+            yield admitted(5)
+            yield tok(0, "He", [10])
+            yield tok(1, "l", [11])
+            reached.set()
+            await gate.wait()
+            for i in range(2, 6):
+                yield tok(i, "l", [10 + i])
+            yield done(n=6, reason="length")
+
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=stream_body())
+
+    return behaviour
+
+
+async def test_a_stream_on_a_draining_worker_moves_to_one_with_room_and_stays_when_none_has() -> None:
+    for room in (True, False):
+        reached, gate = asyncio.Event(), asyncio.Event()
+        behaviour = draining_worker(reached, gate)
+
+        clock = ManualClock()
+        fakes = FakeWorkers({"w1": behaviour, "w2": behaviour})
+        async with running_app(SETTINGS, fakes, clock) as client:
+            await register(client, heartbeat("w1", timestamp=clock.time()))
+            if room:
+                await register(client, heartbeat("w2", timestamp=clock.time(), sessions=4, max_sessions=4))
+            answer = asyncio.create_task(client.post("/coordinator/infer", json={"prompt": "hi", "max_tokens": 6}))
+            await asyncio.wait_for(reached.wait(), 5)
+            if room:  # w2 is free again by now
+                await register(client, heartbeat("w2", timestamp=clock.time()))
+            await register(client, heartbeat("w1", timestamp=clock.time(), draining=True))
+            gate.set()
+            events = events_of((await answer).text)
+            text = "".join(d["token"] for n, d in events if n == "token")
+            moves = await metric(client, 'coordinator_stream_moves_total{outcome="moved"}')
+            stayed = await metric(client, 'coordinator_stream_moves_total{outcome="stayed"}')
+            health = (await client.get("/coordinator/health")).json()
+        assert (health["requests_running"], health["kv_reserved_bytes"]) == (0, 0)
+        if room:
+            # Moved after its third token: the rest comes from w2, which was sent the three ids.
+            assert text == "Hell you" and moves == 1
+            assert bodies(fakes)[1] == ("w2", {**bodies(fakes)[0][1], "generated": [10, 11, 12]})
+        else:  # nowhere to go: it finishes in place, whole
+            assert text == "Helllll" and moves == 0 and len(fakes.calls) == 1
+            assert stayed == 1
+        assert events[-1][0] == "done"
