@@ -47,7 +47,7 @@ class Found:
 
 
 class StoredResponses:
-    """`put(worker_id, key, session_id, body)`, `get(key)`, `delete(key)`."""
+    """`put(worker_id, key, body)`, `get(key)`, `delete(key)`."""
 
     def __init__(self, registry: Registry, client: WorkerClient, *, timeout: float, limit: int,
                  remembered: int = 65536) -> None:
@@ -96,29 +96,29 @@ class StoredResponses:
             for one in taken:
                 key = (one["tenant"], one["response_id"])
                 body = json.dumps(one["record"], separators=(",", ":")).encode()
-                if await self._put_elsewhere(source.worker_id, key, one.get("session_id", ""), body):
+                if await self._put_elsewhere(source.worker_id, key, body):
                     moved += 1
                 else:
                     lost += 1
 
-    async def _put_elsewhere(self, source: str, key: Key, session_id: str, body: bytes) -> bool:
+    async def _put_elsewhere(self, source: str, key: Key, body: bytes) -> bool:
         targets = [r for r in self._registry.alive() if r.worker_id != source and not r.draining]
         if not targets:
             return False
         first = next(self._turns) % len(targets)
         for record in targets[first:] + targets[:first]:
-            if await self.put(record.worker_id, key, session_id, body):
+            if await self.put(record.worker_id, key, body):
                 return True
         return False
 
-    async def put(self, worker_id: str, key: Key, session_id: str, body: bytes) -> bool:
+    async def put(self, worker_id: str, key: Key, body: bytes) -> bool:
         """Whether `worker_id` kept the record (False: gone, unreachable or refused; the log says)."""
         record = self._registry.get(worker_id)
         if record is None:
             return False
         if record.draining:  # a response that ended on a draining worker: its records are moving away
-            return await self._put_elsewhere(worker_id, key, session_id, body)
-        url = self._url(record, key) + (f"&session_id={quote(session_id)}" if session_id else "")
+            return await self._put_elsewhere(worker_id, key, body)
+        url = self._url(record, key)
         status = await self._exchange("PUT", url, body)
         if status is None or status[0] != 204:
             return False

@@ -126,7 +126,7 @@ async def keep(state: CoordinatorState, turn: Turn, worker_id: str, tenant: str,
     response was answered; a turn continuing it will hear previous_response_not_found)."""
     if turn.record is None:
         return
-    if not await state.stored.put(worker_id, (tenant, response_id), "", turn.record):
+    if not await state.stored.put(worker_id, (tenant, response_id), turn.record):
         log.warning(json.dumps({"event": "response_not_stored", "response_id": response_id, "worker_id": worker_id}))
 
 

@@ -179,7 +179,7 @@ class FakeWorkers:
     def _record(self, host: str, request: httpx.Request) -> httpx.Response:
         if request.method == "POST" and request.url.path == RESPONSES_HANDOVER_PATH:  # all at once
             taken = [k for k in self.records if k[0] == host]
-            listed = [{"tenant": t, "response_id": r, "session_id": "", "record": json.loads(self.records.pop((h, t, r)))}
+            listed = [{"tenant": t, "response_id": r, "record": json.loads(self.records.pop((h, t, r)))}
                       for h, t, r in taken]
             return httpx.Response(200, json={"records": listed})
         key = (host, request.url.params.get("tenant", ""), request.url.path.rsplit("/", 1)[1])

@@ -22,7 +22,6 @@ from protocol.worker import (
     RESPONSE_ID_PATTERN,
     RESPONSES_HANDOVER_PATH,
     RESPONSES_PATH,
-    SESSION_ID_PATTERN,
     TENANT_PATTERN,
     ErrorBody,
 )
@@ -35,9 +34,8 @@ PATH = RESPONSES_PATH + "/{response_id}"
 router = APIRouter()
 _ID = Path(pattern=RESPONSE_ID_PATTERN)
 _TENANT = Query("", pattern=TENANT_PATTERN, description="the tenant whose response it is (\"\" without API keys)")
-_SESSION = Query("", pattern=r"^$|" + SESSION_ID_PATTERN, description="the session holding its conversation's KV")
 _REFUSALS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorBody, "description": "`invalid_request`: a malformed id, tenant or session id"},
+    400: {"model": ErrorBody, "description": "`invalid_request`: a malformed id or tenant"},
     401: {"model": ErrorBody, "description": "`unauthorized`"},
     404: {"model": ErrorBody, "description": "`unknown_response`: this tenant has no such record here"},
 }
@@ -45,18 +43,17 @@ _REFUSALS: dict[int | str, dict[str, Any]] = {
 
 @router.post(RESPONSES_HANDOVER_PATH, summary="Hand stored responses over (a drain moves them)",
              response_class=Response, responses={
-                 200: {"description": "`{\"records\": [{\"tenant\", \"response_id\", \"session_id\", \"record\"}]}`",
+                 200: {"description": "`{\"records\": [{\"tenant\", \"response_id\", \"record\"}]}`",
                        "content": {"application/json": {"schema": {"type": "object"}}}},
                  400: {"model": ErrorBody, "description": "`invalid_request`: max_bytes out of range"},
                  401: {"model": ErrorBody, "description": "`unauthorized`"}})
 async def hand_over(request: Request, max_bytes: int = Query(8 << 20, ge=1, le=1 << 30)) -> Response:
-    """`{"records": [{"tenant", "response_id", "session_id", "record"}]}`, oldest first, at most
+    """`{"records": [{"tenant", "response_id", "record"}]}`, oldest first, at most
     `max_bytes` of records (at least one); none left here: an empty list. Each is forgotten here."""
     authorize(request)
     records = records_of(request)
-    parts = [b'{"tenant":%s,"response_id":%s,"session_id":%s,"record":%s}' % (
-        json.dumps(tenant).encode(), json.dumps(response_id).encode(), json.dumps(record.session_id).encode(),
-        record.body) for (tenant, response_id), record in records.take(max_bytes)]
+    parts = [b'{"tenant":%s,"response_id":%s,"record":%s}' % (
+        json.dumps(tenant).encode(), json.dumps(response_id).encode(), record.body) for (tenant, response_id), record in records.take(max_bytes)]
     return Response(b'{"records":[' + b",".join(parts) + b"]}", media_type="application/json")
 
 
@@ -69,8 +66,7 @@ def records_of(request: Request) -> Records:
     **_REFUSALS, 413: {"model": ErrorBody, "description": "`body_too_large`: over the tenant's byte bound"}},
     openapi_extra={"requestBody": {"required": True, "description": "the record: a JSON object, as the coordinator "
                                    "made it", "content": {"application/json": {"schema": {"type": "object"}}}}})
-async def put_record(request: Request, response_id: str = _ID, tenant: str = _TENANT,
-                     session_id: str = _SESSION) -> Response:
+async def put_record(request: Request, response_id: str = _ID, tenant: str = _TENANT) -> Response:
     authorize(request)
     records = records_of(request)
     body = await request.body()  # bounded by the server's WORKER_MAX_BODY_BYTES
@@ -84,7 +80,7 @@ async def put_record(request: Request, response_id: str = _ID, tenant: str = _TE
         parsed = None
     if not isinstance(parsed, dict):
         raise WorkerError(reasons.INVALID_REQUEST, "a record is a JSON object")
-    records.put((tenant, response_id), body, session_id)
+    records.put((tenant, response_id), body)
     records.sweep()
     return Response(status_code=204)
 

@@ -28,7 +28,6 @@ Key = tuple[str, str]  # (tenant, response id)
 @dataclass(frozen=True, slots=True)
 class Record:
     body: bytes  # the coordinator's JSON object, as it sent it
-    session_id: str  # the session holding the conversation's KV ("" for none)
     stored_at: float
 
 
@@ -62,7 +61,7 @@ class Records:
             raise TooLarge(f"a record of {len(body)} bytes, over the {self._bytes_per_tenant} a tenant may store "
                            "(WORKER_RESPONSES_BYTES_PER_TENANT)")
 
-    def put(self, key: Key, body: bytes, session_id: str) -> None:
+    def put(self, key: Key, body: bytes) -> None:
         """Keep `body` under `key` (replacing one kept there), the tenant's oldest going first past a
         bound; raises `TooLarge` for a body over the tenant's byte bound on its own."""
         tenant, response_id = key
@@ -72,7 +71,7 @@ class Records:
         while kept and (len(kept) >= self._per_tenant or self._bytes[tenant] + len(body) > self._bytes_per_tenant):
             self.delete((tenant, next(iter(kept))))
             kept = self._tenants.setdefault(tenant, OrderedDict())
-        kept[response_id] = Record(body, session_id, self._clock())
+        kept[response_id] = Record(body, self._clock())
         self._bytes[tenant] = self._bytes.get(tenant, 0) + len(body)
 
     def get(self, key: Key) -> Record | None:

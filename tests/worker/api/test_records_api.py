@@ -18,7 +18,7 @@ def test_records_are_kept_read_and_deleted_per_tenant_with_the_worker_token(tmp_
                         responses_bytes_per_tenant=64 * 1024) as worker:
         url = worker.url + "/worker/responses/resp_abc"
         assert httpx.put(url + "?tenant=A", content=b'{"x":1}', timeout=5).status_code == 401  # no token
-        kept = httpx.put(url + "?tenant=A&session_id=s1", content=b'{"x":1}', headers=TOKEN, timeout=5)
+        kept = httpx.put(url + "?tenant=A", content=b'{"x":1}', headers=TOKEN, timeout=5)
         assert kept.status_code == 204, kept.text
         read = httpx.get(url + "?tenant=A", headers=TOKEN, timeout=5)
         assert (read.status_code, read.content) == (200, b'{"x":1}')
@@ -37,7 +37,7 @@ def test_records_are_kept_read_and_deleted_per_tenant_with_the_worker_token(tmp_
 def test_a_handover_gives_every_record_once_as_json(tmp_path: Path) -> None:
     with running_worker(tmp_path / "none.gguf", engine="simulated") as worker:
         for tenant, rid in (("A", "resp_1"), ("B", "resp_2")):
-            put = httpx.put(f"{worker.url}/worker/responses/{rid}?tenant={tenant}&session_id=s",
+            put = httpx.put(f"{worker.url}/worker/responses/{rid}?tenant={tenant}",
                             content=b'{"response": {"id": "%s"}}' % rid.encode(), timeout=5)
             assert put.status_code == 204, put.text
         assert httpx.put(worker.url + "/worker/responses/resp_3", content=b"[1]", timeout=5).status_code == 400
@@ -45,5 +45,5 @@ def test_a_handover_gives_every_record_once_as_json(tmp_path: Path) -> None:
         again = httpx.post(worker.url + "/worker/responses/handover", timeout=5)
     assert taken.status_code == 200 and again.json() == {"records": []}
     assert taken.json()["records"] == [
-        {"tenant": "A", "response_id": "resp_1", "session_id": "s", "record": {"response": {"id": "resp_1"}}},
-        {"tenant": "B", "response_id": "resp_2", "session_id": "s", "record": {"response": {"id": "resp_2"}}}]
+        {"tenant": "A", "response_id": "resp_1", "record": {"response": {"id": "resp_1"}}},
+        {"tenant": "B", "response_id": "resp_2", "record": {"response": {"id": "resp_2"}}}]
