@@ -141,7 +141,6 @@ class Settling(Response):
         self.ready = ready
         self.settle = settle
         self._settled = False
-        self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def settling(message: Message) -> None:
