@@ -138,8 +138,11 @@ class Attempts:
                                        exhausted=lambda failed: failed.error("start the request", self._retry_after))
 
     def _admitted(self, valid: Generation, reservation: Reservation, prompt_tokens: int) -> None:
-        """The worker took the request: its reservation made exact, its prompt charged to its tenant."""
+        """The worker took the request: its reservation made exact, its prompt charged to its tenant (once:
+        not again for a continuation, relay/continuation.py)."""
         self._admission.confirm(reservation, prompt_tokens)
+        if valid.request.generated is not None:
+            return
         tenant = valid.request.tenant
         self._metrics.tenant_tokens.labels(tenant=tenant_label(tenant), kind="prompt").inc(prompt_tokens)
         if self._fair is not None:

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.anyio
 class Valid:  # what Attempts reads of a Generation
     demand: Demand = field(default_factory=lambda: Demand(prompt_bytes=10, max_tokens=20))
     request_id: str = "r1"
-    request: Any = field(default_factory=lambda: SimpleNamespace(tenant="t:acme"))
+    request: Any = field(default_factory=lambda: SimpleNamespace(tenant="t:acme", generated=None))
     trace: Trace = NO_TRACE
 
 

@@ -106,6 +106,8 @@ async def test_a_stream_whose_worker_breaks_goes_on_on_another_with_the_tokens_s
         assert await metric(client, 'coordinator_stream_breaks_total{outcome="continued"}') == 1
         assert await metric(client, "coordinator_continuation_pause_seconds_count") == 1
         assert await metric(client, 'coordinator_request_finished_total{finish_reason="length"}') == 1
+        # Charged once: its prompt when the first worker admitted it (5 tokens), not again for the rest.
+        assert await metric(client, 'coordinator_tenant_tokens_total{kind="prompt"') == 5
 
 
 async def test_a_worker_or_engine_failure_event_is_continued_but_a_deadline_is_not() -> None:
