@@ -147,14 +147,8 @@ class Gate:
                                                                          cached_view)
             except (TemplateRefusal, ConstraintError) as refused:  # e.g. "Conversation roles must alternate"
                 raise WorkerError(reasons.INVALID_REQUEST, str(refused)) from None
-        limit = self.table.limits.session_max_tokens
         earlier = len(request.generated or ())  # a continuation's: in `tokens`, after the prompt, and in max_tokens
-        if len(tokens) >= limit:
-            also = f" with the {earlier} generated before" if earlier else ""
-            raise WorkerError(reasons.PROMPT_TOO_LONG,
-                              f"prompt is {len(tokens)} tokens{also}; a session holds at most {limit} tokens "
-                              "including the output")
-        need = min(limit, len(tokens) - earlier + request.max_tokens)
+        need = self._need(tokens, earlier, request.max_tokens)
         admission = await self._reserve(request, need, tokens, stream_ref)
         session = admission.session
         if known is not None and (session is not known or len(session.messages) != ticket.turns):
@@ -183,6 +177,17 @@ class Gate:
                   continued=earlier, continued_text=continued)
         self.engine.submit(job, admission.freed_seq_ids)
         return job
+
+    def _need(self, tokens: list[int], earlier: int, max_tokens: int) -> int:
+        """The KV tokens a request needs, `min(session limit, prompt + max_tokens)`; 413 when its `tokens` (the
+        prompt, and the `earlier` ones a continuation generated before) leave no room for a token."""
+        limit = self.table.limits.session_max_tokens
+        if len(tokens) >= limit:
+            also = f" with the {earlier} generated before" if earlier else ""
+            raise WorkerError(reasons.PROMPT_TOO_LONG,
+                              f"prompt is {len(tokens)} tokens{also}; a session holds at most {limit} tokens "
+                              "including the output")
+        return min(limit, len(tokens) - earlier + max_tokens)
 
     async def _from_peer(self, url: str, tenant: str, session: Session, tokens: list[int], cached: int,
                          traceparent: str | None = None) -> int:

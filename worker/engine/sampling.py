@@ -134,6 +134,11 @@ def replay(constraint: Constraint, tokens: Sequence[int]) -> None:
         constraint.accept(token)
 
 
+def _unseeded(seed: int | None) -> np.random.Generator | None:
+    """An unseeded request's generator, of fresh entropy; None for a seeded one (`position_uniform`)."""
+    return np.random.default_rng() if seed is None else None
+
+
 class RequestSampling:
     """One request's sampling parameters, its draws (a seeded request's by position, `position_uniform`;
     an unseeded one's from its own generator of fresh entropy), and its grammar when it has one.
@@ -144,7 +149,7 @@ class RequestSampling:
                  prompt: Sequence[int] = (), generated: Sequence[int] = ()) -> None:
         self.params = params
         self.banned = np.array(params.banned_tokens, dtype=np.intp)
-        self.rng = np.random.default_rng() if params.seed is None else None
+        self.rng = _unseeded(params.seed)
         self.position = len(generated)  # the position among generated tokens of the token drawn next
         self.draws = 0  # draws made for that token so far
         self.constraint = constraint
@@ -164,7 +169,12 @@ class RequestSampling:
         # step of such rows takes one argmax over the matrix and no other work per row (`StepSampler`).
         self.quick = params.greedy and exact and not params.probability
         self.banned_set = frozenset(params.banned_tokens)
-        if self.recent is not None and generated:  # the window runs over the prompt, then the tokens generated
+        self._count(generated)
+
+    def _count(self, generated: Sequence[int]) -> None:
+        """Tokens an earlier worker generated, counted as if chosen here: the repetition window runs over the
+        prompt, then them; the presence and frequency penalties count them."""
+        if self.recent is not None:
             self.recent.extend(generated)
         if self.penalised:
             for token in generated:
