@@ -91,6 +91,22 @@ def test_a_json_schema_stream_continues_with_its_grammar_where_it_was(worker: Ru
     assert whole.last[1]["finish_reason"] == "stop" and whole.text.startswith("{")
 
 
+WEATHER = {"name": "get_weather", "description": "The weather in a city.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+@pytest.mark.parametrize(("choice", "seed", "call"), [("required", 21, True), ("auto", 0, True), ("auto", 1, False)])
+def test_a_tool_call_continues_held_to_its_schema_where_it_was(worker: RunningWorker, choice: str, seed: int,
+                                                               call: bool) -> None:
+    """`required` holds the whole answer to a call; `auto` is a lazy grammar, woken by the answer's first word
+    when it starts a call: replayed over the earlier tokens, it holds the call (or leaves prose free) as it did."""
+    body = {"messages": [{"role": "user", "content": "Call get_weather for Paris."}],
+            "tools": {"functions": [WEATHER], "choice": choice}, "temperature": 0.8, "seed": seed, "max_tokens": 40,
+            "token_ids": True}
+    whole = check_continues(worker, body, cuts=(1, 3, 6))
+    assert whole.text.lstrip().startswith(("{", "[")) == call, whole.text
+
+
 def test_a_stop_string_matches_across_the_seam(worker: RunningWorker) -> None:
     free = generate(worker.url, {**STORY, "temperature": 0, "ignore_eos": True})
     # A stop string made of two of the answer's later tokens: held while it may begin, so never in the ids a
