@@ -38,7 +38,10 @@ for either model wait for the swap instead of finding no worker; version 12 a wo
 (`Heartbeat.standby`: its model unloaded after WORKER_KEEP_ALIVE idle), which loads one of its folder's
 models when asked, and a request's `keep_alive` (Ollama's: how long the model stays loaded once idle);
 version 13 which offered models a worker would load beside those it serves (`OfferedModel.beside`:
-WORKER_MAX_MODELS, a free slot and the memory), so that a coordinator asks one that unloads nothing.
+WORKER_MAX_MODELS, a free slot and the memory), so that a coordinator asks one that unloads nothing;
+version 14 continues a stream another worker began (`GenerateRequest.generated`: the tokens it already
+streamed, and `GenerateRequest.token_ids` with `TokenEvent.ids`, which say which tokens each event's text
+covers), so that a stream outlives its worker (an older worker would refuse both unknown fields).
 Embeddings need no version of their own: a worker that does not serve them never says so in its
 heartbeat (`protocol.health.Heartbeat.embeddings`), so no coordinator sends it an `EmbedRequest`.
 """
@@ -50,7 +53,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-PROTOCOL_VERSION = 13
+PROTOCOL_VERSION = 14
 GENERATE_PATH = "/worker/generate"
 # Open even with a worker token (probes cannot send one); the coordinator reads it before it registers
 # a new worker (coordinator/pool/probe.py).
@@ -134,6 +137,8 @@ MAX_PREFIX_BLOCKS = 1024
 # The most choices one request may ask for on this wire (OpenAI's own bound on `n`); a coordinator
 # sets its own, smaller, bound (`MAX_CHOICES`), and a worker cannot run more than its sequences.
 MAX_CHOICES = 128
+# The most tokens a continuation may say were generated already (`GenerateRequest.generated`): max_tokens' bound.
+MAX_GENERATED = 32_768
 
 
 class CalledFunction(BaseModel):
@@ -342,9 +347,18 @@ class GenerateRequest(GenerationFields):
     tools: ToolUse | None = Field(default=None, description="functions the answer may call; the worker tells "
                                   "the model about them and holds a call to their schemas (unless `grammar` "
                                   "or `json_schema` holds the answer, which a forced call does not allow)")
-    # Internal only (lead's placeholder; the worker side defines these).
-    token_ids: bool = False
-    generated: list[Annotated[int, Field(ge=0)]] | None = Field(default=None, max_length=32_768)
+    # Internal only: what a coordinator needs to continue this stream on another worker should this one fail.
+    token_ids: bool = Field(default=False, description="every `token` event carries `ids`: the generated tokens "
+                            "its text covers (TokenEvent.ids)")
+    # Internal only: a continuation of a stream whose worker failed after it had streamed some of the answer.
+    generated: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, max_length=MAX_GENERATED,
+        description="tokens an earlier worker already generated for this request and the client already received "
+        "(a continuation after that worker failed; the `ids` of its token events, in order): the worker prefills "
+        "them after the prompt, advances the grammar, the penalties and a seeded request's draws over them as if "
+        "it had sampled them, and generates the rest. They count as completion tokens (the first new token's "
+        "`index` is their number, `max_tokens` includes them, `usage.completion_tokens` counts them, "
+        "`usage.prompt_tokens` does not); a grammar that refuses one: 400. One choice only, no prompt_logprobs")
     # Internal only: the class the coordinator resolved for the request (its key's default, or what it asked).
     priority: Literal["interactive", "batch"] = Field(
         default="interactive", description="its priority class: on a worker whose every sequence is taken, an "
@@ -374,6 +388,19 @@ class GenerateRequest(GenerationFields):
     def _generates_or_scores(self) -> GenerateRequest:
         if self.max_tokens == 0 and self.prompt_logprobs is None:
             raise ValueError("max_tokens: 0 only when the prompt is scored (prompt_logprobs)")
+        return self
+
+    @model_validator(mode="after")
+    def _continues_one_answer(self) -> GenerateRequest:
+        if self.generated is None:
+            return self
+        if self.n != 1:
+            raise ValueError("generated: a continuation continues one answer (n: 1)")
+        if self.prompt_logprobs is not None:
+            raise ValueError("generated: a continuation does not score its prompt again (no prompt_logprobs)")
+        if self.max_tokens <= len(self.generated):
+            raise ValueError(f"max_tokens: {self.max_tokens} leaves nothing to generate after the "
+                             f"{len(self.generated)} tokens already generated")
         return self
 
     def prompt_bytes(self) -> int:
@@ -417,7 +444,12 @@ class TokenEvent(BaseModel):
     choice: int = Field(default=0, ge=0, lt=MAX_CHOICES, exclude_if=lambda v: v == 0,
                         description="which of the request's `n` choices the text belongs to; left out when 0 (so "
                         "always with n = 1, as before `n` existed)")
-    ids: list[int] | None = Field(default=None, exclude_if=lambda v: v is None)
+    ids: list[int] | None = Field(
+        default=None, exclude_if=lambda v: v is None,
+        description="with `token_ids`: the generated tokens this text covers, in order (several when the text was "
+        "held for a UTF-8 character or a possible stop string). A stream's ids, event after event, are exactly "
+        "the tokens whose text reached the client: a token whose text is still held is in no event yet (text is "
+        "released at token boundaries only), and one a stop string cut off whole is in none. Left out otherwise")
 
 
 class PromptEvent(BaseModel):

@@ -78,6 +78,9 @@ T_EMBEDDING_ADMISSION = "tests/coordinator/admission/test_embeddings.py"
 T_EMBEDDINGS = "tests/coordinator/test_surface_embeddings.py"
 T_SIMULATED = "tests/worker/backends/test_simulated.py"
 T_JOINING = "tests/integration/test_joining_the_port.py"
+T_CONTINUATION = "tests/worker/backends/test_continuation.py"
+T_CONTINUATION_API = "tests/worker/api/test_continuation.py"
+T_CONTINUED_SAMPLING = "tests/worker/engine/test_continued_sampling.py"
 CHECK_SUMS = "        totals = self._registry.totals(model)\n"
 
 
@@ -309,6 +312,24 @@ MUTATIONS: tuple[Mutation, ...] = (
              "worker/engine/sampling.py", "np.where(values > 0, values / penalty, values * penalty)",
              "np.where(values > 0, values * penalty, values / penalty)",
              ("tests/worker/engine/test_logit_adjustments.py::test_the_repetition_penalty_is_llama_cpps_over_the_latest_tokens_prompt_included",)),
+    Mutation("continuation-forgets-grammar", "a continuation advances its grammar over the tokens generated before",
+             "worker/admission.py", "            replay(constraints[0], request.generated)\n", "            pass\n",
+             (T_CONTINUATION + "::test_a_json_schema_stream_continues_with_its_grammar_where_it_was",)),
+    Mutation("continuation-index-from-zero", "a continuation's first new token is numbered after those generated before",
+             "worker/engine/endings.py", "            self.generated = self.job.continued\n", "            pass\n",
+             (T_CONTINUATION_API,)),
+    Mutation("continuation-usage-as-prompt", "a continuation's earlier tokens count as completion, not as prompt",
+             "worker/engine/endings.py", "prompt = job.prompt_length  #", "prompt = len(job.prompt_tokens)  #",
+             (T_CONTINUATION_API,)),
+    Mutation("ids-cut-inside-a-token", "token ids go out with whole tokens only, so a continuation repeats and loses "
+             "nothing", "worker/engine/textstream.py", "                out = self._held.boundary(out)",
+             "                pass", ("tests/worker/engine/test_textstream.py",)),
+    Mutation("seeded-draws-from-zero", "a seeded continuation draws at its tokens' positions, not from the start",
+             "worker/engine/sampling.py", "self.position = len(generated)  #", "self.position = 0  #",
+             (T_CONTINUED_SAMPLING,)),
+    Mutation("continuation-forgets-penalties", "a continuation's penalties count the tokens generated before",
+             "worker/engine/sampling.py", "            for token in generated:\n                self.generated[token]",
+             "            for token in ():\n                self.generated[token]", (T_CONTINUED_SAMPLING,)),
     Mutation("cache-failure-propagates", "a failing response cache disables itself instead of failing requests",
              "coordinator/cache.py", "            self._put(key, events, identity)\n        except Exception as exc:",
              "            self._put(key, events, identity)\n        except ZeroDivisionError as exc:", (T_SUPERVISION,)),

@@ -8,9 +8,11 @@ session's KV limit, KV and sequence capacity: an `error` event before `admitted`
 with the model's chat template; or raw text) and the reuse of a session's cached tokens. A session
 id is looked up within the request's tenant only (see worker/sessions/table.py, Tenancy). A request
 with `n` > 1 choices reserves n sequences, each `min(session limit, prompt + max_tokens)` cells,
-all or none, and brings a grammar state per choice. An embedding request passes the same draining
-and model checks, then whether this worker embeds, and at that size, before it joins the embedder's
-bounded queue (worker/engine/embedder.py).
+all or none, and brings a grammar state per choice. A continuation (`GenerateRequest.generated`) has
+the tokens an earlier worker generated prefilled after its prompt, its grammar advanced over them, and
+needs the KV of prompt + max_tokens as any request (they are part of max_tokens). An embedding request
+passes the same draining and model checks, then whether this worker embeds, and at that size, before
+it joins the embedder's bounded queue (worker/engine/embedder.py).
 Priority: an interactive request refused for capacity has the engine park a running batch request
 (`Preemption`), one at a time while it is refused and one can be parked, and waits in line before
 every batch request; a batch request never takes a sequence that a parked one waits for. Within a
@@ -35,7 +37,7 @@ from worker.backends.chat_template import TemplateRefusal
 from worker.engine.channel import TokenChannel
 from worker.engine.embedder import Embedded, Embedder
 from worker.engine.jobs import ExtraChoice, Job, StreamItem
-from worker.engine.sampling import Constraint
+from worker.engine.sampling import Constraint, replay
 from worker.errors import ConstraintError, WorkerError
 from worker.naming import ModelNames
 from worker.sessions.messages import Message
@@ -141,15 +143,12 @@ class Gate:
         cached_view = list(known.tokens) if known else []
         async with self._tokenizing:  # bounded: many big prompts at once must not take every core
             try:
-                tokens, constraints = await asyncio.to_thread(self._prepare_thread, request, history, cached_view)
+                tokens, constraints, continued = await asyncio.to_thread(self._prepare_thread, request, history,
+                                                                         cached_view)
             except (TemplateRefusal, ConstraintError) as refused:  # e.g. "Conversation roles must alternate"
                 raise WorkerError(reasons.INVALID_REQUEST, str(refused)) from None
-        limit = self.table.limits.session_max_tokens
-        if len(tokens) >= limit:
-            raise WorkerError(reasons.PROMPT_TOO_LONG,
-                              f"prompt is {len(tokens)} tokens; a session holds at most {limit} tokens "
-                              "including the output")
-        need = min(limit, len(tokens) + request.max_tokens)
+        earlier = len(request.generated or ())  # a continuation's: in `tokens`, after the prompt, and in max_tokens
+        need = self._need(tokens, earlier, request.max_tokens)
         admission = await self._reserve(request, need, tokens, stream_ref)
         session = admission.session
         if known is not None and (session is not known or len(session.messages) != ticket.turns):
@@ -174,9 +173,21 @@ class Gate:
                   channel=TokenChannel[StreamItem](loop, self.stream_buffer), admitted_at=self.clock(),
                   constraint=constraints[0],
                   extra_choices=tuple(ExtraChoice(i, extra, constraints[i])
-                                      for i, extra in enumerate(admission.extra, start=1)))
+                                      for i, extra in enumerate(admission.extra, start=1)),
+                  continued=earlier, continued_text=continued)
         self.engine.submit(job, admission.freed_seq_ids)
         return job
+
+    def _need(self, tokens: list[int], earlier: int, max_tokens: int) -> int:
+        """The KV tokens a request needs, `min(session limit, prompt + max_tokens)`; 413 when its `tokens` (the
+        prompt, and the `earlier` ones a continuation generated before) leave no room for a token."""
+        limit = self.table.limits.session_max_tokens
+        if len(tokens) >= limit:
+            also = f" with the {earlier} generated before" if earlier else ""
+            raise WorkerError(reasons.PROMPT_TOO_LONG,
+                              f"prompt is {len(tokens)} tokens{also}; a session holds at most {limit} tokens "
+                              "including the output")
+        return min(limit, len(tokens) - earlier + max_tokens)
 
     async def _from_peer(self, url: str, tenant: str, session: Session, tokens: list[int], cached: int,
                          traceparent: str | None = None) -> int:
@@ -396,9 +407,10 @@ class Gate:
             self.engine.free([seq_id])
 
     def _prepare_thread(self, request: GenerateRequest, history: list[Message],
-                        cached: list[int]) -> tuple[list[int], list[Constraint | None]]:
+                        cached: list[int]) -> tuple[list[int], list[Constraint | None], str]:
         """Off the event loop: the prompt's tokens and the request's grammar, compiled once per choice
-        (each choice advances its own grammar state)."""
+        (each choice advances its own grammar state). A continuation's earlier tokens follow the prompt,
+        its grammar advanced over them (`ConstraintError` when it refuses one), and their text third."""
         constraints: list[Constraint | None] = [None] * request.n
         if request.grammar is not None or request.json_schema is not None:
             constraints = [self.model.constraint(grammar=request.grammar, json_schema=request.json_schema,
@@ -406,7 +418,14 @@ class Gate:
         elif request.tools is not None and (call := self.model.tool_format.constraint(request.tools)) is not None:
             constraints = [self.model.constraint(grammar=call.grammar, json_schema=call.json_schema, lazy=call.lazy)
                            for _ in range(request.n)]
-        return self._prompt_tokens(request, history, cached), constraints
+        tokens = self._prompt_tokens(request, history, cached)
+        if not request.generated:
+            return tokens, constraints, ""
+        self._in_vocabulary(request.generated, "generated")
+        if constraints[0] is not None:  # one choice: a continuation has no others
+            replay(constraints[0], request.generated)
+        text = b"".join(self.model.piece(t) for t in request.generated).decode("utf-8", errors="replace")
+        return [*tokens, *request.generated], constraints, text
 
     def _prompt_tokens(self, request: GenerateRequest, history: list[Message], cached: list[int]) -> list[int]:
         if request.prompt_tokens is not None:

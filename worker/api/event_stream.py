@@ -30,17 +30,20 @@ _HEAD = {"cache-control": "no-store", "x-accel-buffering": "no"}
 
 
 def token_event(text: str, index: int, probability: float | None, choice: int = 0,
-                top: tuple[tuple[str, float], ...] = ()) -> bytes:
+                top: tuple[tuple[str, float], ...] = (), ids: list[int] | None = None) -> bytes:
     """`protocol.worker.TokenEvent`'s JSON, written without building the model: it is the one event
     sent per generated token. `probability` None: not asked for (null). `choice` 0 is left out, as
-    the model leaves it out; so is `top` when empty (no alternatives asked for)."""
+    the model leaves it out; so are `top` when empty (no alternatives asked for) and `ids` when None
+    (no `token_ids` asked for)."""
     if probability is None:
         p = "null"
     elif 0.0 <= probability <= 1.0:
         p = repr(float(probability))
     else:
         raise ValueError(f"probability {probability!r} is not in [0, 1]")
-    tail = f',"choice":{int(choice)}}}' if choice else "}"
+    tail = "}" if ids is None else f',"ids":[{",".join(str(int(t)) for t in ids)}]}}'
+    if choice:
+        tail = f',"choice":{int(choice)}' + tail
     if top:
         tail = f',"top":{json.dumps([[t, float(lp)] for t, lp in top], ensure_ascii=False)}' + tail
     return encode(EVENT_TOKEN, f'{{"token":{json.dumps(text, ensure_ascii=False)},"index":{int(index)},'

@@ -341,7 +341,7 @@ async def _events(runtime: WorkerRuntime, ticket: Ticket, request_id: str,
     runtime.jobs.add(job)
     probabilities = job.request.probabilities
     try:
-        yield encode(EVENT_ADMITTED, AdmittedEvent(prompt_tokens=len(job.prompt_tokens)).model_dump_json())
+        yield encode(EVENT_ADMITTED, AdmittedEvent(prompt_tokens=job.prompt_length).model_dump_json())
         while outcome is None:
             # Everything the channel holds goes out in one write: a stream the event loop reaches
             # late (the engine wakes it at most once a step) sends its tokens as one chunk.
@@ -378,12 +378,13 @@ def _item_events(runtime: WorkerRuntime, job: Job, item: StreamItem, probabiliti
                                                          logprobs=item.logprobs[part], top=item.top[part]
                                                          ).model_dump_json()) for part in parts)
     return token_event(item.text, item.index, item.probability if probabilities else None, item.choice,
-                       item.alternatives)
+                       item.alternatives, item.ids)
 
 
 def _done(runtime: WorkerRuntime, job: Job, item: Finished) -> DoneEvent:
     decode_s = item.total_s - item.ttft_s
-    later = item.completion_tokens - max(1, len(item.choices))  # after each choice's first token
+    # After each choice's first token generated here (a continuation's earlier tokens were generated elsewhere).
+    later = item.completion_tokens - job.continued - max(1, len(item.choices))
     tps = later / decode_s if later > 0 and decode_s > 0 else 0.0
     return DoneEvent(
         finish_reason=item.reason,  # type: ignore[arg-type]
@@ -425,7 +426,9 @@ def _log_request(runtime: WorkerRuntime, job: Job, outcome: Finished | Failed | 
     line: dict[str, object] = {"event": "request", "request_id": job.request_id,
                                "worker_id": runtime.settings.worker_id, "model": runtime.names.name,
                                "session_id": job.request.session_id, "tenant": job.request.tenant,
-                               "prompt_tokens": len(job.prompt_tokens)}
+                               "prompt_tokens": job.prompt_length}
+    if job.continued:
+        line["continued_tokens"] = job.continued
     if isinstance(outcome, Finished):
         line.update(finish_reason=outcome.reason, cached_tokens=outcome.cached_tokens,
                     completion_tokens=outcome.completion_tokens, ttft_ms=round(outcome.ttft_s * 1e3, 2),

@@ -50,12 +50,11 @@ import numpy as np
 from protocol import reasons
 from worker.backends.llama_model import Model
 from worker.engine.channel import TokenChannel
-from worker.engine.endings import Endings, Progress, also_ending, cancel_session
+from worker.engine.endings import Endings, Progress, also_ending, assembler, cancel_session
 from worker.engine.jobs import EngineConfig, EngineObserver, Failed, Finished, Job, PromptScored, StreamItem
 from worker.engine.pacing import PrefillPace
 from worker.engine.sampling import RequestSampling, SamplingParams, StepSampler, choice_seed, top_alternatives
 from worker.engine.scoring import SCORE_CHUNK, PromptScores
-from worker.engine.textstream import TextAssembler
 from worker.sessions.table import Session, SessionTable
 from worker.sessions.transfer import Origin
 
@@ -378,13 +377,14 @@ class Engine:
                                 frequency_penalty=request.frequency_penalty,
                                 repeat_penalty=request.repeat_penalty, repeat_last_n=request.repeat_last_n)
         now = self._clock()
-        run = _Running(job=job, text=TextAssembler(request.stop), started_at=now,
-                       sampling=RequestSampling(params, job.constraint, job.prompt_tokens),
+        prompt = job.prompt_tokens[:job.prompt_length]
+        run = _Running(job=job, text=assembler(job), started_at=now,
+                       sampling=RequestSampling(params, job.constraint, prompt, job.prompt_tokens[len(prompt):]),
                        todo=job.prompt_tokens[keep:],
                        scores=None if request.prompt_logprobs is None else PromptScores(job.prompt_tokens,
                                                                                           request.prompt_logprobs))
         run.waiting = [
-            _Running(job=job, choice=extra.index, text=TextAssembler(request.stop, choice=extra.index),
+            _Running(job=job, choice=extra.index, text=assembler(job, extra.index),
                      started_at=now, todo=[], copied=False,
                      sampling=RequestSampling(dataclasses.replace(params, seed=choice_seed(params.seed, extra.index)),
                                               extra.constraint, job.prompt_tokens))
@@ -648,8 +648,8 @@ class Engine:
                 gaps: list[float] | None = None) -> None:
         model = self.model
         reason = self._endings.accept(run, model.piece(token), probability, touched, eog=model.is_eog(token),
-                                      alternatives=alternatives, now=now, gaps=gaps)
-        if run.generated == 1:
+                                      alternatives=alternatives, now=now, gaps=gaps, token=token)
+        if run.generated == run.job.continued + 1:
             self._urgent = True  # its first token: the client's time to first token does not wait
         if reason is None:
             run.next_token = token

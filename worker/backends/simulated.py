@@ -9,7 +9,9 @@ It runs on the event loop (no thread), so many simulated workers can share one p
 Owns: a stand-in tokenizer (one token per 4 UTF-8 bytes), the pacing of tokens and prefill, the
 choices of a request with `n` > 1 (each a sequence of its own that starts once the prompt's
 simulated prefill is done, holding the prompt's tokens as the real engine's copy would; choice i
-starts its words i words further on, so choices differ), and stand-in embeddings (the mean of a
+starts its words i words further on, so choices differ), a continuation (`GenerateRequest.generated`:
+those tokens prefilled after the prompt, counted, and the words going on at their position, as the
+real engine's), and stand-in embeddings (the mean of a
 fixed random vector per token id, normalised). How a
 sequence ends (cancel, queued or running; deadline; slow consumer; stop strings; max_tokens; the KV
 reservation) is the real engine's own rules (worker/engine/endings.py), not a copy.
@@ -33,9 +35,8 @@ from worker.backends.plugin import Backend
 from worker.backends.tool_format import GENERIC
 from worker.engine.channel import TokenChannel
 from worker.engine.embedder import Pooling
-from worker.engine.endings import Endings, Progress, also_ending, cancel_session
+from worker.engine.endings import Endings, Progress, also_ending, assembler, cancel_session
 from worker.engine.jobs import EngineConfig, EngineObserver, Failed, Finished, Job, StreamItem
-from worker.engine.textstream import TextAssembler
 from worker.errors import ConstraintError
 from worker.sessions.messages import Message
 from worker.sessions.table import Session, SessionTable
@@ -184,7 +185,7 @@ class SimulatedEngine:
                 for extra in job.extra_choices:  # what the real engine's copy of the prompt's cells holds
                     extra.session.tokens[:] = job.prompt_tokens
                 for choice in range(job.n):
-                    self._running.append(_Running(job=job, text=TextAssembler(job.request.stop, choice=choice),
+                    self._running.append(_Running(job=job, text=assembler(job, choice),
                                                   started_at=now, choice=choice,
                                                   ready_at=now + todo / self.prefill_rate))
             touched: set[TokenChannel[StreamItem]] = set()
@@ -210,8 +211,8 @@ class SimulatedEngine:
             if ready is not False:
                 self._end(run, ready, touched)
             return
-        word = (" " + WORDS[(run.generated + run.choice) % len(WORDS)]).encode()
-        reason = endings.accept(run, word, 0.5, touched)
+        token = (run.generated + run.choice) % len(WORDS)  # a continuation's words go on where they stopped
+        reason = endings.accept(run, self.model.piece(token), 0.5, touched, token=token)
         if reason is not None:
             self._end(run, endings.finished(run, reason, now), touched)
         else:

@@ -48,6 +48,9 @@ class Progress:
 
     def __post_init__(self) -> None:
         self.session = self.job.session if self.choice == 0 else self.job.extra_choices[self.choice - 1].session
+        if self.job.continued:  # a continuation (one choice): the answer so far counts and is kept
+            self.generated = self.job.continued
+            self.output.append(self.job.continued_text)
 
 
 class Endings:
@@ -57,8 +60,7 @@ class Endings:
         self._clock = clock
 
     def begin(self, job: Job, started_at: float, choice: int = 0) -> Progress:
-        return Progress(job=job, text=TextAssembler(job.request.stop, choice=choice), started_at=started_at,
-                        choice=choice)
+        return Progress(job=job, text=assembler(job, choice), started_at=started_at, choice=choice)
 
     def interrupted(self, run: Progress, now: float) -> Finished | Failed | None:
         """Before a step: the ending of a sequence cancelled or past its deadline, else None."""
@@ -82,11 +84,12 @@ class Endings:
 
     def accept(self, run: Progress, piece: bytes, probability: float, touched: Touched, *,
                eog: bool = False, alternatives: tuple[tuple[str, float], ...] = (), now: float | None = None,
-               gaps: list[float] | None = None) -> str | None:
-        """A generated token: its text goes to the consumer (held while it may begin a stop string);
-        the finish reason when the sequence ends with it (`stop`, `length`), else None. A backend that
-        accepts a step's tokens together gives the step's time (`now`) and a list that collects their
-        gaps since each one's previous token (`gaps`, for the observer's `token_gaps` once a step)."""
+               gaps: list[float] | None = None, token: int = -1) -> str | None:
+        """A generated token (`token`: its id, which pieces carry when the request asks for `token_ids`):
+        its text goes to the consumer (held while it may begin a stop string); the finish reason when the
+        sequence ends with it (`stop`, `length`), else None. A backend that accepts a step's tokens
+        together gives the step's time (`now`) and a list that collects their gaps since each one's
+        previous token (`gaps`, for the observer's `token_gaps` once a step)."""
         now = self._clock() if now is None else now
         if run.first_token_at is None:
             run.first_token_at = now
@@ -100,7 +103,7 @@ class Endings:
             return "stop"
         index = run.generated
         run.generated += 1
-        for out in run.text.push(piece, index, probability, alternatives):
+        for out in run.text.push(piece, index, probability, alternatives, token):
             run.output.append(out.text)
             job.channel.push(out)
             touched.add(job.channel)
@@ -115,7 +118,8 @@ class Endings:
         now = self._clock() if now is None else now
         job = run.job
         first = run.first_token_at if run.first_token_at is not None else now
-        return Finished(reason=reason, prompt_tokens=len(job.prompt_tokens), cached_tokens=job.cached_tokens,
+        prompt = job.prompt_length  # a continuation's earlier tokens are completion tokens
+        return Finished(reason=reason, prompt_tokens=prompt, cached_tokens=min(job.cached_tokens, prompt),
                         completion_tokens=run.generated, queue_s=max(0.0, run.started_at - job.admitted_at),
                         prefill_s=max(0.0, first - run.started_at), ttft_s=first - job.admitted_at,
                         total_s=now - job.admitted_at)
@@ -148,6 +152,13 @@ class Endings:
         job.channel.push(outcome, terminal=True)
         touched.add(job.channel)
         self._observer.finished(job, outcome)
+
+
+def assembler(job: Job, choice: int = 0) -> TextAssembler:
+    """The text assembly of one choice of `job`: its stop strings, and token ids when the request asks.
+    A continuation's starts empty: the text an earlier worker released never ends inside a stop string's
+    start (it is held until it cannot be one), so a stop string still matches across the seam."""
+    return TextAssembler(job.request.stop, choice=choice, ids=job.request.token_ids)
 
 
 def combined(ends: list[Finished]) -> Finished:

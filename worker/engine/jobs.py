@@ -96,7 +96,9 @@ class Job:
     request_id: str
     request: GenerateRequest
     session: Session
-    prompt_tokens: list[int]  # what the sequence must hold before the first generated token
+    # What the sequence must hold before the first token generated here: the prompt, then, for a continuation,
+    # the tokens an earlier worker generated (the last `continued` of them).
+    prompt_tokens: list[int]
     cached_tokens: int  # leading prompt tokens already in the session's KV
     history: list[Message]  # the conversation including this turn's prompt (chat mode)
     channel: TokenChannel[StreamItem]
@@ -104,8 +106,17 @@ class Job:
     copied_tokens: int = 0  # of `cached_tokens`, those copied from another sequence's cells
     constraint: Constraint | None = None  # the request's grammar, compiled at admission
     extra_choices: tuple[ExtraChoice, ...] = ()
+    # A continuation (GenerateRequest.generated): how many of `prompt_tokens` an earlier worker generated,
+    # and their text. They count as completion tokens: the first generated here has index `continued`.
+    continued: int = 0
+    continued_text: str = ""
     # Engine side, n > 1: the choices that have ended so far (the request ends when all have).
     ended: dict[int, Finished] = field(default_factory=dict)
+
+    @property
+    def prompt_length(self) -> int:
+        """The prompt's tokens, without those an earlier worker generated."""
+        return len(self.prompt_tokens) - self.continued
 
     @property
     def n(self) -> int:

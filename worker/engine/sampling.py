@@ -10,8 +10,13 @@ sequence, each building a candidate array of the whole vocabulary): banned token
 then top-p over the softmax of what is left (the smallest set of most likely tokens whose probability
 reaches p), then the temperature, then one draw from the softmax of the rest. Greedy is the first
 largest logit of the row with banned tokens excluded, exactly as llama.cpp's greedy sampler picks it.
-Draws use numpy's generator seeded per request, so a seeded request repeats itself; the draws are not
-llama.cpp's (its generator is a different one), only their distribution is the same.
+A seeded request's draws are a pure function of (seed, the position of the token drawn among the
+generated ones, which draw for that token): `position_uniform`, a splitmix64 hash. A request repeats
+itself whatever else runs beside it and however many draws a token took (a constrained re-pick draws
+twice, a row drawn alone once), and a continuation on another worker (protocol.worker.GenerateRequest.
+generated) draws at position k exactly what the first worker would have drawn there. An unseeded
+request draws from numpy's generator, seeded from fresh entropy. The draws are not llama.cpp's (its
+generator is a different one), only their distribution is the same.
 
 The probability reported with each token is its softmax under the raw logits (before bans, top-k,
 top-p or temperature): float32 exp of (logit - row max), summed. That sum over the vocabulary is most
@@ -43,6 +48,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from worker.engine.scoring import log_normalizers, most_likely
+from worker.errors import ConstraintError
 
 log = logging.getLogger("worker.engine.sampling")
 # (row, its max, float32 scratch of at least the row's size) -> sum of exp(row - max); writes scratch.
@@ -92,6 +98,23 @@ def choice_seed(seed: int | None, choice: int) -> int | None:
     return int(np.random.SeedSequence((seed, choice)).generate_state(1)[0])
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: 64 bits in, 64 well-mixed bits out."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def position_uniform(seed: int, position: int, draw: int) -> float:
+    """A uniform number in [0, 1) that depends only on (seed, the generated token's position, the draw's
+    number for that token): a seeded request's draws, the same on any worker (53 bits, as numpy's)."""
+    return (_mix64(_mix64(_mix64(seed) ^ position) ^ draw) >> 11) * (1.0 / (1 << 53))
+
+
 class Constraint(Protocol):
     """What may come next in a constrained sequence (worker/engine/grammar.py's `Grammar`)."""
 
@@ -102,15 +125,33 @@ class Constraint(Protocol):
     def accept(self, token: int) -> None: ...
 
 
+def replay(constraint: Constraint, tokens: Sequence[int]) -> None:
+    """Advances a grammar over tokens generated before (a continuation's `generated`) as if this worker had
+    chosen them; `ConstraintError` naming the first one it does not allow (nothing may then continue)."""
+    for i, token in enumerate(tokens):
+        if not constraint.allows(token):
+            raise ConstraintError(f"generated.{i}: token {token} is not allowed by the request's grammar there")
+        constraint.accept(token)
+
+
+def _unseeded(seed: int | None) -> np.random.Generator | None:
+    """An unseeded request's generator, of fresh entropy; None for a seeded one (`position_uniform`)."""
+    return np.random.default_rng() if seed is None else None
+
+
 class RequestSampling:
-    """One request's sampling parameters, its own random generator (the seed's, or fresh entropy), and
-    its grammar when it has one."""
+    """One request's sampling parameters, its draws (a seeded request's by position, `position_uniform`;
+    an unseeded one's from its own generator of fresh entropy), and its grammar when it has one.
+    `generated`: tokens an earlier worker generated (a continuation): the penalties count them and the
+    draws go on at their position; the grammar is the caller's to advance (`replay`)."""
 
     def __init__(self, params: SamplingParams, constraint: Constraint | None = None,
-                 prompt: Sequence[int] = ()) -> None:
+                 prompt: Sequence[int] = (), generated: Sequence[int] = ()) -> None:
         self.params = params
         self.banned = np.array(params.banned_tokens, dtype=np.intp)
-        self.rng = np.random.default_rng(params.seed)
+        self.rng = _unseeded(params.seed)
+        self.position = len(generated)  # the position among generated tokens of the token drawn next
+        self.draws = 0  # draws made for that token so far
         self.constraint = constraint
         self.bias_ids = np.array([t for t, _ in params.logit_bias], dtype=np.intp)
         self.bias = np.array([b for _, b in params.logit_bias], dtype=np.float32)
@@ -128,6 +169,29 @@ class RequestSampling:
         # step of such rows takes one argmax over the matrix and no other work per row (`StepSampler`).
         self.quick = params.greedy and exact and not params.probability
         self.banned_set = frozenset(params.banned_tokens)
+        self._count(generated)
+
+    def _count(self, generated: Sequence[int]) -> None:
+        """Tokens an earlier worker generated, counted as if chosen here: the repetition window runs over the
+        prompt, then them; the presence and frequency penalties count them."""
+        if self.recent is not None:
+            self.recent.extend(generated)
+        if self.penalised:
+            for token in generated:
+                self.generated[token] = self.generated.get(token, 0) + 1
+
+    def uniform(self) -> float:
+        """The next draw for the token at `position`."""
+        if self.rng is not None:
+            return float(self.rng.random())
+        self.draws += 1
+        assert self.params.seed is not None
+        return position_uniform(self.params.seed, self.position, self.draws - 1)
+
+    def drawn(self) -> None:
+        """The token at `position` is chosen: the next draws are the next position's."""
+        self.position += 1
+        self.draws = 0
 
     def adjust(self, row: np.ndarray, out: np.ndarray) -> np.ndarray:
         """`row` with the request's logit bias and penalties applied, written into `out`, in llama.cpp's
@@ -236,6 +300,7 @@ class StepSampler:
                 out.append((token, min(1.0, math.exp(float(row[token]) - top) / self._exp_sum(row, top))))
             else:
                 out.append((token, NOT_COMPUTED))
+            request.drawn()
         return out
 
     def _quick(self, logits: np.ndarray, requests: Sequence[RequestSampling]) -> list[tuple[int, float]]:
@@ -327,7 +392,7 @@ class StepSampler:
         scaled = kept.astype(np.float64) / params.temperature
         weights = np.exp(scaled - scaled.max())
         cumulative = np.cumsum(weights)
-        pick = int(np.searchsorted(cumulative, request.rng.random() * cumulative[-1], side="right"))
+        pick = int(np.searchsorted(cumulative, request.uniform() * cumulative[-1], side="right"))
         return int(ids[min(pick, len(ids) - 1)])
 
 
@@ -440,7 +505,7 @@ def top_k_rows(logits: np.ndarray, rows: np.ndarray, k: int,
 
 def _draw_rows(ids: np.ndarray, kept: np.ndarray, requests: Sequence[RequestSampling]) -> list[int]:
     """One draw per row from top-k's survivors (`ids`, their logits `kept`, largest first): top-p, then
-    the temperature, then each request's own generator, with the arithmetic of `support` and `_draw`
+    the temperature, then each request's own draw, with the arithmetic of `support` and `_draw`
     on one row. -1 for a row whose smallest survivor is -inf (the caller draws it alone)."""
     top_p = np.array([r.params.top_p for r in requests], dtype=np.float32)[:, None]
     temperature = np.array([r.params.temperature for r in requests], dtype=np.float64)[:, None]
@@ -455,7 +520,7 @@ def _draw_rows(ids: np.ndarray, kept: np.ndarray, requests: Sequence[RequestSamp
     cumulative = np.cumsum(weights, axis=1)
     totals = cumulative[np.arange(len(requests)), cut - 1]
     finite = np.isfinite(kept[:, -1])
-    targets = np.array([r.rng.random() if ok else 0.0 for r, ok in zip(requests, finite, strict=True)]) * totals
+    targets = np.array([r.uniform() if ok else 0.0 for r, ok in zip(requests, finite, strict=True)]) * totals
     picks = np.minimum((cumulative <= targets[:, None]).sum(axis=1), cut - 1)
     tokens = ids[np.arange(len(requests)), picks]
     tokens[~finite] = -1

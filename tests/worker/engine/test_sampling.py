@@ -247,7 +247,7 @@ def test_top_k_rows_is_the_exact_top_k_of_every_row(shape: str) -> None:
 
 def test_rows_drawn_side_by_side_draw_what_each_row_draws_alone() -> None:
     """The step draws its top-k rows together (`StepSampler._draw_side_by_side`); each must draw the
-    token that the same generator draws from its row alone (`StepSampler._draw`), -inf rows included."""
+    token that the same draws give from its row alone (`StepSampler._draw`), -inf rows included."""
     logits = logits_matrix(16, seed=21)
     logits[3] = -np.inf
     logits[3, [7, 700, 7000]] = [1.0, 2.0, 3.0]  # fewer finite tokens than k: drawn alone
@@ -260,6 +260,8 @@ def test_rows_drawn_side_by_side_draw_what_each_row_draws_alone() -> None:
         for _ in range(4):
             drawn = [token for token, _ in sampler.sample(logits, together)]
             assert drawn == [sampler._draw(row, request) for row, request in zip(logits, alone, strict=True)]
+            for request in alone:  # a step's token drawn: the next draws are the next position's
+                request.drawn()
 
 
 def test_each_choice_of_a_seeded_request_has_its_own_seed_and_keeps_it() -> None:
