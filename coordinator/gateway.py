@@ -135,7 +135,7 @@ class Gateway:
                 waiting.end()
                 return ending.replayed(state, gen, model, hit, started)
         resume = None
-        if gen.continuable and state.settings.continuations:
+        if not gen.not_continued and state.settings.continuations:
             gen = gen.tracked()
             resume = functools.partial(self._placement.resume, gen, model, entry.rank)
         gen, stream = await self._admit(gen, model, placed, waiting)

@@ -51,10 +51,14 @@ class Generation:
         return dataclasses.replace(self, demand=dataclasses.replace(self.demand, preempts=True))
 
     @property
-    def continuable(self) -> bool:
-        """Whether it may go on on another worker should its worker fail mid-stream (relay/continuation.py):
-        one choice, no kept session (a session's history dies with its worker)."""
-        return self.request.n == 1 and self.request.session_id is None
+    def not_continued(self) -> str:
+        """Why it may not go on on another worker should its worker fail mid-stream (relay/continuation.py);
+        "" when it may."""
+        if self.request.n > 1:
+            return "a stream of several choices is not continued on another worker"
+        if self.request.session_id is not None:
+            return "a kept session's stream is not continued on another worker (its history was there)"
+        return ""
 
     def tracked(self) -> Generation:
         """Itself asking its worker for the token ids of each token event (`token_ids`), which a

@@ -60,11 +60,13 @@ class Continuing:
     stream it leaves (its reservation back, its worker's breaker told). Each break is counted by how it
     went, and each continuation's pause (from the break to its first event) observed."""
 
-    __slots__ = ("_at_most", "_failed", "_ids", "_iterator", "_left", "_metrics", "_move_from", "_resume", "_why_not",
+    __slots__ = ("_at_most", "_failed", "_ids", "_iterator", "_left", "_metrics", "_move_from", "_not_continued", "_resume", "_why_not",
                  "continuations", "current", "first", "request_id")
 
     def __init__(self, stream: OpenStream, resume: Resume, *, request_id: str, at_most: int,
-                 left: Callable[[OpenStream, Break], None], metrics: CoordinatorMetrics) -> None:
+                 left: Callable[[OpenStream, Break], None], metrics: CoordinatorMetrics,
+                 not_continued: str = "") -> None:
+        """`not_continued`: why this request is never continued (its error event says so), if it is not."""
         self.current = stream
         self.first = stream.first
         self.request_id = request_id
@@ -76,6 +78,7 @@ class Continuing:
         self._failed: set[str] = set()
         self._iterator: AsyncIterator[SseEvent] | None = None
         self._move_from: str | None = None  # a draining worker this stream should leave, at its next event
+        self._not_continued = not_continued
         self._why_not = ""  # why the last break was not continued, for the client's error event
         # The ids the client has been sent, in order; None once a token event came without them (a worker
         # that was not asked, or cannot tell): such a stream ends as it ends, never continued.
@@ -187,7 +190,8 @@ class Continuing:
                                 "continuable": self._ids is not None and self.continuations < self._at_most}))
         self._why_not = ""
         if self._ids is None:
-            self._why_not = "" if self._at_most == 0 else "this stream cannot be continued on another worker"
+            self._why_not = self._not_continued or ("" if self._at_most == 0 else
+                                                    "this stream cannot be continued on another worker")
             return None
         if self.continuations >= self._at_most:
             self._why_not = f"continued {self.continuations} times already, the most (CONTINUATIONS)"

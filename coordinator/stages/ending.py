@@ -90,7 +90,7 @@ def relayed(state: CoordinatorState, gen: Generation, model: str | None, stream:
 
     upstream = Continuing(stream, _never if resume is None else resume, request_id=gen.request_id,
                           at_most=state.settings.continuations if resume is not None else 0, left=left,
-                          metrics=metrics)
+                          metrics=metrics, not_continued=gen.not_continued)
 
     def release(outcome: Outcome) -> None:
         """The reservation back (a second call does nothing); a named session that ended `done`

@@ -62,9 +62,13 @@ async def test_a_worker_that_stops_leaves_the_pool_with_its_last_beat(cluster: C
     assert cluster.coordinator_health()["workers"]["alive"] == 1
 
 
-async def test_worker_killed_mid_stream_ends_the_stream_with_an_error_event(cluster: Cluster) -> None:
+async def test_worker_killed_mid_stream_ends_a_stream_it_cannot_continue_with_an_error_event(
+        cluster: Cluster) -> None:
+    """A kept session's stream is not continued on another worker (its history died with its worker):
+    it ends with the error event at once. (tests/integration/test_continuation.py has the streams that go on.)"""
     async with httpx.AsyncClient(timeout=30) as client, \
-            client.stream("POST", cluster.url + "/coordinator/infer", json=LONG) as response:
+            client.stream("POST", cluster.url + "/coordinator/infer", json={**LONG, "session_id": "killed-1"}
+                          ) as response:
         assert response.status_code == 200
         worker_id = response.headers["x-worker-id"]
         timed = Timed(200, dict(response.headers))
@@ -76,6 +80,7 @@ async def test_worker_killed_mid_stream_ends_the_stream_with_an_error_event(clus
         await asyncio.wait_for(reader, timeout=5)
     name, data = timed.events[-1]
     assert name == "error" and data["reason"] == "worker_failed" and data["finished"] is True
+    assert "kept session's stream is not continued" in data["error"]
     assert timed.times[-1] - killed_at < 1.0
     assert 5 <= timed.names.count("token") < 400
     wait_until(lambda: cluster.coordinator_health()["kv_reserved_bytes"] == 0, 2, "reservation released")

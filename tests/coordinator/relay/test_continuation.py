@@ -172,6 +172,8 @@ async def test_sessions_and_a_pool_without_continuations_do_not_ask_for_ids(body
         events = await stream(client, clock, ("w1", "w2"), body)
     assert [name for name, _ in events][-1] == "error" and len(fakes.calls) == 1
     assert "token_ids" not in bodies(fakes)[0][1]
+    if "session_id" in body:  # the error says why it was not continued
+        assert "kept session's stream is not continued" in events[-1][1]["error"]
 
 
 def draining_worker(reached: asyncio.Event, gate: asyncio.Event) -> Callable[[httpx.Request], httpx.Response]:
