@@ -12,10 +12,13 @@ the table it prints. Must not: change product code; every process it starts is s
   fault-free run's first texts, and for the continued ones where their text parts from it (characters
   after the seam, the text the client had at the kill) and the pause (the longest gap between two of
   its tokens).
-- `SIGTERM`: `--drain-tokens` tokens each on a fresh pool; at `--kill-at` tokens, w1 is drained.
-  Printed: streams whole, moved, and the seconds from the signal to w1's exit.
+- `SIGTERM`: `--drain-tokens` tokens each on a fresh pool; at `--drain-at` tokens, w1 is drained.
+  Printed: streams whole, moved, how many of them w2 took the cells of from w1 (a peer prefix fetch,
+  when the prompt and the tokens so far reach WORKER_PEER_PREFIX_MIN_TOKENS) instead of prefilling
+  them, the longest pause of a moved stream, and the seconds from the signal to w1's exit.
 
     .venv/bin/python -m bench.continuation_bench [--streams 8] [--tokens 160] [--kill-at 40] [--drain-tokens 400]
+                                                 [--drain-at 150]
 """
 
 from __future__ import annotations
@@ -125,13 +128,18 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=160)
     parser.add_argument("--kill-at", type=int, default=40)
     parser.add_argument("--drain-tokens", type=int, default=400)
+    parser.add_argument("--drain-at", type=int, default=150, help="tokens each stream has when w1 is drained")
     parser.add_argument("--threads", type=int, default=1, help="llama.cpp threads per worker")
     parser.add_argument("--sessions", type=int, default=8, help="sequences per worker (room for the other's)")
     parser.add_argument("--session-tokens", type=int, default=512)
     parser.add_argument("--model", type=Path, default=MODEL)
+    parser.add_argument("--only-drain", action="store_true", help="the SIGTERM scenario alone")
     args = parser.parse_args()
     print(json.dumps({"version": code_version(), "cpus": os.cpu_count(), **{k: str(v) for k, v in vars(args).items()}}))
     with tempfile.TemporaryDirectory(prefix="continuation-bench-") as logs:
+        if args.only_drain:
+            drain_report(args, Path(logs))
+            return 0
         with pool(Path(logs), workers=worker_flags(args), name="fault-free") as clean:
             first = asyncio.run(run(clean.url, args.streams, args.tokens))
             second = asyncio.run(run(clean.url, args.streams, args.tokens))
@@ -172,11 +180,13 @@ def kill_report(args: argparse.Namespace, logs: Path, reference: list[Stream]) -
 def drain_report(args: argparse.Namespace, logs: Path) -> None:
     with pool(logs, workers=worker_flags(args), name="sigterm") as drained:
         took: list[float] = []
+        at: list[float] = []
 
         async def drain(streams: list[Stream]) -> None:
-            await each_has(streams, args.kill_at)
+            await each_has(streams, args.drain_at)
             pid = _pid(drained, "w1")
             started = time.monotonic()
+            at.append(started)
             os.kill(pid, signal.SIGTERM)
             while _alive(pid) and time.monotonic() - started < 60:
                 await asyncio.sleep(0.02)
@@ -184,8 +194,14 @@ def drain_report(args: argparse.Namespace, logs: Path) -> None:
 
         streams = asyncio.run(run(drained.url, args.streams, args.drain_tokens, drain))
         moved = metric(drained.url, 'coordinator_stream_moves_total{outcome="moved"}')
-    print(f"SIGTERM at token {args.kill_at} of {args.drain_tokens}: {sum(s.whole(args.drain_tokens) for s in streams)}"
-          f"/{args.streams} whole, {moved:g} moved; w1 exited {took[0]:.2f} s after the signal")
+        answer = httpx.get(drained.worker_urls[1] + "/metrics", timeout=5,
+                           headers={"authorization": f"Bearer {drained.worker_token}"}).text
+        fetched = sum(float(line.rsplit(" ", 1)[1]) for line in answer.splitlines()
+                      if line.startswith('worker_kv_transfers_total{direction="peer_prefix",outcome="ok"}'))
+    pauses = [max(b - a for a, b in itertools.pairwise(s.times) if b > at[0]) for s in streams if s.worker == "w1"]
+    print(f"SIGTERM at token {args.drain_at} of {args.drain_tokens}: {sum(s.whole(args.drain_tokens) for s in streams)}"
+          f"/{args.streams} whole, {moved:g} moved, {fetched:g} with their cells fetched from w1; longest pause "
+          f"{max(pauses):.2f} s; w1 exited {took[0]:.2f} s after the signal")
 
 
 def _pid(running: Pool, worker_id: str) -> int:

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from coordinator.admission.turn import in_turn
+from coordinator.affinity.placement import Leaning
 from coordinator.errors import CoordinatorError
 from coordinator.generation import Generation
 from coordinator.pool.registry import WorkerRecord
@@ -35,9 +36,12 @@ class Placement:
     def __init__(self, state: CoordinatorState) -> None:
         self._state = state
 
-    async def place(self, gen: Generation, model: str | None, placed: Placed) -> tuple[Generation, OpenStream]:
+    async def place(self, gen: Generation, model: str | None, placed: Placed, holder: str | None = None
+                    ) -> tuple[Generation, OpenStream]:
         """Admission's check, affinity's leaning, the scheduler's ranking, then dispatch in that order;
-        `placed` runs once a worker's capacity is reserved for it, before that worker answers."""
+        `placed` runs once a worker's capacity is reserved for it, before that worker answers. `holder`: a
+        live worker known to hold its cells (a continuation's draining one): the worker chosen is told it
+        may fetch them from there."""
         state, body = self._state, gen.request
         affinity = state.affinity
         if affinity.session_worker(gen) is not None:
@@ -58,8 +62,7 @@ class Placement:
             raise CoordinatorError(decision.reason, f"no worker can take it now: {decision.reason}",
                                    retry_after=state.settings.retry_after)
         ranked = [w for w in (state.registry.get(v.worker_id) for v in decision.ranked) if w is not None]
-        held = affinity.prefix_holder(leaning)  # it may hand the prefix's cells to the worker chosen
-        peer = PrefixPeer(held[0].worker_id, held[0].url, held[1], leaning.match) if held is not None else None
+        peer = self._peer(leaning, holder)
         if gen.disaggregated(state.settings.disaggregate_prompt_bytes, len(ranked)):
             # Prefill on the policy's first worker, decode on the others; without a finished prefill
             # the request goes to all of them as usual.
@@ -84,16 +87,26 @@ class Placement:
         return gen, stream
 
 
+    def _peer(self, leaning: Leaning, holder: str | None) -> PrefixPeer | None:
+        """Where the worker chosen may fetch the prompt's cells instead of prefilling them: `holder` when it
+        is known and alive, else the worker that was sent most of the prompt's prefix, if any was."""
+        state = self._state
+        holding = state.registry.get(holder) if holder is not None else None
+        if holding is not None:
+            return PrefixPeer(holding.worker_id, holding.url, 1.0, {})
+        held = state.affinity.prefix_holder(leaning)
+        return PrefixPeer(held[0].worker_id, held[0].url, held[1], leaning.match) if held is not None else None
+
     async def resume(self, gen: Generation, model: str | None, rank: int, generated: list[int],
-                     avoid: frozenset[str], waits: bool) -> OpenStream:
+                     avoid: frozenset[str], waits: bool, holder: str | None) -> OpenStream:
         """The rest of `gen` after its worker failed mid-stream (or drains): the tokens its client has
         (`generated`) prefilled after its prompt on a worker not in `avoid`; placed in turn ahead of new
         requests of its class (`rank` + 1) when it `waits`, else tried once; a `CoordinatorError` when
-        none took it (within CONTINUATION_TIMEOUT)."""
+        none took it (within CONTINUATION_TIMEOUT). `holder`: a live worker that holds its cells."""
         state, rest = self._state, gen.continued(generated, avoid)
 
         async def attempt(placed: Placed) -> OpenStream:
-            return (await self.place(rest, model, placed))[1]
+            return (await self.place(rest, model, placed, holder))[1]
 
         timeout = state.settings.continuation_timeout
         line = state.waiting.line(gen.request.model)

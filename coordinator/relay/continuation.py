@@ -40,9 +40,10 @@ log = logging.getLogger("coordinator")
 # The endings a continuation may mend: the worker (or its engine) failed, or it is stopping.
 CONTINUABLE = frozenset({reasons.WORKER_FAILED, reasons.ENGINE_FAILED, reasons.DRAINING})
 
-# Given the ids the client has, the workers to leave out and whether it may wait in the queue for room, the
-# stream that goes on (its worker's first event read), or a `CoordinatorError` saying why none took it.
-Resume = Callable[[list[int], frozenset[str], bool], Awaitable[OpenStream]]
+# Given the ids the client has, the workers to leave out, whether it may wait in the queue for room and a live
+# worker that holds its cells (a draining one: the next may fetch them instead of prefilling), the stream
+# that goes on (its worker's first event read), or a `CoordinatorError` saying why none took it.
+Resume = Callable[[list[int], frozenset[str], bool, str | None], Awaitable[OpenStream]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,14 +137,15 @@ class Continuing:
 
     async def _moved(self, stream: OpenStream) -> OpenStream | None:
         """The stream that takes over from one whose worker drains, or None: it stays (no continuation
-        left, or no worker with room now). The draining worker's request is closed once the other's first
-        event is here: what it generated past the ids sent is never sent, and is generated again there."""
-        self._move_from = None
-        if self._ids is None or self.continuations >= self._at_most:
-            return None
-        worker_id = stream.worker.worker_id
+        left, or no worker with room now). The other worker may fetch the stream's cells from the draining
+        one (which still holds them) instead of prefilling. The draining worker's request is closed once
+        the other's first event is here: what it generated past the ids sent is never sent, and is
+        generated again there."""
+        worker_id, self._move_from = self._move_from, None
+        if worker_id != stream.worker.worker_id or self._ids is None or self.continuations >= self._at_most:
+            return None  # asked while a move was under way: it has left that worker already
         try:
-            taken = await self._resume(list(self._ids), frozenset({*self._failed, worker_id}), False)
+            taken = await self._resume(list(self._ids), frozenset({*self._failed, worker_id}), False, worker_id)
         except CoordinatorError as exc:
             self._metrics.stream_moves.labels(outcome="stayed").inc()
             log.info(json.dumps({"event": "stream_stays", "request_id": self.request_id, "worker_id": worker_id,
@@ -199,7 +201,7 @@ class Continuing:
         self.continuations += 1
         started = time.monotonic()
         try:
-            stream = await self._resume(list(self._ids), frozenset(self._failed), True)
+            stream = await self._resume(list(self._ids), frozenset(self._failed), True, None)
         except CoordinatorError as exc:
             self._why_not = f"no other worker could continue it ({exc.reason}: {exc.message})"
             log.warning(json.dumps({"event": "continuation_failed", "request_id": self.request_id,

@@ -140,7 +140,7 @@ def relayed(state: CoordinatorState, gen: Generation, model: str | None, stream:
                   upstream)
 
 
-async def _never(generated: list[int], avoid: frozenset[str], waits: bool) -> OpenStream:
+async def _never(generated: list[int], avoid: frozenset[str], waits: bool, holder: str | None) -> OpenStream:
     raise AssertionError("a stream without continuations never resumes")  # pragma: no cover
 
 

@@ -225,7 +225,9 @@ async def test_a_stream_on_a_draining_worker_moves_to_one_with_room_and_stays_wh
         if room:
             # Moved after its third token: the rest comes from w2, which was sent the three ids.
             assert text == "Hell you" and moves == 1
-            assert bodies(fakes)[1] == ("w2", {**bodies(fakes)[0][1], "generated": [10, 11, 12]})
+            # ... and told it may fetch the stream's cells from the draining worker instead of prefilling them.
+            assert bodies(fakes)[1] == ("w2", {**bodies(fakes)[0][1], "generated": [10, 11, 12],
+                                               "prefix_peer": "http://w1.test"})
         else:  # nowhere to go: it finishes in place, whole
             assert text == "Helllll" and moves == 0 and len(fakes.calls) == 1
             assert stayed == 1
