@@ -196,11 +196,12 @@ def drain_report(args: argparse.Namespace, logs: Path) -> None:
         moved = metric(drained.url, 'coordinator_stream_moves_total{outcome="moved"}')
         answer = httpx.get(drained.worker_urls[1] + "/metrics", timeout=5,
                            headers={"authorization": f"Bearer {drained.worker_token}"}).text
-        fetched = sum(float(line.rsplit(" ", 1)[1]) for line in answer.splitlines()
-                      if line.startswith('worker_kv_transfers_total{direction="peer_prefix",outcome="ok"}'))
+        fetches = {line.split('outcome="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1]) for line in answer.splitlines()
+                   if line.startswith('worker_kv_transfers_total{direction="peer_prefix"')}
+        fetched = fetches.get("ok", 0.0)
     pauses = [max(b - a for a, b in itertools.pairwise(s.times) if b > at[0]) for s in streams if s.worker == "w1"]
     print(f"SIGTERM at token {args.drain_at} of {args.drain_tokens}: {sum(s.whole(args.drain_tokens) for s in streams)}"
-          f"/{args.streams} whole, {moved:g} moved, {fetched:g} with their cells fetched from w1; longest pause "
+          f"/{args.streams} whole, {moved:g} moved, {fetched:g} with their cells fetched from w1 (asked: {fetches}); longest pause "
           f"{max(pauses):.2f} s; w1 exited {took[0]:.2f} s after the signal")
 
 
