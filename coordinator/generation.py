@@ -76,6 +76,10 @@ class Generation:
         demand = dataclasses.replace(self.demand, prompt_bytes=self.demand.prompt_bytes + len(generated))
         return dataclasses.replace(self, request=request, payload=payload, demand=demand, avoid=avoid)
 
+    def weighted(self, weight: float) -> Generation:
+        """Itself telling its worker its tenant's fair-share weight (the worker's line applies it)."""
+        return self._changed(tenant_weight=weight)
+
     def for_model(self, name: str) -> Generation:
         """Itself naming the served model `name` (a name the pool took for it: pool/models.py)."""
         return self._changed(model=name)

@@ -347,6 +347,10 @@ class GenerateRequest(GenerationFields):
     tools: ToolUse | None = Field(default=None, description="functions the answer may call; the worker tells "
                                   "the model about them and holds a call to their schemas (unless `grammar` "
                                   "or `json_schema` holds the answer, which a forced call does not allow)")
+    # Internal only: the tenant's fair-share weight (its key's), which the worker's line applies.
+    tenant_weight: float = Field(default=1.0, gt=0.0, le=1_000_000.0, description="the tenant's fair-share weight: "
+                                 "a worker prefills first the prompts of the tenant with the fewest sequences "
+                                 "decoding there for its weight (worker/engine/line.py)")
     # Internal only: what a coordinator needs to continue this stream on another worker should this one fail.
     token_ids: bool = Field(default=False, description="every `token` event carries `ids`: the generated tokens "
                             "its text covers (TokenEvent.ids)")

@@ -76,6 +76,7 @@ class _InLine:
     turn: asyncio.Event
     interactive: bool
     tenant: str
+    weight: float = 1.0  # the tenant's fair-share weight (GenerateRequest.tenant_weight)
 
 
 @dataclass(eq=False)
@@ -291,11 +292,12 @@ class Gate:
 
     def _first(self) -> _InLine:
         """Who goes next: of the highest class waiting, the request whose tenant holds the fewest of this
-        worker's sequences (a share between tenants, whichever coordinators sent them), then the first to
-        wait. O(line + sequences)."""
+        worker's sequences for its weight (a share between tenants, whichever coordinators sent them),
+        then the first to wait. O(line + sequences)."""
         interactive = self._line[0].interactive  # the line keeps interactive requests first
         running = self.table.running_by_tenant()
-        return min((p for p in self._line if p.interactive == interactive), key=lambda p: running.get(p.tenant, 0))
+        return min((p for p in self._line if p.interactive == interactive),
+                   key=lambda p: running.get(p.tenant, 0) / p.weight)
 
     async def _reserve(self, request: GenerateRequest, need: int, tokens: list[int],
                        stream_ref: int | None) -> Admission:
@@ -329,7 +331,7 @@ class Gate:
                 if left <= 0 and refused is not None:
                     raise refused
                 if place is None:
-                    place = self._join(interactive, request.tenant)
+                    place = self._join(interactive, request.tenant, request.tenant_weight)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(place.turn.wait(), max(left, 0.0))
         finally:
@@ -354,9 +356,9 @@ class Gate:
         """Whether a request of this class finds others in line before it (any, for a batch request)."""
         return bool(self._line) and (not interactive or self._line[0].interactive)
 
-    def _join(self, interactive: bool, tenant: str) -> _InLine:
+    def _join(self, interactive: bool, tenant: str, weight: float = 1.0) -> _InLine:
         """A place in line: behind every request of its class or above, before every one below."""
-        place = _InLine(asyncio.Event(), interactive, tenant)
+        place = _InLine(asyncio.Event(), interactive, tenant, weight)
         at = len(self._line)
         if interactive:
             at = next((i for i, other in enumerate(self._line) if not other.interactive), at)

@@ -183,3 +183,15 @@ async def test_a_worker_is_told_of_batch_requests_and_gets_an_interactive_one_wh
                                     headers={"authorization": "Bearer jobs-key", "x-request-id": "more"})
         assert refused.status_code == 503  # a batch request waits for a free sequence, whatever can be parked
         assert "more" not in {request.headers["x-request-id"] for _, request in fakes.calls}
+
+
+async def test_a_tenants_weight_goes_to_the_worker_whose_line_applies_it() -> None:
+    clock, fakes = ManualClock(), FakeWorkers({"w1": gated(asyncio.Event(), set())})
+    settings = Settings(heartbeat_interval=1.0, api_keys="big-key big 3,small-key small")
+    async with running_app(settings, fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+        assert (await infer(client, "r-big", "big-key")).status_code == 200
+        assert (await infer(client, "r-small", "small-key")).status_code == 200
+    sent = [json.loads(request.content) for _, request in fakes.calls]
+    assert sent[0]["tenant_weight"] == 3.0
+    assert "tenant_weight" not in sent[1]  # weight 1, the worker's default: not sent

@@ -52,6 +52,7 @@ from worker.backends.llama_model import Model
 from worker.engine.channel import TokenChannel
 from worker.engine.endings import Endings, Progress, also_ending, assembler, cancel_session
 from worker.engine.jobs import EngineConfig, EngineObserver, Failed, Finished, Job, PromptScored, StreamItem
+from worker.engine.line import prefill_order
 from worker.engine.pacing import PrefillPace
 from worker.engine.sampling import RequestSampling, SamplingParams, StepSampler, choice_seed, top_alternatives
 from worker.engine.scoring import SCORE_CHUNK, PromptScores
@@ -608,20 +609,21 @@ class Engine:
 
     def _add_prompts(self, n: int, rows: list[_Running], scored: list[tuple[int, _Running, int]]) -> tuple[int, int]:
         """Fills the rest of the batch, from row `n`, with prompt chunks; (rows in the batch, sequences
-        prefilling). Shortest remaining prompt first (then oldest): a prompt whose prefix was cached has
-        a few tokens left and gets its first token in this step, not after a long cold prompt's chunks.
-        The prompts that finish in this step go in first; a longer prompt then takes what they leave of
+        prefilling). In the line's order (worker/engine/line.py: the tenant with the fewest sequences
+        decoding here for its weight first, then the shortest remaining prompt, then the oldest): a prompt
+        whose prefix was cached has a few tokens left and gets its first token in this step, not after a
+        long cold prompt's chunks. The prompts that finish in this step go in; a longer prompt takes what they leave of
         the chunk only when the rows that decode (now or from the next step) are owed no time
         (worker/engine/pacing.py). A prompt being scored goes SCORE_CHUNK tokens at a time, every row
         asking for logits (noted in `scored`)."""
         budget = min(self.config.prefill_chunk, self._n_batch - n)
         decoding, sequences, finishing = n, 0, 0
-        for run in sorted((r for r in self._running if r.todo), key=lambda r: (len(r.todo), r.started_at)):
+        for run in prefill_order(self._running):
             if budget <= 0:
                 break
             room = budget if run.scores is None else min(budget, SCORE_CHUNK)
             if len(run.todo) > room and not self.pace.admits(decoding + finishing):
-                break  # sorted: every prompt after this one is as long
+                continue  # a shorter prompt may follow (another tenant's, later in the line)
             chunk, run.todo = run.todo[:room], run.todo[room:]
             sequences += 1
             finishing += not run.todo
