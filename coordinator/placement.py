@@ -84,13 +84,13 @@ class Placement:
         return gen, stream
 
 
-    async def resume(self, gen: Generation, model: str | None, rank: int, generated: list[int],
+    async def resume(self, gen: Generation, model: str | None, rank: int, choice: int, generated: list[int],
                      avoid: frozenset[str], waits: bool) -> OpenStream:
-        """The rest of `gen` after its worker failed mid-stream (or drains): the tokens its client has
-        (`generated`) prefilled after its prompt on a worker not in `avoid`; placed in turn ahead of new
-        requests of its class (`rank` + 1) when it `waits`, else tried once; a `CoordinatorError` when
-        none took it (within CONTINUATION_TIMEOUT)."""
-        state, rest = self._state, gen.continued(generated, avoid)
+        """The rest of `gen` (of its choice `choice`, alone, when it has several) after its worker failed
+        mid-stream (or drains): the tokens its client has (`generated`) prefilled after its prompt on a
+        worker not in `avoid`; placed in turn ahead of new requests of its class (`rank` + 1) when it
+        `waits`, else tried once; a `CoordinatorError` when none took it (within CONTINUATION_TIMEOUT)."""
+        state, rest = self._state, gen.continued(generated, avoid, choice)
 
         async def attempt(placed: Placed) -> OpenStream:
             return (await self.place(rest, model, placed))[1]
