@@ -19,8 +19,9 @@ of an earlier merge, or one whose ids had reached `max_tokens`) adds its tokens 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -53,31 +54,48 @@ class _Reading:
 
 
 class Choices:
-    """The continuations of a stream's choices (`streams`, by choice), read as one stream of `n` choices;
-    `ended`: the choices that need none, and how each ended (it grows as the others end). `leave` runs
-    once for each continuation but the broken one; `prompt_tokens` is the usage's when no continuation
-    counted it (none was needed), `continued` the stream they continue (given back already)."""
+    """The continuations of a stream's choices (`placing`: each choice's placement, by choice), read as one
+    stream of `n` choices, each as soon as it is placed (one placed streams on, and frees its worker's room
+    when it ends, while another waits for room); `ended`: the choices that need none, and how each ended
+    (it grows as the others end). `leave` runs once for each continuation but the broken one;
+    `prompt_tokens` is the usage's when no continuation counted it (none was needed), `continued` the
+    stream they continue (given back already). A placement that failed raises its `CoordinatorError`
+    from `events`."""
 
-    __slots__ = ("_iterator", "_reading", "broken", "ended", "last", "leave", "n", "prompt_tokens", "request_id")
+    __slots__ = ("_iterator", "_placing", "_reading", "broken", "continued", "ended", "last", "leave", "n",
+                 "prompt_tokens", "request_id")
 
-    def __init__(self, streams: dict[int, OpenStream], ended: dict[int, ChoiceEnd], *, n: int, request_id: str,
-                 prompt_tokens: int, leave: Leave, continued: OpenStream) -> None:
+    def __init__(self, placing: Mapping[int, asyncio.Future[OpenStream]], ended: dict[int, ChoiceEnd], *, n: int,
+                 request_id: str, prompt_tokens: int, leave: Leave, continued: OpenStream) -> None:
         self.ended = ended
         self.n = n
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
         self.leave = leave
+        self.continued = continued
         self.broken: OpenStream | None = None  # the continuation that broke or failed the stream, if one did
-        self._reading = {choice: _Reading(stream, _after(stream.first, stream.events))
-                         for choice, stream in sorted(streams.items())}
+        self._placing = dict(sorted(placing.items()))
+        self._reading: dict[int, _Reading] = {}  # the continuations placed, by choice
         # The continuation whose event was read last (whose `done` completed it, or that broke it); the
-        # stream they continue until one is read.
+        # stream they continue until one is read, or when one could not be placed.
         self.last = continued
         self._iterator: AsyncGenerator[SseEvent, None] | None = None
 
-    def streams(self) -> list[OpenStream]:
-        """Its continuations, in choice order."""
-        return [reading.stream for reading in self._reading.values()]
+    async def placed(self) -> str:
+        """The worker a first choice's continuation went to, once one is placed ("" when none was needed);
+        the `CoordinatorError` of a placement that failed first (then every continuation given back)."""
+        if not self._placing:
+            return ""
+        try:
+            finished, _ = await asyncio.wait(self._placing.values(), return_when=asyncio.FIRST_COMPLETED)
+            failure = next((e for task in finished if (e := task.exception()) is not None), None)
+            if failure is not None:
+                raise failure
+        except BaseException:
+            self.last = self.continued
+            await self._settle(())
+            raise
+        return next(iter(finished)).result().worker.worker_id
 
     @property
     def events(self) -> AsyncGenerator[SseEvent, None]:
@@ -86,25 +104,24 @@ class Choices:
         return self._iterator
 
     async def close(self) -> None:
-        """Every continuation not given back yet is, and closed (its worker cancels it); not `broken`,
-        which its reader judges and gives back."""
+        """Every continuation not given back yet is, and closed (its worker cancels it), a placement still
+        running cancelled; not `broken`, which its reader judges and gives back."""
         if self._iterator is not None:
             await self._iterator.aclose()
-        await self._leave_all()
+        await self._settle(())
         if self.broken is not None:
             await self.broken.close()
 
     async def _events(self) -> AsyncGenerator[SseEvent, None]:
-        pending: dict[asyncio.Task[SseEvent | None], int] = {}
+        pending: dict[asyncio.Future[Any], int] = {task: choice for choice, task in self._placing.items()}
         try:
-            for choice, reading in self._reading.items():
-                pending[asyncio.ensure_future(_next(reading.events))] = choice
             while pending:
                 finished, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in sorted(finished, key=lambda t: pending[t]):
+                for task in sorted(finished, key=pending.__getitem__):
                     choice = pending.pop(task)
-                    event = self._read(choice, task)
-                    if event is not None:
+                    if choice not in self._reading:
+                        self._placed(choice, task)
+                    elif (event := self._read(choice, task)) is not None:
                         yield event
                         if event.event == EVENT_ERROR:
                             return
@@ -115,12 +132,31 @@ class Choices:
                         pending[asyncio.ensure_future(_next(reading.events))] = choice
             yield self._done()
         finally:
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-            await self._leave_all()
+            await self._settle(pending)
 
-    def _read(self, choice: int, task: asyncio.Task[SseEvent | None]) -> SseEvent | None:
+    def _placed(self, choice: int, task: asyncio.Future[OpenStream]) -> None:
+        """Choice `choice`'s continuation placed, to be read; or the `CoordinatorError` that says why not."""
+        failure = task.exception()
+        if failure is not None:
+            self.last = self.continued  # the stream that broke ends it, not one that ran well
+            raise failure
+        stream = task.result()
+        self._reading[choice] = _Reading(stream, _after(stream.first, stream.events))
+
+    async def _settle(self, pending: Iterable[asyncio.Future[Any]]) -> None:
+        """Reads and placements still `pending` cancelled, then every continuation given back (a
+        placement that ended meanwhile too)."""
+        running = [*pending, *(task for task in self._placing.values() if not task.done())]
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        for choice, task in self._placing.items():
+            if choice not in self._reading and not task.cancelled() and task.exception() is None:
+                stream = task.result()
+                self._reading[choice] = _Reading(stream, _after(stream.first, stream.events))
+        await self._leave_all()
+
+    def _read(self, choice: int, task: asyncio.Future[SseEvent | None]) -> SseEvent | None:
         """The event to pass on for what choice `choice`'s continuation sent (None: nothing to pass);
         a break raises `WorkerStreamError`, `broken` naming it."""
         reading = self._reading[choice]

@@ -32,7 +32,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import orjson
@@ -149,6 +149,10 @@ class Continuing:
                     broke = "the worker's stream ended without a done event"
             except WorkerStreamError as exc:
                 broke = f"the worker's stream broke off: {exc}"
+            except CoordinatorError as exc:  # a choice's continuation that no worker took
+                self._why_not = f"no other worker could continue it ({exc.reason}: {exc.message})"
+                yield self._give_up()
+                return
             following = (await self._switch(Break(self.current.worker.worker_id, broke)) if taken is None
                          else _after(taken.first, taken.events))
             if following is None:
@@ -226,8 +230,8 @@ class Continuing:
                 stream = await self._resume(0, list(self._ids[0]), frozenset(self._failed), True)
                 self._stream, events, to = stream, _after(stream.first, stream.events), stream.worker.worker_id
             else:
-                self._merged = await self._continue_choices(old, self._ids, merged.ended if merged is not None else {})
-                events, to = self._merged.events, ",".join(s.worker.worker_id for s in self._merged.streams())
+                self._merged = choices = self._continue_choices(old, self._ids, merged.ended if merged is not None else {})
+                events, to = choices.events, await choices.placed()
         except CoordinatorError as exc:
             self._why_not = f"no other worker could continue it ({exc.reason}: {exc.message})"
             log.warning(json.dumps({"event": "continuation_failed", "request_id": self.request_id,
@@ -240,11 +244,9 @@ class Continuing:
                              "continuation": self.continuations}))
         return events
 
-    async def _continue_choices(self, old: OpenStream, ids: dict[int, list[int]], ended: dict[int, ChoiceEnd]
-                                ) -> Choices:
-        """Each choice not ended yet continued alone, side by side (each placement within
-        CONTINUATION_TIMEOUT), read as one stream; a `CoordinatorError` when any was not placed (those
-        placed given back)."""
+    def _continue_choices(self, old: OpenStream, ids: dict[int, list[int]], ended: dict[int, ChoiceEnd]) -> Choices:
+        """Each choice not ended yet continued alone, placed side by side (each within CONTINUATION_TIMEOUT),
+        read as one stream."""
         ended = dict(ended)
         for choice in range(self._choices):
             if choice not in ended and len(ids.get(choice, ())) >= self._max_tokens:
@@ -252,8 +254,7 @@ class Continuing:
         avoid = frozenset(self._failed)
         tasks = {choice: asyncio.ensure_future(self._resume(choice, list(ids.get(choice, ())), avoid, True))
                  for choice in range(self._choices) if choice not in ended}
-        streams = await _all_placed(tasks, self._leave_choice)
-        return Choices(streams, ended, n=self._choices, request_id=self.request_id,
+        return Choices(tasks, ended, n=self._choices, request_id=self.request_id,
                        prompt_tokens=self._stream.prompt_tokens or 0, leave=self._leave_choice, continued=old)
 
     def _leave_choice(self, stream: OpenStream, succeeded: bool) -> None:
@@ -270,31 +271,6 @@ class Continuing:
             message += f", and {self._why_not}"
         return SseEvent(EVENT_ERROR, ErrorEvent(error=message, reason=reasons.WORKER_FAILED,
                                                 request_id=self.request_id).model_dump_json())
-
-
-async def _all_placed(tasks: Mapping[int, asyncio.Future[OpenStream]],
-                      leave: Callable[[OpenStream, bool], None]) -> dict[int, OpenStream]:
-    """Each task's stream once all are placed; when one was not (or this was cancelled), those that were
-    are given back and closed, and the first failure raised."""
-    try:
-        await asyncio.gather(*tasks.values(), return_exceptions=True)
-    except BaseException:
-        await _given_back(tasks, leave)
-        raise
-    failures = [e for t in tasks.values() if (e := t.exception()) is not None]
-    if failures:
-        await _given_back(tasks, leave)
-        raise failures[0]
-    return {choice: task.result() for choice, task in tasks.items()}
-
-
-async def _given_back(tasks: Mapping[int, asyncio.Future[OpenStream]], leave: Callable[[OpenStream, bool], None]) -> None:
-    for task in tasks.values():
-        if not task.done():
-            task.cancel()
-        elif not task.cancelled() and task.exception() is None:
-            leave(task.result(), False)
-            await task.result().close()
 
 
 async def _after(first: SseEvent, events: AsyncIterator[SseEvent]) -> AsyncIterator[SseEvent]:

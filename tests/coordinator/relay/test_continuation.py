@@ -391,3 +391,19 @@ async def test_a_choice_that_had_all_its_tokens_is_not_continued_and_one_may_end
         assert continued == {**sent_first, "n": 1, "generated": [20]} and "seed" not in continued
         health = (await client.get("/coordinator/health")).json()
         assert (health["requests_running"], health["kv_reserved_bytes"]) == (0, 0)
+
+
+async def test_a_choice_no_worker_takes_ends_the_stream_and_gives_the_other_back() -> None:
+    """w2 has room for one sequence: one choice's continuation goes there, the other finds no room (no
+    queue here): the stream ends with the error saying why, and the placed one is given back."""
+    behaviour = by_choice(TWO_RESTS)
+    clock, fakes = ManualClock(), FakeWorkers({"w1": behaviour, "w2": behaviour})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+        await register(client, heartbeat("w2", timestamp=clock.time(), max_sessions=1))
+        *_, chunks = await chat_stream(client, CHAT)
+        assert "no other worker could continue it" in chunks[-1]["error"]["message"]
+        assert [host for host, _ in bodies(fakes)] in (["w1"], ["w1", "w2"])  # never two on w2
+        health = (await client.get("/coordinator/health")).json()
+        assert (health["requests_running"], health["kv_reserved_bytes"]) == (0, 0)
+        assert await metric(client, 'coordinator_stream_breaks_total{outcome="ended"}') == 1
