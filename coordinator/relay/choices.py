@@ -7,8 +7,8 @@ the event otherwise as its worker wrote it), each continuation's reservation giv
 the worker of an n-choice request would have sent: every choice's ending in choice order
 (`DoneEvent.choices`), the usage summed (the prompt once), `cancelled` if any choice was, else `length`
 if any ran out of tokens, else `stop` (worker/engine/endings.py's `combined`). A continuation that
-breaks, or ends with an `error`, ends the stream (its error event passed on, `broken` naming it): a
-failing choice fails the request, as on a worker.
+breaks, or ends with an `error`, ends them all (its error event passed on, `broken` naming it), as a
+failing choice fails the request on a worker; its reader may continue them again, or give up.
 Must not: place anything or judge the broken worker (the `Continuing` that reads it does both).
 
 Timings of the final `done`: the continuations ran side by side, so the first's queue and prefill, the
@@ -141,7 +141,7 @@ class Choices:
             self.last = self.continued  # the stream that broke ends it, not one that ran well
             raise failure
         stream = task.result()
-        self._reading[choice] = _Reading(stream, _after(stream.first, stream.events))
+        self._reading[choice] = _Reading(stream, with_first(stream.first, stream.events))
 
     async def _settle(self, pending: Iterable[asyncio.Future[Any]]) -> None:
         """Reads and placements still `pending` cancelled, then every continuation given back (a
@@ -153,7 +153,7 @@ class Choices:
         for choice, task in self._placing.items():
             if choice not in self._reading and not task.cancelled() and task.exception() is None:
                 stream = task.result()
-                self._reading[choice] = _Reading(stream, _after(stream.first, stream.events))
+                self._reading[choice] = _Reading(stream, with_first(stream.first, stream.events))
         await self._leave_all()
 
     def _read(self, choice: int, task: asyncio.Future[SseEvent | None]) -> SseEvent | None:
@@ -235,8 +235,8 @@ async def _next(events: AsyncIterator[SseEvent]) -> SseEvent | None:
     return await anext(events, None)
 
 
-async def _after(first: SseEvent, events: AsyncIterator[SseEvent]) -> AsyncIterator[SseEvent]:
-    """A continuation's events: its first (read when it was placed), then the rest."""
+async def with_first(first: SseEvent, events: AsyncIterator[SseEvent]) -> AsyncIterator[SseEvent]:
+    """A worker stream's events from its first (read when it was placed), then the rest."""
     yield first
     async for event in events:
         yield event

@@ -39,7 +39,7 @@ import orjson
 
 from coordinator.errors import CoordinatorError
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.relay.choices import Choices
+from coordinator.relay.choices import Choices, with_first
 from coordinator.relay.dispatch import OpenStream
 from coordinator.upstream import WorkerStreamError
 from protocol import reasons
@@ -154,7 +154,7 @@ class Continuing:
                 yield self._give_up()
                 return
             following = (await self._switch(Break(self.current.worker.worker_id, broke)) if taken is None
-                         else _after(taken.first, taken.events))
+                         else with_first(taken.first, taken.events))
             if following is None:
                 yield self._give_up()
                 return
@@ -228,7 +228,7 @@ class Continuing:
         try:
             if self._choices == 1:
                 stream = await self._resume(0, list(self._ids[0]), frozenset(self._failed), True)
-                self._stream, events, to = stream, _after(stream.first, stream.events), stream.worker.worker_id
+                self._stream, events, to = stream, with_first(stream.first, stream.events), stream.worker.worker_id
             else:
                 self._merged = choices = self._continue_choices(old, self._ids, merged.ended if merged is not None else {})
                 events, to = choices.events, await choices.placed()
@@ -271,10 +271,3 @@ class Continuing:
             message += f", and {self._why_not}"
         return SseEvent(EVENT_ERROR, ErrorEvent(error=message, reason=reasons.WORKER_FAILED,
                                                 request_id=self.request_id).model_dump_json())
-
-
-async def _after(first: SseEvent, events: AsyncIterator[SseEvent]) -> AsyncIterator[SseEvent]:
-    """A continuation's events: its first (read when it was placed), then the rest."""
-    yield first
-    async for event in events:
-        yield event
