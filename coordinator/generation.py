@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from coordinator.admission.demand import Demand
+from protocol.seeds import choice_seed
 from protocol.worker import GenerateRequest
 from serving.tracing import NO_TRACE, Trace
 
@@ -54,8 +55,6 @@ class Generation:
     def not_continued(self) -> str:
         """Why it may not go on on another worker should its worker fail mid-stream (relay/continuation.py);
         "" when it may."""
-        if self.request.n > 1:
-            return "a stream of several choices is not continued on another worker"
         if self.request.session_id is not None:
             return "a kept session's stream is not continued on another worker (its history was there)"
         return ""
@@ -65,15 +64,21 @@ class Generation:
         continuation needs."""
         return dataclasses.replace(self, payload=self.payload[:-1] + b',"token_ids":true}')
 
-    def continued(self, generated: list[int], avoid: frozenset[str]) -> Generation:
-        """The rest of itself after its worker failed: the tokens its client has (`generated`), prefilled after
-        the prompt by a worker not in `avoid`, which generates on from there (its prompt not scored again)."""
+    def continued(self, generated: list[int], avoid: frozenset[str], choice: int = 0) -> Generation:
+        """The rest of itself (of its choice `choice`, when it has several) after its worker failed: the tokens
+        its client has (`generated`), prefilled after the prompt by a worker not in `avoid`, which generates on
+        from there (its prompt not scored again). A choice goes on alone (n = 1), drawing from the seed the
+        worker gave it (protocol/seeds.py), or from fresh entropy when the request named none."""
         update: dict[str, object] = {"generated": generated, "token_ids": True}
         if self.request.prompt_logprobs is not None:
             update["prompt_logprobs"] = None  # scored and sent already
+        if self.request.n > 1:
+            update["n"] = 1
+            if self.request.seed is not None:
+                update["seed"] = choice_seed(self.request.seed, choice)
         request = self.request.model_copy(update=update)
         payload = request.model_dump_json(exclude_unset=True).encode()
-        demand = dataclasses.replace(self.demand, prompt_bytes=self.demand.prompt_bytes + len(generated))
+        demand = dataclasses.replace(self.demand, prompt_bytes=self.demand.prompt_bytes + len(generated), choices=1)
         return dataclasses.replace(self, request=request, payload=payload, demand=demand, avoid=avoid)
 
     def weighted(self, weight: float) -> Generation:

@@ -97,13 +97,14 @@ class Placement:
         held = state.affinity.prefix_holder(leaning)
         return PrefixPeer(held[0].worker_id, held[0].url, held[1], leaning.match) if held is not None else None
 
-    async def resume(self, gen: Generation, model: str | None, rank: int, generated: list[int],
+    async def resume(self, gen: Generation, model: str | None, rank: int, choice: int, generated: list[int],
                      avoid: frozenset[str], waits: bool, holder: str | None) -> OpenStream:
-        """The rest of `gen` after its worker failed mid-stream (or drains): the tokens its client has
-        (`generated`) prefilled after its prompt on a worker not in `avoid`; placed in turn ahead of new
-        requests of its class (`rank` + 1) when it `waits`, else tried once; a `CoordinatorError` when
-        none took it (within CONTINUATION_TIMEOUT). `holder`: a live worker that holds its cells."""
-        state, rest = self._state, gen.continued(generated, avoid)
+        """The rest of `gen` (of its choice `choice`, alone, when it has several) after its worker failed
+        mid-stream (or drains): the tokens its client has (`generated`) prefilled after its prompt on a
+        worker not in `avoid`; placed in turn ahead of new requests of its class (`rank` + 1) when it
+        `waits`, else tried once; a `CoordinatorError` when none took it (within CONTINUATION_TIMEOUT).
+        `holder`: a live worker that holds its cells (a draining one)."""
+        state, rest = self._state, gen.continued(generated, avoid, choice)
 
         async def attempt(placed: Placed) -> OpenStream:
             return (await self.place(rest, model, placed, holder))[1]

@@ -16,10 +16,19 @@ named nowhere: the continuation's worker prefills the prompt and exactly the ids
 and generates from there, its first new token numbered after them. Stop strings match across the seam
 because released text never ends inside a stop string's beginning. A kept session is not continued:
 its history died with its worker (the next turn's `unknown_session` says so).
+
+Several choices (n > 1): the ids are kept per choice (a token event's `choice`), and a break continues
+each choice as a one-choice request of its own (its ids, its seed), read as one stream again
+(relay/choices.py); a break of those counts once. A worker says how each choice ended only in its final
+`done`, so every choice is continued but one whose ids reached `max_tokens` (it ended: `length`): one
+that had stopped stops again at once when greedy or seeded, and an unseeded one draws on, an answer
+as valid, whose end the client had not seen. A draining worker's stream of several choices stays
+there (`move` leaves it), finishing in place.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -30,20 +39,22 @@ import orjson
 
 from coordinator.errors import CoordinatorError
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.relay.choices import Choices, with_first
 from coordinator.relay.dispatch import OpenStream
 from coordinator.upstream import WorkerStreamError
 from protocol import reasons
 from protocol.sse import SseEvent
-from protocol.worker import EVENT_DONE, EVENT_ERROR, EVENT_TOKEN, ErrorEvent
+from protocol.worker import EVENT_DONE, EVENT_ERROR, EVENT_TOKEN, ChoiceEnd, ErrorEvent
 
 log = logging.getLogger("coordinator")
 # The endings a continuation may mend: the worker (or its engine) failed, or it is stopping.
 CONTINUABLE = frozenset({reasons.WORKER_FAILED, reasons.ENGINE_FAILED, reasons.DRAINING})
 
-# Given the ids the client has, the workers to leave out, whether it may wait in the queue for room and a live
-# worker that holds its cells (a draining one: the next may fetch them instead of prefilling), the stream
-# that goes on (its worker's first event read), or a `CoordinatorError` saying why none took it.
-Resume = Callable[[list[int], frozenset[str], bool, str | None], Awaitable[OpenStream]]
+# Given the choice (0 for a one-choice request), the ids the client has of it, the workers to leave out,
+# whether it may wait in the queue for room and a live worker that holds its cells (a draining one: the next
+# may fetch them instead of prefilling), the stream that goes on (its worker's first event read), or a
+# `CoordinatorError` saying why none took it.
+Resume = Callable[[int, list[int], frozenset[str], bool, str | None], Awaitable[OpenStream]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +63,8 @@ class Break:
 
     worker_id: str
     why: str
-    failed: bool = True  # False: its worker drains, and failed nothing
+    failed: bool = True  # False: its worker drains, or it was a choice's continuation left: it failed nothing
+    succeeded: bool = False  # a choice's continuation that ended whole: its worker succeeded
 
 
 class Continuing:
@@ -61,14 +73,19 @@ class Continuing:
     stream it leaves (its reservation back, its worker's breaker told). Each break is counted by how it
     went, and each continuation's pause (from the break to its first event) observed."""
 
-    __slots__ = ("_at_most", "_failed", "_ids", "_iterator", "_left", "_metrics", "_move_from", "_not_continued", "_resume", "_why_not",
-                 "continuations", "current", "first", "request_id")
+    __slots__ = ("_at_most", "_choices", "_failed", "_ids", "_iterator", "_left", "_max_tokens", "_merged", "_metrics",
+                 "_move_from", "_not_continued", "_resume", "_stream", "_why_not", "continuations", "first",
+                 "request_id")
 
     def __init__(self, stream: OpenStream, resume: Resume, *, request_id: str, at_most: int,
                  left: Callable[[OpenStream, Break], None], metrics: CoordinatorMetrics,
-                 not_continued: str = "") -> None:
-        """`not_continued`: why this request is never continued (its error event says so), if it is not."""
-        self.current = stream
+                 not_continued: str = "", choices: int = 1, max_tokens: int = 0) -> None:
+        """`not_continued`: why this request is never continued (its error event says so), if it is not.
+        `choices`: the request's `n`; `max_tokens`: its own (a choice with that many ids has ended)."""
+        self._stream = stream
+        self._merged: Choices | None = None  # its choices' continuations, once a stream of several broke
+        self._choices = choices
+        self._max_tokens = max_tokens
         self.first = stream.first
         self.request_id = request_id
         self.continuations = 0
@@ -81,14 +98,16 @@ class Continuing:
         self._move_from: str | None = None  # a draining worker this stream should leave, at its next event
         self._not_continued = not_continued
         self._why_not = ""  # why the last break was not continued, for the client's error event
-        # The ids the client has been sent, in order; None once a token event came without them (a worker
-        # that was not asked, or cannot tell): such a stream ends as it ends, never continued.
-        self._ids: list[int] | None = [] if at_most > 0 else None
+        # The ids the client has been sent of each choice, in order; None once a token event came without
+        # them (a worker that was not asked, or cannot tell): such a stream ends as it ends, never continued.
+        self._ids: dict[int, list[int]] | None = {i: [] for i in range(choices)} if at_most > 0 else None
         self._note(stream.first)
 
     @property
-    def generated(self) -> list[int] | None:
-        return self._ids
+    def current(self) -> OpenStream:
+        """The worker's stream it reads now; of several choices' continuations, the one read last (whose
+        `done` ended it, or that broke it)."""
+        return self._merged.last if self._merged is not None else self._stream
 
     @property
     def events(self) -> AsyncIterator[SseEvent]:
@@ -98,17 +117,20 @@ class Continuing:
         return self._iterator
 
     async def close(self) -> None:
-        await self.current.close()
+        if self._merged is not None:
+            await self._merged.close()
+        else:
+            await self._stream.close()
 
     def move(self, worker_id: str) -> None:
         """`worker_id` drains: if this stream runs there, it tries, after its next event, to go on on another
         worker with room (one try, no wait in the queue), and stays where it is when none has; the next
-        call (the worker's next heartbeat) tries again."""
-        if self.current.worker.worker_id == worker_id:
+        call (the worker's next heartbeat) tries again. A stream of several choices stays."""
+        if self._choices == 1 and self.current.worker.worker_id == worker_id:
             self._move_from = worker_id
 
     async def _events(self) -> AsyncIterator[SseEvent]:
-        stream, events = self.current, self.current.events
+        events = self.current.events
         while True:
             broke, taken = "", None
             try:
@@ -122,18 +144,22 @@ class Continuing:
                         async for rest in events:  # the body's end: its connection goes back to the pool
                             yield rest
                         return
-                    if self._move_from is not None and (taken := await self._moved(stream)) is not None:
+                    if self._move_from is not None and (taken := await self._moved(self.current)) is not None:
                         break
                 else:
                     broke = "the worker's stream ended without a done event"
             except WorkerStreamError as exc:
                 broke = f"the worker's stream broke off: {exc}"
-            if taken is None:
-                taken = await self._switch(Break(stream.worker.worker_id, broke))
-            if taken is None:
+            except CoordinatorError as exc:  # a choice's continuation that no worker took
+                self._why_not = f"no other worker could continue it ({exc.reason}: {exc.message})"
                 yield self._give_up()
                 return
-            stream, events = taken, _after(taken.first, taken.events)
+            following = (await self._switch(Break(self.current.worker.worker_id, broke)) if taken is None
+                         else with_first(taken.first, taken.events))
+            if following is None:
+                yield self._give_up()
+                return
+            events = following
 
     async def _moved(self, stream: OpenStream) -> OpenStream | None:
         """The stream that takes over from one whose worker drains, or None: it stays (no continuation
@@ -145,7 +171,7 @@ class Continuing:
         if worker_id != stream.worker.worker_id or self._ids is None or self.continuations >= self._at_most:
             return None  # asked while a move was under way: it has left that worker already
         try:
-            taken = await self._resume(list(self._ids), frozenset({*self._failed, worker_id}), False, worker_id)
+            taken = await self._resume(0, list(self._ids[0]), frozenset({*self._failed, worker_id}), False, worker_id)
         except CoordinatorError as exc:
             self._metrics.stream_moves.labels(outcome="stayed").inc()
             log.info(json.dumps({"event": "stream_stays", "request_id": self.request_id, "worker_id": worker_id,
@@ -154,10 +180,10 @@ class Continuing:
         self.continuations += 1
         self._left(stream, Break(worker_id, "its worker drains", failed=False))
         await stream.close()
-        self.current = taken
+        self._stream = taken
         self._metrics.stream_moves.labels(outcome="moved").inc()
         log.info(json.dumps({"event": "stream_moved", "request_id": self.request_id, "from": worker_id,
-                             "to": taken.worker.worker_id, "generated": len(self._ids)}))
+                             "to": taken.worker.worker_id, "generated": len(self._ids[0])}))
         return taken
 
     def _mendable(self, event: SseEvent) -> bool:
@@ -171,22 +197,23 @@ class Continuing:
         return reason in CONTINUABLE
 
     def _note(self, event: SseEvent) -> None:
-        """The ids a token event's text covers, added to what the client has."""
+        """The ids a token event's text covers, added to what the client has of its choice."""
         ids = self._ids
         if ids is None or event.event != EVENT_TOKEN:
             return
-        covered = orjson.loads(event.data).get("ids")
+        data = orjson.loads(event.data)
+        covered = data.get("ids")
         if isinstance(covered, list):
-            ids.extend(covered)
+            ids.setdefault(data.get("choice", 0), []).extend(covered)
         else:
             self._ids = None
 
-    async def _switch(self, broke: Break) -> OpenStream | None:
-        """The stream that takes over from the broken one, or None (`_why_not` says why)."""
-        old = self.current
+    async def _switch(self, broke: Break) -> AsyncIterator[SseEvent] | None:
+        """The events of the stream that takes over from the broken one, or None (`_why_not` says why)."""
+        old, merged = self.current, self._merged
         self._failed.add(broke.worker_id)
         self._left(old, broke)
-        await old.close()
+        await self.close()
         log.warning(json.dumps({"event": "worker_stream_broke", "request_id": self.request_id,
                                 "worker_id": broke.worker_id, "error": broke.why,
                                 "continuable": self._ids is not None and self.continuations < self._at_most}))
@@ -201,19 +228,41 @@ class Continuing:
         self.continuations += 1
         started = time.monotonic()
         try:
-            stream = await self._resume(list(self._ids), frozenset(self._failed), True, None)
+            if self._choices == 1:
+                stream = await self._resume(0, list(self._ids[0]), frozenset(self._failed), True, None)
+                self._stream, events, to = stream, with_first(stream.first, stream.events), stream.worker.worker_id
+            else:
+                self._merged = choices = self._continue_choices(old, self._ids, merged.ended if merged is not None else {})
+                events, to = choices.events, await choices.placed()
         except CoordinatorError as exc:
             self._why_not = f"no other worker could continue it ({exc.reason}: {exc.message})"
             log.warning(json.dumps({"event": "continuation_failed", "request_id": self.request_id,
                                     "reason": exc.reason, "error": exc.message}))
             return None
-        self.current = stream
         self._metrics.continuation_pause.observe(time.monotonic() - started)
         self._metrics.stream_breaks.labels(outcome="continued").inc()
         log.info(json.dumps({"event": "stream_continued", "request_id": self.request_id,
-                             "from": broke.worker_id, "to": stream.worker.worker_id,
-                             "generated": len(self._ids), "continuation": self.continuations}))
-        return stream
+                             "from": broke.worker_id, "to": to, "generated": sum(map(len, self._ids.values())),
+                             "continuation": self.continuations}))
+        return events
+
+    def _continue_choices(self, old: OpenStream, ids: dict[int, list[int]], ended: dict[int, ChoiceEnd]) -> Choices:
+        """Each choice not ended yet continued alone, placed side by side (each within CONTINUATION_TIMEOUT),
+        read as one stream."""
+        ended = dict(ended)
+        for choice in range(self._choices):
+            if choice not in ended and len(ids.get(choice, ())) >= self._max_tokens:
+                ended[choice] = ChoiceEnd(finish_reason="length", completion_tokens=len(ids.get(choice, ())))
+        avoid = frozenset(self._failed)
+        tasks = {choice: asyncio.ensure_future(self._resume(choice, list(ids.get(choice, ())), avoid, True, None))
+                 for choice in range(self._choices) if choice not in ended}
+        return Choices(tasks, ended, n=self._choices, request_id=self.request_id,
+                       prompt_tokens=self._stream.prompt_tokens or 0, leave=self._leave_choice, continued=old)
+
+    def _leave_choice(self, stream: OpenStream, succeeded: bool) -> None:
+        """A choice's continuation given back: it ended whole (`succeeded`), or was left (no verdict)."""
+        self._left(stream, Break(stream.worker.worker_id, "its choice ended" if succeeded else "left",
+                                 failed=False, succeeded=succeeded))
 
     def _give_up(self) -> SseEvent:
         """The error event that ends a stream no continuation took, and why none did (what broke is
@@ -224,10 +273,3 @@ class Continuing:
             message += f", and {self._why_not}"
         return SseEvent(EVENT_ERROR, ErrorEvent(error=message, reason=reasons.WORKER_FAILED,
                                                 request_id=self.request_id).model_dump_json())
-
-
-async def _after(first: SseEvent, events: AsyncIterator[SseEvent]) -> AsyncIterator[SseEvent]:
-    """A continuation's events: its first (read when it was placed), then the rest."""
-    yield first
-    async for event in events:
-        yield event

@@ -82,15 +82,20 @@ def relayed(state: CoordinatorState, gen: Generation, model: str | None, stream:
     generated = metrics.tenant_tokens.labels(tenant=tenant_label(gen.request.tenant), kind="generated")
 
     def left(old: OpenStream, broke: Break) -> None:
-        """A stream given up mid-way for a continuation: its reservation back, its worker judged (unless
-        it only drains)."""
+        """A stream given up mid-way for a continuation (or a choice's continuation that ended or was
+        left): its reservation back, its worker judged (no verdict when it only drains, or was left)."""
         admission.release(old.reservation)
         if broke.failed:
             breakers.failed(broke.worker_id)
+        elif broke.succeeded:
+            breakers.succeeded(broke.worker_id)
+        else:
+            breakers.settled(broke.worker_id)  # no verdict: a probe slot it held is free again
 
     upstream = Continuing(stream, _never if resume is None else resume, request_id=gen.request_id,
                           at_most=state.settings.continuations if resume is not None else 0, left=left,
-                          metrics=metrics, not_continued=gen.not_continued)
+                          metrics=metrics, not_continued=gen.not_continued, choices=gen.request.n,
+                          max_tokens=gen.request.max_tokens)
 
     def release(outcome: Outcome) -> None:
         """The reservation back (a second call does nothing); a named session that ended `done`
@@ -140,7 +145,8 @@ def relayed(state: CoordinatorState, gen: Generation, model: str | None, stream:
                   upstream)
 
 
-async def _never(generated: list[int], avoid: frozenset[str], waits: bool, holder: str | None) -> OpenStream:
+async def _never(choice: int, generated: list[int], avoid: frozenset[str], waits: bool, holder: str | None
+                 ) -> OpenStream:
     raise AssertionError("a stream without continuations never resumes")  # pragma: no cover
 
 

@@ -95,7 +95,8 @@ async def test_n_completions_whole_and_streamed() -> None:
     finals = [[c.finish_reason for chunk in chunks for c in chunk.choices if c.index == i][-1] for i in range(3)]
     assert (texts, finals) == (["Aa!", "B", "Ccc"], ["length", "stop", "length"])
     assert sent_body(fakes, 0) == {"prompt": "Once", "raw": True, "model": "smol", "max_tokens": 16, "n": 3,
-                                   "alternatives": 1}  # logprobs=1: the most likely token at each step
+                                   "alternatives": 1,  # logprobs=1: the most likely token at each step
+                                   "token_ids": True}  # ids: to continue each choice
 
 
 async def test_n_is_bounded_by_the_pools_setting() -> None:

@@ -47,6 +47,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from protocol.seeds import choice_seed  # noqa: F401 - re-exported: each choice's seed, shared with the coordinator
 from worker.engine.scoring import log_normalizers, most_likely
 from worker.errors import ConstraintError
 
@@ -85,18 +86,6 @@ class SamplingParams:
 
 
 NOT_COMPUTED = math.nan  # the probability of a row whose request did not ask for it
-
-
-def choice_seed(seed: int | None, choice: int) -> int | None:
-    """The seed choice `choice` of a request seeded with `seed` draws from: `seed` itself for choice 0,
-    so a one-choice request draws as it always did; for the others a 32-bit seed that numpy's
-    `SeedSequence` derives from (seed, choice), so a seeded request with several choices repeats
-    itself choice by choice and no two of its choices share their draws. None stays None: each
-    choice then draws from fresh entropy."""
-    if seed is None or choice == 0:
-        return seed
-    return int(np.random.SeedSequence((seed, choice)).generate_state(1)[0])
-
 
 _MASK64 = (1 << 64) - 1
 

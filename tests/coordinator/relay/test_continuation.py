@@ -9,11 +9,14 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from coordinator.clock import ManualClock
 from coordinator.settings import Settings
+from protocol.seeds import choice_seed
 from tests.coordinator.fakes import (
+    MODEL,
     FakeWorkers,
     admitted,
     done,
@@ -29,10 +32,12 @@ pytestmark = [pytest.mark.anyio, pytest.mark.unit]
 SETTINGS = Settings(heartbeat_interval=1.0, retry_after=3, queue_size=0)
 
 
-def tok(index: int, text: str, ids: list[int] | None) -> bytes:
+def tok(index: int, text: str, ids: list[int] | None, choice: int = 0) -> bytes:
     data: dict[str, Any] = {"token": text, "index": index, "probability": 0.5, "finished": False}
     if ids is not None:
         data["ids"] = ids
+    if choice:
+        data["choice"] = choice
     return sse("token", data)
 
 
@@ -232,3 +237,175 @@ async def test_a_stream_on_a_draining_worker_moves_to_one_with_room_and_stays_wh
             assert text == "Helllll" and moves == 0 and len(fakes.calls) == 1
             assert stayed == 1
         assert events[-1][0] == "done"
+
+
+# Two choices, broken after two tokens of each: the first request gets these (each token event names its
+# choice, 0 left out); each choice's continuation (n = 1, `generated` its ids) is told apart by those ids.
+TWO_BROKEN = ([tok(0, "He", [10]), tok(0, "Yo", [20], choice=1), tok(1, "l", [11]), tok(1, "u", [21], choice=1)],
+              True)
+TWO_RESTS = {(10, 11): ([tok(3, "lo", [12, 13]), done(n=4, reason="length")], False),
+             (20, 21): ([tok(2, "!", [22]), done(n=3, reason="stop")], False)}
+
+
+def by_choice(rests: dict[tuple[int, ...], tuple[list[bytes], bool]], first: tuple[list[bytes], bool] = TWO_BROKEN
+              ) -> Callable[[httpx.Request], httpx.Response]:
+    """A worker: the first request (no `generated`) gets `first`; a choice's continuation what `rests` has
+    for its ids."""
+    return worker(lambda body: rests[tuple(body["generated"])] if "generated" in body else first)
+
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 2, "max_tokens": 4, "seed": 42}
+
+
+async def chat_stream(client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[dict[int, str], dict[int, str],
+                                                                                list[dict[str, Any]]]:
+    """A streamed chat's text and finish reason by choice index, and every chunk."""
+    response = await client.post("/v1/chat/completions", json={**body, "stream": True})
+    assert response.status_code == 200
+    chunks = [json.loads(line[6:]) for line in response.text.splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    texts: dict[int, str] = {}
+    finishes: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk.get("choices", ()):
+            texts[choice["index"]] = texts.get(choice["index"], "") + (choice["delta"].get("content") or "")
+            if choice.get("finish_reason"):
+                finishes[choice["index"]] = choice["finish_reason"]
+    return texts, finishes, chunks
+
+
+async def test_a_stream_of_two_choices_goes_on_as_two_continuations_each_with_its_own_ids_and_seed() -> None:
+    behaviour = by_choice(TWO_RESTS)
+    clock, fakes = ManualClock(), FakeWorkers({"w1": behaviour, "w2": behaviour})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        for worker_id in ("w1", "w2"):
+            await register(client, heartbeat(worker_id, timestamp=clock.time()))
+        texts, finishes, chunks = await chat_stream(client, {**CHAT, "stream_options": {"include_usage": True}})
+        assert texts == {0: "Hello", 1: "You!"} and finishes == {0: "length", 1: "stop"}
+        usage = chunks[-1]["usage"]  # summed, the prompt once
+        assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (5, 7, 12)
+        (first_host, first), *continuations = bodies(fakes)
+        assert first["n"] == 2 and first["token_ids"] is True and first["seed"] == 42
+        sent = {tuple(body["generated"]): (host, body) for host, body in continuations}
+        assert set(sent) == {(10, 11), (20, 21)}  # each choice alone, with its own ids
+        assert all(host != first_host for host, _ in sent.values())
+        # Choice 0 draws from the request's seed, choice 1 from the one its worker derived for it.
+        assert sent[(10, 11)][1] == {**first, "n": 1, "generated": [10, 11]}
+        assert sent[(20, 21)][1] == {**first, "n": 1, "generated": [20, 21], "seed": choice_seed(42, 1)}
+        health = (await client.get("/coordinator/health")).json()
+        assert (health["requests_running"], health["kv_reserved_bytes"]) == (0, 0)  # all three reservations back
+        assert await metric(client, 'coordinator_stream_breaks_total{outcome="continued"}') == 1  # one break
+        assert await metric(client, 'coordinator_request_finished_total{finish_reason="length"}') == 1
+
+
+async def test_two_continued_choices_through_the_openai_client_streamed_and_whole() -> None:
+    behaviour = by_choice(TWO_RESTS)
+    clock, fakes = ManualClock(), FakeWorkers({"w1": behaviour, "w2": behaviour, "w3": behaviour})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        for worker_id in ("w1", "w2", "w3"):
+            await register(client, heartbeat(worker_id, timestamp=clock.time()))
+        # Over the app's client, which the app's context closes.
+        sdk = openai.AsyncOpenAI(base_url="http://coord/v1", api_key="none", max_retries=0, http_client=client)
+        whole = await sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                  n=2, max_tokens=4, seed=42)
+        assert [(c.index, c.message.content, c.finish_reason) for c in whole.choices] == [
+            (0, "Hello", "length"), (1, "You!", "stop")]
+        assert whole.usage is not None and (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (5, 7)
+        texts: dict[int, str] = {}
+        finishes: dict[int, str | None] = {}
+        async for chunk in await sdk.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], n=2, max_tokens=4, seed=42,
+                stream=True):
+            for choice in chunk.choices:
+                texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+                if choice.finish_reason:
+                    finishes[choice.index] = choice.finish_reason
+        assert texts == {0: "Hello", 1: "You!"} and finishes == {0: "length", 1: "stop"}
+        health = (await client.get("/coordinator/health")).json()
+        assert (health["requests_running"], health["kv_reserved_bytes"]) == (0, 0)
+    assert len(fakes.calls) == 6  # each of the two requests: its first, and a continuation per choice
+
+
+async def test_a_failing_choice_continuation_ends_the_stream_with_the_error() -> None:
+    rests = {**TWO_RESTS, (20, 21): ([tok(2, "!", [22])], True)}  # choice 1's continuation breaks too
+    settings = Settings(heartbeat_interval=1.0, retry_after=3, queue_size=0, continuations=1)
+    behaviour = by_choice(rests)
+    clock, fakes = ManualClock(), FakeWorkers({"w1": behaviour, "w2": behaviour, "w3": behaviour})
+    async with running_app(settings, fakes, clock) as client:
+        for worker_id in ("w1", "w2", "w3"):
+            await register(client, heartbeat(worker_id, timestamp=clock.time()))
+        texts, finishes, chunks = await chat_stream(client, CHAT)
+        assert texts[1] == "You!"  # choice 1's text up to its second break, nothing twice
+        assert "continued 1 times already" in chunks[-1]["error"]["message"]
+        assert 1 not in finishes  # choice 1 never ended; choice 0 may have
+        health = (await client.get("/coordinator/health")).json()
+        assert (health["requests_running"], health["kv_reserved_bytes"]) == (0, 0)
+        assert await metric(client, 'coordinator_stream_breaks_total{outcome="ended"}') == 1
+    assert len(fakes.calls) == 3
+
+
+async def test_a_second_break_continues_only_the_choices_not_ended_and_counts_once() -> None:
+    """Choice 1's continuation breaks after choice 0's ended: only choice 1 goes on again, from all its ids."""
+    rests = {(10, 11): ([tok(3, "lo", [12, 13]), done(n=4, reason="length")], False),
+             (20, 21, 22): ([done(n=3, reason="stop")], False)}
+    others = by_choice(rests)
+
+    def behaviour(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content).get("generated") != [20, 21]:
+            return others(request)
+
+        async def body() -> AsyncIterator[bytes]:  # a token, then it breaks once choice 0 has ended
+            yield admitted(5)
+            yield tok(2, "!", [22])
+            await asyncio.sleep(0.3)
+            raise httpx.ReadError("connection reset", request=request)
+
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body())
+
+    clock, fakes = ManualClock(), FakeWorkers({w: behaviour for w in ("w1", "w2", "w3", "w4")})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        for worker_id in ("w1", "w2", "w3", "w4"):
+            await register(client, heartbeat(worker_id, timestamp=clock.time()))
+        texts, finishes, _ = await chat_stream(client, CHAT)
+        assert texts == {0: "Hello", 1: "You!"} and finishes == {0: "length", 1: "stop"}
+        generated = [body.get("generated") for _, body in bodies(fakes)]
+        assert generated.count([10, 11]) == 1 and generated[-1] == [20, 21, 22]
+        assert await metric(client, 'coordinator_stream_breaks_total{outcome="continued"}') == 2
+        health = (await client.get("/coordinator/health")).json()
+        assert (health["requests_running"], health["kv_reserved_bytes"]) == (0, 0)
+
+
+async def test_a_choice_that_had_all_its_tokens_is_not_continued_and_one_may_end_at_once() -> None:
+    """Choice 0 had its max_tokens (it ended: `length`); choice 1's continuation ends at once (its stop
+    string was next). Unseeded: choice 1's continuation draws fresh (no seed sent)."""
+    first = ([tok(0, "He", [10]), tok(0, "Yo", [20], choice=1), tok(1, "y", [11])], True)
+    behaviour = by_choice({(20,): ([done(n=1, reason="stop")], False)}, first)
+    clock, fakes = ManualClock(), FakeWorkers({"w1": behaviour, "w2": behaviour})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        for worker_id in ("w1", "w2"):
+            await register(client, heartbeat(worker_id, timestamp=clock.time()))
+        body = {**CHAT, "max_tokens": 2, "stream_options": {"include_usage": True}}
+        del body["seed"]
+        texts, finishes, chunks = await chat_stream(client, body)
+        assert texts == {0: "Hey", 1: "Yo"} and finishes == {0: "length", 1: "stop"}
+        assert chunks[-1]["usage"]["completion_tokens"] == 3
+        (_, sent_first), (_, continued) = bodies(fakes)  # one continuation: choice 1's
+        assert continued == {**sent_first, "n": 1, "generated": [20]} and "seed" not in continued
+        health = (await client.get("/coordinator/health")).json()
+        assert (health["requests_running"], health["kv_reserved_bytes"]) == (0, 0)
+
+
+async def test_a_choice_no_worker_takes_ends_the_stream_and_gives_the_other_back() -> None:
+    """w2 has room for one sequence: one choice's continuation goes there, the other finds no room (no
+    queue here): the stream ends with the error saying why, and the placed one is given back."""
+    behaviour = by_choice(TWO_RESTS)
+    clock, fakes = ManualClock(), FakeWorkers({"w1": behaviour, "w2": behaviour})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        await register(client, heartbeat("w1", timestamp=clock.time()))
+        await register(client, heartbeat("w2", timestamp=clock.time(), max_sessions=1))
+        *_, chunks = await chat_stream(client, CHAT)
+        assert "no other worker could continue it" in chunks[-1]["error"]["message"]
+        assert [host for host, _ in bodies(fakes)] in (["w1"], ["w1", "w2"])  # never two on w2
+        health = (await client.get("/coordinator/health")).json()
+        assert (health["requests_running"], health["kv_reserved_bytes"]) == (0, 0)
+        assert await metric(client, 'coordinator_stream_breaks_total{outcome="ended"}') == 1
