@@ -211,11 +211,11 @@ def _idle(status: dict) -> bool:  # type: ignore[type-arg]
 
 @contextlib.contextmanager
 def running_cluster(log_dir: Path, model_path: Path, coordinator_name: str, *coordinator_flags: str,
-                    ) -> Iterator[Cluster]:
-    """A coordinator started with `coordinator_flags` and the workers w1 and w2, alive and idle;
-    all stopped however the block ends."""
+                    kind: type[Cluster] = Cluster) -> Iterator[Cluster]:
+    """A coordinator started with `coordinator_flags` and the workers w1 and w2 (as `kind` starts them),
+    alive and idle; all stopped however the block ends."""
     coordinator, url = start_coordinator(log_dir, coordinator_name, *coordinator_flags)
-    cluster = Cluster(log_dir, model_path, coordinator, url)
+    cluster = kind(log_dir, model_path, coordinator, url)
     try:
         for worker_id in ("w1", "w2"):
             cluster.start_worker(worker_id)

@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.conftest import TOKEN, WORKER_HEARTBEAT, Cluster, start_coordinator, start_worker
+from tests.integration.conftest import TOKEN, WORKER_HEARTBEAT, Cluster, running_cluster, start_worker
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.anyio]
@@ -57,17 +57,9 @@ class RoomyCluster(Cluster):
 
 @pytest.fixture(scope="module")
 def pool_module(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    log_dir = tmp_path_factory.mktemp("continuation")
-    coordinator, url = start_coordinator(log_dir, "coordinator", "--heartbeat-interval", "1", "--worker-token",
-                                         TOKEN, "--retry-after", "1")
-    cluster = RoomyCluster(log_dir, model_path, coordinator, url)
-    try:
-        for worker_id in ("w1", "w2"):
-            cluster.start_worker(worker_id)
-        cluster.ensure()
+    with running_cluster(tmp_path_factory.mktemp("continuation"), model_path, "coordinator", "--heartbeat-interval",
+                         "1", "--worker-token", TOKEN, "--retry-after", "1", kind=RoomyCluster) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture
