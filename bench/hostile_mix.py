@@ -171,9 +171,13 @@ async def measure(url: str, kinds: list[str], rounds: int, n_chats: int, lead: f
                 await asyncio.sleep(lead)  # the hostile requests are in before the chats come
                 beside.append(await chats(client, url, n_chats))
                 hostile.append(list(await asyncio.gather(*running)))
+                chats_x = statistics.median(beside[-1]) / statistics.median(alone[-1])
+                hostile_x = (statistics.median(s for s, _ in hostile[-1])
+                             / statistics.median(s for s, _ in hostile_alone[-1]))
                 print(f"  {kind}: chats {statistics.median(alone[-1]) * 1e3:.0f} ms alone, "
-                      f"{statistics.median(beside[-1]) * 1e3:.0f} ms beside; hostile, each: "
-                      f"{spread(hostile_alone[-1])} alone, {spread(hostile[-1])} beside", flush=True)
+                      f"{statistics.median(beside[-1]) * 1e3:.0f} ms beside ({chats_x:.2f}x); hostile, each: "
+                      f"{spread(hostile_alone[-1])} alone, {spread(hostile[-1])} beside ({hostile_x:.2f}x)",
+                      flush=True)
             a_med = statistics.median(statistics.median(r) for r in alone)
             a_max = statistics.median(max(r) for r in alone)
             b_med = statistics.median(statistics.median(r) for r in beside)
