@@ -30,7 +30,12 @@ Without this, a 16-token chat that came during a chunk step waited up to that st
 one thread, 0.75 of its whole time alone), then met a chunk 11 decode steps later: 2.1x of alone
 beside two 1,700-token prompts (docs/benchmarks.md, "Prefill beside decoding, from arrival"). With
 it, a chat's whole time from arrival, less its own prompt step, is within `stall` x its time alone,
-and the chunks go on as fast once it has been paid.
+and the chunks go on as fast once it has been paid. The default stall is 1.5 (WORKER_PREFILL_STALL;
+it was 2): at 2 a chat that came before a long prompt's first chunk still met one after 11 decode
+steps, and the coordinator's and client's share of a busy 2-core machine comes on top of the
+engine's; at 1.5 a chunk is due after about 21, past a 16-token chat. Its price: with decoding that
+never stops beside it, a long prompt gets about a third of the time beyond the decode steps' (half
+at 2).
 """
 
 from __future__ import annotations
