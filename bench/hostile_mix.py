@@ -8,10 +8,12 @@ run ends.
     .venv/bin/python -m bench.hostile_mix [--rounds 3] [--kinds long_prompt,...] [--worker-flag=--prefill-stall=0]
 
 Each round measures the ordinary chats alone (`--chats` at once, 16 tokens each, end to end through
-`/v1/chat/completions`), then the same chats started just after the kind's hostile requests, and the
-hostile requests' own latency. Printed per kind: the chats' median and worst latency beside the kind
-over alone (the medians of the rounds), and what the hostile requests got. docs/reliability.md keeps
-the table ("Every request's cost, bounded").
+`/v1/chat/completions`), the kind's hostile requests alone (fresh ones, as every round's), then the
+same chats started `--lead` seconds after the kind's hostile requests, and the hostile requests' own
+latency beside them. Printed per kind: the chats' median and worst latency beside the kind over
+alone, the hostile requests' median latency beside the chats over alone (each the median of the
+rounds' ratios' parts, all from this one run), and what the hostile requests got. docs/reliability.md
+keeps the table ("Every request's cost, bounded").
 """
 
 from __future__ import annotations
@@ -146,6 +148,11 @@ async def chats(client: httpx.AsyncClient, url: str, n: int) -> list[float]:
     return [seconds for seconds, _ in results]
 
 
+def spread(results: list[tuple[float, int]]) -> str:
+    """Each hostile request's seconds, shortest first (two prompts on one worker go one after the other)."""
+    return "/".join(f"{seconds:.1f}" for seconds in sorted(s for s, _ in results)) + " s"
+
+
 async def measure(url: str, kinds: list[str], rounds: int, n_chats: int, lead: float) -> list[dict[str, Any]]:
     rows = []
     async with httpx.AsyncClient(timeout=600) as client:
@@ -154,21 +161,33 @@ async def measure(url: str, kinds: list[str], rounds: int, n_chats: int, lead: f
             alone: list[list[float]] = []
             beside: list[list[float]] = []
             hostile: list[list[tuple[float, int]]] = []
+            hostile_alone: list[list[tuple[float, int]]] = []
             for _ in range(rounds):
                 alone.append(await chats(client, url, n_chats))
+                hostile_alone.append(list(await asyncio.gather(
+                    *(timed(client, url, h.path, h.body) for h in KINDS[kind]()))))
                 requests = KINDS[kind]()
                 running = [asyncio.create_task(timed(client, url, h.path, h.body)) for h in requests]
                 await asyncio.sleep(lead)  # the hostile requests are in before the chats come
                 beside.append(await chats(client, url, n_chats))
                 hostile.append(list(await asyncio.gather(*running)))
+                chats_x = statistics.median(beside[-1]) / statistics.median(alone[-1])
+                hostile_x = (statistics.median(s for s, _ in hostile[-1])
+                             / statistics.median(s for s, _ in hostile_alone[-1]))
+                print(f"  {kind}: chats {statistics.median(alone[-1]) * 1e3:.0f} ms alone, "
+                      f"{statistics.median(beside[-1]) * 1e3:.0f} ms beside ({chats_x:.2f}x); hostile, each: "
+                      f"{spread(hostile_alone[-1])} alone, {spread(hostile[-1])} beside ({hostile_x:.2f}x)",
+                      flush=True)
             a_med = statistics.median(statistics.median(r) for r in alone)
             a_max = statistics.median(max(r) for r in alone)
             b_med = statistics.median(statistics.median(r) for r in beside)
             b_max = statistics.median(max(r) for r in beside)
             h_lat = statistics.median(statistics.median(s for s, _ in r) for r in hostile)
+            h_alone = statistics.median(statistics.median(s for s, _ in r) for r in hostile_alone)
             statuses = sorted({status for r in hostile for _, status in r})
             rows.append({"kind": kind, "alone_ms": a_med * 1e3, "beside_ms": b_med * 1e3, "median_x": b_med / a_med,
-                         "worst_x": b_max / a_max, "hostile_ms": h_lat * 1e3, "hostile_status": statuses})
+                         "worst_x": b_max / a_max, "hostile_alone_ms": h_alone * 1e3, "hostile_ms": h_lat * 1e3,
+                         "hostile_x": h_lat / h_alone, "hostile_status": statuses})
     return rows
 
 
@@ -191,10 +210,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.rounds} rounds", flush=True)
     with tempfile.TemporaryDirectory() as logs, pool(Path(logs), workers=[worker], timeout=120) as running:
         rows = asyncio.run(measure(running.url, kinds, args.rounds, args.chats, args.lead))
-    print(f"{'kind':<16} {'chats alone':>12} {'beside':>10} {'median':>8} {'worst':>8} {'hostile':>10}  status")
+    print(f"{'kind':<16} {'chats alone':>12} {'beside':>10} {'median':>8} {'worst':>8} {'hostile alone':>14} "
+          f"{'beside chats':>13} {'hostile':>8}  status")
     for row in rows:
         print(f"{row['kind']:<16} {row['alone_ms']:>9.0f} ms {row['beside_ms']:>7.0f} ms {row['median_x']:>7.2f}x "
-              f"{row['worst_x']:>7.2f}x {row['hostile_ms']:>7.0f} ms  {row['hostile_status']}")
+              f"{row['worst_x']:>7.2f}x {row['hostile_alone_ms']:>11.0f} ms {row['hostile_ms']:>10.0f} ms "
+              f"{row['hostile_x']:>7.2f}x  {row['hostile_status']}")
     worst = max(rows, key=lambda r: r["worst_x"])
     print(f"worst slowdown: {worst['worst_x']:.2f}x ({worst['kind']})")
     return 0

@@ -358,6 +358,12 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("prefill-pay-after", "a chunk beside decoding is paid for in advance",
              "worker/engine/pacing.py", "return self.debt + self._cost() <= 0", "return self.debt <= 0",
              ("tests/worker/engine/test_pacing.py",)),
+    Mutation("prefill-join-unowed", "a sequence that joins the decoding rows is owed the step it waited out",
+             "worker/engine/pacing.py", "self.debt = max(self.debt, held)", "self.debt = self.debt",
+             ("tests/worker/engine/test_pacing.py",)),
+    Mutation("prefill-join-untold", "the engine names the sequences a step's prompts join to the decoding rows",
+             "worker/backends/llama_engine.py", "joining=len(rows) - decoding)", "joining=0)",
+             ("tests/worker/backends/test_prefill_pace.py::test_the_engine_tells_the_pace_who_joins_and_when_it_idles",)),
     Mutation("grammar-budget-off", "a grammar past the worker's budget is refused before it takes a sequence",
              "worker/engine/grammar.py", "if len(text.encode()) > self._max_bytes:", "if False:",
              (("tests/worker/engine/test_grammar.py::test_a_grammar_past_the_budget_is_refused_before_it_takes_a_"

@@ -140,9 +140,10 @@ class WorkerSettings(BaseModel):
     prefill_chunk: int | None = Field(default=None, ge=16, le=8192, description="prompt tokens per decode step, "
                                       "at most; default 64 on the CPU (the least batch llama.cpp's CPU kernels run "
                                       "at full speed), 256 with layers on a GPU")
-    prefill_stall: float = Field(default=2.0, ge=0, le=100, description="while sequences are decoding, the steps "
+    prefill_stall: float = Field(default=1.5, ge=0, le=100, description="while sequences are decoding, the steps "
                                  "that carry prompt tokens take at most this many times the decode-only steps' time "
-                                 "(measured as it runs), so a long prompt slows them at most this much; 1 or less: "
+                                 "(measured as it runs; a joining sequence is owed the step it waited out), so a "
+                                 "long prompt slows them at most this much; 1 or less: "
                                  "off, every step may carry a chunk")
     session_ttl: float = Field(default=300.0, gt=0, description="idle seconds before a session expires")
     sweep_interval: float = Field(default=1.0, gt=0, description="seconds between expiry sweeps")

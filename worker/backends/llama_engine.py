@@ -276,6 +276,7 @@ class Engine:
         while True:
             with self._cond:
                 if not self._inbox and not self._running and not self._stopping:
+                    self.pace.idle()  # nothing to do: whoever comes now waits out no step
                     # A parked request waits for a sequence that the event loop may free (a request
                     # that never started): look again soon.
                     self._cond.wait(timeout=0.02 if self._parked else 1.0)
@@ -498,7 +499,7 @@ class Engine:
         self.steps += 1
         seconds = time.perf_counter() - started
         self._observer.decode_cpu(time.thread_time() - cpu)
-        self.pace.observe(decoding, n - decoding, seconds)
+        self.pace.observe(decoding, n - decoding, seconds, joining=len(rows) - decoding)
         self._observer.step(decoding + prefilling, n - decoding, seconds, decoding)
         if rows or scored:
             # llama.cpp keeps the logits of the rows that ask for them contiguous, in batch order:

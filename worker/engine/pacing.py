@@ -22,6 +22,20 @@ step). Credit is capped at one chunk step's cost, and a step with nothing decodi
 cannot be banked. A prompt that finishes within the step (a new chat's) goes in whatever the credit,
 as it joins the decoding rows; a step with nothing decoding takes a whole chunk, unless such a
 prompt is in it (engine: `_add_prompts`).
+
+Joining counts from arrival: sequences that join the decoding rows in a step may have come just as
+the step before it began, and waited it out (a chunk step, when a long prompt was in). Alone they
+would not have waited, so that step's time is owed to them: the debt is at least it when they join.
+Without this, a 16-token chat that came during a chunk step waited up to that step (about 0.45 s on
+one thread, 0.75 of its whole time alone), then met a chunk 11 decode steps later: 2.1x of alone
+beside two 1,700-token prompts (docs/benchmarks.md, "Prefill beside decoding, from arrival"). With
+it, a chat's whole time from arrival, less its own prompt step, is within `stall` x its time alone,
+and the chunks go on as fast once it has been paid. The default stall is 1.5 (WORKER_PREFILL_STALL;
+it was 2): at 2 a chat that came before a long prompt's first chunk still met one after 11 decode
+steps, and the coordinator's and client's share of a busy 2-core machine comes on top of the
+engine's; at 1.5 a chunk is due after about 21, past a 16-token chat. Its price: with decoding that
+never stops beside it, a long prompt gets about a third of the time beyond the decode steps' (half
+at 2).
 """
 
 from __future__ import annotations
@@ -41,6 +55,7 @@ class PrefillPace:
         self.decode_s: float | None = None  # D: a decode-only step, exponentially weighted
         self.chunk_s: float | None = None  # a step that carries a chunk
         self.debt = 0.0  # seconds the decoding sequences are owed (negative: credit)
+        self._last_s = 0.0  # the step before: what a sequence joining now may have waited
 
     def admits(self, decoding: int) -> bool:
         """Whether the next step, with `decoding` rows that decode (or finish their prompt in it), may
@@ -51,20 +66,27 @@ class PrefillPace:
             return False  # a decode-only step is the measure: one first
         return self.debt + self._cost() <= 0
 
-    def observe(self, decoding: int, prompt: int, seconds: float) -> None:
-        """One step's time, with its decoding rows and prompt tokens."""
+    def idle(self) -> None:
+        """The engine waits with nothing to do: whoever comes now waits out no step."""
+        self._last_s = 0.0
+
+    def observe(self, decoding: int, prompt: int, seconds: float, *, joining: int = 0) -> None:
+        """One step's time, with its decoding rows, its prompt tokens and the sequences whose prompt
+        it finished (they decode from the next step)."""
         if self._stall <= 1:
             return
+        held, self._last_s = self._last_s, seconds
         if prompt >= LONG_STEP:
             self.chunk_s = _blend(self.chunk_s, seconds)
         if not decoding:
             self.debt = 0.0  # nobody was held; and nobody banks credit through a pause
-            return
-        if prompt:
+        elif prompt:
             self.debt += seconds - self._stall * (self.decode_s if self.decode_s is not None else seconds)
-            return
-        self.decode_s = _blend(self.decode_s, seconds)
-        self.debt = max(self.debt - (self._stall - 1) * seconds, -self._cost())  # credit for one chunk, no more
+        else:
+            self.decode_s = _blend(self.decode_s, seconds)
+            self.debt = max(self.debt - (self._stall - 1) * seconds, -self._cost())  # credit for one chunk, no more
+        if joining:
+            self.debt = max(self.debt, held)  # they may have waited out the step before: owed from arrival
 
     def _cost(self) -> float:
         """What the decoding sequences are owed for one chunk step: its time less `stall` decode steps."""

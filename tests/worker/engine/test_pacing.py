@@ -1,6 +1,7 @@
 """The prefill pace: beside decoding sequences a step carries a prompt chunk only when they are owed
 no time, so that over a chunk step and the decode-only steps that pay for it they run at least
-1/stall as fast as alone; with nothing decoding every step may carry one."""
+1/stall as fast as alone, counted from a joining sequence's arrival; with nothing decoding every step
+may carry one."""
 
 from __future__ import annotations
 
@@ -90,3 +91,44 @@ def test_a_step_with_nothing_decoding_clears_debt_and_credit() -> None:
     assert pace.debt > 0 and not pace.admits(decoding=2)
     pace.observe(decoding=0, prompt=64, seconds=0.38)
     assert pace.debt == 0 and pace.admits(decoding=0) and not pace.admits(decoding=1)
+
+
+def test_sequences_that_join_are_owed_the_step_they_may_have_waited_out() -> None:
+    """Four chats come while a long prompt's chunk step runs alone (0.38 s): their prompts' step owes
+    them that step, so the next chunk waits until the decode-only steps have paid it and the chunk's
+    own cost (0.38 + 0.38 - 2 x 0.03 s at 0.03 s a step: 24 steps): none within a 16-token chat."""
+    pace = PrefillPace(stall=2.0)
+    pace.observe(decoding=0, prompt=64, seconds=0.38)  # the long prompt alone; the chats arrive
+    pace.observe(decoding=0, prompt=24, seconds=0.05, joining=4)  # their prompts, nothing else
+    assert pace.debt == pytest.approx(0.38)
+    waited = 0
+    while not pace.admits(decoding=4):
+        pace.observe(decoding=4, prompt=0, seconds=0.03)
+        waited += 1
+    assert waited == 24
+
+
+def test_a_sequence_joining_beside_decoding_ones_is_owed_its_wait_too() -> None:
+    """The debt is at least the step before a join (the chunk step the newcomer waited out), and no
+    less than what the sequences already decoding were owed."""
+    pace = PrefillPace(stall=2.0)
+    pace.observe(decoding=2, prompt=0, seconds=0.03)
+    pace.observe(decoding=2, prompt=64, seconds=0.38)  # paid for: the debt is now at most 0
+    pace.observe(decoding=2, prompt=5, seconds=0.04, joining=1)  # a chat that came during it joins
+    assert pace.debt == pytest.approx(0.38)
+    pace.observe(decoding=3, prompt=0, seconds=0.03)
+    pace.observe(decoding=3, prompt=64, seconds=0.9)  # a debt larger than the step before
+    owed = pace.debt
+    pace.observe(decoding=3, prompt=3, seconds=0.04, joining=1)
+    assert pace.debt == pytest.approx(owed + 0.04 - 2 * pace.decode_s)  # kept, as the larger
+
+
+def test_what_a_join_is_owed_is_cleared_once_nothing_decodes() -> None:
+    """A join with nothing decoding before it still owes the step before; once the joined sequence
+    has ended (no decoding rows), the next step clears it."""
+    pace = PrefillPace(stall=2.0)
+    pace.observe(decoding=0, prompt=64, seconds=0.38)
+    pace.observe(decoding=0, prompt=64, seconds=0.38, joining=1)
+    assert pace.debt == pytest.approx(0.38)
+    pace.observe(decoding=0, prompt=64, seconds=0.38)
+    assert pace.debt == 0 and pace.admits(decoding=0)
