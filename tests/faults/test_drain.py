@@ -70,7 +70,12 @@ async def test_worker_sigterm_moves_its_stream_and_is_unscheduled_at_once(
     # No token twice and none missing across the move: the indices run 0, 1, ... to the last one counted.
     indices = [d["index"] for n, d in long.events if n == "token"]
     assert indices == sorted(set(indices)) and indices[-1] == done["usage"]["completion_tokens"] - 1
-    assert exited < WORKER_DRAIN - 1  # well before its drain deadline
+    # Moved, not cut at the drain's deadline (whose `draining` error a continuation would also mend): the
+    # coordinator counted the move. The exit time is a figure, not a bound (CI shares its cores).
+    async with httpx.AsyncClient(timeout=5) as client:
+        moves = (await client.get(fault_pool.url + "/metrics")).text
+    assert any(line.startswith('coordinator_stream_moves_total{outcome="moved"}') and float(line.split()[-1]) >= 1
+               for line in moves.splitlines()), [line for line in moves.splitlines() if "stream_moves" in line]
     figures.append({"case": "worker SIGTERM drain", "unscheduled_s": unscheduled, "exited_s": exited,
                     "drain_timeout_s": WORKER_DRAIN, "exit_code": proc.returncode, "stream": "moved, whole"})
 

@@ -10,6 +10,7 @@ The figures are printed at the end (`-s`) and written to `<pytest tmp>/multihost
 
 from __future__ import annotations
 
+import itertools
 import signal
 import statistics
 import time
@@ -98,7 +99,7 @@ def _latency_round(pool: Pool, attempt: int) -> tuple[dict[str, float], float]:
     return added, shift
 
 
-def test_partition_ends_its_streams_sends_new_requests_elsewhere_and_heals(pool: Pool) -> None:
+def test_partition_moves_its_streams_sends_new_requests_elsewhere_and_heals(pool: Pool) -> None:
     pool.ensure()
     long = [pool.client.start(LONG) for _ in WORKERS]  # one per host: each takes the least loaded
     _wait_for(lambda: all(s.tokens >= 2 for s in long), 60, "every long stream to be generating", long)
@@ -131,8 +132,11 @@ def test_partition_ends_its_streams_sends_new_requests_elsewhere_and_heals(pool:
     figures["once_stale_workers"] = sorted(str(s.worker_id) for s in once_stale)
     for s in long:
         wait(s, READ_TIMEOUT + 30)
-    figures["partition_to_error_s"] = [round(s.terminal[2] - partitioned_at, 2) for s in on_victim if s.terminal]
-    figures["error_reasons"] = sorted({s.terminal[1].get("reason", "") for s in on_victim if s.terminal})
+    # The pause each of the victim's streams saw: its longest gap between two tokens (the silence until the
+    # read deadline, then the prefill on another worker).
+    figures["victims_pause_s"] = [round(max(b - a for a, b in itertools.pairwise(
+        [at for name, _, at in s.events if name == "token"])), 2) for s in on_victim]
+    figures["endings"] = sorted({s.terminal[1].get("finish_reason", s.terminal[0]) for s in on_victim if s.terminal})
 
     figures["state_before_heal"] = pool.states().get(victim, {}).get("state", "removed")
     healed_at = time.monotonic()
@@ -157,17 +161,15 @@ def test_partition_ends_its_streams_sends_new_requests_elsewhere_and_heals(pool:
     figures.update(requests=len(everything), outcomes=dict(ended), lost=ended.get("lost", 0))
     # Nothing admitted is lost: every request got a done, an error event, or an explicit refusal.
     assert figures["lost"] == 0, [(s.worker_id, s.status, s.failure, s.events[-1:]) for s in everything]
-    # The victim's streams end with an error event, within the coordinator's read deadline.
-    for s in on_victim:
-        assert s.ended == "error", (s.status, s.failure, s.events[-2:])
-        assert s.terminal is not None and s.terminal[2] - partitioned_at < READ_TIMEOUT + 5, figures
-    # The others finish untouched.
+    # Every long stream ends whole: the victim's go on on another worker once the coordinator's read
+    # deadline finds it silent (docs/reliability.md, "A stream outlives its worker"), the others untouched.
     for s in long:
-        if s.worker_id != victim:
-            # A token event may carry several tokens' text (a UTF-8 character split across them):
-            # count generated tokens by the done event's usage, not by events.
-            assert s.ended == "done" and s.events[-1][1]["usage"]["completion_tokens"] == LONG["max_tokens"], (
-                s.worker_id, s.events[-1:])
+        # A token event may carry several tokens' text (a UTF-8 character split across them):
+        # count generated tokens by the done event's usage, not by events.
+        assert s.ended == "done" and s.events[-1][1]["usage"]["completion_tokens"] == LONG["max_tokens"], (
+            s.worker_id, s.events[-1:])
+    for s in on_victim:
+        assert s.events[-1][1]["worker_id"] != victim, s.events[-1:]
     # New requests are served elsewhere, both before and after the coordinator marks the host stale.
     for s in [*right_after, *once_stale]:
         assert s.ended == "done" and s.worker_id != victim, (s.worker_id, s.status, s.error_body, s.events[-1:])
