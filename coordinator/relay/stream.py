@@ -1,10 +1,12 @@
 """Relay: moves one worker stream into one bounded per-client buffer, never dropping an event.
 
-Owns: the reader task (worker -> buffer), the write deadline on a full buffer, turning a broken
-worker stream into a final `error` event, and what the stream told us (finish reason, usage, token
-count) for the log line and metrics.
-Must not: write to the client (response.py does) or retry on another worker: once the first event
-has been taken, a failure ends the stream with an `error` event.
+Owns: the reader task (upstream -> buffer), the write deadline on a full buffer, turning a broken
+upstream into a final `error` event, and what the stream told us (finish reason, usage, token count)
+for the log line and metrics.
+Must not: write to the client (response.py does) or place anything on another worker: a live worker
+stream reaches it through relay/continuation.py's `Continuing`, which goes on on another worker when
+its worker fails mid-stream and otherwise ends it with its own `error` event, so the break handling
+here serves the other upstreams (a cached answer's replay).
 
 Why a queue between the two sides: the reader keeps draining the worker at the worker's pace while
 the client's socket is busy, up to `buffer_events`. When the buffer stays full past the deadline
