@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+SEEDS = 2**32 - 1  # a seed is 0 to 2^32 - 2: llama.cpp's 2^32 - 1 (LLAMA_DEFAULT_SEED) means "random"
+
 
 def choice_seed(seed: int | None, choice: int) -> int | None:
     """The seed choice `choice` of a request seeded with `seed` draws from: `seed` itself for choice 0,
@@ -18,4 +20,4 @@ def choice_seed(seed: int | None, choice: int) -> int | None:
     choice then draws from fresh entropy."""
     if seed is None or choice == 0:
         return seed
-    return int(np.random.SeedSequence((seed, choice)).generate_state(1)[0])
+    return int(np.random.SeedSequence((seed, choice)).generate_state(1)[0]) % SEEDS

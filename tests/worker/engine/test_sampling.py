@@ -270,7 +270,7 @@ def test_each_choice_of_a_seeded_request_has_its_own_seed_and_keeps_it() -> None
     seeds = [choice_seed(42, i) for i in range(8)]
     assert seeds[0] == 42 and seeds == [choice_seed(42, i) for i in range(8)]
     assert len(set(seeds)) == 8 and 43 not in seeds
-    assert all(isinstance(s, int) and 0 <= s < 2**32 for s in seeds)
+    assert all(isinstance(s, int) and 0 <= s <= 2**32 - 2 for s in seeds)  # a valid GenerateRequest.seed
     assert choice_seed(None, 3) is None  # no seed: every choice draws from fresh entropy
     row = np.random.default_rng(1).standard_normal(VOCAB).astype(np.float32)
 
