@@ -56,7 +56,8 @@ class Gateway:
         self._placement = Placement(state)
         # The stages each kind of request passes, in the order it enters them (coordinator/stages/).
         self._generations: Stages[Generation] = Stages([
-            Span(state.tracing), PriorityClass(), KeyLimitStage(state.limits), FairCharge(state.fair)])
+            Span(state.tracing), PriorityClass(), KeyLimitStage(state.limits),
+            FairCharge(state.fair, headroom=state.settings.fair_share and state.api_keys is not None)])
         self._embeddings: Stages[Embedding] = Stages([Span(state.tracing), KeyLimitStage(state.limits)])
 
     def now(self) -> float:

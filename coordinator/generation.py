@@ -81,9 +81,11 @@ class Generation:
         demand = dataclasses.replace(self.demand, prompt_bytes=self.demand.prompt_bytes + len(generated), choices=1)
         return dataclasses.replace(self, request=request, payload=payload, demand=demand, avoid=avoid)
 
-    def weighted(self, weight: float) -> Generation:
-        """Itself telling its worker its tenant's fair-share weight (the worker's line applies it)."""
-        return self._changed(tenant_weight=weight)
+    def weighted(self, weight: float, *, headroom: bool = False) -> Generation:
+        """Itself telling its worker its tenant's fair-share weight (the worker's line applies it) and,
+        with `headroom`, that the worker keeps headroom for the other tenants (worker/headroom.py)."""
+        fields: dict[str, object] = {"tenant_weight": weight} if weight != 1.0 else {}  # 1: the worker's default
+        return self._changed(**fields, **({"fair_share": True} if headroom else {}))
 
     def for_model(self, name: str) -> Generation:
         """Itself naming the served model `name` (a name the pool took for it: pool/models.py)."""

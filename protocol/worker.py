@@ -41,7 +41,8 @@ version 13 which offered models a worker would load beside those it serves (`Off
 WORKER_MAX_MODELS, a free slot and the memory), so that a coordinator asks one that unloads nothing;
 version 14 continues a stream another worker began (`GenerateRequest.generated`: the tokens it already
 streamed, and `GenerateRequest.token_ids` with `TokenEvent.ids`, which say which tokens each event's text
-covers), so that a stream outlives its worker (an older worker would refuse both unknown fields).
+covers), so that a stream outlives its worker (an older worker would refuse both unknown fields);
+version 15 keeps headroom for other tenants on the worker too (`GenerateRequest.fair_share`).
 Embeddings need no version of their own: a worker that does not serve them never says so in its
 heartbeat (`protocol.health.Heartbeat.embeddings`), so no coordinator sends it an `EmbedRequest`.
 """
@@ -53,7 +54,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-PROTOCOL_VERSION = 14
+PROTOCOL_VERSION = 15
 GENERATE_PATH = "/worker/generate"
 # Open even with a worker token (probes cannot send one); the coordinator reads it before it registers
 # a new worker (coordinator/pool/probe.py).
@@ -351,6 +352,10 @@ class GenerateRequest(GenerationFields):
     tenant_weight: float = Field(default=1.0, gt=0.0, le=1_000_000.0, description="the tenant's fair-share weight: "
                                  "a worker prefills first the prompts of the tenant with the fewest sequences "
                                  "decoding there for its weight (worker/engine/line.py)")
+    # Internal only: the coordinator keeps fair shares between tenants (its keys' weights).
+    fair_share: bool = Field(default=False, description="the worker keeps the last free sequences for the other "
+                             "tenants active here while this request's tenant holds its weighted share of them or "
+                             "more (worker/headroom.py)")
     # Internal only: what a coordinator needs to continue this stream on another worker should this one fail.
     token_ids: bool = Field(default=False, description="every `token` event carries `ids`: the generated tokens "
                             "its text covers (TokenEvent.ids)")

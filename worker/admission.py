@@ -17,7 +17,9 @@ Priority: an interactive request refused for capacity has the engine park a runn
 (`Preemption`), one at a time while it is refused and one can be parked, and waits in line before
 every batch request; a batch request never takes a sequence that a parked one waits for. Within a
 class, a release goes to the waiting request whose tenant holds the fewest of this worker's sequences,
-then to the first to wait.
+then to the first to wait; a newcomer whose tenant holds fewer than every waiting one's tries at once.
+Fair shares (`GenerateRequest.fair_share`): a tenant holding its share here or more is refused the
+last free sequences, kept for the other tenants active here (worker/headroom.py), and waits in line.
 Must not: run inference or free KV itself; it hands jobs and frees to the engine in FIFO order.
 """
 
@@ -39,6 +41,7 @@ from worker.engine.embedder import Embedded, Embedder
 from worker.engine.jobs import ExtraChoice, Job, StreamItem
 from worker.engine.sampling import Constraint, replay
 from worker.errors import ConstraintError, WorkerError
+from worker.headroom import Headroom
 from worker.naming import ModelNames
 from worker.sessions.messages import Message
 from worker.sessions.table import Admission, Session, SessionTable, shared_prefix
@@ -91,6 +94,7 @@ class Gate:
     peers: PeerPrefixes | None = None  # None: a prompt's prefix is never fetched from a peer
     cells: KvTransfer | None = None  # the engine, when its cells can move (the runtime found): else no peer fetch
     preemption: Preemption | None = None  # the engine, when it parks batch requests: else none is parked
+    headroom: Headroom | None = None  # the sequences kept for tenants below their share: None, none kept
     draining: bool = False
     swapping: str = ""  # the model a swap loads next (worker/slots/swapper.py): the drain's refusals name the swap
     # A request refused only for capacity that a cancelled stream still holds (its client left; the
@@ -280,6 +284,11 @@ class Gate:
                 raise WorkerError(reasons.INVALID_REQUEST, f"{field}.{i}: {token} is not a token of "
                                   f"{self.names.name} (its vocabulary has {vocabulary})")
 
+    def ended(self, request: GenerateRequest) -> None:
+        """A request admitted here ended: its tenant stays active for the headroom a while longer."""
+        if self.headroom is not None and request.fair_share:
+            self.headroom.seen(request.tenant, request.tenant_weight)
+
     def released(self) -> None:
         """Any thread (the engine's): a session was released; the first request in line tries again."""
         loop = self._loop
@@ -310,6 +319,8 @@ class Gate:
         loop = self._loop = asyncio.get_running_loop()
         started = loop.time()
         interactive = request.priority == "interactive"
+        if self.headroom is not None and request.fair_share:
+            self.headroom.seen(request.tenant, request.tenant_weight)
 
         def attempt() -> Admission:
             return self.table.admit(request.session_id, need, tokens, tenant=request.tenant, stream_ref=stream_ref,
@@ -321,8 +332,8 @@ class Gate:
             while True:
                 if place is not None:
                     place.turn.clear()  # before the attempt: a release after it is not missed
-                if place is not None or not (self.room_wait > 0 and self._ahead(interactive)):
-                    tried = await self._try(attempt, interactive)
+                if place is not None or not (self.room_wait > 0 and self._ahead(request)):
+                    tried = await self._try(attempt, request)
                     if isinstance(tried, Admission):
                         return tried
                     refused = tried
@@ -339,22 +350,44 @@ class Gate:
                 self._line.remove(place)
                 self._wake_first()  # there may be room for the next one too (a spurious wake only retries)
 
-    async def _try(self, attempt: Callable[[], Admission], interactive: bool) -> Admission | WorkerError:
+    async def _try(self, attempt: Callable[[], Admission], request: GenerateRequest) -> Admission | WorkerError:
         """The admission, or the capacity refusal to wait on (another refusal is raised); an interactive
-        request refused has batch requests parked for it first (`_park`)."""
+        request refused has batch requests parked for it first (`_park`). One whose tenant the headroom
+        refuses waits: it is not short of capacity, so nothing is parked for it."""
+        if (kept := self._kept(request)) is not None:
+            return kept
         try:
             return attempt()
         except WorkerError as exc:
             if exc.reason not in WAITABLE:
                 raise
             refused = exc
-        if interactive and (admitted := await self._park(attempt)) is not None:
+        if request.priority == "interactive" and (admitted := await self._park(attempt)) is not None:
             return admitted
         return refused
 
-    def _ahead(self, interactive: bool) -> bool:
-        """Whether a request of this class finds others in line before it (any, for a batch request)."""
-        return bool(self._line) and (not interactive or self._line[0].interactive)
+    def _kept(self, request: GenerateRequest) -> WorkerError | None:
+        """The refusal when the free sequences are kept for other tenants (worker/headroom.py)."""
+        if self.headroom is None or not request.fair_share or not self.headroom.keeps(
+                request.tenant, request.tenant_weight, request.n, self.table.running_by_tenant(),
+                (p.tenant for p in self._line)):
+            return None
+        return WorkerError(reasons.SESSIONS_FULL, "the last free sequences are kept for other tenants: this "
+                           "request's tenant holds its share of this worker's sequences or more")
+
+    def _ahead(self, request: GenerateRequest) -> bool:
+        """Whether a request finds others in line that go before it (`_first`'s order): of a higher class,
+        or of its class and a tenant holding no more of this worker's sequences for its weight. Any, for a
+        batch request."""
+        if not self._line:
+            return False
+        if request.priority != "interactive":
+            return True
+        if not self._line[0].interactive:
+            return False
+        running = self.table.running_by_tenant()
+        mine = running.get(request.tenant, 0) / request.tenant_weight
+        return any(p.interactive and running.get(p.tenant, 0) / p.weight <= mine for p in self._line)
 
     def _join(self, interactive: bool, tenant: str, weight: float = 1.0) -> _InLine:
         """A place in line: behind every request of its class or above, before every one below."""

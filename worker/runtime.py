@@ -35,6 +35,7 @@ from worker.engine.embedder import Embedder
 from worker.engine.jobs import EngineConfig, Failed, Job, Observers
 from worker.engine.pacing import CPU_CHUNK, GPU_CHUNK
 from worker.errors import WorkerError
+from worker.headroom import Headroom
 from worker.heartbeat import HeartbeatSender
 from worker.ledger import TenantLedger
 from worker.metrics import WorkerMetrics
@@ -152,7 +153,8 @@ class WorkerRuntime:
                                metrics=metrics)
         self.gate = Gate(model, self.names, self.table, self.engine, stream_buffer=settings.stream_buffer,
                          clock=clock, embedder=self.embedder, peers=self.peers, cells=self._cells,
-                         room_wait=settings.room_wait_seconds, preemption=self._preemption)
+                         room_wait=settings.room_wait_seconds, preemption=self._preemption,
+                         headroom=Headroom(settings.max_sessions, clock))
         self.table.on_release = self.gate.released
         self.transfer_slots = asyncio.Semaphore(settings.kv_transfers)  # sessions' KV moving at once
         self.handover_seen = 0.0  # loop time the coordinator last moved kept sessions away (`handed_over`)

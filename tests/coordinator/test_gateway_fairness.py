@@ -195,3 +195,4 @@ async def test_a_tenants_weight_goes_to_the_worker_whose_line_applies_it() -> No
     sent = [json.loads(request.content) for _, request in fakes.calls]
     assert sent[0]["tenant_weight"] == 3.0
     assert "tenant_weight" not in sent[1]  # weight 1, the worker's default: not sent
+    assert sent[0]["fair_share"] is sent[1]["fair_share"] is True  # the worker keeps headroom too

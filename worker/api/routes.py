@@ -356,6 +356,7 @@ async def _events(runtime: WorkerRuntime, ticket: Ticket, request_id: str,
     finally:
         runtime.jobs.discard(job)
         runtime.used(ticket.request.tenant)
+        runtime.gate.ended(ticket.request)
         if outcome is None:
             job.channel.cancel()
             for session in job.sessions:

@@ -141,3 +141,13 @@ def test_a_tenant_is_active_while_its_request_runs_and_is_charged_what_it_made()
     assert fair.counter("acme") == 14.0 and fair.others_active("other") == 0
     stages.enter(generation(), None, None).failed(RuntimeError())
     assert fair.others_active("other") == 0
+
+
+def test_with_fair_shares_on_the_worker_is_told_to_keep_headroom_and_given_the_tenants_weight() -> None:
+    fair = FairShares(weights={"acme": 3.0}, now=ManualClock().monotonic)
+    for headroom in (True, False):
+        sent = Stages([FairCharge(fair, headroom=headroom)]).enter(generation(), None, None).work
+        assert sent.request.fair_share is headroom and sent.request.tenant_weight == 3.0
+        assert (b'"fair_share":true' in sent.payload) is headroom  # what the worker reads
+    plain = Stages([FairCharge(FairShares(), headroom=False)]).enter(generation(), None, None).work
+    assert plain.payload == generation().payload  # weight 1, no headroom: the request as it came

@@ -15,6 +15,7 @@ from worker.admission import Gate
 from worker.backends.simulated import SimulatedEngine, SimulatedModel
 from worker.engine.channel import TokenChannel
 from worker.engine.jobs import EngineConfig, Finished, Job, StreamItem
+from worker.headroom import Headroom
 from worker.naming import ModelNames
 from worker.sessions.table import KvLimits, SessionTable
 from worker.settings import WorkerSettings
@@ -324,4 +325,44 @@ async def tenant_order() -> list[str]:
         gate.table.release(session, keep_kv=False)
         gate.released()
     await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    return served
+
+
+def test_with_fair_shares_the_last_free_sequence_waits_for_the_tenant_below_its_share() -> None:
+    """worker/headroom.py through the gate: a flooding tenant that holds its share or more is not given
+    the last free sequence while another tenant was active here; it waits in line, and the other
+    tenant's request, arriving later, takes that sequence at once. Without `fair_share` (fair shares off
+    at the coordinator) the flood takes it."""
+    assert asyncio.run(kept_for_light(fair=True)) == ["light", "heavy"]
+    assert asyncio.run(kept_for_light(fair=False)) == ["heavy"]
+
+
+async def kept_for_light(*, fair: bool) -> list[str]:
+    gate = simulated_gate(SimulatedModel(), sessions=4)
+    gate.room_wait = 5.0
+    gate.headroom = Headroom(4, time.monotonic)
+    served: list[str] = []
+    held = [gate.table.admit(None, 8, tenant="heavy").session for _ in range(3)]
+    gate.ended(GenerateRequest(prompt="earlier", max_tokens=4, tenant="light", fair_share=fair))  # light ran here
+
+    async def admit(name: str) -> Job:
+        job = await gate.admit(GenerateRequest(prompt=name, max_tokens=4, tenant=name, fair_share=fair), name)
+        served.append(name)
+        return job
+
+    heavy = asyncio.create_task(admit("heavy"))
+    await asyncio.sleep(0.2)
+    if not fair:
+        await asyncio.wait_for(heavy, 2)
+        return served
+    assert served == []  # one sequence free, kept for light: heavy waits in line
+    light = await asyncio.wait_for(admit("light"), 2)  # not behind heavy in line: it holds fewer
+    gate.table.release(held.pop(), keep_kv=False)  # a flood's stream ends: heavy holds 2, its share of 4,
+    gate.released()                                 # and light 1 below its 2: the free one is kept
+    await asyncio.sleep(0.2)
+    assert served == ["light"]
+    gate.table.release(held.pop(), keep_kv=False)  # another: heavy is below its share, its turn
+    gate.released()
+    await asyncio.wait_for(heavy, 2)
+    gate.table.release(light.session, keep_kv=False)
     return served
