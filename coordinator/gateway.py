@@ -135,14 +135,15 @@ class Gateway:
             if hit is not None:  # answered at once: nothing admitted, reserved or computed
                 waiting.end()
                 return ending.replayed(state, gen, model, hit, started)
-        resume = None
-        if not gen.not_continued and state.settings.continuations:
+        resume, session = None, gen.session_key
+        why_not = gen.not_continued(session_held=session is not None and state.sessions.worker_of(session) is not None)
+        if not why_not and state.settings.continuations:
             gen = gen.tracked()
             resume = functools.partial(self._placement.resume, gen, model, entry.rank)
         gen, stream = await self._admit(gen, model, placed, waiting)
         try:
             return ending.relayed(state, gen, model, stream, (key, identity) if key is not None else None,
-                                  started, entry.on_token, resume)
+                                  started, entry.on_token, resume, not_continued=why_not)
         except BaseException:
             state.admission.release(stream.reservation)
             await stream.close()  # the worker cancels the request and frees its sequence

@@ -51,12 +51,12 @@ class Generation:
             return self._changed(priority=name)
         return dataclasses.replace(self, demand=dataclasses.replace(self.demand, preempts=True))
 
-    @property
-    def not_continued(self) -> str:
+    def not_continued(self, *, session_held: bool) -> str:
         """Why it may not go on on another worker should its worker fail mid-stream (relay/continuation.py);
-        "" when it may."""
-        if self.request.session_id is not None:
-            return "a kept session's stream is not continued on another worker (its history was there)"
+        "" when it may. `session_held`: its kept session lives on a worker already, with the history of its
+        earlier turns, which dies with that worker (a session's first turn has its whole history here)."""
+        if self.request.session_id is not None and session_held:
+            return "a kept session's later turn is not continued on another worker (its history was there)"
         return ""
 
     def tracked(self) -> Generation:

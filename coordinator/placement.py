@@ -103,7 +103,8 @@ class Placement:
         mid-stream (or drains): the tokens its client has (`generated`) prefilled after its prompt on a
         worker not in `avoid`; placed in turn ahead of new requests of its class (`rank` + 1) when it
         `waits`, else tried once; a `CoordinatorError` when none took it (within CONTINUATION_TIMEOUT).
-        `holder`: a live worker that holds its cells (a draining one)."""
+        `holder`: a live worker that holds its cells (a draining one). A kept session's first turn starts its
+        session afresh where it goes on, with the prompt and all of the answer (its worker's copy is gone)."""
         state, rest = self._state, gen.continued(generated, avoid, choice)
 
         async def attempt(placed: Placed) -> OpenStream:

@@ -341,6 +341,12 @@ MUTATIONS: tuple[Mutation, ...] = (
              "share", "worker/admission.py", "        if (kept := self._kept(request)) is not None:",
              "        if (kept := None) is not None:",
              (T_SIMULATED + "::test_with_fair_shares_the_last_free_sequence_waits_for_the_tenant_below_its_share",)),
+    Mutation("continued-session-back-to-failed", "a session's first turn, continued, starts its session where it "
+             "goes on, never back on the worker that failed", "coordinator/affinity/placement.py",
+             "        return None if worker is not None and worker in gen.avoid else worker",
+             "        return worker",
+             ("tests/coordinator/relay/test_continuation.py::"
+              + "test_a_sessions_first_turn_goes_on_on_another_worker_and_its_session_lives_there",)),
     Mutation("room-beat-off", "with several coordinators, a full worker that frees a sequence beats to all at once",
              "worker/runtime.py", "if s.room_wait_seconds > 0:  # several coordinators",
              "if False:  # several coordinators",

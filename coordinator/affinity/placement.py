@@ -37,8 +37,11 @@ class Affinity:
     registry: Registry
 
     def session_worker(self, gen: Generation) -> str | None:
+        """The worker its session lives on; None for a new session, or one whose worker it must avoid (a
+        first turn continued after its worker failed: the session starts afresh where it goes on)."""
         key = gen.session_key
-        return self.sessions.worker_of(key) if key is not None else None
+        worker = self.sessions.worker_of(key) if key is not None else None
+        return None if worker is not None and worker in gen.avoid else worker
 
     def lean(self, gen: Generation, model: str | None, *, by_prefix: bool) -> Leaning:
         body = gen.request

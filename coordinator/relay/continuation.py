@@ -73,15 +73,17 @@ class Continuing:
     stream it leaves (its reservation back, its worker's breaker told). Each break is counted by how it
     went, and each continuation's pause (from the break to its first event) observed."""
 
-    __slots__ = ("_at_most", "_choices", "_failed", "_ids", "_iterator", "_left", "_max_tokens", "_merged", "_metrics",
-                 "_move_from", "_not_continued", "_resume", "_stream", "_why_not", "continuations", "first",
+    __slots__ = ("_at_most", "_choices", "_failed", "_ids", "_iterator", "_kept", "_left", "_max_tokens", "_merged",
+                 "_metrics", "_move_from", "_not_continued", "_resume", "_stream", "_why_not", "continuations", "first",
                  "request_id")
 
     def __init__(self, stream: OpenStream, resume: Resume, *, request_id: str, at_most: int,
                  left: Callable[[OpenStream, Break], None], metrics: CoordinatorMetrics,
-                 not_continued: str = "", choices: int = 1, max_tokens: int = 0) -> None:
+                 not_continued: str = "", choices: int = 1, max_tokens: int = 0, kept: bool = False) -> None:
         """`not_continued`: why this request is never continued (its error event says so), if it is not.
-        `choices`: the request's `n`; `max_tokens`: its own (a choice with that many ids has ended)."""
+        `choices`: the request's `n`; `max_tokens`: its own (a choice with that many ids has ended).
+        `kept`: a kept session's first turn: continued when its worker fails (the session then lives where
+        it went on), never moved off a draining worker, whose drain hands the session over itself."""
         self._stream = stream
         self._merged: Choices | None = None  # its choices' continuations, once a stream of several broke
         self._choices = choices
@@ -97,6 +99,7 @@ class Continuing:
         self._iterator: AsyncIterator[SseEvent] | None = None
         self._move_from: str | None = None  # a draining worker this stream should leave, at its next event
         self._not_continued = not_continued
+        self._kept = kept
         self._why_not = ""  # why the last break was not continued, for the client's error event
         # The ids the client has been sent of each choice, in order; None once a token event came without
         # them (a worker that was not asked, or cannot tell): such a stream ends as it ends, never continued.
@@ -125,8 +128,9 @@ class Continuing:
     def move(self, worker_id: str) -> None:
         """`worker_id` drains: if this stream runs there, it tries, after its next event, to go on on another
         worker with room (one try, no wait in the queue), and stays where it is when none has; the next
-        call (the worker's next heartbeat) tries again. A stream of several choices stays."""
-        if self._choices == 1 and self.current.worker.worker_id == worker_id:
+        call (the worker's next heartbeat) tries again. A stream of several choices stays, as does a kept
+        session's (the drain moves its session once its turn has ended)."""
+        if self._choices == 1 and not self._kept and self.current.worker.worker_id == worker_id:
             self._move_from = worker_id
 
     async def _events(self) -> AsyncIterator[SseEvent]:
@@ -187,14 +191,15 @@ class Continuing:
         return taken
 
     def _mendable(self, event: SseEvent) -> bool:
-        """An error event a continuation may mend (when continuations are left)."""
+        """An error event a continuation may mend (when continuations are left; a kept session's `draining`
+        is not: the drain hands its session over)."""
         if self._ids is None or self.continuations >= self._at_most:
             return False
         try:
             reason = ErrorEvent.model_validate_json(event.data).reason
         except ValueError:
             return False
-        return reason in CONTINUABLE
+        return reason in CONTINUABLE and not (self._kept and reason == reasons.DRAINING)
 
     def _note(self, event: SseEvent) -> None:
         """The ids a token event's text covers, added to what the client has of its choice."""

@@ -72,11 +72,12 @@ class Opened:
 
 def relayed(state: CoordinatorState, gen: Generation, model: str | None, stream: OpenStream,
             cached: tuple[bytes, str] | None, started: float, on_token: Callable[[], None] | None,
-            resume: Resume | None = None) -> Opened:
+            resume: Resume | None = None, *, not_continued: str = "") -> Opened:
     """The relay of a request whose worker has sent its first event, with its final callback.
     `cached`: its response-cache key and the model's identity, when its answer may be kept.
     `on_token`: called for each token event relayed (the fair charge). `resume`: places the rest of it on
-    another worker when its worker fails mid-stream (relay/continuation.py); None: never continued."""
+    another worker when its worker fails mid-stream (relay/continuation.py); None: never continued, and
+    `not_continued` says why, if it is not for want of continuations."""
     session_id = gen.request.session_id
     admission, breakers, cache, metrics = state.admission, state.breakers, state.cache, state.metrics
     generated = metrics.tenant_tokens.labels(tenant=tenant_label(gen.request.tenant), kind="generated")
@@ -94,8 +95,8 @@ def relayed(state: CoordinatorState, gen: Generation, model: str | None, stream:
 
     upstream = Continuing(stream, _never if resume is None else resume, request_id=gen.request_id,
                           at_most=state.settings.continuations if resume is not None else 0, left=left,
-                          metrics=metrics, not_continued=gen.not_continued, choices=gen.request.n,
-                          max_tokens=gen.request.max_tokens)
+                          metrics=metrics, not_continued=not_continued, choices=gen.request.n,
+                          max_tokens=gen.request.max_tokens, kept=session_id is not None)
 
     def release(outcome: Outcome) -> None:
         """The reservation back (a second call does nothing); a named session that ended `done`

@@ -159,10 +159,11 @@ async def test_message_items_reach_the_worker_as_messages_in_order() -> None:
             "input": items, "instructions": "Be brief.", "temperature": 0, "top_p": 0.5, "seed": 7, "top_k": 3,
             "session_id": "s1", "ignore_eos": True, "user": "u-1", "keep_alive": "2m"})
     assert response.status_code == 200, response.text
-    # No model named: the pool's only one serves it, and the worker is told nothing about it.
+    # No model named: the pool's only one serves it, and the worker is told nothing about it. A new
+    # session's first turn asks for its token ids: it may be continued on another worker.
     assert sent_body(fakes) == {
         "max_tokens": 32_768, "temperature": 0, "top_p": 0.5, "top_k": 3, "seed": 7, "session_id": "s1",
-        "ignore_eos": True, "probabilities": False, "keep_alive": 120.0, "messages": [
+        "ignore_eos": True, "probabilities": False, "keep_alive": 120.0, "token_ids": True, "messages": [
             {"role": "system", "content": "Be brief."}, {"role": "system", "content": "Answer in French."},
             {"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "Bonjour"},
             {"role": "user", "content": "And again?"}]}

@@ -68,8 +68,9 @@ def pool(pool_module: Cluster) -> Cluster:
     return pool_module
 
 
-async def _infer(url: str, prompt: str, tokens: int, into: Stream) -> None:
-    body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+async def _infer(url: str, prompt: str, tokens: int, into: Stream, session: str | None = None) -> None:
+    body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
+            **({"session_id": session} if session else {})}
     async with httpx.AsyncClient(timeout=120) as client, \
             client.stream("POST", url + "/coordinator/infer", json=body) as response:
         assert response.status_code == 200
@@ -193,6 +194,31 @@ async def test_streams_whose_worker_is_killed_go_on_on_the_other_whole(pool: Clu
             pool, "coordinator_continuation_pause_seconds_sum"), 3)}))
     wait_until(lambda: pool.coordinator_health()["kv_reserved_bytes"] == 0, 5, "every reservation back")
     wait_until(lambda: pool.worker_load("w2")["active_streams"] == 0, 5, "nothing left running on w2")
+
+
+async def test_a_sessions_first_turn_whose_worker_is_killed_goes_on_and_its_session_keeps_it_all(
+        pool: Cluster) -> None:
+    """Kept sessions' first turns, on both workers; w1 SIGKILLed at token 40: each turn ends whole, and
+    each session's next turn runs where it went on, its history the first prompt and the whole answer."""
+    streams = [Stream("infer") for _ in range(4)]
+    tasks = [asyncio.ensure_future(_infer(pool.url, prompt, TOKENS, stream, f"kept-{i}"))
+             for i, (stream, prompt) in enumerate(zip(streams, PROMPTS, strict=False))]
+    await _when_each_has(streams, KILL_AT)
+    pool.workers["w1"].signal(signal.SIGKILL)
+    await asyncio.wait_for(asyncio.gather(*tasks), 180)
+    _whole(streams, TOKENS)
+    assert _metric(pool, 'coordinator_stream_breaks_total{outcome="continued"}') >= 1
+    async with httpx.AsyncClient(timeout=60) as client:
+        for i in range(len(streams)):
+            turn = await client.post(pool.url + "/coordinator/infer", json={
+                "prompt": "Go on.", "max_tokens": 4, "temperature": 0, "session_id": f"kept-{i}"})
+            lines = turn.text.splitlines()
+            assert turn.status_code == 200 and "event: done" in lines, turn.text[-300:]
+            done = next(line for line in lines[lines.index("event: done"):] if line.startswith("data:"))
+            usage = json.loads(done[5:])["usage"]
+            assert usage["prompt_tokens"] > TOKENS and usage["cached_tokens"] > TOKENS, usage  # the whole answer held
+            assert (await client.delete(pool.url + f"/coordinator/sessions/kept-{i}")).status_code == 204
+    wait_until(lambda: pool.coordinator_health()["kv_reserved_bytes"] == 0, 5, "every reservation back")
 
 
 async def test_a_drain_moves_its_streams_and_ends_in_seconds(pool: Cluster) -> None:

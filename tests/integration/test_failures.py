@@ -64,8 +64,13 @@ async def test_a_worker_that_stops_leaves_the_pool_with_its_last_beat(cluster: C
 
 async def test_worker_killed_mid_stream_ends_a_stream_it_cannot_continue_with_an_error_event(
         cluster: Cluster) -> None:
-    """A kept session's stream is not continued on another worker (its history died with its worker):
-    it ends with the error event at once. (tests/integration/test_continuation.py has the streams that go on.)"""
+    """A kept session's later turn is not continued on another worker (its history died with its worker):
+    it ends with the error event at once, and the next turn is refused. (tests/integration/test_continuation.py
+    has the streams that go on, a session's first turn among them.)"""
+    async with httpx.AsyncClient(timeout=30) as client:
+        first = await client.post(cluster.url + "/coordinator/infer",
+                                  json={"prompt": "Hi.", "max_tokens": 2, "session_id": "killed-1"})
+        assert first.status_code == 200 and "event: done" in first.text
     async with httpx.AsyncClient(timeout=30) as client, \
             client.stream("POST", cluster.url + "/coordinator/infer", json={**LONG, "session_id": "killed-1"}
                           ) as response:
@@ -80,7 +85,7 @@ async def test_worker_killed_mid_stream_ends_a_stream_it_cannot_continue_with_an
         await asyncio.wait_for(reader, timeout=5)
     name, data = timed.events[-1]
     assert name == "error" and data["reason"] == "worker_failed" and data["finished"] is True
-    assert "kept session's stream is not continued" in data["error"]
+    assert "kept session's later turn is not continued" in data["error"]
     assert timed.times[-1] - killed_at < 1.0
     assert 5 <= timed.names.count("token") < 400
     wait_until(lambda: cluster.coordinator_health()["kv_reserved_bytes"] == 0, 2, "reservation released")

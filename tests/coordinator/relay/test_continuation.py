@@ -165,20 +165,43 @@ async def test_a_stream_whose_worker_sent_no_ids_is_not_continued() -> None:
     assert "cannot be continued" in events[-1][1]["error"]
 
 
-@pytest.mark.parametrize(("body", "settings"), [
-    ({"prompt": "hi", "max_tokens": 4, "session_id": "s-1"}, SETTINGS),  # its history dies with its worker
-    ({"prompt": "hi", "max_tokens": 4}, Settings(heartbeat_interval=1.0, queue_size=0, continuations=0)),
-])
-async def test_sessions_and_a_pool_without_continuations_do_not_ask_for_ids(body: dict[str, Any],
-                                                                          settings: Settings) -> None:
+async def test_a_pool_without_continuations_does_not_ask_for_ids() -> None:
     behaviour = worker(first_then_rest(BROKEN, REST))
     clock, fakes = ManualClock(), FakeWorkers({"w1": behaviour, "w2": behaviour})
-    async with running_app(settings, fakes, clock) as client:
-        events = await stream(client, clock, ("w1", "w2"), body)
+    async with running_app(Settings(heartbeat_interval=1.0, queue_size=0, continuations=0), fakes, clock) as client:
+        events = await stream(client, clock, ("w1", "w2"))
     assert [name for name, _ in events][-1] == "error" and len(fakes.calls) == 1
     assert "token_ids" not in bodies(fakes)[0][1]
-    if "session_id" in body:  # the error says why it was not continued
-        assert "kept session's stream is not continued" in events[-1][1]["error"]
+
+
+async def test_a_sessions_first_turn_goes_on_on_another_worker_and_its_session_lives_there() -> None:
+    """A kept session's first turn has its whole history in the request: continued, it starts the session
+    afresh on the worker it went on on (prompt and whole answer), where its next turn goes."""
+    behaviour = worker(lambda body: REST if "generated" in body else BROKEN if body["prompt"] == "hi" else
+                       ([tok(0, "ok", [20]), done(n=1, reason="length")], False))
+    clock, fakes = ManualClock(), FakeWorkers({"w1": behaviour, "w2": behaviour})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        events = await stream(client, clock, ("w1", "w2"), {"prompt": "hi", "max_tokens": 4, "session_id": "s-1"})
+        assert events[-1][0] == "done" and "".join(d["token"] for n, d in events if n == "token") == "Hello you"
+        (first_host, first), (second_host, second) = bodies(fakes)
+        assert second == {**first, "generated": [10, 11, 12]} and second["session_id"] == "s-1"
+        turn = await client.post("/coordinator/infer", json={"prompt": "and?", "max_tokens": 1, "session_id": "s-1"})
+        assert turn.status_code == 200 and events_of(turn.text)[-1][0] == "done"
+        assert bodies(fakes)[2][0] == second_host != first_host  # the session lives where it went on
+
+
+async def test_a_sessions_later_turn_is_not_continued_its_history_died_with_its_worker() -> None:
+    turns = iter([([tok(0, "ok", [20]), done(n=1, reason="length")], False), BROKEN])
+    behaviour = worker(lambda body: REST if "generated" in body else next(turns))
+    clock, fakes = ManualClock(), FakeWorkers({"w1": behaviour, "w2": behaviour})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        first = await stream(client, clock, ("w1", "w2"), {"prompt": "hi", "max_tokens": 4, "session_id": "s-2"})
+        assert first[-1][0] == "done"
+        later = await client.post("/coordinator/infer", json={"prompt": "more", "max_tokens": 4, "session_id": "s-2"})
+    events = events_of(later.text)
+    assert [name for name, _ in events][-1] == "error" and len(fakes.calls) == 2  # never sent elsewhere
+    assert "token_ids" not in bodies(fakes)[1][1]
+    assert "kept session's later turn is not continued" in events[-1][1]["error"]
 
 
 def draining_worker(reached: asyncio.Event, gate: asyncio.Event) -> Callable[[httpx.Request], httpx.Response]:
@@ -409,3 +432,23 @@ async def test_a_choice_no_worker_takes_ends_the_stream_and_gives_the_other_back
         health = (await client.get("/coordinator/health")).json()
         assert (health["requests_running"], health["kv_reserved_bytes"]) == (0, 0)
         assert await metric(client, 'coordinator_stream_breaks_total{outcome="ended"}') == 1
+
+
+async def test_a_sessions_turn_on_a_draining_worker_stays_there_and_its_drain_hands_the_session_over() -> None:
+    """A kept session's first turn is continued when its worker fails, but not moved off a draining one (with
+    room elsewhere): the drain moves its session once the turn has ended, and two copies would disagree."""
+    reached, gate = asyncio.Event(), asyncio.Event()
+    clock, fakes = ManualClock(), FakeWorkers({"w1": draining_worker(reached, gate), "w2": draining_worker(reached, gate)})
+    async with running_app(SETTINGS, fakes, clock) as client:
+        for worker_id in ("w1", "w2"):
+            await register(client, heartbeat(worker_id, timestamp=clock.time()))
+        answer = asyncio.create_task(client.post("/coordinator/infer",
+                                                 json={"prompt": "hi", "max_tokens": 6, "session_id": "s-3"}))
+        await asyncio.wait_for(reached.wait(), 5)
+        first = fakes.calls[0][0]
+        await register(client, heartbeat(first, timestamp=clock.time(), draining=True))
+        gate.set()
+        events = events_of((await answer).text)
+        assert await metric(client, 'coordinator_stream_moves_total{outcome="moved"}') == 0
+    assert "".join(d["token"] for n, d in events if n == "token") == "Helllll" and events[-1][0] == "done"
+    assert len(fakes.calls) == 1
