@@ -10,9 +10,9 @@ Must not: reach workers. The coordinator's Messages surface (coordinator/surface
 these onto `protocol.worker`.
 
 What is accepted and changes nothing here (protocol/inference.http.md, "Anthropic Messages"): the
-`anthropic-version` and `anthropic-beta` headers, `metadata`, `cache_control` breakpoints (a worker's
-prefix cache keeps prompts anyway; no longer keep is bought), `thinking` (the served models have no
+`anthropic-version` and `anthropic-beta` headers, `metadata`, `thinking` (the served models have no
 thinking switch), and the beta fields Claude Code sends (`context_management`, `output_config`).
+`cache_control` breakpoints keep the request's cells on its worker for their `ttl` (`CacheControl`).
 """
 
 from __future__ import annotations
@@ -73,13 +73,21 @@ def error_type(status: int) -> str:
     return ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
 
 
+CACHE_TTLS = {"5m": 300.0, "1h": 3600.0}  # a breakpoint's `ttl`, in seconds; "5m" when none is given
+
+
 class CacheControl(BaseModel):
-    """A prompt-cache breakpoint (`{"type": "ephemeral", "ttl": "5m"}`): accepted, and changes nothing."""
+    """A prompt-cache breakpoint (`{"type": "ephemeral", "ttl": "5m"}`): the request's cells are kept that
+    long on its worker once it ends (`GenerateRequest.cache_keep`)."""
 
     model_config = ConfigDict(extra="ignore")
 
-    type: str = Field(default="ephemeral", max_length=32)
-    ttl: str | None = Field(default=None, max_length=16)
+    type: Literal["ephemeral"] = "ephemeral"
+    ttl: Literal["5m", "1h"] | None = None
+
+    @property
+    def seconds(self) -> float:
+        return CACHE_TTLS[self.ttl or "5m"]
 
 
 class ResultPart(BaseModel):
@@ -204,8 +212,10 @@ class ToolUseBlock(BaseModel):
 
 class Usage(BaseModel):
     """Tokens as the worker counted them: `cache_read_input_tokens` are the prompt tokens the worker
-    reused from KV it already held (not prefilled), `input_tokens` the rest of the prompt;
-    `cache_creation_input_tokens` is always 0 (nothing is written to a cache that costs more)."""
+    reused from KV it already held (not prefilled); with a `cache_control` breakpoint the rest of the
+    prompt is `cache_creation_input_tokens` (prefilled, and its cells kept for the breakpoint's `ttl`:
+    the whole prompt is kept, not only up to the breakpoint) and `input_tokens` is 0; without one, the
+    rest is `input_tokens`."""
 
     input_tokens: int
     output_tokens: int

@@ -42,7 +42,8 @@ WORKER_MAX_MODELS, a free slot and the memory), so that a coordinator asks one t
 version 14 continues a stream another worker began (`GenerateRequest.generated`: the tokens it already
 streamed, and `GenerateRequest.token_ids` with `TokenEvent.ids`, which say which tokens each event's text
 covers), so that a stream outlives its worker (an older worker would refuse both unknown fields);
-version 15 keeps headroom for other tenants on the worker too (`GenerateRequest.fair_share`).
+version 15 keeps headroom for other tenants on the worker too (`GenerateRequest.fair_share`), and keeps a
+request's cells for a while once it ends (`GenerateRequest.cache_keep`: Anthropic's `cache_control`).
 Embeddings need no version of their own: a worker that does not serve them never says so in its
 heartbeat (`protocol.health.Heartbeat.embeddings`), so no coordinator sends it an `EmbedRequest`.
 """
@@ -352,6 +353,10 @@ class GenerateRequest(GenerationFields):
     tenant_weight: float = Field(default=1.0, gt=0.0, le=1_000_000.0, description="the tenant's fair-share weight: "
                                  "a worker prefills first the prompts of the tenant with the fewest sequences "
                                  "decoding there for its weight (worker/engine/line.py)")
+    # Anthropic's `cache_control` (coordinator/surfaces/anthropic.py): how long this request's cells are kept.
+    cache_keep: float | None = Field(default=None, gt=0.0, le=3600.0, description="seconds this request's cells "
+                                     "(prompt and answer) stay in its sequence once it ends, the last of the free "
+                                     "sequences to be reused (worker/sessions/table.py, kept leftovers)")
     # Internal only: the coordinator keeps fair shares between tenants (its keys' weights).
     fair_share: bool = Field(default=False, description="the worker keeps the last free sequences for the other "
                              "tenants active here while this request's tenant holds its weighted share of them or "

@@ -347,6 +347,11 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        return worker",
              ("tests/coordinator/relay/test_continuation.py::"
               + "test_a_sessions_first_turn_goes_on_on_another_worker_and_its_session_lives_there",)),
+    Mutation("kept-leftover-taken-first", "a kept leftover (cache_control) is the last free sequence reused",
+             "worker/sessions/table.py", "            best = min(empty) if empty else self._oldest_unkept(fitting)",
+             "            best = min(empty) if empty else next(i for i in self._leftover if i in fitting)",
+             ("tests/worker/sessions/test_table.py::test_a_kept_leftover_is_the_last_free_sequence_taken_and_its_"
+              + "tenant_still_reuses_it",)),
     Mutation("room-beat-off", "with several coordinators, a full worker that frees a sequence beats to all at once",
              "worker/runtime.py", "if s.room_wait_seconds > 0:  # several coordinators",
              "if False:  # several coordinators",

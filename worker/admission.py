@@ -325,7 +325,7 @@ class Gate:
         def attempt() -> Admission:
             return self.table.admit(request.session_id, need, tokens, tenant=request.tenant, stream_ref=stream_ref,
                                     choices=request.n, prefix_blocks=tuple(request.prefix_blocks or ()),
-                                    yields=not interactive)
+                                    yields=not interactive, keep=request.cache_keep or 0.0)
         place: _InLine | None = None
         refused: WorkerError | None = None
         try:

@@ -11,8 +11,10 @@ and template (through the gateway), and the OpenAPI description of these routes.
 Must not: admit, schedule or relay (the gateway does, exactly as for chat completions), nor read
 workers' answers itself (anthropic_format.py does).
 
-Accepted and changing nothing: `anthropic-version` and `anthropic-beta`, `metadata`, `cache_control`
-breakpoints, `thinking` (the served models have no thinking switch: the answer is made without it).
+Accepted and changing nothing: `anthropic-version` and `anthropic-beta`, `metadata`, `thinking` (the
+served models have no thinking switch: the answer is made without it). `cache_control` breakpoints ask
+the worker to keep the request's cells for the longest of their `ttl`s (`cache_keep`), and the usage
+then says what was written (`anthropic_format.usage_of`).
 `temperature`, `top_p`, `top_k` and `stop_sequences` are the worker's sampling fields; a field left out takes the pool's default, as on
 every surface. An empty `messages` is served as one empty user turn, as llama.cpp's server serves it.
 """
@@ -69,7 +71,7 @@ async def create(request: Request) -> Response:
         raise  # app.py answers it in Anthropic's shape
     opened = await gateway.open(gen, started, client_gone=lambda: client_left_of(request.receive),
                                 client=client_of(scope_state), headers=request.headers)
-    shape = Shape(request_id, opened.model, tools, opened.prompt_tokens)
+    shape = Shape(request_id, opened.model, tools, opened.prompt_tokens, kept="cache_keep" in fields)
     headers = {REQUEST_ID_HEADER: request_id, an.REQUEST_ID_HEADER: request_id, WORKER_ID_HEADER: opened.worker_id}
     if stream:
         return RelayResponse(opened.relay, headers=headers, ping_interval=state.settings.ping_interval,
@@ -116,10 +118,21 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Tools | None, bool]:
             fields[name] = value
     if body.stop_sequences:
         fields["stop"] = body.stop_sequences
+    if (keep := kept_for(body)) is not None:
+        fields["cache_keep"] = keep
     tools = tools_of(body)
     if tools is not None:
         offer(fields, tools, format_param="a format")
     return fields, tools, body.stream
+
+
+def kept_for(body: an.MessagesRequest) -> float | None:
+    """The longest `ttl` of the request's `cache_control` breakpoints (system, message and tool blocks), in
+    seconds; None without one."""
+    marks = [*(b.cache_control for b in body.system or () if not isinstance(b, str)),
+             *(b.cache_control for m in body.messages if not isinstance(m.content, str) for b in m.content),
+             *(t.cache_control for t in body.tools or ())]
+    return max((mark.seconds for mark in marks if mark is not None), default=None)
 
 
 def tools_of(body: an.CountTokensRequest) -> Tools | None:

@@ -16,8 +16,9 @@ per streamed token on the coordinator's one core (as openai_format.py's chunks d
 are a handful per stream, built from the pydantic types in protocol/anthropic.py; the tests parse every
 event back through the official `anthropic` client.
 
-Usage: `input_tokens` is the prompt less what the worker reused from its prefix cache, which is
-`cache_read_input_tokens`; `cache_creation_input_tokens` is 0 (no cache write is bought here). The
+Usage: `cache_read_input_tokens` is what the worker reused from its prefix cache; the rest of the prompt
+is `cache_creation_input_tokens` when the request had a `cache_control` breakpoint (its cells are kept:
+the whole prompt's, not only up to the breakpoint), else `input_tokens`. The
 reuse is known when the worker ends the answer, so `message_start` carries the whole prompt's length
 as `input_tokens` (what the worker admitted) and `message_delta` the split; its counts are cumulative,
 and the SDK takes them over `message_start`'s.
@@ -47,12 +48,14 @@ PROMPT_TOO_LONG = "prompt is too long"  # how Anthropic's message starts, which 
 @dataclass(frozen=True, slots=True)
 class Shape:
     """One request's `message`: the same id and model at every stage, the tools its answer may call,
-    and the prompt's length as the worker admitted it (None: not known, a response-cache replay)."""
+    and the prompt's length as the worker admitted it (None: not known, a response-cache replay);
+    `kept`: it had `cache_control` breakpoints (its cells kept: `usage_of`)."""
 
     request_id: str
     model: str
     tools: Tools | None = None
     prompt_tokens: int | None = None
+    kept: bool = False
 
     @property
     def message_id(self) -> str:
@@ -81,11 +84,14 @@ def tool_use_id(call_id: str) -> str:
     return an.TOOL_USE_ID_PREFIX + call_id.removeprefix("call_")
 
 
-def usage_of(done: DoneEvent) -> an.Usage:
+def usage_of(done: DoneEvent, kept: bool = False) -> an.Usage:
+    """The worker's counts as Anthropic splits them: reused cells are read from the cache; the rest of the
+    prompt was written to it when the request's cells are kept (`kept`: it had a breakpoint), else input."""
     u = done.usage
     cached = min(u.cached_tokens, u.prompt_tokens)
-    return an.Usage(input_tokens=u.prompt_tokens - cached, output_tokens=u.completion_tokens,
-                    cache_read_input_tokens=cached)
+    rest = u.prompt_tokens - cached
+    return an.Usage(input_tokens=0 if kept else rest, output_tokens=u.completion_tokens,
+                    cache_creation_input_tokens=rest if kept else 0, cache_read_input_tokens=cached)
 
 
 def stop_reason(done: DoneEvent) -> an.StopReason:
@@ -191,7 +197,7 @@ class EventEncoder:
         else:  # text: what was held (if anything), in an empty block when there was none
             frames += self._text_open() + b"".join(self._text(piece) for piece in held or () if piece)
             frames += self._stop(self._blocks - 1)
-        delta = an.MessageDeltaEvent(delta=an.MessageDelta(stop_reason=reason), usage=usage_of(done))
+        delta = an.MessageDeltaEvent(delta=an.MessageDelta(stop_reason=reason), usage=usage_of(done, self._shape.kept))
         return frames + _frame(an.MESSAGE_DELTA, delta.model_dump_json()) + _frame(an.MESSAGE_STOP,
                                                                                    '{"type":"message_stop"}')
 
@@ -208,7 +214,7 @@ def assemble(shape: Shape, events: list[SseEvent], *, headers: dict[str, str]) -
             text = "".join(pieces)
             calls = shape.calls(text)
             content: list[an.TextBlock | an.ToolUseBlock] = list(calls) if calls else [an.TextBlock(text=text)]
-            message = shape.message(content, "tool_use" if calls else stop_reason(done), usage_of(done))
+            message = shape.message(content, "tool_use" if calls else stop_reason(done), usage_of(done, shape.kept))
             return JSONResponse(message.model_dump(), headers=headers)
         elif event.event == EVENT_ERROR:
             error = ErrorEvent.model_validate_json(event.data)

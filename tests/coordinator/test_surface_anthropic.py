@@ -84,13 +84,14 @@ async def test_a_message_through_the_sdk_sends_the_turns_to_the_template() -> No
     assert message.type == "message" and message.role == "assistant" and message.model == fake.MODEL
     assert [(b.type, getattr(b, "text", None)) for b in message.content] == [("text", "Hello!")]
     assert message.stop_reason == "end_turn" and message.id.startswith("msg_")
-    assert (message.usage.input_tokens, message.usage.output_tokens) == (10, 3)
-    assert (message.usage.cache_read_input_tokens, message.usage.cache_creation_input_tokens) == (0, 0)
+    # A breakpoint: the prompt (none of it reused) was written to a cache kept 5 minutes, none of it plain input.
+    assert (message.usage.input_tokens, message.usage.output_tokens) == (0, 3)
+    assert (message.usage.cache_read_input_tokens, message.usage.cache_creation_input_tokens) == (0, 10)
     assert message._request_id  # the SDK reads it from `request-id`
     assert sent(fakes) == {"messages": [{"role": "system", "content": "Be brief.\n\nAnswer in English."},
                                         {"role": "user", "content": "Say hi"}],
                            "model": "smol", "max_tokens": 5, "probabilities": False, "temperature": 0.5, "top_k": 7,
-                           "stop": ["END"], "token_ids": True}
+                           "stop": ["END"], "cache_keep": 300.0, "token_ids": True}
 
 
 async def test_the_stream_sends_anthropics_events_in_order() -> None:
@@ -335,3 +336,20 @@ async def test_with_api_keys_x_api_key_lets_a_client_in() -> None:
     refused(keyless, 401, "authentication_error")
     refused(counted, 401, "authentication_error")
     assert len(fakes.calls) == 1
+
+
+async def test_a_breakpoints_longest_ttl_is_kept_and_an_unknown_ttl_is_refused() -> None:
+    fakes = FakeWorkers({"w1": streaming(STREAM)})
+    ask: dict[str, Any] = {"model": "smol", "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]}
+    async with pool(fakes) as (client, _):
+        plain = await client.post("/v1/messages", json=ask)
+        assert plain.status_code == 200 and "cache_keep" not in sent(fakes)
+        assert plain.json()["usage"]["input_tokens"] == 10 and plain.json()["usage"]["cache_creation_input_tokens"] == 0
+        marked = await client.post("/v1/messages", json={**ask, "tools": [
+            {"name": "f", "input_schema": {"type": "object"}, "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+            "system": [{"type": "text", "text": "S", "cache_control": {"type": "ephemeral"}}]})
+        assert marked.status_code == 200 and sent(fakes)["cache_keep"] == 3600.0
+        bad = await client.post("/v1/messages", json={**ask, "system": [
+            {"type": "text", "text": "S", "cache_control": {"type": "ephemeral", "ttl": "2h"}}]})
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+    assert "ttl" in bad.json()["error"]["message"]

@@ -58,13 +58,25 @@ def split_pool(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 async def test_a_repeated_long_system_prompt_is_read_from_the_workers_cache(split_pool: str) -> None:
+    """With a `cache_control` breakpoint the first request's cells are kept: two other prompts in between
+    take the worker's other sequences, though the kept one was freed longest ago (without the keep, the
+    second would take it), and the repeat reads more than half its prompt from it."""
     claude = anthropic.AsyncAnthropic(base_url=split_pool, api_key="unused", max_retries=0, timeout=60)
     system = [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
     first = await claude.messages.create(model=MODEL, max_tokens=4, system=system, messages=[USER])  # type: ignore[arg-type, list-item]
+    for brief, ask in (("Numbers only, please, and nothing else at all.", "Count to three."),
+                       ("Fruit names are all I want to hear from you today.", "Name a fruit.")):
+        # Prompts that share too little with each other (and with the first) to reuse their cells.
+        await claude.messages.create(model=MODEL, max_tokens=4, system=brief, messages=[{"role": "user", "content": ask}])
     second = await claude.messages.create(model=MODEL, max_tokens=4, system=system, messages=[USER])  # type: ignore[arg-type, list-item]
-    prompt = second.usage.input_tokens + (second.usage.cache_read_input_tokens or 0)
-    assert prompt == first.usage.input_tokens + (first.usage.cache_read_input_tokens or 0) > 250
+
+    def prompt_of(usage: anthropic.types.Usage) -> int:
+        return usage.input_tokens + (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
+
+    prompt = prompt_of(second.usage)
+    assert prompt == prompt_of(first.usage) > 250
+    assert first.usage.input_tokens == second.usage.input_tokens == 0  # all of it read or written: kept
+    assert (first.usage.cache_read_input_tokens or 0) < prompt / 2 < (first.usage.cache_creation_input_tokens or 0)
     assert (second.usage.cache_read_input_tokens or 0) >= prompt / 2, second.usage
-    assert second.usage.cache_creation_input_tokens == 0  # no cache write is bought here
-    assert (first.usage.cache_read_input_tokens or 0) < prompt / 2  # the first found nothing to reuse
+    assert second.usage.cache_creation_input_tokens == prompt - (second.usage.cache_read_input_tokens or 0)
     await claude.close()

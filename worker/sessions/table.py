@@ -16,6 +16,12 @@ prompt cache (a freed sequence's leftover cells) and the prefix copy between seq
 the tenant whose prompt filled those cells: otherwise `cached_tokens`, and the time to first token,
 would tell a tenant whether its guess of another tenant's prompt is right.
 
+Kept leftovers (`cache_keep`, Anthropic's `cache_control`): a freed sequence's cells may be kept for a
+while: a new request takes another free sequence first (an empty one, an unkept leftover, even one that
+adds a run of sequence ids), and a kept one only when every free one is kept (the keep that ends soonest
+first). A keep holds no capacity: the sequence stays free, and is only the last to be reused. At most
+`kept_per_tenant` per tenant at once, so one tenant's keeps cannot claim every free sequence.
+
 Parking (preemption): a one-shot batch request's session may be parked by the engine for an
 interactive request. Its sequence goes back to the free ones and its reservation is returned, so the
 interactive request is admitted in its place; the engine keeps its cells in host memory. It comes
@@ -28,6 +34,7 @@ Thread safety: admission runs on the event loop, release on the engine thread; o
 from __future__ import annotations
 
 import collections
+import dataclasses
 import heapq
 import threading
 from collections import Counter
@@ -82,6 +89,7 @@ class Session:
     handed_over: str | None = None
     # The coordinator's hashes of the text whose prompt its cells hold (GenerateRequest.prefix_blocks).
     prefix_blocks: tuple[str, ...] = ()
+    keep: float = 0.0  # seconds its cells stay kept once it is freed (GenerateRequest.cache_keep); 0: none
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,7 @@ class _Leftover:
     tenant: str
     tokens: list[int]
     prefix_blocks: tuple[str, ...] = ()
+    kept_until: float = 0.0  # clock time until which other requests take other free sequences first
 
 
 @dataclass(frozen=True)
@@ -118,9 +127,12 @@ class Admission:
 
 class SessionTable:
     def __init__(self, limits: KvLimits, clock: Callable[[], float], *, ttl: float,
-                 tombstones: int = 4096) -> None:
+                 tombstones: int = 4096, kept_per_tenant: int | None = None) -> None:
+        """`kept_per_tenant`: the leftovers one tenant may have kept at once (`cache_keep`; a quarter of the
+        sequences, at least 1, unless given): past it, its keep that ends soonest ends now."""
         self.limits = limits
         self.ttl = ttl
+        self.kept_per_tenant = kept_per_tenant if kept_per_tenant is not None else max(1, limits.max_sessions // 4)
         self._clock = clock
         self._lock = threading.Lock()
         # Lowest free id first: llama.cpp decodes a batch whose sequence ids are ascending and
@@ -166,7 +178,7 @@ class SessionTable:
 
     def admit(self, session_id: str | None, need_tokens: int, prompt: list[int] | tuple[int, ...] = (), *,
               tenant: str = "", stream_ref: int | None = None, choices: int = 1,
-              prefix_blocks: tuple[str, ...] = (), yields: bool = False) -> Admission:
+              prefix_blocks: tuple[str, ...] = (), yields: bool = False, keep: float = 0.0) -> Admission:
         """Reserves a sequence and `need_tokens` of KV for one request of `tenant`, or raises 409/503.
 
         `stream_ref`: the coordinator's reference of the request (`X-Stream-Ref`); heartbeats list it
@@ -185,6 +197,9 @@ class SessionTable:
         keeps them while its cells hold the prompt (`load().prefixes`).
 
         `yields` (a batch request): it is admitted only with room left for every parked session too.
+
+        `keep` (a one-shot request's `cache_keep`): once it ends, its cells stay as a kept leftover that
+        long, which other requests take only when every other free sequence is kept too (`_take_seq`).
         """
         if need_tokens > self.limits.session_max_tokens:
             raise ValueError("need_tokens is above the session limit; validate before admitting")
@@ -208,6 +223,7 @@ class SessionTable:
             else:
                 self._idle_lru.pop(session.seq_id, None)
             session.prefix_blocks = prefix_blocks
+            session.keep = keep if session.session_id is None else 0.0  # a named session's cells stay anyway
             self._reserved_tokens += need_tokens - session.reserved_tokens
             session.reserved_tokens = need_tokens
             session.busy = True
@@ -268,12 +284,23 @@ class SessionTable:
         best = self._best_leftover(fitting, prompt, tenant)
         if best < 0:
             # No match: an empty sequence (the lowest) rather than one whose cells a later prompt may
-            # still want; when every fitting one holds some, the one freed longest ago.
+            # still want; when every fitting one holds some, the one freed longest ago that is not kept
+            # (`cache_keep`); when every fitting one is kept, one that is not, fitting or not; else the
+            # keep that ends soonest.
             empty = [i for i in fitting if i not in self._leftover]
-            best = min(empty) if empty else next(i for i in self._leftover if i in fitting)
+            best = min(empty) if empty else self._oldest_unkept(fitting)
         self._free_seq_ids.remove(best)
         heapq.heapify(self._free_seq_ids)
         return best
+
+    def _oldest_unkept(self, fitting: set[int]) -> int:
+        now, leftover = self._clock(), self._leftover
+        unkept = next((i for i, left in leftover.items() if i in fitting and left.kept_until <= now), None)
+        if unkept is None:
+            unkept = next((i for i in self._free_seq_ids if i not in leftover or leftover[i].kept_until <= now), None)
+        if unkept is None:
+            unkept = min(fitting, key=lambda i: leftover[i].kept_until)
+        return unkept
 
     def _fewest_runs(self, beside: int | None) -> set[int]:
         """The free sequence ids that add the fewest runs of consecutive running ids (`_take_seq`)."""
@@ -368,10 +395,22 @@ class SessionTable:
             if session in self._live:
                 self._give_up(session)
                 if retain_cells:
-                    self._leftover[session.seq_id] = _Leftover(session.tenant, session.tokens, session.prefix_blocks)
+                    self._leftover[session.seq_id] = _Leftover(
+                        session.tenant, session.tokens, session.prefix_blocks,
+                        self._kept_until(session) if session.keep > 0 else 0.0)
                     return None
                 return session.seq_id
             return None
+
+    def _kept_until(self, session: Session) -> float:
+        """When the cells `session` leaves stop being kept; past `kept_per_tenant`, its tenant's keep
+        that ends soonest ends now. Under the lock."""
+        now = self._clock()
+        kept = sorted((left.kept_until, seq_id) for seq_id, left in self._leftover.items()
+                      if left.tenant == session.tenant and left.kept_until > now)
+        for _, seq_id in kept[:max(0, len(kept) - self.kept_per_tenant + 1)]:
+            self._leftover[seq_id] = dataclasses.replace(self._leftover[seq_id], kept_until=0.0)
+        return now + session.keep
 
     def _give_up(self, session: Session, *, tombstone: bool = True) -> None:
         """A released sequence is dropped; if the table was full, `_released` announces the room."""

@@ -269,6 +269,43 @@ def test_taking_another_tenants_leftover_reports_it_empty_so_the_engine_clears_i
     assert again.tokens == []
 
 
+def leftovers(t: SessionTable, clock: Clock, keeps: list[float], tenant: str = "A") -> list[int]:
+    """Every sequence of `t` taken, then freed with its cells (each kept `keeps[i]` seconds); their ids."""
+    sessions = [t.admit(None, 12, PROMPT, tenant=tenant, keep=keep).session for keep in keeps]
+    for session in sessions:
+        session.tokens.extend(PROMPT)
+        clock.now += 1
+        t.release(session, keep_kv=False, retain_cells=True)
+    return [s.seq_id for s in sessions]
+
+
+def test_a_kept_leftover_is_the_last_free_sequence_taken_and_its_tenant_still_reuses_it() -> None:
+    t, clock = table(capacity=100, sessions=3)
+    kept, plain, _ = leftovers(t, clock, [300.0, 0.0, 0.0])
+    taken = [t.admit(None, 12, [50, 51], tenant="B").session for _ in range(2)]
+    assert kept not in {s.seq_id for s in taken} and plain in {s.seq_id for s in taken}  # freed longest ago, yet kept
+    reused = t.admit(None, 12, [*PROMPT, 11], tenant="A").session
+    assert (reused.seq_id, reused.tokens) == (kept, PROMPT)  # its tenant's next prompt reads the kept cells
+
+
+def test_when_every_free_sequence_is_kept_the_keep_that_ends_soonest_goes_and_a_keep_expires() -> None:
+    t, clock = table(capacity=100, sessions=3)
+    t.kept_per_tenant = 3
+    first, second, _ = leftovers(t, clock, [300.0, 100.0, 200.0])
+    assert t.admit(None, 12, [50], tenant="B").session.seq_id == second  # all kept: the soonest to end
+    clock.now += 400  # the others' keeps are over: the one freed longest ago goes first again
+    assert t.admit(None, 12, [50], tenant="B").session.seq_id == first
+
+
+def test_a_tenant_keeps_at_most_its_bound_of_leftovers_and_a_named_session_keeps_nothing_more() -> None:
+    t, clock = table(capacity=100, sessions=3)
+    assert t.kept_per_tenant == 1  # a quarter of 3 sequences, at least 1
+    first, _, _ = leftovers(t, clock, [300.0, 300.0, 0.0])  # the second keep ended the first's
+    assert t.admit(None, 12, [50], tenant="B").session.seq_id == first
+    named = t.admit("s", 12, PROMPT, tenant="C", keep=300.0).session
+    assert named.keep == 0.0
+
+
 def test_prefix_source_considers_only_the_tenants_sequences() -> None:
     t, _ = table(capacity=1000, session_max=200, sessions=4)
     running = t.admit(None, 100, tenant="A").session
