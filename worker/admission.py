@@ -18,8 +18,9 @@ Priority: an interactive request refused for capacity has the engine park a runn
 every batch request; a batch request never takes a sequence that a parked one waits for. Within a
 class, a release goes to the waiting request whose tenant holds the fewest of this worker's sequences,
 then to the first to wait; a newcomer whose tenant holds fewer than every waiting one's tries at once.
-Fair shares (`GenerateRequest.fair_share`): a tenant holding its share here or more is refused the
-last free sequences, kept for the other tenants active here (worker/headroom.py), and waits in line.
+Fair shares (`GenerateRequest.fair_share`): an interactive request whose tenant holds its share here or
+more is refused the last free sequences, kept for the other tenants active here (worker/headroom.py),
+and waits in line (a batch request is not: it is parked when an interactive one needs the room).
 Must not: run inference or free KV itself; it hands jobs and frees to the engine in FIFO order.
 """
 
@@ -367,10 +368,12 @@ class Gate:
         return refused
 
     def _kept(self, request: GenerateRequest) -> WorkerError | None:
-        """The refusal when the free sequences are kept for other tenants (worker/headroom.py)."""
-        if self.headroom is None or not request.fair_share or not self.headroom.keeps(
-                request.tenant, request.tenant_weight, request.n, self.table.running_by_tenant(),
-                (p.tenant for p in self._line)):
+        """The refusal when the free sequences are kept for other tenants (worker/headroom.py). Never for a
+        batch request: it fills what is idle, and an interactive request parks it when it needs the room."""
+        if self.headroom is None or not request.fair_share or request.priority != "interactive":
+            return None
+        if not self.headroom.keeps(request.tenant, request.tenant_weight, request.n, self.table.running_by_tenant(),
+                                   (p.tenant for p in self._line)):
             return None
         return WorkerError(reasons.SESSIONS_FULL, "the last free sequences are kept for other tenants: this "
                            "request's tenant holds its share of this worker's sequences or more")

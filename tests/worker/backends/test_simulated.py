@@ -335,9 +335,10 @@ def test_with_fair_shares_the_last_free_sequence_waits_for_the_tenant_below_its_
     at the coordinator) the flood takes it."""
     assert asyncio.run(kept_for_light(fair=True)) == ["light", "heavy"]
     assert asyncio.run(kept_for_light(fair=False)) == ["heavy"]
+    assert asyncio.run(kept_for_light(fair=True, priority="batch")) == ["heavy"]  # batch fills idle room
 
 
-async def kept_for_light(*, fair: bool) -> list[str]:
+async def kept_for_light(*, fair: bool, priority: str = "interactive") -> list[str]:
     gate = simulated_gate(SimulatedModel(), sessions=4)
     gate.room_wait = 5.0
     gate.headroom = Headroom(4, time.monotonic)
@@ -346,13 +347,14 @@ async def kept_for_light(*, fair: bool) -> list[str]:
     gate.ended(GenerateRequest(prompt="earlier", max_tokens=4, tenant="light", fair_share=fair))  # light ran here
 
     async def admit(name: str) -> Job:
-        job = await gate.admit(GenerateRequest(prompt=name, max_tokens=4, tenant=name, fair_share=fair), name)
+        job = await gate.admit(GenerateRequest(prompt=name, max_tokens=4, tenant=name, fair_share=fair,
+                                               priority=priority if name == "heavy" else "interactive"), name)  # type: ignore[arg-type]
         served.append(name)
         return job
 
     heavy = asyncio.create_task(admit("heavy"))
     await asyncio.sleep(0.2)
-    if not fair:
+    if not fair or priority == "batch":
         await asyncio.wait_for(heavy, 2)
         return served
     assert served == []  # one sequence free, kept for light: heavy waits in line
