@@ -110,13 +110,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--instructions-repeat", type=int, default=12,
                         help="times the instructions' sentence is repeated (12: about 400 tokens)")
+    parser.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto",
+                        help="the workers' WORKER_FLASH_ATTN (on this CPU, off prefills deep in a conversation faster)")
     args = parser.parse_args(argv)
+    worker = [*WORKER, "--flash-attn", args.flash_attn]
     with tempfile.TemporaryDirectory(prefix="chain-bench-") as logs, \
-            pool(Path(logs), workers=[WORKER, WORKER], coordinators=2) as running:
+            pool(Path(logs), workers=[worker, worker], coordinators=2) as running:
         a, b = running.urls
         figures = asyncio.run(_rounds(a, b, args.rounds, INSTRUCTIONS * args.instructions_repeat))
     fresh = statistics.median(figures["fresh"])
-    print(f"chain turns through the other coordinator of 2, {args.rounds} rounds, 2 workers x 1 thread:")
+    print(f"chain turns through the other coordinator of 2, {args.rounds} rounds, 2 workers x 1 thread, "
+          f"flash attention {args.flash_attn}:")
     print(f"  prompt of only the new input: TTFT p50 {fresh * 1000:7.1f} ms")
     for kind in ("http", "socket"):
         ttft = statistics.median(figures[kind])

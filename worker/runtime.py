@@ -58,6 +58,7 @@ HANDOVER_GRACE = 2.0  # for the `error` events of the streams ended at the drain
 # context made) before the process goes on exiting without it.
 LOAD_STOP_WAIT = 120.0
 T = TypeVar("T")
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}  # WORKER_FLASH_ATTN -> llama.cpp's flash_attn_type
 
 
 async def whole(work: Callable[[], T], undo: Callable[[T], None], *, wait: float = LOAD_STOP_WAIT) -> T:
@@ -124,7 +125,7 @@ class WorkerRuntime:
                               threads=settings.threads,
                               prefill_chunk=settings.prefill_chunk or (GPU_CHUNK if model.gpu_layers else CPU_CHUNK),
                               prefill_stall=settings.prefill_stall,
-                              kv_unified=settings.kv_unified,
+                              kv_unified=settings.kv_unified, flash_attn=FLASH_ATTN[settings.flash_attn],
                               slow_consumer_deadline=settings.slow_consumer_deadline,
                               wake_interval=settings.stream_interval,
                               request_timeout=settings.request_timeout, prompt_cache=settings.prompt_cache,

@@ -53,6 +53,7 @@ ENV_NAMES = {
     "max_sessions": "WORKER_MAX_SESSIONS",
     "session_max_tokens": "WORKER_SESSION_MAX_TOKENS",
     "kv_unified": "WORKER_KV_UNIFIED",
+    "flash_attn": "WORKER_FLASH_ATTN",
     "prefill_chunk": "WORKER_PREFILL_CHUNK",
     "prefill_stall": "WORKER_PREFILL_STALL",
     "session_ttl": "WORKER_SESSION_TTL",
@@ -137,6 +138,11 @@ class WorkerSettings(BaseModel):
     max_sessions: int = Field(default=16, ge=1, le=MAX_SESSIONS, description="llama.cpp sequences, busy or idle")
     session_max_tokens: int = Field(default=2048, ge=16, description="KV cells one session may hold")
     kv_unified: bool = Field(default=False, description="one KV buffer shared by all sequences")
+    flash_attn: str = Field(default="auto", pattern=r"^(auto|on|off)$", description="llama.cpp's flash attention: "
+                            "auto (on where the device runs it, as on the CPU), on or off. On the CPU, off prefills a "
+                            "prompt deep in a conversation faster (55 tokens after 400: 1.2x the time of 49 after "
+                            "none, 1.55x on) and decodes 8-15% slower (docs/benchmarks.md, \"Flash attention on "
+                            "the CPU\")")
     prefill_chunk: int | None = Field(default=None, ge=16, le=8192, description="prompt tokens per decode step, "
                                       "at most; default 64 on the CPU (the least batch llama.cpp's CPU kernels run "
                                       "at full speed), 256 with layers on a GPU")

@@ -38,3 +38,27 @@ def test_gpu_layers_from_env_and_flag() -> None:
     assert WorkerSettings.load([], {}).gpu_layers == -1  # all layers where the build can offload, else none
     with pytest.raises(ValidationError):
         WorkerSettings.load(["--gpu-layers", "-2"], {})
+
+
+def test_flash_attention_is_chosen_by_name_and_reaches_llama_cpps_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from worker.backends import llama_engine
+    from worker.engine.jobs import EngineConfig
+    from worker.runtime import FLASH_ATTN
+
+    assert WorkerSettings.load([], environ={}).flash_attn == "auto"
+    assert WorkerSettings.load(["--flash-attn", "off"], environ={"WORKER_FLASH_ATTN": "on"}).flash_attn == "off"
+    with pytest.raises(ValidationError):
+        WorkerSettings.load(["--flash-attn", "maybe"], environ={})
+    made: list[int] = []
+
+    def init(handle: object, params: object) -> None:
+        made.append(params.flash_attn_type)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(llama_engine.ll, "llama_init_from_model", init)
+    model = types.SimpleNamespace(handle=None, kv_type=1)
+    for name, value in FLASH_ATTN.items():
+        with pytest.raises(RuntimeError):  # no context made: the parameters were all it needed to see
+            llama_engine.Engine(model, EngineConfig(ctx_size=64, max_sessions=1, threads=1, flash_attn=value))  # type: ignore[arg-type]
+        assert made[-1] == {"auto": -1, "off": 0, "on": 1}[name]

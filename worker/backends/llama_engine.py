@@ -100,6 +100,7 @@ class Engine:
         params.n_seq_max = config.max_sessions
         params.n_threads = params.n_threads_batch = config.threads
         params.kv_unified = config.kv_unified
+        params.flash_attn_type = config.flash_attn
         # Sliding-window layers (Gemma 3) keep every token, like the global ones: KV bytes stay
         # tokens x model.bytes_per_token, and cutting a session back keeps its window (see
         # ModelShape.kv_bytes_per_token). llama.cpp's default is true today; we do not depend on it.

@@ -28,6 +28,7 @@ class EngineConfig:
     prefill_chunk: int = 256
     prefill_stall: float = 0.0  # worker/engine/pacing.py; 0: every step may take a chunk
     kv_unified: bool = False
+    flash_attn: int = -1  # llama.cpp's flash_attn_type: -1 auto, 0 off, 1 on
     slow_consumer_deadline: float = 10.0
     request_timeout: float = 600.0
     prompt_cache: bool = True  # split KV only: freed sequences keep their cells' tokens
