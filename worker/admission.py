@@ -287,7 +287,12 @@ class Gate:
 
     def ended(self, request: GenerateRequest) -> None:
         """A request admitted here ended: its tenant stays active for the headroom a while longer."""
-        if self.headroom is not None and request.fair_share:
+        self._seen(request)
+
+    def _seen(self, request: GenerateRequest) -> None:
+        """An interactive request's tenant is active here for the headroom (a batch tenant's requests fill
+        what is idle: no room is kept for them)."""
+        if self.headroom is not None and request.fair_share and request.priority == "interactive":
             self.headroom.seen(request.tenant, request.tenant_weight)
 
     def released(self) -> None:
@@ -320,8 +325,7 @@ class Gate:
         loop = self._loop = asyncio.get_running_loop()
         started = loop.time()
         interactive = request.priority == "interactive"
-        if self.headroom is not None and request.fair_share:
-            self.headroom.seen(request.tenant, request.tenant_weight)
+        self._seen(request)
 
         def attempt() -> Admission:
             return self.table.admit(request.session_id, need, tokens, tenant=request.tenant, stream_ref=stream_ref,
@@ -373,7 +377,7 @@ class Gate:
         if self.headroom is None or not request.fair_share or request.priority != "interactive":
             return None
         if not self.headroom.keeps(request.tenant, request.tenant_weight, request.n, self.table.running_by_tenant(),
-                                   (p.tenant for p in self._line)):
+                                   (p.tenant for p in self._line if p.interactive)):
             return None
         return WorkerError(reasons.SESSIONS_FULL, "the last free sequences are kept for other tenants: this "
                            "request's tenant holds its share of this worker's sequences or more")

@@ -1,7 +1,8 @@
 """Headroom by tenant: the last free sequences of this worker kept for the tenants below their share.
 
-Owns: which tenants are active on this worker (running here, waiting in its line, or seen here within
-GRACE seconds), their weights as their requests said (`GenerateRequest.tenant_weight`), and the rule: a
+Owns: which tenants are active on this worker (running here, waiting in its line with an interactive
+request, or seen here within GRACE seconds: an interactive request of theirs arrived or ended; the
+admission tells it which), their weights as their requests said (`GenerateRequest.tenant_weight`), and the rule: a
 tenant that holds its weighted share of this worker's sequences or more may not take one of the last
 free ones, one kept for each other active tenant below its share.
 Must not: admit anything (worker/admission.py asks it before the session table) or order the line.
