@@ -5,13 +5,16 @@ cached is still scored whole, and an engine that cannot score refuses with 400.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from protocol.sse import SseParser
 from tests.sse import Stream, generate
 from tests.worker.server import RunningWorker, running_worker
 
@@ -22,7 +25,8 @@ PROMPT = "The tide came in over the sand, and the gulls rose from the harbour wa
 # llama.cpp's logits for one row move with the shape of the batch it is in (other rows beside it, another
 # split of the prompt): by up to 0.14 here for a prompt scored beside one decoding stream.
 ROUNDING = 0.3
-CHAT = {"prompt": "Write a long story about a lighthouse keeper.", "max_tokens": 48, "temperature": 0,
+# Long enough to be decoding through both scored prompts beside it (each three chunk steps and a token).
+CHAT = {"prompt": "Write a long story about a lighthouse keeper.", "max_tokens": 160, "temperature": 0,
         "ignore_eos": True}
 
 
@@ -51,12 +55,14 @@ def test_a_prompt_scored_beside_a_decoding_stream_gets_its_scores_alone_and_chan
     assert len(alone) == n > 128 and alone[0] is None and all(v is not None and v <= 0 for v in alone[1:])
     assert alone_top[0] == [] and all(len(t) == 2 and t[0][1] >= t[1][1] for t in alone_top[1:])
 
-    beside: dict[str, str] = {}
-    chat = threading.Thread(target=lambda: beside.update(text=generate(worker.url, CHAT).text))
+    beside: list[str] = []
+    decoding = threading.Event()
+    chat = threading.Thread(target=chat_into, args=(worker.url, beside, decoding))
     chat.start()
+    assert decoding.wait(30), "the chat never started"  # its rows are in every step the scored prompts take
     again = [scored(worker.url, PROMPT.replace("tide", "tide", 1)) for _ in range(2)]  # while the chat decodes
     chat.join(timeout=60)
-    assert beside["text"] == alone_chat
+    assert not chat.is_alive() and "".join(beside) == alone_chat
     for stream, values, top in again:
         # Scored whole again though its cells were kept (a cached prompt has no logits), its rows read as
         # its own: the numbers it had alone, up to llama.cpp's rounding in a batch of another shape (a
@@ -67,6 +73,17 @@ def test_a_prompt_scored_beside_a_decoding_stream_gets_its_scores_alone_and_chan
         assert max(gaps) <= ROUNDING and sum(gaps) / len(gaps) <= ROUNDING / 5, (max(gaps), sum(gaps) / len(gaps))
         same = sum(row[0][0] == was[0][0] for row, was in zip(top[1:], alone_top[1:], strict=True))
         assert same >= 0.9 * (len(top) - 1)
+
+
+def chat_into(url: str, text: list[str], decoding: threading.Event) -> None:
+    """CHAT streamed into `text`; `decoding` set at its first token."""
+    parser = SseParser()
+    with httpx.Client(timeout=60) as client, client.stream("POST", url + "/worker/generate", json=CHAT) as response:
+        for chunk in response.iter_bytes():
+            for event in parser.feed(chunk):
+                if event.event == "token":
+                    text.append(json.loads(event.data)["token"])
+                    decoding.set()
 
 
 def test_nothing_generated_when_max_tokens_is_0_and_0_needs_the_scores(worker: RunningWorker) -> None:
