@@ -129,7 +129,8 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Tools | None, bool]:
 def kept_for(body: an.MessagesRequest) -> float | None:
     """The longest `ttl` of the request's `cache_control` breakpoints (system, message and tool blocks), in
     seconds; None without one."""
-    marks = [*(b.cache_control for b in body.system or () if not isinstance(b, str)),
+    system = body.system if isinstance(body.system, list) else []
+    marks = [*(b.cache_control for b in system),
              *(b.cache_control for m in body.messages if not isinstance(m.content, str) for b in m.content),
              *(t.cache_control for t in body.tools or ())]
     return max((mark.seconds for mark in marks if mark is not None), default=None)

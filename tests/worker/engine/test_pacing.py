@@ -70,6 +70,16 @@ def test_credit_from_a_long_run_of_decode_only_steps_is_capped_at_one_chunk_step
     assert chunks == 1  # then the decoding sequences are owed their time again
 
 
+def decode_steps_until_a_chunk(pace: PrefillPace, *, decoding: int, seconds: float = 0.03) -> int:
+    """Decode-only steps of `seconds` each, observed until the pace admits a chunk beside `decoding` rows."""
+    steps = 0
+    while not pace.admits(decoding=decoding):
+        pace.observe(decoding=decoding, prompt=0, seconds=seconds)
+        steps += 1
+        assert steps < 10_000, "the pace never admits a chunk"
+    return steps
+
+
 def test_a_chunk_beside_decoding_is_paid_for_before_it_goes_in() -> None:
     """A new stream's first steps: no chunk until the decode-only steps have earned what it costs
     them (0.38 s less 2 x 0.03 s, at 0.03 s a step: 11 steps), so a 16-token chat gets at most one."""
@@ -77,11 +87,7 @@ def test_a_chunk_beside_decoding_is_paid_for_before_it_goes_in() -> None:
     pace.observe(decoding=0, prompt=64, seconds=0.38)  # a long prompt alone
     pace.observe(decoding=1, prompt=0, seconds=0.03)
     assert pace.admits(decoding=0)
-    waited = 1
-    while not pace.admits(decoding=1):
-        pace.observe(decoding=1, prompt=0, seconds=0.03)
-        waited += 1
-    assert waited == 11
+    assert 1 + decode_steps_until_a_chunk(pace, decoding=1) == 11
 
 
 def test_a_step_with_nothing_decoding_clears_debt_and_credit() -> None:
@@ -101,11 +107,7 @@ def test_sequences_that_join_are_owed_the_step_they_may_have_waited_out() -> Non
     pace.observe(decoding=0, prompt=64, seconds=0.38)  # the long prompt alone; the chats arrive
     pace.observe(decoding=0, prompt=24, seconds=0.05, joining=4)  # their prompts, nothing else
     assert pace.debt == pytest.approx(0.38)
-    waited = 0
-    while not pace.admits(decoding=4):
-        pace.observe(decoding=4, prompt=0, seconds=0.03)
-        waited += 1
-    assert waited == 24
+    assert decode_steps_until_a_chunk(pace, decoding=4) == 24
 
 
 def test_a_sequence_joining_beside_decoding_ones_is_owed_its_wait_too() -> None:
