@@ -222,8 +222,12 @@ async def test_a_sessions_first_turn_whose_worker_is_killed_goes_on_and_its_sess
 
 
 async def test_a_drain_moves_its_streams_and_ends_in_seconds(pool: Cluster) -> None:
-    """Streams long enough (400 tokens) that a drain waiting for them would take far longer than 5 s."""
+    """Streams long enough (400 tokens) that a drain waiting for them would take far longer than 5 s. The
+    worker is gone while every stream still runs (whatever the machine's load, which slows both alike); its
+    time is a figure, bounded loosely here (5.38 s was seen on CI's shared cores, 0.86 s quiet:
+    bench/continuation_bench.py measures it against the issue's 5 s)."""
     drained: list[float] = []
+    running_at_exit: list[bool] = []
 
     async def drain(streams: list[Stream]) -> None:
         await _when_each_has(streams, KILL_AT)
@@ -233,10 +237,12 @@ async def test_a_drain_moves_its_streams_and_ends_in_seconds(pool: Cluster) -> N
         assert proc is not None
         await asyncio.to_thread(proc.wait, 30)
         drained.append(time.monotonic() - started)
+        running_at_exit.extend(s.finish is None for s in streams)
 
     streams = await _run(pool.url, DRAINED_TOKENS, drain)
     _whole(streams, DRAINED_TOKENS)
-    assert drained[0] < 5.0, drained
+    assert all(running_at_exit), running_at_exit  # it did not wait for its streams: they went on elsewhere
+    assert drained[0] < 15.0, drained
     moved = _metric(pool, 'coordinator_stream_moves_total{outcome="moved"}')
     assert moved >= 1
     print("FIGURE", json.dumps({"case": "drain under 8 streams of 400 tokens", "drained_s": round(drained[0], 2),
