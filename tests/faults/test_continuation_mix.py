@@ -106,7 +106,11 @@ async def run(client: httpx.AsyncClient, url: str, i: int, seen: Seen) -> None:
 
 @pytest.fixture
 def mixed_pool(model_path: Path, tmp_path: Path) -> Iterator[FaultPool]:
-    pool = FaultPool(tmp_path, model_path, coordinator_flags=["--heartbeat-interval", "1", "--retry-after", "1"],
+    # The survivor cannot hold every stream at once, so continuations wait in line for its sequences to end:
+    # on CI's shared cores that wait went past the default CONTINUATION_TIMEOUT (30 s), so the test allows
+    # 120 s (what it holds is that none is lost; the pauses are its figures).
+    pool = FaultPool(tmp_path, model_path, coordinator_flags=["--heartbeat-interval", "1", "--retry-after", "1",
+                                                              "--continuation-timeout", "120"],
                      worker_flags=["--threads", "1", "--max-sessions", "24", "--session-max-tokens", "256",
                                    "--ctx-size", "6144", "--heartbeat-interval", str(WORKER_HEARTBEAT)])
     try:
@@ -137,7 +141,7 @@ async def test_a_worker_killed_under_32_mixed_streams_loses_none_and_leaks_nothi
     assert on_victim, "no stream ran on the killed worker"
     pauses = []
     for s in seen:
-        assert s.error is None, (s.kind, s.worker, s.error)
+        assert s.error is None, (s.kind, s.worker, s.error, round(time.monotonic() - killed_at, 1), at_kill)
         choices = 2 if s.kind == "n2" else 1
         assert len(s.finishes) == choices and all(f in ("length", "stop", "tool_calls") for f in s.finishes.values()), s
         if s.kind in ("greedy", "seeded"):
