@@ -352,6 +352,14 @@ MUTATIONS: tuple[Mutation, ...] = (
              "            best = min(empty) if empty else next(i for i in self._leftover if i in fitting)",
              ("tests/worker/sessions/test_table.py::test_a_kept_leftover_is_the_last_free_sequence_taken_and_its_"
               + "tenant_still_reuses_it",)),
+    Mutation("host-cache-any-tenant", "cells saved to host memory serve only their own tenant",
+             "worker/sessions/host_cache.py",
+             "            if entry.tenant != tenant or len(entry.tokens) < at_least or entry.tokens[0] != prompt[0]:",
+             "            if len(entry.tokens) < at_least or entry.tokens[0] != prompt[0]:",
+             ("tests/worker/sessions/test_host_cache.py::test_the_longest_prefix_of_the_tenants_own_entries_and_at_"
+              + "least_asked",
+              "tests/worker/backends/test_host_cache.py::test_a_tenants_leftover_taken_by_another_comes_back_from_"
+              + "host_memory")),
     Mutation("room-beat-off", "with several coordinators, a full worker that frees a sequence beats to all at once",
              "worker/runtime.py", "if s.room_wait_seconds > 0:  # several coordinators",
              "if False:  # several coordinators",

@@ -89,6 +89,12 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
         self.park_seconds = histogram("worker_preempted_seconds", "A parked request's pause, parked to resumed",
                                       LATENCY_BUCKETS)
         self.parked_now = Gauge("worker_num_requests_parked", "Batch requests parked now", registry=r)
+        self.host_cache_saves = Counter("worker_host_cache_saves", "Interactive requests' leftover cells saved to "
+                                        "host memory when another request took their sequence", registry=r)
+        self.host_cache_saved_bytes = Counter("worker_host_cache_saved_bytes", "Bytes of leftover cells saved to "
+                                              "host memory", registry=r)
+        self.host_cache_restored_tokens = Counter("worker_host_cache_restored_tokens", "Prompt tokens whose cells "
+                                                  "came back from host memory instead of being prefilled", registry=r)
 
     def _embeddings(self, r: CollectorRegistry) -> None:
         self.embedding_requests = Counter("worker_embedding_requests", "Embedding requests answered (ok) or "
@@ -177,6 +183,13 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
 
     def resumed(self, paused_s: float) -> None:
         self.park_seconds.observe(paused_s)
+
+    def spilled(self, cell_bytes: int) -> None:
+        self.host_cache_saves.inc()
+        self.host_cache_saved_bytes.inc(cell_bytes)
+
+    def restored(self, tokens: int) -> None:
+        self.host_cache_restored_tokens.inc(tokens)
 
 
 def observe_many(histogram: Histogram, values: list[float]) -> None:

@@ -65,6 +65,7 @@ ENV_NAMES = {
     "request_timeout": "WORKER_REQUEST_TIMEOUT",
     "prompt_cache": "WORKER_PROMPT_CACHE",
     "prefix_min_tokens": "WORKER_PREFIX_MIN_TOKENS",
+    "host_cache_mib": "WORKER_HOST_CACHE_MIB",
     "embeddings": "WORKER_EMBEDDINGS",
     "embedding_threads": "WORKER_EMBEDDING_THREADS",
     "embedding_ctx": "WORKER_EMBEDDING_CTX",
@@ -165,6 +166,11 @@ class WorkerSettings(BaseModel):
     prefix_min_tokens: int = Field(default=8, ge=1, le=1 << 20,
                                    description="split KV: copy another sequence's cells when they hold at least "
                                                "this many more leading prompt tokens than the request's own")
+    host_cache_mib: int = Field(default=256, ge=0, le=1 << 20,
+                                description="split KV, prompt cache on: MiB of host memory that keep an "
+                                            "interactive request's leftover cells when another request (a batch "
+                                            "job's, say) takes their sequence, for the same tenant's next prompt "
+                                            "that starts with them; 0: off")
     request_timeout: float = Field(default=600.0, gt=0, description="seconds a request may run in all")
     embeddings: bool = Field(default=True, description="serve POST /worker/embed from a second llama.cpp context "
                              "on the same weights (its own thread), and say so in heartbeats")

@@ -56,6 +56,7 @@ from worker.engine.line import prefill_order
 from worker.engine.pacing import PrefillPace
 from worker.engine.sampling import RequestSampling, SamplingParams, StepSampler, choice_seed, top_alternatives
 from worker.engine.scoring import SCORE_CHUNK, PromptScores
+from worker.sessions.host_cache import HostCache
 from worker.sessions.table import Session, SessionTable
 from worker.sessions.transfer import Origin
 
@@ -130,10 +131,13 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._copied: set[int] = set()  # sequences whose copy llama.cpp makes at the next decode
+        self._sources: set[int] = set()  # the sequences those copies are made from
         self._woke_at = 0.0  # time.monotonic() of the last wake of the event loop (`_wake`)
         self._urgent = False  # a first token, or a prompt's scores, waits for the next wake
         self.pace = PrefillPace(stall=config.prefill_stall)
         self.steps = 0
+        # Leftover cells saved to host memory when another request takes their sequence (engine thread).
+        self.host_cache = HostCache(config.host_cache_bytes if config.prompt_cache and not config.kv_unified else 0)
 
     # -- facts the admission needs -------------------------------------------------------------------
 
@@ -365,8 +369,15 @@ class Engine:
             for extra in job.extra_choices:  # never filled: their cells hold another request's tokens
                 self._release(extra.session, keep_kv=False, clean=False)
             return
+        self._spill(session, keep)
+        for extra in job.extra_choices:
+            self._spill(extra.session, 0)
         source = self._prefix_source(job) if job.request.prompt_logprobs is None else None
-        if source is not None:
+        restored = None if job.request.prompt_logprobs is not None else \
+            self._restore(job, max(keep, source[1] if source is not None else 0))
+        if restored is not None:
+            keep = restored
+        elif source is not None:
             keep = job.cached_tokens = job.copied_tokens = self._copy_prefix(source, session, job.prompt_tokens)
         elif not ll.llama_memory_seq_rm(self._mem, session.seq_id, keep, -1):
             keep = 0  # this memory type cannot drop a tail: start the sequence over
@@ -444,6 +455,7 @@ class Engine:
             self._parked.popleft()
             for seq_id in freed:
                 ll.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+            self._spill(session, 0)
             held = self._write_cells(self._ctx, session.seq_id, parked.cells)
             bisect.insort(self._running, parked.run, key=lambda r: r.session.seq_id)
             if held != len(session.tokens):
@@ -471,6 +483,43 @@ class Engine:
                                         at_least=job.cached_tokens + self.config.prefix_min_tokens,
                                         skip=self._copied | {job.session.seq_id})
 
+    # -- the prompt cache in host memory (engine thread) ---------------------------------------------
+
+    def _spill(self, session: Session, kept: int) -> None:
+        """Saves to host memory the interactive leftover cells `session`'s sequence held when it was taken
+        (`Session.displaced`), unless the request keeps most of them (its own tenant's, `kept` tokens) or
+        they are fewer than `prefix_min_tokens`; before anything clears them."""
+        displaced, session.displaced = session.displaced, None
+        cache = self.host_cache
+        if displaced is None or not cache.limit_bytes:
+            return
+        tenant, tokens = displaced
+        least = self.config.prefix_min_tokens
+        if len(tokens) < least or (tenant == session.tenant and kept > len(tokens) - least):
+            return
+        size = int(ll.llama_state_seq_get_size(self._ctx, ctypes.c_int32(session.seq_id)))
+        if cache.takes(size) and cache.put(tenant, tokens, _read_cells(self._ctx, session.seq_id)):
+            self._observer.spilled(size)
+
+    def _restore(self, job: Job, have: int) -> int | None:
+        """Writes into the job's sequence the cells of its tenant saved in host memory that hold the
+        longest prefix of its prompt, when that is at least `prefix_min_tokens` more than the `have`
+        its own cells or a copy would give: the tokens it then holds (0: llama.cpp refused them, the
+        sequence is empty), None when none does."""
+        cache, session = self.host_cache, job.session
+        if not len(cache) or session.seq_id in self._sources:
+            return None  # a copy still to be made from this sequence reads its cells as they are now
+        found = cache.best(session.tenant, job.prompt_tokens[:-1], at_least=have + self.config.prefix_min_tokens)
+        if found is None:
+            return None
+        entry, n = found
+        held = self._write_cells(self._ctx, session.seq_id, entry.cells, keep=n)
+        session.tokens[:] = job.prompt_tokens[:held]
+        job.cached_tokens = held
+        if held:
+            self._observer.restored(held)
+        return held
+
     def _copy_prefix(self, source: tuple[int, int], session: Session, prompt: list[int]) -> int:
         """Makes `session`'s sequence hold the first cells of `source`. Split KV: llama.cpp copies the
         source's whole stream at the start of the next llama_decode (before that decode writes any
@@ -480,6 +529,7 @@ class Engine:
         ll.llama_memory_seq_rm(self._mem, session.seq_id, n, -1)
         session.tokens[:] = prompt[:n]
         self._copied.add(session.seq_id)
+        self._sources.add(src)
         return n
 
     def _step(self, touched: set[TokenChannel[StreamItem]]) -> bool:
@@ -495,6 +545,7 @@ class Engine:
         started, cpu = time.perf_counter(), time.thread_time()
         status = ll.llama_decode(self._ctx, self._batch)
         self._copied.clear()  # made at the start of that decode
+        self._sources.clear()
         if status != 0:
             raise RuntimeError(f"llama_decode returned {status}")
         self.steps += 1

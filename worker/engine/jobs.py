@@ -37,6 +37,9 @@ class EngineConfig:
     # llama.cpp copies a sequence's whole buffer across streams (session_max_tokens cells), so a
     # very short gain is left to prefill (docs/benchmarks.md, the 40-user runs by this minimum).
     prefix_min_tokens: int = 8
+    # Split KV, prompt cache on: bytes of host memory that keep an interactive request's leftover cells
+    # once another request takes their sequence (worker/sessions/host_cache.py); 0: none.
+    host_cache_bytes: int = 0
     # Seconds between two wakes of the event loop for the tokens of running streams, at most (the
     # llama.cpp engine's `_wake`): a step shorter than this hands its tokens over with the next one's,
     # so each stream writes several tokens at once. First tokens and endings go at once.
@@ -144,6 +147,8 @@ class EngineObserver:
     def finished(self, job: Job, item: Finished | Failed) -> None: ...
     def internal_error(self, task: str) -> None: ...
     def parked(self, cell_bytes: int) -> None: ...
+    def spilled(self, cell_bytes: int) -> None: ...  # leftover cells saved to host memory
+    def restored(self, tokens: int) -> None: ...  # a prompt's leading cells written back from host memory
     def resumed(self, paused_s: float) -> None: ...
 
 
@@ -184,5 +189,13 @@ class Observers(EngineObserver):
     def resumed(self, paused_s: float) -> None:
         for observer in self._observers:
             observer.resumed(paused_s)
+
+    def spilled(self, cell_bytes: int) -> None:
+        for observer in self._observers:
+            observer.spilled(cell_bytes)
+
+    def restored(self, tokens: int) -> None:
+        for observer in self._observers:
+            observer.restored(tokens)
 
 

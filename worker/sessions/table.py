@@ -22,6 +22,10 @@ adds a run of sequence ids), and a kept one only when every free one is kept (th
 first). A keep holds no capacity: the sequence stays free, and is only the last to be reused. At most
 `kept_per_tenant` per tenant at once, so one tenant's keeps cannot claim every free sequence.
 
+The prompt cache in host memory: a session that takes a freed sequence holding an interactive request's
+cells carries what they held (`Session.displaced`), for the engine to save them (sessions/host_cache.py)
+before it clears them. A batch request's leftover carries nothing (`_Leftover.batch`).
+
 Parking (preemption): a one-shot batch request's session may be parked by the engine for an
 interactive request. Its sequence goes back to the free ones and its reservation is returned, so the
 interactive request is admitted in its place; the engine keeps its cells in host memory. It comes
@@ -90,6 +94,10 @@ class Session:
     # The coordinator's hashes of the text whose prompt its cells hold (GenerateRequest.prefix_blocks).
     prefix_blocks: tuple[str, ...] = ()
     keep: float = 0.0  # seconds its cells stay kept once it is freed (GenerateRequest.cache_keep); 0: none
+    batch: bool = False  # a batch request's: its leftover cells are not saved to host memory when taken
+    # An interactive request's leftover cells (tenant, tokens) that this session's sequence held when it
+    # was taken: the engine may save them to host memory (worker/sessions/host_cache.py) before clearing.
+    displaced: tuple[str, list[int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,7 @@ class _Leftover:
     tokens: list[int]
     prefix_blocks: tuple[str, ...] = ()
     kept_until: float = 0.0  # clock time until which other requests take other free sequences first
+    batch: bool = False  # a batch request's cells (not worth host memory)
 
 
 @dataclass(frozen=True)
@@ -223,6 +232,8 @@ class SessionTable:
             else:
                 self._idle_lru.pop(session.seq_id, None)
             session.prefix_blocks = prefix_blocks
+            for each in (session, *extra):
+                each.batch = yields
             session.keep = keep if session.session_id is None else 0.0  # a named session's cells stay anyway
             self._reserved_tokens += need_tokens - session.reserved_tokens
             session.reserved_tokens = need_tokens
@@ -247,7 +258,8 @@ class SessionTable:
         seq_id = self._take_seq(prompt, tenant)
         left = self._leftover.pop(seq_id, None)
         session = Session(seq_id=seq_id, session_id=session_id, last_used=self._clock(), tenant=tenant,
-                          tokens=left.tokens if left is not None and left.tenant == tenant else [])
+                          tokens=left.tokens if left is not None and left.tenant == tenant else [],
+                          displaced=_displaced(left))
         self._live.add(session)
         if session_id:
             self._named[(tenant, session_id)] = session
@@ -257,9 +269,9 @@ class SessionTable:
     def _open(self, seq_id: int, tenant: str, need_tokens: int, stream_ref: int | None) -> Session:
         """A busy one-shot session of a further choice on `seq_id`: empty whatever its cells held (the
         engine replaces them with a copy of choice 0's), holding its reservation. Under the lock."""
-        self._leftover.pop(seq_id, None)
         session = Session(seq_id=seq_id, session_id=None, last_used=self._clock(), tenant=tenant,
-                          reserved_tokens=need_tokens, busy=True, stream_ref=stream_ref)
+                          reserved_tokens=need_tokens, busy=True, stream_ref=stream_ref,
+                          displaced=_displaced(self._leftover.pop(seq_id, None)))
         self._live.add(session)
         self._reserved_tokens += need_tokens
         return session
@@ -397,7 +409,7 @@ class SessionTable:
                 if retain_cells:
                     self._leftover[session.seq_id] = _Leftover(
                         session.tenant, session.tokens, session.prefix_blocks,
-                        self._kept_until(session) if session.keep > 0 else 0.0)
+                        self._kept_until(session) if session.keep > 0 else 0.0, session.batch)
                     return None
                 return session.seq_id
             return None
@@ -462,7 +474,7 @@ class SessionTable:
             freed: list[int] = []
             self._make_room(None, session.reserved_tokens, 1, freed)
             session.seq_id = self._take_seq((), session.tenant)
-            self._leftover.pop(session.seq_id, None)
+            session.displaced = _displaced(self._leftover.pop(session.seq_id, None))
             del self._parked[session]
             self._live.add(session)
             self._reserved_tokens += session.reserved_tokens
@@ -613,3 +625,9 @@ def _key(session: Session) -> tuple[str, str]:
     """A named session's key in the table: ids are per tenant."""
     assert session.session_id is not None
     return session.tenant, session.session_id
+
+
+def _displaced(left: _Leftover | None) -> tuple[str, list[int]] | None:
+    """What a taken sequence's leftover held, when it is worth saving to host memory (an interactive
+    request's); None otherwise."""
+    return (left.tenant, left.tokens) if left is not None and not left.batch and left.tokens else None

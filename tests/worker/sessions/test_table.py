@@ -649,3 +649,16 @@ def test_only_a_running_one_shot_session_is_parked() -> None:
     t.release(one_shot, keep_kv=False)
     with pytest.raises(ValueError):
         t.park(one_shot)
+
+
+def test_a_taken_interactive_leftover_is_displaced_for_the_engine_to_save_a_batch_one_is_not() -> None:
+    t, _ = table(sessions=1)
+    freed = t.admit(None, 12, PROMPT, tenant="A").session
+    freed.tokens.extend(PROMPT)
+    t.release(freed, keep_kv=False, retain_cells=True)
+    taken = t.admit(None, 12, [20, 21], tenant="B", yields=True).session  # a batch request takes it
+    assert taken.displaced == ("A", PROMPT) and taken.batch
+    taken.tokens.extend([20, 21])
+    t.release(taken, keep_kv=False, retain_cells=True)  # the batch request's leftover
+    after = t.admit(None, 12, [30], tenant="A").session
+    assert after.displaced is None and not after.batch
