@@ -2,8 +2,9 @@
 much of the capacity they leave idle it uses.
 
 Starts a real pool (`--workers` workers of `--max-sessions` sequences, the default model, a coordinator
-with its batch store in a temporary BATCH_DIR) with two keys in two tenants, then runs two phases of
-`--duration` seconds each:
+with its batch store in a temporary BATCH_DIR) with two keys in two tenants, sends each of the users'
+prompts once (a warm-up, unmeasured: the worker's prompt cache is warm for both phases), then runs two
+phases of `--duration` seconds each:
 
 - `alone`: `--users` interactive users, closed loop with `--think` seconds between requests, stream
   `POST /coordinator/infer` (`--tokens` tokens, `ignore_eos`);
@@ -111,6 +112,17 @@ async def submit(url: str, args: argparse.Namespace, http: httpx.AsyncClient) ->
     return str(batch.json()["id"])
 
 
+async def warm(url: str, args: argparse.Namespace) -> int:
+    """Each of the users' prompts once, unmeasured, before the first phase: both phases then meet the
+    worker's prompt cache as warm (without it the first phase alone paid every first prompt cold)."""
+    client = InferClient(url, Sampling(max_tokens=args.tokens, ignore_eos=True), timeout=120,
+                         headers={"authorization": f"Bearer {KEYS['interactive']}"})
+    async with httpx.AsyncClient(timeout=None) as http:
+        records = [await client.send(http, WorkItem(index=900_000 + i, prompt=prompt, seed=i))
+                   for i, prompt in enumerate(PROMPTS)]
+    return sum(r.ok for r in records)
+
+
 async def phase(url: str, worker_urls: Sequence[str], args: argparse.Namespace, *, with_batch: bool) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=args.users + 8)) as http:
         batch_id = await submit(url, args, http) if with_batch else None
@@ -181,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as logs, pool(Path(logs), workers=[worker] * args.workers,
                                                       coordinator=["--batch-dir", str(Path(logs) / "batches")],
                                                       api_keys=keys, timeout=180) as running:
+        print(f"warm-up: {asyncio.run(warm(running.url, args))} of {len(PROMPTS)} prompts answered", flush=True)
         rounds = []
         for _ in range(args.rounds):  # alone and with the batch side by side, so the machine's load drifts less
             alone = asyncio.run(phase(running.url, running.worker_urls, args, with_batch=False))

@@ -360,6 +360,11 @@ MUTATIONS: tuple[Mutation, ...] = (
               + "least_asked",
               "tests/worker/backends/test_host_cache.py::test_a_tenants_leftover_taken_by_another_comes_back_from_"
               + "host_memory")),
+    Mutation("cut-step-not-put-back", "the rows a cut step carried go in again, from where they were",
+             "worker/backends/llama_engine.py", "            del run.session.tokens[length:]\n",
+             "            pass\n",
+             ("tests/worker/backends/test_step_cut.py::test_interactive_requests_cut_batch_steps_and_the_batch_"
+              + "output_is_unchanged",)),
     Mutation("room-beat-off", "with several coordinators, a full worker that frees a sequence beats to all at once",
              "worker/runtime.py", "if s.room_wait_seconds > 0:  # several coordinators",
              "if False:  # several coordinators",

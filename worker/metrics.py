@@ -89,6 +89,8 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
         self.park_seconds = histogram("worker_preempted_seconds", "A parked request's pause, parked to resumed",
                                       LATENCY_BUCKETS)
         self.parked_now = Gauge("worker_num_requests_parked", "Batch requests parked now", registry=r)
+        self.steps_cut = Counter("worker_steps_cut", "Decode steps carrying batch requests' rows cut short for an "
+                                 "interactive request (their rows went in again after it)", registry=r)
         self.host_cache_saves = Counter("worker_host_cache_saves", "Interactive requests' leftover cells saved to "
                                         "host memory when another request took their sequence", registry=r)
         self.host_cache_saved_bytes = Counter("worker_host_cache_saved_bytes", "Bytes of leftover cells saved to "
@@ -190,6 +192,9 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
 
     def restored(self, tokens: int) -> None:
         self.host_cache_restored_tokens.inc(tokens)
+
+    def step_cut(self) -> None:
+        self.steps_cut.inc()
 
 
 def observe_many(histogram: Histogram, values: list[float]) -> None:

@@ -66,6 +66,7 @@ ENV_NAMES = {
     "prompt_cache": "WORKER_PROMPT_CACHE",
     "prefix_min_tokens": "WORKER_PREFIX_MIN_TOKENS",
     "host_cache_mib": "WORKER_HOST_CACHE_MIB",
+    "cut_batch_steps": "WORKER_CUT_BATCH_STEPS",
     "embeddings": "WORKER_EMBEDDINGS",
     "embedding_threads": "WORKER_EMBEDDING_THREADS",
     "embedding_ctx": "WORKER_EMBEDDING_CTX",
@@ -171,6 +172,10 @@ class WorkerSettings(BaseModel):
                                             "interactive request's leftover cells when another request (a batch "
                                             "job's, say) takes their sequence, for the same tenant's next prompt "
                                             "that starts with them; 0: off")
+    cut_batch_steps: bool = Field(default=True, description="a decode step carrying batch requests' rows is cut "
+                                  "short when an interactive request comes in its first half (llama.cpp's CPU "
+                                  "backend), so that request's prompt goes in at once; the cut step's rows go in "
+                                  "again after it, and the step after a cut one is never cut")
     request_timeout: float = Field(default=600.0, gt=0, description="seconds a request may run in all")
     embeddings: bool = Field(default=True, description="serve POST /worker/embed from a second llama.cpp context "
                              "on the same weights (its own thread), and say so in heartbeats")

@@ -26,8 +26,10 @@ sampler and grammar state, its text), so when a sequence is free again and no ne
 may take it first (worker/sessions/table.py, parking), its cells are written into that sequence and
 it goes on from the token it stopped at: its client sees a pause, and its output is what it would
 have been. Parked requests resume first parked, first resumed, before each step. While an interactive
-request's prompt is prefilled, batch sequences sit out those steps: its first token does not wait for
-a batch-wide decode.
+request's prompt is prefilled, batch sequences sit out those steps (their decoding rows and their
+prompts' chunks): its first token does not wait for a batch-wide decode. A step that carries batch rows
+is cut short when an interactive request comes (worker/backends/llama_interrupt.py): the rows it carried
+go back where they were (`_put_back`: their cells, tokens, next token and prompt rest) and go in again.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import llama_cpp as ll
 import numpy as np
 
 from protocol import reasons
+from worker.backends.llama_interrupt import StepInterrupt
 from worker.backends.llama_model import Model
 from worker.engine.channel import TokenChannel
 from worker.engine.endings import Endings, Progress, also_ending, assembler, cancel_session
@@ -112,6 +115,10 @@ class Engine:
         if not self._ctx:
             raise RuntimeError("llama.cpp could not create a context with these settings")
         self._mem = ll.llama_get_memory(self._ctx)
+        # A step carrying batch rows is cut short when an interactive request comes (llama_interrupt.py).
+        self._interrupt = StepInterrupt() if config.cut_batch_steps else None
+        if self._interrupt is not None:
+            self._interrupt.install(self._ctx)
         self._n_batch = params.n_batch
         self._batch = ll.llama_batch_init(self._n_batch, 0, 1)
         self._rows = _BatchRows(self._batch, self._n_batch)
@@ -201,6 +208,8 @@ class Engine:
                 self._inbox.append(("free", free_first))
             self._inbox.append(job)
             self._cond.notify()
+        if self._interrupt is not None and job.request.priority == "interactive":
+            self._interrupt.request()
 
     def free(self, seq_ids: list[int] | tuple[int, ...]) -> None:
         if seq_ids:
@@ -223,7 +232,10 @@ class Engine:
         """Parks one running batch request between two steps, freeing its sequence, and calls `then` (the
         interactive request's admission) on this thread before any parked request could take the sequence
         back: what it returns (or raises), or None when none could be parked."""
-        return self.call(lambda ctx: then() if self._park_one(ctx) else None)
+        future = self.call(lambda ctx: then() if self._park_one(ctx) else None)
+        if self._interrupt is not None:
+            self._interrupt.request()
+        return future
 
     def cells_origin(self) -> Origin:
         return Origin(self.model.identity, self.model.kv_type, ll.__version__, self.model.shape.n_vocab)
@@ -537,42 +549,68 @@ class Engine:
         choices whose prompt this batch completes has its other choices filled and sampled here."""
         rows: list[_Running] = []  # the runs whose last row in the batch asks for logits, in batch order
         scored: list[tuple[int, _Running, int]] = []  # prompt rows scored: (output row, run, position)
-        decoding = self._add_generated(rows, touched)
-        n, prefilling = self._add_prompts(decoding, rows, scored)
+        before = [(run, run.next_token, len(run.session.tokens), run.todo) for run in self._running]
+        # An interactive request's prompt goes in beside interactive sequences only: batch ones sit its
+        # prefill out, their decoding rows and their prompts' chunks (its first token comes a batch step sooner).
+        urgent = any(r.todo and r.job.request.priority == "interactive" for r in self._running)
+        decoding = self._add_generated(rows, touched, urgent)
+        n, prefilling = self._add_prompts(decoding, rows, scored, urgent)
         if n == 0:
             return False
         self._batch.n_tokens = n
+        carried = [each for each in before if len(each[0].session.tokens) != each[2] and not each[0].ended]
         started, cpu = time.perf_counter(), time.thread_time()
-        status = ll.llama_decode(self._ctx, self._batch)
-        self._copied.clear()  # made at the start of that decode
-        self._sources.clear()
-        if status != 0:
-            raise RuntimeError(f"llama_decode returned {status}")
+        if not self._decode(carried):
+            self._observer.decode_cpu(time.thread_time() - cpu)
+            return True  # cut for an interactive request: the step's rows go in again, after it
         self.steps += 1
         seconds = time.perf_counter() - started
         self._observer.decode_cpu(time.thread_time() - cpu)
         self.pace.observe(decoding, n - decoding, seconds, joining=len(rows) - decoding)
         self._observer.step(decoding + prefilling, n - decoding, seconds, decoding)
         if rows or scored:
-            # llama.cpp keeps the logits of the rows that ask for them contiguous, in batch order:
-            # the step samples them all from one view of its buffer.
-            logits = np.ctypeslib.as_array(ll.llama_get_logits(self._ctx),
-                                           shape=(len(rows) + len(scored), self.model.shape.n_vocab))
-            if scored:
-                logits = self._score(logits, scored)
-            if any(run.waiting for run in rows):
-                rows, logits = self._with_choices(rows, logits)
-            picks = self._sampler.sample(logits, [run.sampling for run in rows])
-            now, gaps = self._clock(), list[float]()
-            for i, (run, (token, probability)) in enumerate(zip(rows, picks, strict=True)):
-                # Only in the step that ends a scored prompt (max_tokens 0 needs scores: the prompt alone).
-                if run.scores is not None and self._deliver_scores(run, touched):
-                    self._end(run, self._endings.finished(run, "length"), touched)
-                elif not run.ended:
-                    alternatives = self._alternatives(run, logits[i]) if run.job.request.alternatives else ()
-                    self._accept(run, token, probability, touched, alternatives, now, gaps)
-            self._observer.token_gaps(gaps)
+            self._sample(rows, scored, touched)
         return True
+
+    def _decode(self, carried: list[tuple[_Running, int | None, int, list[int]]]) -> bool:
+        """llama_decode of the batch filled; False when an interactive request cut it short (what it
+        `carried` is then put back)."""
+        interrupt = self._interrupt
+        if interrupt is not None:
+            interrupt.arm(batch_rows=any(run.job.request.priority == "batch" for run, *_ in carried))
+        status = ll.llama_decode(self._ctx, self._batch)
+        self._copied.clear()  # made at the start of that decode
+        self._sources.clear()
+        if interrupt is not None:
+            interrupt.ended(status == 2)
+        if status == 2:
+            self._put_back(carried)
+            self._observer.step_cut()
+            return False
+        if status != 0:
+            raise RuntimeError(f"llama_decode returned {status}")
+        return True
+
+    def _sample(self, rows: list[_Running], scored: list[tuple[int, _Running, int]],
+                touched: set[TokenChannel[StreamItem]]) -> None:
+        """The step's tokens: llama.cpp keeps the logits of the rows that ask for them contiguous, in
+        batch order, and the step samples them all from one view of its buffer."""
+        logits = np.ctypeslib.as_array(ll.llama_get_logits(self._ctx),
+                                       shape=(len(rows) + len(scored), self.model.shape.n_vocab))
+        if scored:
+            logits = self._score(logits, scored)
+        if any(run.waiting for run in rows):
+            rows, logits = self._with_choices(rows, logits)
+        picks = self._sampler.sample(logits, [run.sampling for run in rows])
+        now, gaps = self._clock(), list[float]()
+        for i, (run, (token, probability)) in enumerate(zip(rows, picks, strict=True)):
+            # Only in the step that ends a scored prompt (max_tokens 0 needs scores: the prompt alone).
+            if run.scores is not None and self._deliver_scores(run, touched):
+                self._end(run, self._endings.finished(run, "length"), touched)
+            elif not run.ended:
+                alternatives = self._alternatives(run, logits[i]) if run.job.request.alternatives else ()
+                self._accept(run, token, probability, touched, alternatives, now, gaps)
+        self._observer.token_gaps(gaps)
 
     @staticmethod
     def _score(logits: np.ndarray, scored: list[tuple[int, _Running, int]]) -> np.ndarray:
@@ -626,16 +664,21 @@ class Engine:
         run.copied = True
         self._copied.add(dst)
 
-    def _add_generated(self, rows: list[_Running], touched: set[TokenChannel[StreamItem]]) -> int:
+    def _put_back(self, carried: list[tuple[_Running, int | None, int, list[int]]]) -> None:
+        """After a cut step: each sequence it carried holds its cells from before it (llama.cpp removed the
+        cut ubatch's, these are the ubatches' before it), its next token and its prompt's rest as before."""
+        for run, token, length, todo in carried:
+            ll.llama_memory_seq_rm(self._mem, run.session.seq_id, length, -1)
+            del run.session.tokens[length:]
+            run.next_token, run.todo = token, todo
+
+    def _add_generated(self, rows: list[_Running], touched: set[TokenChannel[StreamItem]], urgent: bool) -> int:
         """Puts each running sequence's last generated token in the batch (one row each), after
         ending the cancelled, the timed-out and those whose consumer stopped reading; the rows added."""
         now, endings = self._clock(), self._endings
         tokens: list[int] = []
         positions: list[int] = []
         sequences: list[int] = []
-        # An interactive request's prompt goes in alone, beside interactive decoding only: batch
-        # sequences sit its prefill out (its first token comes a batch step sooner).
-        urgent = any(r.todo and r.job.request.priority == "interactive" for r in self._running)
         for run in list(self._running):
             if run.ended:
                 continue  # ended with another choice of its request, earlier in this loop
@@ -660,7 +703,8 @@ class Engine:
         self._rows.put(0, tokens, positions, sequences)
         return len(tokens)
 
-    def _add_prompts(self, n: int, rows: list[_Running], scored: list[tuple[int, _Running, int]]) -> tuple[int, int]:
+    def _add_prompts(self, n: int, rows: list[_Running], scored: list[tuple[int, _Running, int]],
+                     urgent: bool = False) -> tuple[int, int]:
         """Fills the rest of the batch, from row `n`, with prompt chunks; (rows in the batch, sequences
         prefilling). In the line's order (worker/engine/line.py: the tenant with the fewest sequences
         decoding here for its weight first, then the shortest remaining prompt, then the oldest): a prompt
@@ -674,6 +718,8 @@ class Engine:
         for run in prefill_order(self._running):
             if budget <= 0:
                 break
+            if urgent and run.job.request.priority == "batch":
+                continue  # sitting out an interactive prompt's prefill
             room = budget if run.scores is None else min(budget, SCORE_CHUNK)
             if len(run.todo) > room and not self.pace.admits(decoding + finishing):
                 continue  # a shorter prompt may follow (another tenant's, later in the line)

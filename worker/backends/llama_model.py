@@ -31,9 +31,14 @@ _GGML_LOG_LEVEL_WARN = 3
 _GGML_LOG_LEVEL_CONT = 5
 
 
+# What llama.cpp says of a step the engine cut short on purpose (worker/backends/llama_interrupt.py).
+_CUT_STEP = (b"process_ubatch: failed to compute graph, compute status: 1", b"decode: removing memory module entries",
+             b"llama_decode: failed to decode, ret = 2")
+
+
 def _forward_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
     # llama.cpp logs every tensor at load time; keep warnings and errors only.
-    if _GGML_LOG_LEVEL_WARN <= level < _GGML_LOG_LEVEL_CONT:
+    if _GGML_LOG_LEVEL_WARN <= level < _GGML_LOG_LEVEL_CONT and not text.startswith(_CUT_STEP):
         _log.warning("%s", text.decode("utf-8", errors="replace").rstrip())
 
 

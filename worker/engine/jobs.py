@@ -40,6 +40,9 @@ class EngineConfig:
     # Split KV, prompt cache on: bytes of host memory that keep an interactive request's leftover cells
     # once another request takes their sequence (worker/sessions/host_cache.py); 0: none.
     host_cache_bytes: int = 0
+    # A step carrying batch requests' rows is cut short when an interactive request comes in its first half
+    # (llama.cpp's CPU backend; worker/backends/llama_interrupt.py).
+    cut_batch_steps: bool = True
     # Seconds between two wakes of the event loop for the tokens of running streams, at most (the
     # llama.cpp engine's `_wake`): a step shorter than this hands its tokens over with the next one's,
     # so each stream writes several tokens at once. First tokens and endings go at once.
@@ -148,6 +151,7 @@ class EngineObserver:
     def internal_error(self, task: str) -> None: ...
     def parked(self, cell_bytes: int) -> None: ...
     def spilled(self, cell_bytes: int) -> None: ...  # leftover cells saved to host memory
+    def step_cut(self) -> None: ...  # a step cut short for an interactive request (its rows go in again)
     def restored(self, tokens: int) -> None: ...  # a prompt's leading cells written back from host memory
     def resumed(self, paused_s: float) -> None: ...
 
@@ -197,5 +201,9 @@ class Observers(EngineObserver):
     def restored(self, tokens: int) -> None:
         for observer in self._observers:
             observer.restored(tokens)
+
+    def step_cut(self) -> None:
+        for observer in self._observers:
+            observer.step_cut()
 
 
