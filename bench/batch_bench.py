@@ -10,7 +10,8 @@ phases of `--duration` seconds each:
   `POST /coordinator/infer` (`--tokens` tokens, `ignore_eos`);
 - `with batch`: the same users, while a batch of `--lines` chat lines (`--batch-tokens` tokens each,
   `ignore_eos`) uploaded with the other key runs through the Batch API; at the end the batch is cancelled
-  (its lines answered so far are counted).
+  (its lines answered so far are counted);
+- `the batch alone`: a new batch as above, no interactive user (the batch's ceiling here).
 
 Meanwhile every `--sample` seconds each worker's own load (`GET /worker/health`) is read: `sessions`
 (sequences held, parked ones not) and `parkable` (batch requests among them). Printed: the interactive
@@ -123,12 +124,18 @@ async def warm(url: str, args: argparse.Namespace) -> int:
     return sum(r.ok for r in records)
 
 
-async def phase(url: str, worker_urls: Sequence[str], args: argparse.Namespace, *, with_batch: bool) -> dict[str, Any]:
+async def idle_until(deadline: float) -> list[RequestRecord]:
+    await asyncio.sleep(max(0.0, deadline - time.perf_counter()))
+    return []
+
+
+async def phase(url: str, worker_urls: Sequence[str], args: argparse.Namespace, *, with_batch: bool,
+                interactive: bool = True) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=args.users + 8)) as http:
         batch_id = await submit(url, args, http) if with_batch else None
         started = time.perf_counter()
         deadline = started + args.duration
-        records, samples = await asyncio.gather(users(url, args, deadline, http),
+        records, samples = await asyncio.gather(users(url, args, deadline, http) if interactive else idle_until(deadline),
                                                 sample(worker_urls, args.sample, deadline, http))
         result: dict[str, Any] = {
             "answers": sum(r.ok for r in records), "refused": sum(not r.ok for r in records),
@@ -142,8 +149,8 @@ async def phase(url: str, worker_urls: Sequence[str], args: argparse.Namespace, 
             elapsed = time.perf_counter() - started
             await http.post(f"{url}/v1/batches/{batch_id}/cancel", headers=headers)
             await ended(http, f"{url}/v1/batches/{batch_id}", headers)  # the next phase starts on an idle pool
-            interactive = samples.mean(samples.held) - samples.mean(samples.batch)
-            idle = samples.max_sessions - interactive
+            held_by_users = samples.mean(samples.held) - samples.mean(samples.batch)
+            idle = samples.max_sessions - held_by_users
             result.update(batch_completed=counts["completed"], batch_failed=counts["failed"],
                           batch_lines_per_s=round(counts["completed"] / elapsed, 2),
                           idle_used=round(samples.mean(samples.batch) / idle, 3) if idle > 0 else None)
@@ -158,7 +165,7 @@ async def ended(http: httpx.AsyncClient, batch_url: str, headers: dict[str, str]
         await asyncio.sleep(0.2)
 
 
-def report(round_: int, alone: dict[str, Any], beside: dict[str, Any]) -> None:
+def report(round_: int, alone: dict[str, Any], beside: dict[str, Any], batch_alone: dict[str, Any]) -> None:
     for q in ("p50", "p99"):
         before, after = alone[f"ttft_{q}_ms"], beside[f"ttft_{q}_ms"]
         if before and after:
@@ -168,6 +175,13 @@ def report(round_: int, alone: dict[str, Any], beside: dict[str, Any]) -> None:
         print(f"  round {round_}: the batch held {beside['idle_used']:.0%} of the sequences the interactive users "
               f"left idle (target >= 80%); {beside['batch_completed']} lines answered, "
               f"{beside['batch_lines_per_s']}/s", flush=True)
+    if alone.get("tpot_p50_ms") and beside.get("tpot_p50_ms"):
+        print(f"  round {round_}: interactive time per token p50: {alone['tpot_p50_ms']} ms alone, "
+              f"{beside['tpot_p50_ms']} ms with the batch: {beside['tpot_p50_ms'] / alone['tpot_p50_ms']:.2f}x; "
+              f"answers {alone['answers']} alone, {beside['answers']} with the batch", flush=True)
+    if batch_alone.get("batch_lines_per_s"):
+        print(f"  round {round_}: the batch alone answered {batch_alone['batch_lines_per_s']} lines/s; beside the "
+              f"users {beside['batch_lines_per_s'] / batch_alone['batch_lines_per_s']:.0%} of that", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -200,9 +214,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"interactive alone: {alone}", flush=True)
             beside = asyncio.run(phase(running.url, running.worker_urls, args, with_batch=True))
             print(f"interactive with the batch: {beside}", flush=True)
-            rounds.append((alone, beside))
-    for number, (alone, beside) in enumerate(rounds, start=1):
-        report(number, alone, beside)
+            batch_alone = asyncio.run(phase(running.url, running.worker_urls, args, with_batch=True, interactive=False))
+            print(f"the batch alone: {batch_alone}", flush=True)
+            rounds.append((alone, beside, batch_alone))
+    for number, (alone, beside, batch_alone) in enumerate(rounds, start=1):
+        report(number, alone, beside, batch_alone)
     return 0
 
 

@@ -365,6 +365,11 @@ MUTATIONS: tuple[Mutation, ...] = (
              "            pass\n",
              ("tests/worker/backends/test_step_cut.py::test_interactive_requests_cut_batch_steps_and_the_batch_"
               + "output_is_unchanged",)),
+    Mutation("batch-share-ignored", "batch rows join a step beside interactive ones only as their share allows",
+             "worker/backends/llama_engine.py", "        sit_out = urgent or not self.share.admits(",
+             "        sit_out = urgent or False and self.share.admits(",
+             ("tests/worker/backends/test_step_cut.py::test_at_slowdown_one_batch_rows_sit_out_while_an_interactive_"
+              + "stream_decodes",)),
     Mutation("room-beat-off", "with several coordinators, a full worker that frees a sequence beats to all at once",
              "worker/runtime.py", "if s.room_wait_seconds > 0:  # several coordinators",
              "if False:  # several coordinators",

@@ -131,7 +131,7 @@ class WorkerRuntime:
                               request_timeout=settings.request_timeout, prompt_cache=settings.prompt_cache,
                               prefix_min_tokens=settings.prefix_min_tokens,
                               host_cache_bytes=settings.host_cache_mib * 1024 * 1024,
-                              cut_batch_steps=settings.cut_batch_steps)
+                              cut_batch_steps=settings.cut_batch_steps, batch_slowdown=settings.batch_slowdown)
         # The table is sized from the context llama.cpp actually made, not from what we asked for.
         self.ledger = TenantLedger()  # what each tenant was served here, for the heartbeats
         self.engine: EngineBackend = build_engine(settings, model, config, observer=Observers(metrics, self.ledger),

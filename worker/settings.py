@@ -67,6 +67,7 @@ ENV_NAMES = {
     "prefix_min_tokens": "WORKER_PREFIX_MIN_TOKENS",
     "host_cache_mib": "WORKER_HOST_CACHE_MIB",
     "cut_batch_steps": "WORKER_CUT_BATCH_STEPS",
+    "batch_slowdown": "WORKER_BATCH_SLOWDOWN",
     "embeddings": "WORKER_EMBEDDINGS",
     "embedding_threads": "WORKER_EMBEDDING_THREADS",
     "embedding_ctx": "WORKER_EMBEDDING_CTX",
@@ -176,6 +177,10 @@ class WorkerSettings(BaseModel):
                                   "short when an interactive request comes in its first half (llama.cpp's CPU "
                                   "backend), so that request's prompt goes in at once; the cut step's rows go in "
                                   "again after it, and the step after a cut one is never cut")
+    batch_slowdown: float = Field(default=1.2, ge=0, le=100, description="while interactive requests decode, batch "
+                                  "requests' rows join a step only as far as the interactive rows' steps stay "
+                                  "within this factor of their time without them, on average (the batch sequences "
+                                  "keep their KV and sit the other steps out); 1: never beside them; 0: every step")
     request_timeout: float = Field(default=600.0, gt=0, description="seconds a request may run in all")
     embeddings: bool = Field(default=True, description="serve POST /worker/embed from a second llama.cpp context "
                              "on the same weights (its own thread), and say so in heartbeats")

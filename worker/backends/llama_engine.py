@@ -52,6 +52,7 @@ import numpy as np
 from protocol import reasons
 from worker.backends.llama_interrupt import StepInterrupt
 from worker.backends.llama_model import Model
+from worker.engine.batch_share import BatchShare
 from worker.engine.channel import TokenChannel
 from worker.engine.endings import Endings, Progress, also_ending, assembler, cancel_session
 from worker.engine.jobs import EngineConfig, EngineObserver, Failed, Finished, Job, PromptScored, StreamItem
@@ -142,6 +143,7 @@ class Engine:
         self._woke_at = 0.0  # time.monotonic() of the last wake of the event loop (`_wake`)
         self._urgent = False  # a first token, or a prompt's scores, waits for the next wake
         self.pace = PrefillPace(stall=config.prefill_stall)
+        self.share = BatchShare(config.batch_slowdown)
         self.steps = 0
         # Leftover cells saved to host memory when another request takes their sequence (engine thread).
         self.host_cache = HostCache(config.host_cache_bytes if config.prompt_cache and not config.kv_unified else 0)
@@ -551,10 +553,13 @@ class Engine:
         scored: list[tuple[int, _Running, int]] = []  # prompt rows scored: (output row, run, position)
         before = [(run, run.next_token, len(run.session.tokens), run.todo) for run in self._running]
         # An interactive request's prompt goes in beside interactive sequences only: batch ones sit its
-        # prefill out, their decoding rows and their prompts' chunks (its first token comes a batch step sooner).
+        # prefill out, their decoding rows and their prompts' chunks (its first token comes a batch step
+        # sooner); beside interactive ones decoding, they join as their share allows (engine/batch_share.py).
         urgent = any(r.todo and r.job.request.priority == "interactive" for r in self._running)
-        decoding = self._add_generated(rows, touched, urgent)
-        n, prefilling = self._add_prompts(decoding, rows, scored, urgent)
+        sit_out = urgent or not self.share.admits(
+            interactive=any(r.job.request.priority == "interactive" for r in self._running))
+        decoding = self._add_generated(rows, touched, sit_out)
+        n, prefilling = self._add_prompts(decoding, rows, scored, sit_out)
         if n == 0:
             return False
         self._batch.n_tokens = n
@@ -565,6 +570,8 @@ class Engine:
             return True  # cut for an interactive request: the step's rows go in again, after it
         self.steps += 1
         seconds = time.perf_counter() - started
+        self.share.observe(seconds, interactive=any(run.job.request.priority == "interactive" for run, *_ in carried),
+                           batch=any(run.job.request.priority == "batch" for run, *_ in carried), prompt=n - decoding)
         self._observer.decode_cpu(time.thread_time() - cpu)
         self.pace.observe(decoding, n - decoding, seconds, joining=len(rows) - decoding)
         self._observer.step(decoding + prefilling, n - decoding, seconds, decoding)
@@ -672,7 +679,7 @@ class Engine:
             del run.session.tokens[length:]
             run.next_token, run.todo = token, todo
 
-    def _add_generated(self, rows: list[_Running], touched: set[TokenChannel[StreamItem]], urgent: bool) -> int:
+    def _add_generated(self, rows: list[_Running], touched: set[TokenChannel[StreamItem]], sit_out: bool) -> int:
         """Puts each running sequence's last generated token in the batch (one row each), after
         ending the cancelled, the timed-out and those whose consumer stopped reading; the rows added."""
         now, endings = self._clock(), self._endings
@@ -686,8 +693,8 @@ class Engine:
             if ended is not None:
                 self._end(run, ended, touched)
                 continue
-            if run.next_token is None or (urgent and run.job.request.priority == "batch"):
-                continue  # still prefilling, or sitting out an interactive prompt's prefill
+            if run.next_token is None or (sit_out and run.job.request.priority == "batch"):
+                continue  # still prefilling, or a batch request sitting this step out
             ready = endings.consumer(run, now)
             if ready is not True:
                 if ready is not False:
@@ -704,7 +711,7 @@ class Engine:
         return len(tokens)
 
     def _add_prompts(self, n: int, rows: list[_Running], scored: list[tuple[int, _Running, int]],
-                     urgent: bool = False) -> tuple[int, int]:
+                     sit_out: bool = False) -> tuple[int, int]:
         """Fills the rest of the batch, from row `n`, with prompt chunks; (rows in the batch, sequences
         prefilling). In the line's order (worker/engine/line.py: the tenant with the fewest sequences
         decoding here for its weight first, then the shortest remaining prompt, then the oldest): a prompt
@@ -718,8 +725,8 @@ class Engine:
         for run in prefill_order(self._running):
             if budget <= 0:
                 break
-            if urgent and run.job.request.priority == "batch":
-                continue  # sitting out an interactive prompt's prefill
+            if sit_out and run.job.request.priority == "batch":
+                continue  # a batch request sitting this step out
             room = budget if run.scores is None else min(budget, SCORE_CHUNK)
             if len(run.todo) > room and not self.pace.admits(decoding + finishing):
                 continue  # a shorter prompt may follow (another tenant's, later in the line)

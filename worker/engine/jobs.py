@@ -43,6 +43,9 @@ class EngineConfig:
     # A step carrying batch requests' rows is cut short when an interactive request comes in its first half
     # (llama.cpp's CPU backend; worker/backends/llama_interrupt.py).
     cut_batch_steps: bool = True
+    # Beside interactive requests decoding, batch rows join a step only as far as the interactive rows'
+    # steps stay within this factor of their time alone (worker/engine/batch_share.py); 0: every step.
+    batch_slowdown: float = 0.0
     # Seconds between two wakes of the event loop for the tokens of running streams, at most (the
     # llama.cpp engine's `_wake`): a step shorter than this hands its tokens over with the next one's,
     # so each stream writes several tokens at once. First tokens and endings go at once.

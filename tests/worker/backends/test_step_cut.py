@@ -12,9 +12,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.sse import generate
+from tests.sse import SseParser, generate
 from tests.worker.backends.test_parking import Stream
 from tests.worker.server import RunningWorker, running_worker
 
@@ -65,3 +66,39 @@ def test_with_cuts_off_no_step_is_cut(model_path: Path) -> None:
             stream.join(timeout=120)
         assert set(served) == {"done"} and [s.ending for s in streams] == ["done", "done"]
         assert off.metric("worker_steps_cut_total") == 0
+
+
+class Timed(Stream):
+    """A stream whose token events keep when they came."""
+
+    def __init__(self, url: str, body: dict[str, object]) -> None:
+        self.times: list[float] = []
+        super().__init__(url, body)
+
+    def run(self) -> None:
+        parser = SseParser()
+        with httpx.Client(timeout=120) as client, \
+                client.stream("POST", self.url + "/worker/generate", json=self.body) as response:
+            for chunk in response.iter_bytes():
+                for event in parser.feed(chunk):
+                    self.events.append((event.event, event.data))
+                    if event.event == "token":
+                        self.times.append(time.monotonic())
+                        self.first.set()
+
+
+def test_at_slowdown_one_batch_rows_sit_out_while_an_interactive_stream_decodes(model_path: Path) -> None:
+    with running_worker(model_path, max_sessions=4, session_max_tokens=512, batch_slowdown=1.0) as worker:
+        batch = [Timed(worker.url, {**body, "max_tokens": 200}) for body in BATCH]
+        for stream in batch:
+            assert stream.first.wait(timeout=60)
+        urgent = Timed(worker.url, {**URGENT, "max_tokens": 40, "ignore_eos": True})
+        urgent.join(timeout=60)
+        for stream in batch:
+            stream.join(timeout=120)
+        assert urgent.ending == "done" and [s.ending for s in batch] == ["done", "done"]
+        start, end = urgent.times[0], urgent.times[-1]
+        beside = [sum(start < t < end for t in s.times) for s in batch]
+        # A step or two while the share measures both kinds of step, then none (40 without the share).
+        assert max(beside) <= 6, beside
+        assert [len(s.times) for s in batch] == [200, 200]  # and then they went on to their end
