@@ -142,7 +142,11 @@ async def phase(url: str, worker_urls: Sequence[str], args: argparse.Namespace, 
             "ttft_p50_ms": ttft_ms(records, 0.5), "ttft_p99_ms": ttft_ms(records, 0.99),
             "tpot_p50_ms": quantile_ms([r.tpot for r in records if r.ok and r.tpot is not None], 0.5),
             "sequences": samples.max_sessions, "held_mean": round(samples.mean(samples.held), 2),
-            "batch_held_mean": round(samples.mean(samples.batch), 2)}
+            "batch_held_mean": round(samples.mean(samples.batch), 2),
+            # The share of samples in which some sequence was held by an interactive request (one held and
+            # not parkable: a batch request still prefilling counts too, briefly).
+            "users_busy": round(sum(h > b for h, b in zip(samples.held, samples.batch, strict=True))
+                                / max(1, len(samples.held)), 3)}
         if batch_id is not None:
             headers = {"authorization": f"Bearer {KEYS['batch']}"}
             counts = (await http.get(f"{url}/v1/batches/{batch_id}", headers=headers)).json()["request_counts"]
@@ -180,8 +184,11 @@ def report(round_: int, alone: dict[str, Any], beside: dict[str, Any], batch_alo
               f"{beside['tpot_p50_ms']} ms with the batch: {beside['tpot_p50_ms'] / alone['tpot_p50_ms']:.2f}x; "
               f"answers {alone['answers']} alone, {beside['answers']} with the batch", flush=True)
     if batch_alone.get("batch_lines_per_s"):
+        used = beside['batch_lines_per_s'] / batch_alone['batch_lines_per_s']
+        idle = 1 - beside["users_busy"]
         print(f"  round {round_}: the batch alone answered {batch_alone['batch_lines_per_s']} lines/s; beside the "
-              f"users {beside['batch_lines_per_s'] / batch_alone['batch_lines_per_s']:.0%} of that", flush=True)
+              f"users {used:.0%} of that, while no interactive request ran {idle:.0%} of the time: "
+              f"{used / idle if idle else float('nan'):.0%} of the compute they left idle", flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
