@@ -185,9 +185,9 @@ def report(round_: int, alone: dict[str, Any], beside: dict[str, Any], batch_alo
               f"answers {alone['answers']} alone, {beside['answers']} with the batch", flush=True)
     if batch_alone.get("batch_lines_per_s"):
         used = beside['batch_lines_per_s'] / batch_alone['batch_lines_per_s']
-        idle = 1 - beside["users_busy"]
+        idle = 1 - alone["users_busy"]  # what the interactive-only run leaves: the idle capacity
         print(f"  round {round_}: the batch alone answered {batch_alone['batch_lines_per_s']} lines/s; beside the "
-              f"users {used:.0%} of that, while no interactive request ran {idle:.0%} of the time: "
+              f"users {used:.0%} of that, where the users alone held no sequence {idle:.0%} of the time: "
               f"{used / idle if idle else float('nan'):.0%} of the compute they left idle", flush=True)
 
 
