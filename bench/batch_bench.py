@@ -124,6 +124,22 @@ async def warm(url: str, args: argparse.Namespace) -> int:
     return sum(r.ok for r in records)
 
 
+COUNTERS = ("worker_steps_cut_total", "worker_preemptions_total", "worker_host_cache_restored_tokens_total",
+            "worker_decode_steps_total")
+
+
+def counters(worker_urls: Sequence[str], token: str) -> dict[str, float]:
+    """The workers' own counters of what the batch's neighbours cost (summed over the workers)."""
+    found = dict.fromkeys(COUNTERS, 0.0)
+    for url in worker_urls:
+        text = httpx.get(url + "/metrics", headers={"authorization": f"Bearer {token}"}, timeout=5).text
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name in found:
+                found[name] += float(value)
+    return found
+
+
 async def idle_until(deadline: float) -> list[RequestRecord]:
     await asyncio.sleep(max(0.0, deadline - time.perf_counter()))
     return []
@@ -183,6 +199,7 @@ def report(round_: int, alone: dict[str, Any], beside: dict[str, Any], batch_alo
         print(f"  round {round_}: interactive time per token p50: {alone['tpot_p50_ms']} ms alone, "
               f"{beside['tpot_p50_ms']} ms with the batch: {beside['tpot_p50_ms'] / alone['tpot_p50_ms']:.2f}x; "
               f"answers {alone['answers']} alone, {beside['answers']} with the batch", flush=True)
+    print(f"  round {round_}: beside the batch, the worker {beside['worker']}", flush=True)
     if batch_alone.get("batch_lines_per_s"):
         used = beside['batch_lines_per_s'] / batch_alone['batch_lines_per_s']
         idle = 1 - alone["users_busy"]  # what the interactive-only run leaves: the idle capacity
@@ -219,7 +236,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for _ in range(args.rounds):  # alone and with the batch side by side, so the machine's load drifts less
             alone = asyncio.run(phase(running.url, running.worker_urls, args, with_batch=False))
             print(f"interactive alone: {alone}", flush=True)
+            before = counters(running.worker_urls, running.worker_token)
             beside = asyncio.run(phase(running.url, running.worker_urls, args, with_batch=True))
+            after = counters(running.worker_urls, running.worker_token)
+            beside["worker"] = {name.removeprefix("worker_").removesuffix("_total"): after[name] - before[name]
+                                for name in COUNTERS}
             print(f"interactive with the batch: {beside}", flush=True)
             batch_alone = asyncio.run(phase(running.url, running.worker_urls, args, with_batch=True, interactive=False))
             print(f"the batch alone: {batch_alone}", flush=True)
