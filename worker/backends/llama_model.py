@@ -32,7 +32,8 @@ _GGML_LOG_LEVEL_CONT = 5
 
 
 # What llama.cpp says of a step the engine cut short on purpose (worker/backends/llama_interrupt.py).
-_CUT_STEP = (b"process_ubatch: failed to compute graph, compute status: 1", b"decode: removing memory module entries",
+_CUT_STEP = (b"graph_compute: ggml_backend_sched_graph_compute_async failed with error 1",
+             b"process_ubatch: failed to compute graph, compute status: 1", b"decode: removing memory module entries",
              b"llama_decode: failed to decode, ret = 2")
 
 

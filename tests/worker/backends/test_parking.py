@@ -38,12 +38,13 @@ def worker(model_path: Path) -> Iterator[RunningWorker]:
 
 
 class Stream(threading.Thread):
-    """One streamed request read to its end in a thread: its events, and when its first token came."""
+    """One streamed request read to its end in a thread: its events, and when its tokens came."""
 
     def __init__(self, url: str, body: dict[str, Any]) -> None:
         super().__init__(daemon=True)
         self.url, self.body = url, body
         self.events: list[tuple[str, str]] = []
+        self.times: list[float] = []  # time.monotonic() of each token event
         self.first = threading.Event()
         self.start()
 
@@ -55,6 +56,7 @@ class Stream(threading.Thread):
                 for event in parser.feed(chunk):
                     self.events.append((event.event, event.data))
                     if event.event == "token":
+                        self.times.append(time.monotonic())
                         self.first.set()
 
     @property

@@ -12,10 +12,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.sse import SseParser, generate
+from tests.sse import generate
+from tests.worker.backends.test_parking import BATCH as PARKED
+from tests.worker.backends.test_parking import URGENT as PARKING_URGENT
 from tests.worker.backends.test_parking import Stream
 from tests.worker.server import RunningWorker, running_worker
 
@@ -24,10 +25,8 @@ pytestmark = pytest.mark.model
 LONG = ("The lighthouse keeper wrote down every ship that passed the point, its name, its flag, the hour, "
         "the wind and the state of the sea, and in forty years he never missed a night. ") * 6
 BATCH = [{"prompt": LONG + "Summarise his notes.", "max_tokens": 48, "temperature": 0, "ignore_eos": True,
-          "priority": "batch"},
-         {"prompt": "Write a long letter to a friend about the sea.", "max_tokens": 96, "temperature": 0,
-          "ignore_eos": True, "priority": "batch"}]
-URGENT = {"prompt": "Say hello.", "max_tokens": 2, "temperature": 0}
+          "priority": "batch"}, PARKED[0]]
+URGENT = {**PARKING_URGENT, "max_tokens": 2}
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +35,8 @@ def worker(model_path: Path) -> Iterator[RunningWorker]:
         yield running
 
 
-def test_interactive_requests_cut_batch_steps_and_the_batch_output_is_unchanged(worker: RunningWorker) -> None:
+def test_interactive_requests_cut_batch_steps_and_the_batch_output_is_unchanged(
+        worker: RunningWorker, caplog: pytest.LogCaptureFixture) -> None:
     reference = [Stream(worker.url, body) for body in BATCH]
     for stream in reference:
         stream.join(timeout=120)
@@ -54,6 +54,8 @@ def test_interactive_requests_cut_batch_steps_and_the_batch_output_is_unchanged(
     assert [s.ending for s in streams] == ["done", "done"]
     assert [s.text for s in streams] == [s.text for s in reference]
     assert worker.metric("worker_steps_cut_total") > cuts
+    # What llama.cpp says of an aborted decode is not the worker's warning: a cut is on purpose.
+    assert not [r.message for r in caplog.records if r.name == "worker.llama"]
     load = worker.load()
     assert (load["sessions"], load["kv_reserved_bytes"]) == (0, 0)
 
@@ -68,31 +70,12 @@ def test_with_cuts_off_no_step_is_cut(model_path: Path) -> None:
         assert off.metric("worker_steps_cut_total") == 0
 
 
-class Timed(Stream):
-    """A stream whose token events keep when they came."""
-
-    def __init__(self, url: str, body: dict[str, object]) -> None:
-        self.times: list[float] = []
-        super().__init__(url, body)
-
-    def run(self) -> None:
-        parser = SseParser()
-        with httpx.Client(timeout=120) as client, \
-                client.stream("POST", self.url + "/worker/generate", json=self.body) as response:
-            for chunk in response.iter_bytes():
-                for event in parser.feed(chunk):
-                    self.events.append((event.event, event.data))
-                    if event.event == "token":
-                        self.times.append(time.monotonic())
-                        self.first.set()
-
-
 def test_at_slowdown_one_batch_rows_sit_out_while_an_interactive_stream_decodes(model_path: Path) -> None:
     with running_worker(model_path, max_sessions=4, session_max_tokens=512, batch_slowdown=1.0) as worker:
-        batch = [Timed(worker.url, {**body, "max_tokens": 200}) for body in BATCH]
+        batch = [Stream(worker.url, {**body, "max_tokens": 200}) for body in BATCH]
         for stream in batch:
             assert stream.first.wait(timeout=60)
-        urgent = Timed(worker.url, {**URGENT, "max_tokens": 40, "ignore_eos": True})
+        urgent = Stream(worker.url, {**URGENT, "max_tokens": 40, "ignore_eos": True})
         urgent.join(timeout=60)
         for stream in batch:
             stream.join(timeout=120)
