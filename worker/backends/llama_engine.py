@@ -564,14 +564,14 @@ class Engine:
             return False
         self._batch.n_tokens = n
         carried = [each for each in before if len(each[0].session.tokens) != each[2] and not each[0].ended]
+        classes = {run.job.request.priority for run, *_ in carried}  # the priority classes the step carries
         started, cpu = time.perf_counter(), time.thread_time()
-        if not self._decode(carried):
+        if not self._decode(carried, batch_rows="batch" in classes):
             self._observer.decode_cpu(time.thread_time() - cpu)
             return True  # cut for an interactive request: the step's rows go in again, after it
         self.steps += 1
         seconds = time.perf_counter() - started
-        self.share.observe(seconds, interactive=any(run.job.request.priority == "interactive" for run, *_ in carried),
-                           batch=any(run.job.request.priority == "batch" for run, *_ in carried), prompt=n - decoding)
+        self.share.observe(seconds, interactive="interactive" in classes, batch="batch" in classes, prompt=n - decoding)
         self._observer.decode_cpu(time.thread_time() - cpu)
         self.pace.observe(decoding, n - decoding, seconds, joining=len(rows) - decoding)
         self._observer.step(decoding + prefilling, n - decoding, seconds, decoding)
@@ -579,12 +579,12 @@ class Engine:
             self._sample(rows, scored, touched)
         return True
 
-    def _decode(self, carried: list[tuple[_Running, int | None, int, list[int]]]) -> bool:
+    def _decode(self, carried: list[tuple[_Running, int | None, int, list[int]]], *, batch_rows: bool) -> bool:
         """llama_decode of the batch filled; False when an interactive request cut it short (what it
-        `carried` is then put back)."""
+        `carried` is then put back; only a step with `batch_rows` may be cut)."""
         interrupt = self._interrupt
         if interrupt is not None:
-            interrupt.arm(batch_rows=any(run.job.request.priority == "batch" for run, *_ in carried))
+            interrupt.arm(batch_rows=batch_rows)
         status = ll.llama_decode(self._ctx, self._batch)
         self._copied.clear()  # made at the start of that decode
         self._sources.clear()
