@@ -9,8 +9,10 @@ phases of `--duration` seconds each:
 - `alone`: `--users` interactive users, closed loop with `--think` seconds between requests, stream
   `POST /coordinator/infer` (`--tokens` tokens, `ignore_eos`);
 - `with batch`: the same users, while a batch of `--lines` chat lines (`--batch-tokens` tokens each,
-  `ignore_eos`) uploaded with the other key runs through the Batch API; at the end the batch is cancelled
-  (its lines answered so far are counted);
+  `ignore_eos`; each line its own prompt, "Item N: " before one of the users' 8 prompts, as a real job's
+  lines differ after a common head) uploaded with the other key runs through the Batch API; its lines
+  answered from `--settle` seconds into the phase to its end are its rate (the job's ramp-up left out);
+  at the end the batch is cancelled;
 - `the batch alone`: a new batch as above, no interactive user (the batch's ceiling here).
 
 Meanwhile every `--sample` seconds each worker's own load (`GET /worker/health`) is read: `sessions`
@@ -101,7 +103,7 @@ def quantile_ms(seconds: list[float], q: float) -> float | None:
 async def submit(url: str, args: argparse.Namespace, http: httpx.AsyncClient) -> str:
     headers = {"authorization": f"Bearer {KEYS['batch']}"}
     lines = [json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
-                         "body": {"messages": [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+                         "body": {"messages": [{"role": "user", "content": f"Item {i}: {PROMPTS[i % len(PROMPTS)]}"}],
                                   "max_tokens": args.batch_tokens, "ignore_eos": True, "seed": i}})
              for i in range(args.lines)]
     uploaded = await http.post(url + "/v1/files", headers=headers, data={"purpose": "batch"},
@@ -124,12 +126,14 @@ async def warm(url: str, args: argparse.Namespace) -> int:
     return sum(r.ok for r in records)
 
 
+BUSY = ("interactive", "both", "batch", "cut")  # worker_decode_busy_seconds_total's rows
 COUNTERS = ("worker_steps_cut_total", "worker_preemptions_total", "worker_host_cache_restored_tokens_total",
-            "worker_decode_steps_total")
+            "worker_decode_steps_total", *(f'worker_decode_busy_seconds_total{{rows="{rows}"}}' for rows in BUSY))
 
 
 def counters(worker_urls: Sequence[str], token: str) -> dict[str, float]:
-    """The workers' own counters of what the batch's neighbours cost (summed over the workers)."""
+    """The workers' own counters of what the batch's neighbours cost, and of the engine's time by what its
+    steps carried (summed over the workers)."""
     found = dict.fromkeys(COUNTERS, 0.0)
     for url in worker_urls:
         text = httpx.get(url + "/metrics", headers={"authorization": f"Bearer {token}"}, timeout=5).text
@@ -138,6 +142,13 @@ def counters(worker_urls: Sequence[str], token: str) -> dict[str, float]:
             if name in found:
                 found[name] += float(value)
     return found
+
+
+def counter_key(name: str) -> str:
+    """worker_steps_cut_total -> steps_cut; worker_decode_busy_seconds_total{rows="cut"} -> busy_cut."""
+    if "{" in name:
+        return "busy_" + name.split('"')[1]
+    return name.removeprefix("worker_").removesuffix("_total")
 
 
 async def idle_until(deadline: float) -> list[RequestRecord]:
@@ -151,6 +162,8 @@ async def phase(url: str, worker_urls: Sequence[str], args: argparse.Namespace, 
         batch_id = await submit(url, args, http) if with_batch else None
         started = time.perf_counter()
         deadline = started + args.duration
+        counted = (asyncio.create_task(completed_at(http, url, batch_id, started + args.settle))
+                   if batch_id is not None else None)
         records, samples = await asyncio.gather(users(url, args, deadline, http) if interactive else idle_until(deadline),
                                                 sample(worker_urls, args.sample, deadline, http))
         result: dict[str, Any] = {
@@ -164,17 +177,30 @@ async def phase(url: str, worker_urls: Sequence[str], args: argparse.Namespace, 
             "users_busy": round(sum(h > b for h, b in zip(samples.held, samples.batch, strict=True))
                                 / max(1, len(samples.held)), 3)}
         if batch_id is not None:
+            assert counted is not None
             headers = {"authorization": f"Bearer {KEYS['batch']}"}
+            settled, at = await counted
             counts = (await http.get(f"{url}/v1/batches/{batch_id}", headers=headers)).json()["request_counts"]
-            elapsed = time.perf_counter() - started
+            elapsed = time.perf_counter() - at
             await http.post(f"{url}/v1/batches/{batch_id}/cancel", headers=headers)
             await ended(http, f"{url}/v1/batches/{batch_id}", headers)  # the next phase starts on an idle pool
             held_by_users = samples.mean(samples.held) - samples.mean(samples.batch)
             idle = samples.max_sessions - held_by_users
             result.update(batch_completed=counts["completed"], batch_failed=counts["failed"],
-                          batch_lines_per_s=round(counts["completed"] / elapsed, 2),
+                          batch_lines_per_s=round((counts["completed"] - settled) / elapsed, 2),
                           idle_used=round(samples.mean(samples.batch) / idle, 3) if idle > 0 else None)
     return result
+
+
+async def completed_at(http: httpx.AsyncClient, url: str, batch_id: str, when: float) -> tuple[int, float]:
+    """The batch's lines completed at `when` (perf_counter), and the moment read. Its rate is counted
+    from there to the phase's end: by then lines have ended, and the lines in progress at both ends of
+    the count are alike. Counted from the phase's start, the rate would charge the job's ramp-up (no
+    line ends before one line's time), which costs more the longer a line takes: beside the users."""
+    await asyncio.sleep(max(0.0, when - time.perf_counter()))
+    headers = {"authorization": f"Bearer {KEYS['batch']}"}
+    counts = (await http.get(f"{url}/v1/batches/{batch_id}", headers=headers)).json()["request_counts"]
+    return int(counts["completed"]), time.perf_counter()
 
 
 async def ended(http: httpx.AsyncClient, batch_url: str, headers: dict[str, str], timeout: float = 60.0) -> None:
@@ -199,7 +225,12 @@ def report(round_: int, alone: dict[str, Any], beside: dict[str, Any], batch_alo
         print(f"  round {round_}: interactive time per token p50: {alone['tpot_p50_ms']} ms alone, "
               f"{beside['tpot_p50_ms']} ms with the batch: {beside['tpot_p50_ms'] / alone['tpot_p50_ms']:.2f}x; "
               f"answers {alone['answers']} alone, {beside['answers']} with the batch", flush=True)
-    print(f"  round {round_}: beside the batch, the worker {beside['worker']}", flush=True)
+    worker = beside["worker"]
+    print(f"  round {round_}: beside the batch, the worker {worker}", flush=True)
+    print(f"  round {round_}: the engine's time in llama_decode beside the batch, by what its steps carried: "
+          + ", ".join(f"{rows} {worker['busy_' + rows]:.1f} s" for rows in BUSY)
+          + f"; the users alone: {alone['worker']['busy_interactive']:.1f} s; the batch alone: "
+          f"{batch_alone['worker']['busy_batch']:.1f} s", flush=True)
     if batch_alone.get("batch_lines_per_s"):
         used = beside['batch_lines_per_s'] / batch_alone['batch_lines_per_s']
         idle = 1 - alone["users_busy"]  # what the interactive-only run leaves: the idle capacity
@@ -218,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("--tokens", int, 16, "tokens an interactive answer"), ("--lines", int, 1000, "lines of the batch"),
             ("--batch-tokens", int, 32, "tokens a batch answer"),
             ("--sample", float, 0.2, "seconds between looks at the workers' load"),
+            ("--settle", float, 8.0, "seconds into a phase from which the batch's lines are counted"),
             ("--rounds", int, 1, "rounds of the two phases")):
         p.add_argument(flag, type=kind, default=default, help=f"{text} ({default})")
     p.add_argument("--model", type=Path, default=None, help="GGUF (default: the default model)")
@@ -234,16 +266,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"warm-up: {asyncio.run(warm(running.url, args))} of {len(PROMPTS)} prompts answered", flush=True)
         rounds = []
         for _ in range(args.rounds):  # alone and with the batch side by side, so the machine's load drifts less
-            alone = asyncio.run(phase(running.url, running.worker_urls, args, with_batch=False))
-            print(f"interactive alone: {alone}", flush=True)
-            before = counters(running.worker_urls, running.worker_token)
-            beside = asyncio.run(phase(running.url, running.worker_urls, args, with_batch=True))
-            after = counters(running.worker_urls, running.worker_token)
-            beside["worker"] = {name.removeprefix("worker_").removesuffix("_total"): after[name] - before[name]
-                                for name in COUNTERS}
-            print(f"interactive with the batch: {beside}", flush=True)
-            batch_alone = asyncio.run(phase(running.url, running.worker_urls, args, with_batch=True, interactive=False))
-            print(f"the batch alone: {batch_alone}", flush=True)
+            phases = []
+            for with_batch, interactive in ((False, True), (True, True), (True, False)):
+                before = counters(running.worker_urls, running.worker_token)
+                result = asyncio.run(phase(running.url, running.worker_urls, args, with_batch=with_batch,
+                                           interactive=interactive))
+                after = counters(running.worker_urls, running.worker_token)
+                result["worker"] = {counter_key(name): round(after[name] - before[name], 2) for name in COUNTERS}
+                title = "interactive with the batch" if with_batch and interactive else \
+                    "the batch alone" if with_batch else "interactive alone"
+                print(f"{title}: {result}", flush=True)
+                phases.append(result)
+            alone, beside, batch_alone = phases
             rounds.append((alone, beside, batch_alone))
     for number, (alone, beside, batch_alone) in enumerate(rounds, start=1):
         report(number, alone, beside, batch_alone)

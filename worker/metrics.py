@@ -89,6 +89,9 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
         self.park_seconds = histogram("worker_preempted_seconds", "A parked request's pause, parked to resumed",
                                       LATENCY_BUCKETS)
         self.parked_now = Gauge("worker_num_requests_parked", "Batch requests parked now", registry=r)
+        self.step_spent_seconds = Counter("worker_decode_busy_seconds", "Seconds in llama_decode, by the priority classes of "
+                                          "the rows the step carried (interactive, batch, both) or cut: thrown away "
+                                          "when an interactive request cut the step short", ["rows"], registry=r)
         self.steps_cut = Counter("worker_steps_cut", "Decode steps carrying batch requests' rows cut short for an "
                                  "interactive request (their rows went in again after it)", registry=r)
         self.host_cache_saves = Counter("worker_host_cache_saves", "Interactive requests' leftover cells saved to "
@@ -195,6 +198,9 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
 
     def step_cut(self) -> None:
         self.steps_cut.inc()
+
+    def step_spent(self, rows: str, seconds: float) -> None:
+        self.step_spent_seconds.labels(rows).inc(seconds)
 
 
 def observe_many(histogram: Histogram, values: list[float]) -> None:

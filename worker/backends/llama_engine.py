@@ -568,9 +568,11 @@ class Engine:
         started, cpu = time.perf_counter(), time.thread_time()
         if not self._decode(carried, batch_rows="batch" in classes):
             self._observer.decode_cpu(time.thread_time() - cpu)
+            self._observer.step_spent("cut", time.perf_counter() - started)
             return True  # cut for an interactive request: the step's rows go in again, after it
         self.steps += 1
         seconds = time.perf_counter() - started
+        self._observer.step_spent("both" if len(classes) > 1 else next(iter(classes), "interactive"), seconds)
         self.share.observe(seconds, interactive="interactive" in classes, batch="batch" in classes, prompt=n - decoding)
         self._observer.decode_cpu(time.thread_time() - cpu)
         self.pace.observe(decoding, n - decoding, seconds, joining=len(rows) - decoding)

@@ -155,6 +155,7 @@ class EngineObserver:
     def parked(self, cell_bytes: int) -> None: ...
     def spilled(self, cell_bytes: int) -> None: ...  # leftover cells saved to host memory
     def step_cut(self) -> None: ...  # a step cut short for an interactive request (its rows go in again)
+    def step_spent(self, rows: str, seconds: float) -> None: ...  # a step's time: "interactive", "batch", "both", "cut"
     def restored(self, tokens: int) -> None: ...  # a prompt's leading cells written back from host memory
     def resumed(self, paused_s: float) -> None: ...
 
@@ -208,5 +209,9 @@ class Observers(EngineObserver):
     def step_cut(self) -> None:
         for observer in self._observers:
             observer.step_cut()
+
+    def step_spent(self, rows: str, seconds: float) -> None:
+        for observer in self._observers:
+            observer.step_spent(rows, seconds)
 
 

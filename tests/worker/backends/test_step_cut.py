@@ -29,6 +29,17 @@ BATCH = [{"prompt": LONG + "Summarise his notes.", "max_tokens": 48, "temperatur
 URGENT = {**PARKING_URGENT, "max_tokens": 2}
 
 
+def busy(worker: RunningWorker) -> dict[str, float]:
+    """worker_decode_busy_seconds_total by the rows its steps carried (0 for a kind not seen yet)."""
+    seconds = {}
+    for rows in ("interactive", "batch", "both", "cut"):
+        try:
+            seconds[rows] = worker.metric(f'worker_decode_busy_seconds_total{{rows="{rows}"}}')
+        except KeyError:
+            seconds[rows] = 0.0
+    return seconds
+
+
 @pytest.fixture(scope="module")
 def worker(model_path: Path) -> Iterator[RunningWorker]:
     with running_worker(model_path, max_sessions=4, session_max_tokens=512) as running:
@@ -41,7 +52,7 @@ def test_interactive_requests_cut_batch_steps_and_the_batch_output_is_unchanged(
     for stream in reference:
         stream.join(timeout=120)
     assert [s.ending for s in reference] == ["done", "done"]
-    cuts = worker.metric("worker_steps_cut_total")
+    cuts, spent = worker.metric("worker_steps_cut_total"), busy(worker)
 
     streams = [Stream(worker.url, body) for body in BATCH]  # the long prompt's prefill starts at once
     served = []
@@ -54,6 +65,10 @@ def test_interactive_requests_cut_batch_steps_and_the_batch_output_is_unchanged(
     assert [s.ending for s in streams] == ["done", "done"]
     assert [s.text for s in streams] == [s.text for s in reference]
     assert worker.metric("worker_steps_cut_total") > cuts
+    # The engine's time by what its steps carried: some thrown away by cuts, some the users' alone.
+    now = busy(worker)
+    assert now["cut"] > spent["cut"] and now["interactive"] > spent["interactive"]
+    assert now["batch"] + now["both"] > spent["batch"] + spent["both"]
     # What llama.cpp says of an aborted decode is not the worker's warning: a cut is on purpose.
     assert not [r.message for r in caplog.records if r.name == "worker.llama"]
     load = worker.load()
@@ -68,6 +83,7 @@ def test_with_cuts_off_no_step_is_cut(model_path: Path) -> None:
             stream.join(timeout=120)
         assert set(served) == {"done"} and [s.ending for s in streams] == ["done", "done"]
         assert off.metric("worker_steps_cut_total") == 0
+        assert busy(off)["cut"] == 0 and busy(off)["batch"] > 0
 
 
 def test_at_slowdown_one_batch_rows_sit_out_while_an_interactive_stream_decodes(model_path: Path) -> None:
