@@ -178,9 +178,11 @@ class WorkerSettings(BaseModel):
                                   "backend), so that request's prompt goes in at once; the cut step's rows go in "
                                   "again after it, and the step after a cut one is never cut")
     batch_slowdown: float = Field(default=1.2, ge=0, le=100, description="while interactive requests decode, batch "
-                                  "requests' rows join a step only as far as the interactive rows' steps stay "
-                                  "within this factor of their time without them, on average (the batch sequences "
-                                  "keep their KV and sit the other steps out); 1: never beside them; 0: every step")
+                                  "requests' decoding rows join a step only as far as the interactive rows' decode "
+                                  "steps stay within this factor of their time without them, on average (the batch "
+                                  "sequences keep their KV and sit the other steps out; a batch prompt's chunk that "
+                                  "joins such a step is not counted, docs/benchmarks.md \"A batch on idle "
+                                  "capacity\"); 1: never beside them; 0: every step")
     request_timeout: float = Field(default=600.0, gt=0, description="seconds a request may run in all")
     embeddings: bool = Field(default=True, description="serve POST /worker/embed from a second llama.cpp context "
                              "on the same weights (its own thread), and say so in heartbeats")

@@ -10,7 +10,10 @@ was using, where it should take only what is left. So, as long as an interactive
 rows are paid for in advance: each step without them earns `slowdown - 1` times its own time, a step
 with them costs its time less an interactive-only step's, and they join only once that is earned (the
 credit capped at one such step, cleared while no interactive sequence runs, so it is never banked). Over
-any stretch of interactive decoding its steps then average at most `slowdown` times their time alone. With
+any stretch of interactive decoding its decode-only steps then average at most `slowdown` times their time
+alone. A step that also carries a batch prompt's chunk is not counted: charged, it held the batch's prompts
+back until several went in together, one long step, and the users fared worse (time per token 1.06-1.53x
+against 0.72-1.33x, docs/benchmarks.md, "A batch on idle capacity"). With
 no interactive sequence running the batch rows join every step. On a GPU, where a step with a few more
 rows costs about the same, they join about every step too.
 """
