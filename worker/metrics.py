@@ -92,6 +92,8 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
         self.step_spent_seconds = Counter("worker_decode_busy_seconds", "Seconds in llama_decode, by the priority classes of "
                                           "the rows the step carried (interactive, batch, both) or cut: thrown away "
                                           "when an interactive request cut the step short", ["rows"], registry=r)
+        # Each series from the start (0 until a step of that kind), and no label lookup a step.
+        self._busy = {rows: self.step_spent_seconds.labels(rows) for rows in ("interactive", "batch", "both", "cut")}
         self.steps_cut = Counter("worker_steps_cut", "Decode steps carrying batch requests' rows cut short for an "
                                  "interactive request (their rows went in again after it)", registry=r)
         self.host_cache_saves = Counter("worker_host_cache_saves", "Interactive requests' leftover cells saved to "
@@ -200,7 +202,7 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
         self.steps_cut.inc()
 
     def step_spent(self, rows: str, seconds: float) -> None:
-        self.step_spent_seconds.labels(rows).inc(seconds)
+        self._busy[rows].inc(seconds)
 
 
 def observe_many(histogram: Histogram, values: list[float]) -> None:
