@@ -174,7 +174,7 @@ class WorkerSettings(BaseModel):
                                             "job's, say) takes their sequence, for the same tenant's next prompt "
                                             "that starts with them; 0: off")
     cut_batch_steps: bool = Field(default=True, description="a decode step carrying batch requests' rows is cut "
-                                  "short when an interactive request comes in its first half (llama.cpp's CPU "
+                                  "short when an interactive request comes while it runs (llama.cpp's CPU "
                                   "backend), so that request's prompt goes in at once; the cut step's rows go in "
                                   "again after it, and the step after a cut one is never cut")
     batch_slowdown: float = Field(default=1.2, ge=0, le=100, description="while interactive requests decode, batch "

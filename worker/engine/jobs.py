@@ -40,7 +40,7 @@ class EngineConfig:
     # Split KV, prompt cache on: bytes of host memory that keep an interactive request's leftover cells
     # once another request takes their sequence (worker/sessions/host_cache.py); 0: none.
     host_cache_bytes: int = 0
-    # A step carrying batch requests' rows is cut short when an interactive request comes in its first half
+    # A step carrying batch requests' rows is cut short when an interactive request comes while it runs
     # (llama.cpp's CPU backend; worker/backends/llama_interrupt.py).
     cut_batch_steps: bool = True
     # Beside interactive requests decoding, batch rows join a step only as far as the interactive rows'
