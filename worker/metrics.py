@@ -198,8 +198,9 @@ class WorkerMetrics(EngineObserver, EmbeddingObserver):
     def restored(self, tokens: int) -> None:
         self.host_cache_restored_tokens.inc(tokens)
 
-    def step_cut(self) -> None:
+    def step_cut(self, seconds: float) -> None:
         self.steps_cut.inc()
+        self._busy["cut"].inc(seconds)
 
     def step_spent(self, rows: str, seconds: float) -> None:
         self._busy[rows].inc(seconds)

@@ -568,7 +568,7 @@ class Engine:
         started, cpu = time.perf_counter(), time.thread_time()
         if not self._decode(carried, batch_rows="batch" in classes):
             self._observer.decode_cpu(time.thread_time() - cpu)
-            self._observer.step_spent("cut", time.perf_counter() - started)
+            self._observer.step_cut(time.perf_counter() - started)
             return True  # cut for an interactive request: the step's rows go in again, after it
         self.steps += 1
         seconds = time.perf_counter() - started
@@ -594,7 +594,6 @@ class Engine:
             interrupt.ended(status == 2)
         if status == 2:
             self._put_back(carried)
-            self._observer.step_cut()
             return False
         if status != 0:
             raise RuntimeError(f"llama_decode returned {status}")

@@ -154,8 +154,8 @@ class EngineObserver:
     def internal_error(self, task: str) -> None: ...
     def parked(self, cell_bytes: int) -> None: ...
     def spilled(self, cell_bytes: int) -> None: ...  # leftover cells saved to host memory
-    def step_cut(self) -> None: ...  # a step cut short for an interactive request (its rows go in again)
-    def step_spent(self, rows: str, seconds: float) -> None: ...  # a step's time: "interactive", "batch", "both", "cut"
+    def step_cut(self, seconds: float) -> None: ...  # a step cut short for an interactive request, its time thrown away
+    def step_spent(self, rows: str, seconds: float) -> None: ...  # a decoded step's time: "interactive", "batch", "both"
     def restored(self, tokens: int) -> None: ...  # a prompt's leading cells written back from host memory
     def resumed(self, paused_s: float) -> None: ...
 
@@ -206,9 +206,9 @@ class Observers(EngineObserver):
         for observer in self._observers:
             observer.restored(tokens)
 
-    def step_cut(self) -> None:
+    def step_cut(self, seconds: float) -> None:
         for observer in self._observers:
-            observer.step_cut()
+            observer.step_cut(seconds)
 
     def step_spent(self, rows: str, seconds: float) -> None:
         for observer in self._observers:
